@@ -1,0 +1,40 @@
+# Two commands from a fresh clone: `make test` and `make ablate`. Both create .venv when missing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: test test-slow test-gpu ablate lint typecheck bench clean-venv
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first and pinned: pip then takes the local CPU wheel, never a multi-GB CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+test-gpu: $(STAMP)
+	$(PY) -m pytest -q -m gpu
+
+ablate: $(STAMP)
+	$(VENV)/bin/harness ablate experiments/default.yaml --workers 2
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check harness tests benchmarks
+	$(VENV)/bin/ruff format --check harness tests benchmarks
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy harness
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_gae.py
+
+clean-venv:
+	rm -rf $(VENV)

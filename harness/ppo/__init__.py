@@ -1,0 +1,27 @@
+"""PPO math core: pure functions of tensors plus explicit options (AReaL semantics).
+
+Nothing here imports MLflow, Optuna or transformers.
+"""
+
+from harness.ppo.advantages import gae, kl_estimate, shape_rewards
+from harness.ppo.loss import (
+    BEHAVE_MODES,
+    LOSS_AGG_MODES,
+    RejectionSampling,
+    behaviour_weights,
+    ppo_actor_loss,
+)
+from harness.ppo.normalization import NormConfig, normalize
+
+__all__ = [
+    "BEHAVE_MODES",
+    "LOSS_AGG_MODES",
+    "NormConfig",
+    "RejectionSampling",
+    "behaviour_weights",
+    "gae",
+    "kl_estimate",
+    "normalize",
+    "ppo_actor_loss",
+    "shape_rewards",
+]

@@ -1,0 +1,397 @@
+"""The PPO actor loss: asymmetric clip, dual clip, behaviour importance weights, GSPO.
+
+Source: AReaL ``areal/utils/functional/functional.py`` (``ppo_actor_loss_fn``,
+``apply_rejection_sampling``), main branch; legacy ``behave_imp_weight_mode`` from
+v1.0.0.post1–v1.0.3.  ``ppo-semantics.md`` §2.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+BehaveMode = Literal["disabled", "token_mask", "token_truncate", "sequence_mask", "sequence_truncate"]
+BEHAVE_MODES = ("disabled", "token_mask", "token_truncate", "sequence_mask", "sequence_truncate")
+IS_LEVELS = ("token", "sequence")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+RS_METRICS = ("ratio", "kl_k1", "kl_k2", "kl_k3", "binary_kl")
+
+
+@dataclass(frozen=True)
+class RejectionSampling:
+    """Behaviour-policy importance weighting with AReaL v1.0.4+ semantics (``RejectionSamplingConfig``).
+
+    The divergence between the proximal policy π_prox and the behaviour policy π_behave that
+    sampled the data decides, per token or per sequence, whether a token stays in the loss
+    (``action='mask'``) or how its weight w = π_prox/π_behave is truncated (``action='clamp'``).
+    """
+
+    level: Literal["token", "sequence"] = field(
+        default="token", metadata={"help": "Granularity of the decision: 'token' or 'sequence'."}
+    )
+    action: Literal["mask", "clamp"] = field(
+        default="mask",
+        metadata={"help": "'mask' drops out-of-bounds tokens/sequences; 'clamp' truncates the weight."},
+    )
+    metric: Literal["ratio", "kl_k1", "kl_k2", "kl_k3", "binary_kl"] = field(
+        default="ratio", metadata={"help": "Divergence between π_prox and π_behave that is bounded."}
+    )
+    agg: Literal["sum", "mean", "max"] = field(
+        default="mean", metadata={"help": "Sequence-level aggregation of the metric."}
+    )
+    upper: float = field(default=5.0, metadata={"help": "Inclusive upper bound (metric <= upper passes)."})
+    lower: float | None = field(
+        default=None,
+        metadata={"help": "Inclusive lower bound; 'clamp' uses 0.0 when unset."},
+    )
+
+    def __post_init__(self) -> None:
+        if self.level not in IS_LEVELS:
+            raise ValueError(f"rejection_sampling.level must be one of 'token', 'sequence'; got {self.level!r}")
+        if self.action not in ("mask", "clamp"):
+            raise ValueError(f"rejection_sampling.action must be one of 'mask', 'clamp'; got {self.action!r}")
+        if self.metric not in RS_METRICS:
+            raise ValueError(f"rejection_sampling.metric must be one of {', '.join(RS_METRICS)}; got {self.metric!r}")
+        if self.agg not in ("sum", "mean", "max"):
+            raise ValueError(f"rejection_sampling.agg must be one of 'sum', 'mean', 'max'; got {self.agg!r}")
+        if self.action == "clamp" and self.metric != "ratio":
+            raise ValueError("rejection_sampling.action 'clamp' requires metric 'ratio'")
+        if self.metric == "ratio":
+            if not self.upper > 1.0:
+                raise ValueError(f"rejection_sampling.upper must be > 1 for metric 'ratio'; got {self.upper}")
+            if self.lower is not None and not self.lower > 0.0:
+                raise ValueError(f"rejection_sampling.lower must be > 0 for metric 'ratio'; got {self.lower}")
+        elif self.metric in ("kl_k2", "kl_k3", "binary_kl") and not self.upper > 0.0:
+            raise ValueError(f"rejection_sampling.upper must be > 0 for metric {self.metric!r}; got {self.upper}")
+        if self.lower is not None and self.lower > self.upper:
+            raise ValueError(f"rejection_sampling.lower ({self.lower}) must be <= upper ({self.upper})")
+        if self.level == "token" and self.agg != "mean":
+            warnings.warn(
+                f"rejection_sampling.agg={self.agg!r} has no effect at level 'token'",
+                UserWarning,
+                stacklevel=3,
+            )
+        if self.action == "clamp" and self.lower is None:
+            object.__setattr__(self, "lower", 0.0)
+
+
+def validate_clip_options(
+    eps_clip: float,
+    eps_clip_higher: float | None,
+    c_clip: float | None,
+    behave_imp_weight_mode: str,
+    behave_imp_weight_cap: float | None,
+    rejection_sampling: RejectionSampling | None,
+    importance_sampling_level: str,
+    loss_agg_mode: str,
+) -> None:
+    """Raise ``ValueError`` naming the option and what is allowed (shared by the loss and configs)."""
+    if not eps_clip > 0:
+        raise ValueError(f"eps_clip must be > 0; got {eps_clip}")
+    if eps_clip_higher is not None and eps_clip_higher < 0:
+        raise ValueError(f"eps_clip_higher must be >= 0 or null; got {eps_clip_higher}")
+    if c_clip is not None and not c_clip > 1:
+        raise ValueError(f"c_clip must be > 1 or null; got {c_clip}")
+    if behave_imp_weight_mode not in BEHAVE_MODES:
+        raise ValueError(
+            f"behave_imp_weight_mode must be one of {', '.join(BEHAVE_MODES)}; got {behave_imp_weight_mode!r}"
+        )
+    if behave_imp_weight_mode == "disabled":
+        if behave_imp_weight_cap is not None:
+            raise ValueError(
+                "behave_imp_weight_cap must be null when behave_imp_weight_mode is 'disabled'; "
+                f"got {behave_imp_weight_cap}"
+            )
+    elif behave_imp_weight_cap is not None and not behave_imp_weight_cap > 1:
+        raise ValueError(f"behave_imp_weight_cap must be > 1 or null; got {behave_imp_weight_cap}")
+    if rejection_sampling is not None and behave_imp_weight_mode != "disabled":
+        raise ValueError(
+            "give either rejection_sampling or behave_imp_weight_mode, not both "
+            f"(behave_imp_weight_mode={behave_imp_weight_mode!r})"
+        )
+    if importance_sampling_level not in IS_LEVELS:
+        raise ValueError(
+            f"importance_sampling_level must be one of 'token', 'sequence'; got {importance_sampling_level!r}"
+        )
+    if loss_agg_mode not in LOSS_AGG_MODES:
+        raise ValueError(f"loss_agg_mode must be one of {', '.join(LOSS_AGG_MODES)}; got {loss_agg_mode!r}")
+
+
+def legacy_to_rejection_sampling(mode: str, cap: float | None) -> RejectionSampling | None:
+    """AReaL's own migration of the v1.0.0.post1–v1.0.3 modes (a cap of None = no bound)."""
+    if mode == "disabled":
+        return None
+    level, kind = mode.split("_")
+    upper = math.inf if cap is None else float(cap)
+    return RejectionSampling(
+        level=level,  # type: ignore[arg-type]
+        action="mask" if kind == "mask" else "clamp",
+        metric="ratio",
+        agg="mean",
+        upper=upper,
+    )
+
+
+def _seq_reduce_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-row mean of x over mask (n = max(#valid, 1)), shape [B, 1]."""
+    n = mask.sum(dim=1, keepdim=True).clamp(min=1)
+    return torch.where(mask, x, torch.zeros((), dtype=x.dtype)).sum(dim=1, keepdim=True) / n
+
+
+def behaviour_weights(
+    proximal_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    rs: RejectionSampling,
+) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """AReaL's ``apply_rejection_sampling`` (§2.4): returns (narrowed mask m′, weight w, filtered fraction).
+
+    ℓr = ℓp − ℓb (non-finite → 0); w = e^ℓr per token, or at sequence level with metric 'ratio'
+    the sequence's geometric mean.  'mask' keeps a token iff lower ≤ metric ≤ upper; 'clamp'
+    truncates w to [lower, upper].  w is 0 wherever m′ is 0.  Inputs carry no gradient.
+    """
+    m = loss_mask.bool()
+    lp = proximal_logprobs.detach().float()
+    lb = old_logprobs.detach().float()
+    diff = lp - lb
+    log_ratio = torch.where(torch.isfinite(diff), diff, torch.zeros((), dtype=diff.dtype))
+    if rs.metric == "ratio":
+        metric = torch.exp(log_ratio)
+    elif rs.metric == "kl_k1":
+        metric = diff
+    elif rs.metric == "kl_k2":
+        metric = 0.5 * diff * diff
+    elif rs.metric == "kl_k3":
+        metric = torch.exp(lb - lp) - 1 - (lb - lp)
+    else:  # binary_kl: max of the two Bernoulli KLs of the sampled token's probability.
+        p = lp.exp().clamp(1e-8, 1 - 1e-8)
+        q = lb.exp().clamp(1e-8, 1 - 1e-8)
+
+        def bkl(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return a * (a / b).log() + (1 - a) * ((1 - a) / (1 - b)).log()
+
+        metric = torch.maximum(bkl(p, q), bkl(q, p))
+    w = torch.exp(log_ratio)
+    lower = rs.lower
+
+    def inside(x: torch.Tensor) -> torch.Tensor:
+        ok = x <= rs.upper
+        return ok & (x >= lower) if lower is not None else ok
+
+    if rs.level == "token":
+        if rs.action == "mask":
+            keep = inside(metric)
+        else:
+            keep = torch.ones_like(m)
+            w = w.clamp(min=lower if lower is not None else 0.0, max=rs.upper)
+        w_before_clamp = torch.exp(log_ratio)
+    else:
+        if m.dim() != 2:
+            raise ValueError("sequence-level rejection sampling needs [B, T] inputs")
+        values = log_ratio if rs.metric == "ratio" else metric
+        if rs.metric == "ratio":
+            w = torch.exp(_seq_reduce_mean(log_ratio, m)).expand_as(w)
+        w_before_clamp = w
+        zeroed = torch.where(m, values, torch.zeros((), dtype=values.dtype))
+        if rs.agg == "sum":
+            s = zeroed.sum(dim=1, keepdim=True)
+        elif rs.agg == "mean":
+            s = _seq_reduce_mean(values, m)
+        else:
+            s = torch.where(m, values, torch.full((), -math.inf)).max(dim=1, keepdim=True).values
+            s = torch.where(m.any(dim=1, keepdim=True), s, torch.zeros_like(s))
+        seq_metric = torch.exp(s) if rs.metric == "ratio" else s
+        seq_in = inside(seq_metric).expand_as(m)
+        if rs.action == "mask":
+            keep = seq_in
+        else:
+            keep = torch.ones_like(m)
+            clamped = w.clamp(min=lower if lower is not None else 0.0, max=rs.upper)
+            w = torch.where(seq_in, w, clamped)
+    n_valid = max(int(m.sum()), 1)
+    if rs.action == "mask":
+        new_mask = m & keep
+        filtered = float((m & ~keep).sum()) / n_valid
+    else:
+        new_mask = m
+        filtered = float((m & (w != w_before_clamp)).sum()) / n_valid
+    w = torch.where(new_mask, w, torch.zeros((), dtype=w.dtype))
+    return new_mask, w, filtered
+
+
+def _check_shapes(**tensors: torch.Tensor) -> None:
+    shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+    if len(set(shapes.values())) != 1:
+        raise ValueError(f"shape mismatch: {shapes}")
+
+
+def ppo_actor_loss(
+    logprobs: torch.Tensor,
+    proximal_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    eps_clip: float,
+    eps_clip_higher: float | None = None,
+    c_clip: float | None = None,
+    behave_imp_weight_mode: str = "disabled",
+    behave_imp_weight_cap: float | None = None,
+    rejection_sampling: RejectionSampling | None = None,
+    importance_sampling_level: str = "token",
+    loss_agg_mode: str = "token-mean",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+    """AReaL's PPO actor loss (``ppo_actor_loss_fn``, main; ``ppo-semantics.md`` §2.3).
+
+    Inputs are [B, T] (a 1-D tensor is one sequence).  ℓθ = ``logprobs`` (carries the gradient),
+    ℓp = proximal, ℓb = old/behaviour, m = ``loss_mask``:
+
+        N0 = max(Σm, 1)                              (taken before any filtering)
+        m′, w = behaviour weights (if enabled)       (§2.4 / §2.5; w detached)
+        r  = exp(ℓθ − ℓp) on m, else 0               (token level)
+        r  = exp(mean_{m′}(ℓθ − ℓp)) per sequence, Ā = mean_{m′}(A)   (sequence level = GSPO,
+             with the #1346 fix: padding never enters the means)
+        r̃  = clamp(r, 1 − ε, 1 + ε_hi)               (ε_hi = ε when eps_clip_higher is None)
+        L  = max(−A·r, −A·r̃);   clip_mask = −A·r < −A·r̃
+        L  = min(L, c·|A|) if c_clip;  dual_clip_mask = c·|A| < L   (binds only where A < 0)
+        L  = L·w                                     (after the dual clip)
+        loss = Σ m′·L / N0                           (token-mean; other ``loss_agg_mode``s below)
+
+    ``behave_imp_weight_mode`` (AReaL v1.0.0.post1–v1.0.3) and ``rejection_sampling`` (v1.0.4+)
+    are two spellings of the behaviour weight.  The legacy modes never narrow the loss mask (the
+    weight is 0 on dropped tokens, so the loss value is the same), and their cap may be None (no
+    bound).  Giving both is an error.
+
+    ``loss_agg_mode`` (beyond AReaL, whose loss is always the global token mean; verl's names):
+      * ``token-mean``: Σ m′L / N0 (AReaL).
+      * ``seq-mean-token-mean``: mean over non-empty sequences of Σ_t m′L / max(Σ_t m, 1).
+      * ``seq-mean-token-sum``: mean over non-empty sequences of Σ_t m′L.
+      * ``seq-mean-token-sum-norm``: Σ m′L / (#non-empty sequences · T), T the padded width
+        (Dr. GRPO's constant normalizer).
+
+    Returns (loss, stats).  Per-token stats (detached): ``loss`` (unmasked L), ``importance_weight``
+    (r), ``approx_kl`` (ℓθ − ℓp, a log-ratio), ``clip_mask``, ``clip_low_mask`` (A<0, r<1−ε),
+    ``clip_high_mask`` (A>0, r>1+ε_hi), ``dual_clip_mask`` (all ∧ m); with weighting on also
+    ``behave_imp_weight`` (w), ``behave_mask`` ((w>0) ∧ m′), ``behave_approx_kl`` (ℓp − ℓb on
+    behave_mask) and the float ``filtered_fraction``.
+    """
+    validate_clip_options(
+        eps_clip,
+        eps_clip_higher,
+        c_clip,
+        behave_imp_weight_mode,
+        behave_imp_weight_cap,
+        rejection_sampling,
+        importance_sampling_level,
+        loss_agg_mode,
+    )
+    _check_shapes(
+        logprobs=logprobs,
+        proximal_logprobs=proximal_logprobs,
+        old_logprobs=old_logprobs,
+        advantages=advantages,
+        loss_mask=loss_mask,
+    )
+    if logprobs.dim() == 1:
+        loss, stats = ppo_actor_loss(
+            logprobs[None],
+            proximal_logprobs[None],
+            old_logprobs[None],
+            advantages[None],
+            loss_mask[None],
+            eps_clip=eps_clip,
+            eps_clip_higher=eps_clip_higher,
+            c_clip=c_clip,
+            behave_imp_weight_mode=behave_imp_weight_mode,
+            behave_imp_weight_cap=behave_imp_weight_cap,
+            rejection_sampling=rejection_sampling,
+            importance_sampling_level=importance_sampling_level,
+            loss_agg_mode=loss_agg_mode,
+        )
+        return loss, {k: (v[0] if isinstance(v, torch.Tensor) and v.dim() == 2 else v) for k, v in stats.items()}
+    if logprobs.dim() != 2:
+        raise ValueError(f"expected [B, T] or [T] tensors; got {tuple(logprobs.shape)}")
+
+    m = loss_mask.bool()
+    n0 = max(int(m.sum()), 1)
+    prox = proximal_logprobs.detach()
+    adv = advantages.detach()
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+
+    # Behaviour weight (rejection sampling or the legacy modes).
+    rs = rejection_sampling
+    legacy = False
+    if rs is None and behave_imp_weight_mode != "disabled":
+        rs = legacy_to_rejection_sampling(behave_imp_weight_mode, behave_imp_weight_cap)
+        legacy = True
+    w: torch.Tensor | None = None
+    filtered = 0.0
+    m_loss = m
+    if rs is not None:
+        m_rs, w, filtered = behaviour_weights(prox, old_logprobs, m, rs)
+        # Legacy modes keep the original mask; the weight is already 0 on dropped tokens.
+        m_loss = m if legacy else m_rs
+
+    log_ratio = logprobs - prox
+    if importance_sampling_level == "token":
+        ratio = torch.where(m, torch.exp(log_ratio), zero)
+    else:
+        n_i = m_loss.sum(dim=1, keepdim=True).clamp(min=1)
+        seq_log_ratio = torch.where(m_loss, log_ratio, zero).sum(dim=1, keepdim=True) / n_i
+        ratio = torch.where(m_loss, torch.exp(seq_log_ratio).expand_as(log_ratio), zero)
+        seq_adv = torch.where(m_loss, adv, torch.zeros((), dtype=adv.dtype)).sum(dim=1, keepdim=True) / n_i
+        adv = torch.where(m_loss, seq_adv.expand_as(adv), torch.zeros((), dtype=adv.dtype))
+
+    eps_hi = eps_clip if eps_clip_higher is None else eps_clip_higher
+    clipped_ratio = ratio.clamp(1.0 - eps_clip, 1.0 + eps_hi)
+    pg1 = -adv * ratio
+    pg2 = -adv * clipped_ratio
+    clip_mask = pg1.detach() < pg2.detach()
+    pg = torch.maximum(pg1, pg2)
+    if c_clip is not None:
+        pg3 = torch.sign(adv) * c_clip * adv
+        dual_clip_mask = pg3.detach() < pg.detach()
+        pg = torch.minimum(pg, pg3)
+    else:
+        dual_clip_mask = torch.zeros_like(m)
+    if w is not None:
+        pg = pg * w
+
+    contrib = torch.where(m_loss, pg, zero)
+    if loss_agg_mode == "token-mean":
+        loss = contrib.sum() / n0
+    else:
+        nonempty = m.any(dim=1)
+        n_seq = max(int(nonempty.sum()), 1)
+        per_seq = contrib.sum(dim=1)
+        if loss_agg_mode == "seq-mean-token-mean":
+            per_seq = per_seq / m.sum(dim=1).clamp(min=1)
+            loss = per_seq.sum() / n_seq
+        elif loss_agg_mode == "seq-mean-token-sum":
+            loss = per_seq.sum() / n_seq
+        else:  # seq-mean-token-sum-norm
+            loss = per_seq.sum() / (n_seq * m.shape[1])
+
+    stat_mask = m  # main: the clip statistics use the pre-filter mask (#1572)
+    stats: dict[str, torch.Tensor | float] = {
+        "loss": pg.detach(),
+        "importance_weight": ratio.detach(),
+        "approx_kl": log_ratio.detach(),
+        "clip_mask": clip_mask & stat_mask,
+        "clip_low_mask": clip_mask & stat_mask & (adv < 0),
+        "clip_high_mask": clip_mask & stat_mask & (adv > 0),
+        "dual_clip_mask": dual_clip_mask & stat_mask,
+    }
+    if w is not None:
+        behave_mask = (w > 0) & m_loss
+        stats["behave_imp_weight"] = w
+        stats["behave_mask"] = behave_mask
+        stats["behave_approx_kl"] = torch.where(
+            behave_mask, (prox - old_logprobs.detach()).float(), torch.zeros((), dtype=torch.float32)
+        )
+        stats["filtered_fraction"] = filtered
+    return loss, stats

@@ -1,0 +1,201 @@
+"""Advantage / reward normalization: AReaL's ``NormConfig`` and ``Normalization`` as pure functions.
+
+Source: AReaL ``areal/api/cli_args.py`` (``NormConfig``) and ``areal/utils/data.py``
+(``Normalization.__call__``), main branch semantics; ``ppo-semantics.md`` §4.
+
+For each statistics scope (the whole batch, or a group of consecutive rows) with validity mask M:
+
+    S = Σ M·x,  n = Σ M
+    mean       μ = S / n                                    (0 when n = 0)
+    leave-1-out μ_j = (S − x_j) / max(n − M_j, 1)           (valid j; invalid j get S / n)
+    centred    c = (x − μ)·M
+    std        σ = sqrt(Σ c² / (n − 1))  (unbiased; σ = 1 when n ≤ 1)
+               σ = sqrt(Σ c² / n)        (biased;   σ = 1 when n = 0)
+    output     y = c / (σ + eps)        (std_level None: σ = 1 and eps = 0)
+
+The std is taken about whatever μ the mean level produced (so "group mean, batch std" — LitePPO —
+pools deviations from the group means over the batch).  Statistics run in float64 and the result is
+float32, as in AReaL.
+
+Deviations from AReaL, on purpose:
+
+* Masked-out entries are *selected away* (``torch.where``), never multiplied by 0, so a NaN or inf
+  in a padding slot cannot poison the statistics (AReaL issue #1347).
+* A fixed ``group_size`` that does not divide the batch raises ``ValueError`` instead of silently
+  dividing the leftover rows by ``eps`` (AReaL quirk Q4: ``[1, 3, 5]`` with groups of 2 gives
+  ``500000.0`` for the last entry there).
+* Group-level centering with singleton groups and no leave-one-out sets every output to 0; this
+  emits a ``UserWarning``.
+* No ``torch.distributed`` all-reduce: the harness trains in one process per run.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+Level = Literal["batch", "group"] | None
+_LEVELS = ("batch", "group", None)
+
+
+@dataclass(frozen=True)
+class NormConfig:
+    """How to normalize a tensor of rewards (one per sequence) or advantages (one per token).
+
+    Field names, order and defaults are AReaL's ``NormConfig``.
+    """
+
+    mean_level: Level = field(
+        default="batch",
+        metadata={"help": "Where the mean is taken: 'batch', 'group' (the n samples of a prompt) or None (no centering)."},
+    )
+    mean_leave1out: bool = field(
+        default=False,
+        metadata={"help": "Leave-one-out mean (RLOO): each entry is centred by the mean of the others in its scope."},
+    )
+    std_level: Level = field(
+        default="batch",
+        metadata={"help": "Where the std is taken: 'batch', 'group' or None (no scaling)."},
+    )
+    std_unbiased: bool = field(
+        default=True, metadata={"help": "Bessel-corrected (n-1) standard deviation."}
+    )
+    eps: float = field(default=1e-5, metadata={"help": "Added to the std (not the variance)."})
+    group_size: int = field(
+        default=1,
+        metadata={
+            "help": "Rows per group when no explicit group sizes are passed (the training loop "
+            "passes the real per-prompt sizes)."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("mean_level", "std_level"):
+            value = getattr(self, name)
+            if value not in _LEVELS:
+                raise ValueError(f"{name} must be one of 'batch', 'group', None; got {value!r}")
+        for name in ("mean_leave1out", "std_unbiased"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false; got {getattr(self, name)!r}")
+        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 1:
+            raise ValueError(f"group_size must be an integer >= 1; got {self.group_size!r}")
+        if not isinstance(self.eps, (int, float)) or isinstance(self.eps, bool) or self.eps < 0:
+            raise ValueError(f"eps must be a number >= 0; got {self.eps!r}")
+
+    @property
+    def uses_groups(self) -> bool:
+        return "group" in (self.mean_level, self.std_level)
+
+
+def _group_ids(batch: int, cfg: NormConfig, group_sizes: list[int] | torch.Tensor | None) -> torch.Tensor:
+    """Row → group index for consecutive-row groups."""
+    if group_sizes is not None:
+        sizes = [int(s) for s in (group_sizes.tolist() if isinstance(group_sizes, torch.Tensor) else group_sizes)]
+        if any(s <= 0 for s in sizes):
+            raise ValueError(f"group_sizes must all be > 0; got {sizes}")
+        if sum(sizes) != batch:
+            raise ValueError(f"group_sizes sum to {sum(sizes)} but the batch has {batch} rows")
+    else:
+        if batch % cfg.group_size != 0:
+            raise ValueError(
+                f"group_size {cfg.group_size} does not divide the batch of {batch} rows; "
+                "pass group_sizes or choose a group_size that divides the batch"
+            )
+        sizes = [cfg.group_size] * (batch // cfg.group_size)
+    return torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+
+
+def _scope_sum(v: torch.Tensor, gid: torch.Tensor | None, n_groups: int) -> torch.Tensor:
+    """Sum of v over its scope, broadcast back to v's shape. gid=None means the whole batch."""
+    if gid is None:
+        return v.sum().expand_as(v)
+    per_row = v.reshape(v.shape[0], -1).sum(dim=1)
+    per_group = torch.zeros(n_groups, dtype=v.dtype).index_add_(0, gid, per_row)
+    return per_group[gid].reshape((-1,) + (1,) * (v.dim() - 1)).expand_as(v)
+
+
+def normalize(
+    x: torch.Tensor,
+    cfg: NormConfig,
+    loss_mask: torch.Tensor | None = None,
+    group_sizes: list[int] | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Normalize ``x`` ([B] or [B, T]) with ``cfg``; groups are consecutive rows.
+
+    Args:
+        x: rewards [B] or token advantages [B, T].
+        cfg: the normalization options.
+        loss_mask: optional validity mask with x's shape; invalid entries are ignored by the
+            statistics and come out as exactly 0.  When the mask has no valid entry, x is returned
+            unchanged (as float32).
+        group_sizes: consecutive group row counts (sum = B).  Without it, fixed slices of
+            ``cfg.group_size`` rows, which must divide B.
+
+    Returns: float32 tensor shaped like x.
+    """
+    if loss_mask is not None and loss_mask.shape != x.shape:
+        raise ValueError(f"loss_mask shape {tuple(loss_mask.shape)} != x shape {tuple(x.shape)}")
+    if x.dim() == 0:
+        raise ValueError("normalize needs at least one dimension (rows)")
+    if cfg.mean_level is None and cfg.std_level is None:
+        return x.to(torch.float32).clone()
+
+    valid = torch.ones_like(x, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
+    if loss_mask is not None and not bool(valid.any()):
+        return x.to(torch.float32).clone()
+    m = valid.to(torch.float64)
+    xv = torch.where(valid, x.to(torch.float64), torch.zeros((), dtype=torch.float64))
+
+    gid: torch.Tensor | None = None
+    n_groups = 0
+    if cfg.uses_groups:
+        gid = _group_ids(x.shape[0], cfg, group_sizes)
+        n_groups = int(gid.max()) + 1 if gid.numel() else 0
+
+    # ---- mean ----
+    mean_scope = gid if cfg.mean_level == "group" else None
+    if cfg.mean_level is None:
+        mu = torch.zeros_like(xv)
+    else:
+        s = _scope_sum(xv, mean_scope, n_groups)
+        n = _scope_sum(m, mean_scope, n_groups)
+        plain = torch.where(n > 0, s / n.clamp(min=1), torch.zeros((), dtype=torch.float64))
+        if not cfg.mean_leave1out:
+            mu = plain
+            if cfg.mean_level == "group" and bool((n <= 1).all()):
+                warnings.warn(
+                    "group-level mean over singleton groups without leave-one-out sets every "
+                    "normalized value to 0 (the signal is erased); use larger groups, "
+                    "mean_leave1out, or mean_level='batch'",
+                    UserWarning,
+                    stacklevel=2,
+                )
+        else:
+            loo = torch.where(valid, (s - xv) / (n - m).clamp(min=1), plain)
+            # Degenerate scope (n <= 1): batch level centres by 0 (value passes through),
+            # group level (AReaL main) centres a singleton by itself, so it comes out 0.
+            degenerate = xv if cfg.mean_level == "group" else torch.zeros_like(xv)
+            mu = torch.where(n > 1, loo, degenerate)
+
+    centred = torch.where(valid, xv - mu, torch.zeros((), dtype=torch.float64))
+
+    # ---- std ----
+    eps = float(cfg.eps)
+    if cfg.std_level is None:
+        sigma = torch.ones_like(xv)
+        eps = 0.0
+    else:
+        std_scope = gid if cfg.std_level == "group" else None
+        ss = _scope_sum(centred * centred, std_scope, n_groups)
+        n = _scope_sum(m, std_scope, n_groups)
+        if cfg.std_unbiased:
+            sigma = torch.where(n > 1, torch.sqrt(ss / (n - 1).clamp(min=1)), torch.ones_like(ss))
+        else:
+            sigma = torch.where(n > 0, torch.sqrt(ss / n.clamp(min=1)), torch.ones_like(ss))
+
+    out = centred / (sigma + eps)
+    out = torch.where(valid, out, torch.zeros((), dtype=torch.float64))
+    return out.to(torch.float32)
