@@ -19,7 +19,7 @@ def shape_rewards(
 ) -> torch.Tensor:
     """Scale and clip sequence rewards (AReaL §3 step 2).
 
-        R ← clip((R + bias) · scaling, −clip, +clip)
+    R ← clip((R + bias) · scaling, −clip, +clip)
     """
     if clip <= 0:
         raise ValueError(f"reward clip must be > 0; got {clip}")
@@ -49,11 +49,6 @@ def kl_estimate(
     else:
         raise ValueError(f"kind must be one of 'k1', 'k2', 'k3'; got {kind!r}")
     return kl.clamp(-10.0, 10.0)
-
-
-def _reverse_cummin(x: torch.Tensor) -> torch.Tensor:
-    """out[..., t] = min(x[..., t:])."""
-    return torch.flip(torch.cummin(torch.flip(x, dims=[-1]), dim=-1).values, dims=[-1])
 
 
 def gae(
@@ -95,77 +90,76 @@ def gae(
     if not (0.0 <= gamma <= 1.0) or not (0.0 <= lam <= 1.0):
         raise ValueError(f"gamma and lam must be in [0, 1]; got gamma={gamma}, lam={lam}")
     B, T = rewards.shape
-    out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
-    device = rewards.device
+    dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
+    dev = rewards.device
+    if bootstrap is not None and tuple(bootstrap.shape) != (B,):
+        raise ValueError(f"bootstrap must be [B]={B}; got {tuple(bootstrap.shape)}")
     if T == 0:
-        z = torch.zeros_like(rewards, dtype=out_dtype)
+        z = torch.zeros((B, 0), dtype=dtype, device=dev)
         return z, z.clone()
 
-    f64 = torch.float64
-    r = rewards.to(f64)
-    v = values.to(f64)
-    valid = loss_mask.bool().clone()
-    valid[:, T - 1] = False  # AReaL never processes the last column: A_{T-1} = 0.
+    # Work in reversed time u = T-1-t: "the next valid position after t" becomes "the previous
+    # valid position before u" (a forward cummax) and reverse cumulative sums become cumsums.
+    r = rewards.to(dtype).flip(1)
+    v = values.to(dtype).flip(1)
+    valid = loss_mask.bool().flip(1)
+    valid[:, 0] = False  # AReaL never processes the last column: A_{T-1} = 0.
 
-    # nextV_t = V at the first valid position s > t, else the bootstrap value.
-    pos = torch.arange(T, device=device).expand(B, T)
-    idx = torch.where(valid, pos, torch.full_like(pos, T))
-    idx_after = torch.cat([idx[:, 1:], torch.full((B, 1), T, device=device, dtype=idx.dtype)], dim=1)
-    nxt = _reverse_cummin(idx_after)
-    boot = torch.zeros(B, dtype=f64, device=device)
+    # J_u: number of valid positions in reversed [0, u] (inclusive).  The k-th valid position's
+    # value is looked up through a per-row table indexed by count; entry 0 is the bootstrap value
+    # (V_{T-1} for truncated rows, else 0), used when no valid position follows t.
+    count = torch.cumsum(valid, dim=1)
+    count_before = count - valid.to(count.dtype)  # valid positions strictly before u
+    table = torch.zeros((B, T + 2), dtype=dtype, device=dev)
     if bootstrap is not None:
-        if bootstrap.shape != (B,):
-            raise ValueError(f"bootstrap must be [B]={B}; got {tuple(bootstrap.shape)}")
-        boot = torch.where(bootstrap.bool(), v[:, T - 1], boot)
-    next_v = torch.where(
-        nxt < T, torch.gather(v, 1, nxt.clamp(max=T - 1)), boot.unsqueeze(1).expand(B, T)
-    )
-    mf = valid.to(f64)
-    b = mf * (r + gamma * next_v - v)
+        table[:, 0] = torch.where(bootstrap.bool(), v[:, 0], 0.0)
+    table.scatter_(1, torch.where(valid, count, T + 1), v)  # invalid entries land in column T+1
+    next_v = torch.gather(table, 1, count_before)  # value at the previous valid position
+    b = (r - v).add_(next_v, alpha=gamma).mul_(valid)  # m_t·δ_t
 
     c = float(gamma) * float(lam)
     if c == 0.0:
-        # last_t = b at the first valid position ≥ t.
-        idx_from = _reverse_cummin(idx)
-        adv = torch.where(
-            idx_from < T, torch.gather(b, 1, idx_from.clamp(max=T - 1)), torch.zeros_like(b)
-        )
+        # last_t = b at the first valid position >= t (reversed: the last valid <= u), else 0.
+        b_table = torch.zeros((B, T + 2), dtype=dtype, device=dev)
+        b_table.scatter_(1, torch.where(valid, count, T + 1), b)
+        adv_rev = torch.gather(b_table, 1, count)
     elif c == 1.0:
-        adv = torch.flip(torch.cumsum(torch.flip(b, dims=[1]), dim=1), dims=[1])
+        adv_rev = torch.cumsum(b.to(torch.float64), dim=1)
     else:
-        adv = _discounted_masked_revsum(b, valid, c)
-
-    adv = adv.to(out_dtype)
-    returns = (adv.to(f64) + v).to(out_dtype)
+        adv_rev = _discounted_masked_cumsum(b.to(torch.float64), valid, count, c)
+    adv = adv_rev.to(dtype).flip(1)
+    returns = adv + values.to(dtype)
     return adv, returns
 
 
-def _discounted_masked_revsum(b: torch.Tensor, valid: torch.Tensor, c: float) -> torch.Tensor:
-    """y_t = Σ_{s≥t} c^(#valid in [t, s)) · b_s for 0 < c < 1, in float64, vectorized in chunks."""
+def _discounted_masked_cumsum(
+    b: torch.Tensor, valid: torch.Tensor, count: torch.Tensor, c: float
+) -> torch.Tensor:
+    """y_u = Σ_{w≤u} c^(J_u − J_w)·b_w (J = ``count``, inclusive count of valid positions), 0<c<1.
+
+    Evaluated as c^J·cumsum(c^(−J)·b) per chunk, with J counted from the chunk start so that
+    c^(−J) ≤ 1e280 stays inside float64 (the powers come from a small lookup table rather than
+    an exp over the whole batch); chunks are joined by a carry loop over chunks.
+    """
     B, T = b.shape
-    # Largest chunk whose scale range c^C stays far above float64's underflow (1e-308).
     chunk = max(1, min(T, int(280.0 / -math.log10(c))))
+    powers = torch.arange(chunk + 1, dtype=torch.float64, device=b.device) * math.log(c)
+    pos_table, neg_table = torch.exp(powers), torch.exp(-powers)  # c^k, c^-k for k <= chunk
+    if chunk >= T:
+        return torch.cumsum(b * neg_table[count], dim=1).mul_(pos_table[count])
     n_chunks = -(-T // chunk)
     pad = n_chunks * chunk - T
     if pad:
         b = torch.nn.functional.pad(b, (0, pad))
         valid = torch.nn.functional.pad(valid, (0, pad))
     bc = b.reshape(B, n_chunks, chunk)
-    mc = valid.reshape(B, n_chunks, chunk).to(torch.float64)
-    # k_t: number of valid positions in [chunk_start, t) — the exponent relative to the chunk start.
-    k = torch.cumsum(mc, dim=2) - mc
-    k_end = mc.sum(dim=2, keepdim=True)
-    log_c = math.log(c)
-    scale = torch.exp(k * log_c)  # c^k, ≥ ~1e-280
-    local = torch.flip(torch.cumsum(torch.flip(scale * bc, dims=[2]), dim=2), dims=[2]) / scale
-    carry_gain = torch.exp((k_end - k) * log_c)  # c^(#valid in [t, chunk_end))
-    # Join the chunks from the back: Y_j = value at the start of chunk j including later chunks.
-    start_local = local[:, :, 0]
-    start_gain = carry_gain[:, :, 0]
-    carry_in = torch.zeros(B, n_chunks, dtype=torch.float64, device=b.device)
+    j = torch.cumsum(valid.reshape(B, n_chunks, chunk), dim=2)  # counts from the chunk start
+    gain = pos_table[j]
+    local = torch.cumsum(bc * neg_table[j], dim=2).mul_(gain)
+    carry = torch.zeros(B, n_chunks, dtype=torch.float64, device=b.device)
     running = torch.zeros(B, dtype=torch.float64, device=b.device)
-    for j in range(n_chunks - 1, -1, -1):
-        carry_in[:, j] = running
-        running = start_local[:, j] + start_gain[:, j] * running
-    y = local + carry_gain * carry_in.unsqueeze(2)
+    for k in range(n_chunks):
+        carry[:, k] = running
+        running = local[:, k, -1] + gain[:, k, -1] * running
+    y = local + gain * carry.unsqueeze(2)
     return y.reshape(B, n_chunks * chunk)[:, :T]

@@ -14,10 +14,17 @@ from typing import Literal
 
 import torch
 
-BehaveMode = Literal["disabled", "token_mask", "token_truncate", "sequence_mask", "sequence_truncate"]
+BehaveMode = Literal[
+    "disabled", "token_mask", "token_truncate", "sequence_mask", "sequence_truncate"
+]
 BEHAVE_MODES = ("disabled", "token_mask", "token_truncate", "sequence_mask", "sequence_truncate")
 IS_LEVELS = ("token", "sequence")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+)
 RS_METRICS = ("ratio", "kl_k1", "kl_k2", "kl_k3", "binary_kl")
 
 
@@ -35,15 +42,20 @@ class RejectionSampling:
     )
     action: Literal["mask", "clamp"] = field(
         default="mask",
-        metadata={"help": "'mask' drops out-of-bounds tokens/sequences; 'clamp' truncates the weight."},
+        metadata={
+            "help": "'mask' drops out-of-bounds tokens/sequences; 'clamp' truncates the weight."
+        },
     )
     metric: Literal["ratio", "kl_k1", "kl_k2", "kl_k3", "binary_kl"] = field(
-        default="ratio", metadata={"help": "Divergence between π_prox and π_behave that is bounded."}
+        default="ratio",
+        metadata={"help": "Divergence between π_prox and π_behave that is bounded."},
     )
     agg: Literal["sum", "mean", "max"] = field(
         default="mean", metadata={"help": "Sequence-level aggregation of the metric."}
     )
-    upper: float = field(default=5.0, metadata={"help": "Inclusive upper bound (metric <= upper passes)."})
+    upper: float = field(
+        default=5.0, metadata={"help": "Inclusive upper bound (metric <= upper passes)."}
+    )
     lower: float | None = field(
         default=None,
         metadata={"help": "Inclusive lower bound; 'clamp' uses 0.0 when unset."},
@@ -51,24 +63,40 @@ class RejectionSampling:
 
     def __post_init__(self) -> None:
         if self.level not in IS_LEVELS:
-            raise ValueError(f"rejection_sampling.level must be one of 'token', 'sequence'; got {self.level!r}")
+            raise ValueError(
+                f"rejection_sampling.level must be one of 'token', 'sequence'; got {self.level!r}"
+            )
         if self.action not in ("mask", "clamp"):
-            raise ValueError(f"rejection_sampling.action must be one of 'mask', 'clamp'; got {self.action!r}")
+            raise ValueError(
+                f"rejection_sampling.action must be one of 'mask', 'clamp'; got {self.action!r}"
+            )
         if self.metric not in RS_METRICS:
-            raise ValueError(f"rejection_sampling.metric must be one of {', '.join(RS_METRICS)}; got {self.metric!r}")
+            raise ValueError(
+                f"rejection_sampling.metric must be one of {', '.join(RS_METRICS)}; got {self.metric!r}"
+            )
         if self.agg not in ("sum", "mean", "max"):
-            raise ValueError(f"rejection_sampling.agg must be one of 'sum', 'mean', 'max'; got {self.agg!r}")
+            raise ValueError(
+                f"rejection_sampling.agg must be one of 'sum', 'mean', 'max'; got {self.agg!r}"
+            )
         if self.action == "clamp" and self.metric != "ratio":
             raise ValueError("rejection_sampling.action 'clamp' requires metric 'ratio'")
         if self.metric == "ratio":
             if not self.upper > 1.0:
-                raise ValueError(f"rejection_sampling.upper must be > 1 for metric 'ratio'; got {self.upper}")
+                raise ValueError(
+                    f"rejection_sampling.upper must be > 1 for metric 'ratio'; got {self.upper}"
+                )
             if self.lower is not None and not self.lower > 0.0:
-                raise ValueError(f"rejection_sampling.lower must be > 0 for metric 'ratio'; got {self.lower}")
+                raise ValueError(
+                    f"rejection_sampling.lower must be > 0 for metric 'ratio'; got {self.lower}"
+                )
         elif self.metric in ("kl_k2", "kl_k3", "binary_kl") and not self.upper > 0.0:
-            raise ValueError(f"rejection_sampling.upper must be > 0 for metric {self.metric!r}; got {self.upper}")
+            raise ValueError(
+                f"rejection_sampling.upper must be > 0 for metric {self.metric!r}; got {self.upper}"
+            )
         if self.lower is not None and self.lower > self.upper:
-            raise ValueError(f"rejection_sampling.lower ({self.lower}) must be <= upper ({self.upper})")
+            raise ValueError(
+                f"rejection_sampling.lower ({self.lower}) must be <= upper ({self.upper})"
+            )
         if self.level == "token" and self.agg != "mean":
             warnings.warn(
                 f"rejection_sampling.agg={self.agg!r} has no effect at level 'token'",
@@ -118,7 +146,9 @@ def validate_clip_options(
             f"importance_sampling_level must be one of 'token', 'sequence'; got {importance_sampling_level!r}"
         )
     if loss_agg_mode not in LOSS_AGG_MODES:
-        raise ValueError(f"loss_agg_mode must be one of {', '.join(LOSS_AGG_MODES)}; got {loss_agg_mode!r}")
+        raise ValueError(
+            f"loss_agg_mode must be one of {', '.join(LOSS_AGG_MODES)}; got {loss_agg_mode!r}"
+        )
 
 
 def legacy_to_rejection_sampling(mode: str, cap: float | None) -> RejectionSampling | None:
@@ -312,7 +342,10 @@ def ppo_actor_loss(
             importance_sampling_level=importance_sampling_level,
             loss_agg_mode=loss_agg_mode,
         )
-        return loss, {k: (v[0] if isinstance(v, torch.Tensor) and v.dim() == 2 else v) for k, v in stats.items()}
+        return loss, {
+            k: (v[0] if isinstance(v, torch.Tensor) and v.dim() == 2 else v)
+            for k, v in stats.items()
+        }
     if logprobs.dim() != 2:
         raise ValueError(f"expected [B, T] or [T] tensors; got {tuple(logprobs.shape)}")
 
@@ -343,7 +376,10 @@ def ppo_actor_loss(
         n_i = m_loss.sum(dim=1, keepdim=True).clamp(min=1)
         seq_log_ratio = torch.where(m_loss, log_ratio, zero).sum(dim=1, keepdim=True) / n_i
         ratio = torch.where(m_loss, torch.exp(seq_log_ratio).expand_as(log_ratio), zero)
-        seq_adv = torch.where(m_loss, adv, torch.zeros((), dtype=adv.dtype)).sum(dim=1, keepdim=True) / n_i
+        seq_adv = (
+            torch.where(m_loss, adv, torch.zeros((), dtype=adv.dtype)).sum(dim=1, keepdim=True)
+            / n_i
+        )
         adv = torch.where(m_loss, seq_adv.expand_as(adv), torch.zeros((), dtype=adv.dtype))
 
     eps_hi = eps_clip if eps_clip_higher is None else eps_clip_higher
@@ -391,7 +427,9 @@ def ppo_actor_loss(
         stats["behave_imp_weight"] = w
         stats["behave_mask"] = behave_mask
         stats["behave_approx_kl"] = torch.where(
-            behave_mask, (prox - old_logprobs.detach()).float(), torch.zeros((), dtype=torch.float32)
+            behave_mask,
+            (prox - old_logprobs.detach()).float(),
+            torch.zeros((), dtype=torch.float32),
         )
         stats["filtered_fraction"] = filtered
     return loss, stats

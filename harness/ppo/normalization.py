@@ -50,11 +50,15 @@ class NormConfig:
 
     mean_level: Level = field(
         default="batch",
-        metadata={"help": "Where the mean is taken: 'batch', 'group' (the n samples of a prompt) or None (no centering)."},
+        metadata={
+            "help": "Where the mean is taken: 'batch', 'group' (the n samples of a prompt) or None (no centering)."
+        },
     )
     mean_leave1out: bool = field(
         default=False,
-        metadata={"help": "Leave-one-out mean (RLOO): each entry is centred by the mean of the others in its scope."},
+        metadata={
+            "help": "Leave-one-out mean (RLOO): each entry is centred by the mean of the others in its scope."
+        },
     )
     std_level: Level = field(
         default="batch",
@@ -80,7 +84,11 @@ class NormConfig:
         for name in ("mean_leave1out", "std_unbiased"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false; got {getattr(self, name)!r}")
-        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 1:
+        if (
+            isinstance(self.group_size, bool)
+            or not isinstance(self.group_size, int)
+            or self.group_size < 1
+        ):
             raise ValueError(f"group_size must be an integer >= 1; got {self.group_size!r}")
         if not isinstance(self.eps, (int, float)) or isinstance(self.eps, bool) or self.eps < 0:
             raise ValueError(f"eps must be a number >= 0; got {self.eps!r}")
@@ -90,10 +98,17 @@ class NormConfig:
         return "group" in (self.mean_level, self.std_level)
 
 
-def _group_ids(batch: int, cfg: NormConfig, group_sizes: list[int] | torch.Tensor | None) -> torch.Tensor:
+def _group_ids(
+    batch: int, cfg: NormConfig, group_sizes: list[int] | torch.Tensor | None
+) -> torch.Tensor:
     """Row → group index for consecutive-row groups."""
     if group_sizes is not None:
-        sizes = [int(s) for s in (group_sizes.tolist() if isinstance(group_sizes, torch.Tensor) else group_sizes)]
+        sizes = [
+            int(s)
+            for s in (
+                group_sizes.tolist() if isinstance(group_sizes, torch.Tensor) else group_sizes
+            )
+        ]
         if any(s <= 0 for s in sizes):
             raise ValueError(f"group_sizes must all be > 0; got {sizes}")
         if sum(sizes) != batch:
