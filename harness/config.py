@@ -1,0 +1,367 @@
+"""The run configuration: one typed dataclass tree, validated once (defaults < file < --set).
+
+``PPOActorConfig`` uses AReaL's field names (and the brief's); ``RunConfig`` wraps it with the
+model, task, rollout, optimizer, critic, warm start, evaluation and device settings of one PPO
+training run.  The same ``RunConfig`` is what an ablation cell overrides.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from harness.configtools import (
+    ConfigError,
+    deep_merge,
+    from_dict,
+    parse_override,
+    set_path,
+    to_dict,
+)
+from harness.models import TinyModelConfig
+from harness.ppo.loss import RejectionSampling, validate_clip_options
+from harness.ppo.normalization import NormConfig
+
+
+def _h(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass
+class PPOActorConfig:
+    """PPO actor options (AReaL's ``PPOActorConfig`` names; the brief's API)."""
+
+    eps_clip: float = field(default=0.2, metadata=_h("Lower clip ε: ratio clipped to [1-ε, 1+ε_hi]."))
+    eps_clip_higher: float | None = field(
+        default=None, metadata=_h("Upper clip ε_hi (DAPO clip-higher); null = eps_clip.")
+    )
+    c_clip: float | None = field(
+        default=None, metadata=_h("Dual clip: caps the loss at c·|A| where A < 0; must be > 1.")
+    )
+    behave_imp_weight_mode: Literal[
+        "disabled", "token_mask", "token_truncate", "sequence_mask", "sequence_truncate"
+    ] = field(
+        default="disabled",
+        metadata=_h("Behaviour importance weight π_prox/π_behave (AReaL v1.0.0.post1-v1.0.3 modes)."),
+    )
+    behave_imp_weight_cap: float | None = field(
+        default=None, metadata=_h("Cap for the behaviour weight (> 1); null = no bound.")
+    )
+    rejection_sampling: RejectionSampling | None = field(
+        default=None,
+        metadata=_h("AReaL v1.0.4+ behaviour weighting {level, action, metric, agg, upper, lower}."),
+    )
+    use_decoupled_loss: bool = field(
+        default=False,
+        metadata=_h("Decoupled PPO: clip against π_prox recomputed before the update, not π_behave."),
+    )
+    recompute_logprob: bool = field(
+        default=False, metadata=_h("Recompute the old log-probs with the training forward pass.")
+    )
+    importance_sampling_level: Literal["token", "sequence"] = field(
+        default="token", metadata=_h("'sequence' = GSPO (geometric-mean sequence ratio).")
+    )
+    loss_agg_mode: Literal[
+        "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+    ] = field(default="token-mean", metadata=_h("How per-token losses become one number."))
+    ppo_n_minibatches: int = field(
+        default=4, metadata=_h("Optimizer steps per PPO update (token-balanced split).")
+    )
+    ppo_epochs: int = field(default=1, metadata=_h("Passes over the batch per update."))
+    adv_norm: NormConfig | None = field(
+        default=None, metadata=_h("Normalization of token advantages (masked); null = none.")
+    )
+    reward_norm: NormConfig | None = field(
+        default=None,
+        metadata=_h("Normalization of sequence rewards; groups = the samples of one prompt."),
+    )
+    kl_ctl: float = field(
+        default=0.0,
+        metadata=_h("KL-in-reward coefficient against a frozen reference copy (0 = no reference)."),
+    )
+    kl_estimator: Literal["k1", "k2", "k3"] = field(default="k1", metadata=_h("KL estimator."))
+    discount: float = field(default=1.0, metadata=_h("GAE γ."))
+    gae_lambda: float = field(default=1.0, metadata=_h("GAE λ."))
+    reward_scaling: float = field(default=1.0, metadata=_h("R ← (R + bias)·scaling."))
+    reward_bias: float = field(default=0.0, metadata=_h("Added to R before scaling."))
+    reward_clip: float = field(default=20.0, metadata=_h("R clipped to ±reward_clip."))
+    entropy_coef: float = field(default=0.0, metadata=_h("Entropy bonus coefficient."))
+    temperature: float = field(
+        default=1.0, metadata=_h("Sampling temperature; training log-probs use the same.")
+    )
+
+    def __post_init__(self) -> None:
+        validate_clip_options(
+            self.eps_clip,
+            self.eps_clip_higher,
+            self.c_clip,
+            self.behave_imp_weight_mode,
+            self.behave_imp_weight_cap,
+            self.rejection_sampling,
+            self.importance_sampling_level,
+            self.loss_agg_mode,
+        )
+        if self.ppo_n_minibatches < 1:
+            raise ValueError(f"ppo_n_minibatches must be >= 1; got {self.ppo_n_minibatches}")
+        if self.ppo_epochs < 1:
+            raise ValueError(f"ppo_epochs must be >= 1; got {self.ppo_epochs}")
+        if self.kl_ctl < 0:
+            raise ValueError(f"kl_ctl must be >= 0; got {self.kl_ctl}")
+        if not (0.0 <= self.discount <= 1.0):
+            raise ValueError(f"discount must be in [0, 1]; got {self.discount}")
+        if not (0.0 <= self.gae_lambda <= 1.0):
+            raise ValueError(f"gae_lambda must be in [0, 1]; got {self.gae_lambda}")
+        if self.reward_clip <= 0:
+            raise ValueError(f"reward_clip must be > 0; got {self.reward_clip}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0; got {self.temperature}")
+        weighting = self.behave_imp_weight_mode != "disabled" or self.rejection_sampling is not None
+        if weighting and not self.use_decoupled_loss:
+            warnings.warn(
+                "behaviour importance weights only have an effect with use_decoupled_loss=true "
+                "(otherwise π_prox = π_behave and the weight is 1)",
+                UserWarning,
+                stacklevel=2,
+            )
+
+
+# The brief calls it PPOConfig; AReaL's PPOConfig is the whole experiment, the actor knobs live here.
+PPOConfig = PPOActorConfig
+
+
+@dataclass
+class RolloutConfig:
+    prompts_per_step: int = field(default=8, metadata=_h("Prompts sampled per training step."))
+    n_samples: int = field(default=4, metadata=_h("Completions per prompt (the group)."))
+    max_new_tokens: int = field(default=12, metadata=_h("Longest completion."))
+    top_p: float = field(default=1.0, metadata=_h("Nucleus sampling threshold (1 = off)."))
+    staleness: int = field(
+        default=0,
+        metadata=_h("Sample with the policy as it was k updates ago (emulates async RL)."),
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("prompts_per_step", "n_samples", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
+        if self.staleness < 0:
+            raise ValueError(f"staleness must be >= 0; got {self.staleness}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = field(default=3e-4, metadata=_h("AdamW learning rate of the policy."))
+    weight_decay: float = field(default=0.0, metadata=_h("AdamW weight decay."))
+    beta1: float = field(default=0.9, metadata=_h("AdamW β1."))
+    beta2: float = field(default=0.999, metadata=_h("AdamW β2."))
+    schedule: Literal["constant", "linear", "cosine"] = field(
+        default="constant", metadata=_h("Learning-rate schedule over the run.")
+    )
+    warmup_steps: int = field(default=0, metadata=_h("Linear warm-up, in optimizer steps."))
+    grad_clip: float | None = field(
+        default=1.0, metadata=_h("Clip the gradient norm to this (null = no clipping).")
+    )
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0; got {self.lr}")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise ValueError(f"grad_clip must be > 0 or null; got {self.grad_clip}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0; got {self.warmup_steps}")
+
+
+@dataclass
+class CriticConfig:
+    enabled: bool = field(default=False, metadata=_h("Train a value model for GAE (PPO); off = critic-free."))
+    lr: float = field(default=1e-3, metadata=_h("Critic learning rate."))
+    value_clip: float | None = field(
+        default=0.5, metadata=_h("Value clipping ε_v around the old values (null = off).")
+    )
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0; got {self.lr}")
+
+
+@dataclass
+class WarmStartConfig:
+    steps: int = field(default=0, metadata=_h("Supervised steps on demonstrations before RL (0 = off)."))
+    lr: float = field(default=3e-3, metadata=_h("Warm-start learning rate."))
+    batch_size: int = field(default=32, metadata=_h("Warm-start batch size."))
+
+    def __post_init__(self) -> None:
+        if self.steps < 0:
+            raise ValueError(f"steps must be >= 0; got {self.steps}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1; got {self.batch_size}")
+
+
+@dataclass
+class EvalConfig:
+    every: int = field(default=25, metadata=_h("Greedy evaluation every N steps (0 = only at the end)."))
+    n_prompts: int = field(default=64, metadata=_h("Held-out prompts per evaluation."))
+
+    def __post_init__(self) -> None:
+        if self.every < 0:
+            raise ValueError(f"every must be >= 0; got {self.every}")
+        if self.n_prompts < 1:
+            raise ValueError(f"n_prompts must be >= 1; got {self.n_prompts}")
+
+
+@dataclass
+class RunConfig:
+    """One PPO training run."""
+
+    seed: int = field(default=0, metadata=_h("Seed of model init, prompts and sampling."))
+    steps: int = field(default=200, metadata=_h("Training steps (rollout + update)."))
+    model: str = field(default="tiny", metadata=_h("'tiny' or a local Hugging Face model directory."))
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig, metadata=_h("Tiny model shape."))
+    task: str = field(
+        default="reverse",
+        metadata=_h("reverse | add | sort | mixed-scale | jsonl:PATH | python:module:function."),
+    )
+    task_options: dict[str, Any] = field(default_factory=dict, metadata=_h("Task keyword options."))
+    rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata=_h("Sampling."))
+    ppo: PPOActorConfig = field(default_factory=PPOActorConfig, metadata=_h("PPO actor."))
+    optim: OptimConfig = field(default_factory=OptimConfig, metadata=_h("Policy optimizer."))
+    critic: CriticConfig = field(default_factory=CriticConfig, metadata=_h("Value model."))
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig, metadata=_h("SFT warm-up."))
+    eval: EvalConfig = field(default_factory=EvalConfig, metadata=_h("Held-out evaluation."))
+    device: str = field(default="cpu", metadata=_h("auto | cpu | cuda | cuda:N."))
+    bf16: bool = field(default=False, metadata=_h("bf16 autocast (CUDA only)."))
+    threads: int = field(default=0, metadata=_h("torch CPU threads (0 = leave torch's default)."))
+    diverge_after: int = field(
+        default=3,
+        metadata=_h("Consecutive steps whose every update was non-finite before a run counts as diverged."),
+    )
+
+    def __post_init__(self) -> None:
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0; got {self.seed}")
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1; got {self.steps}")
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0; got {self.threads}")
+        if self.diverge_after < 1:
+            raise ValueError(f"diverge_after must be >= 1; got {self.diverge_after}")
+        dev = self.device
+        if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N; got {dev!r}")
+        if self.model != "tiny" and not Path(self.model).is_dir():
+            raise ValueError(
+                f"model: directory {self.model!r} does not exist "
+                "(use 'tiny' or a local Hugging Face model directory)"
+            )
+        for name, norm in (("adv_norm", self.ppo.adv_norm), ("reward_norm", self.ppo.reward_norm)):
+            if norm is not None and norm.uses_groups and name == "reward_norm":
+                # The loop passes the real group sizes; a fixed group_size must agree with them.
+                if norm.group_size not in (1, self.rollout.n_samples):
+                    raise ValueError(
+                        f"ppo.{name}.group_size {norm.group_size} must equal rollout.n_samples "
+                        f"({self.rollout.n_samples}) or be left at 1"
+                    )
+
+
+# Short names accepted for --set and experiment axes.
+ALIASES = {"adv_norm": "ppo.adv_norm", "reward_norm": "ppo.reward_norm"}
+
+
+def resolve_alias(path: str) -> str:
+    head, _, rest = path.partition(".")
+    if head in ALIASES:
+        return ALIASES[head] + ("." + rest if rest else "")
+    return path
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{path}: file not found")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}:{where} is not valid YAML ({getattr(err, 'problem', err)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: must hold a mapping of config keys")
+    return data
+
+
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Set dotted keys (aliases resolved) in a copy of a plain config dict."""
+    out = deep_merge({}, data)
+    for key, value in overrides.items():
+        set_path(out, resolve_alias(key), value)
+    return out
+
+
+def expand_aliases(data: dict[str, Any]) -> dict[str, Any]:
+    """Top-level ``adv_norm:``/``reward_norm:`` blocks move under ``ppo``."""
+    out = dict(data)
+    for short, full in ALIASES.items():
+        if short in out:
+            value = out.pop(short)
+            set_path(out, full, value)
+    return out
+
+
+def build_run_config(
+    data: dict[str, Any] | None = None, overrides: list[str] | dict[str, Any] | None = None
+) -> RunConfig:
+    """defaults < data < overrides → validated RunConfig (raises ConfigError)."""
+    merged = expand_aliases(data or {})
+    if isinstance(overrides, list):
+        overrides = dict(parse_override(o) for o in overrides)
+    merged = apply_overrides(merged, overrides or {})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return from_dict(RunConfig, merged)
+
+
+def validate_task(cfg: RunConfig) -> None:
+    """Resolve the task spec now, so a bad task fails before anything runs or is written."""
+    from harness.tasks import get_task
+
+    try:
+        get_task(cfg.task, **cfg.task_options)
+    except (ValueError, TypeError) as err:
+        msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError(msg if msg.startswith("task") else f"task: {msg}") from None
+
+
+def load_run_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+    data = load_yaml(path) if path is not None else {}
+    try:
+        cfg = build_run_config(data, overrides)
+        validate_task(cfg)
+        return cfg
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}" if path else str(err)) from None
+
+
+def config_to_dict(cfg: RunConfig) -> dict[str, Any]:
+    return to_dict(cfg)
+
+
+__all__ = [
+    "ConfigError",
+    "CriticConfig",
+    "EvalConfig",
+    "OptimConfig",
+    "PPOActorConfig",
+    "PPOConfig",
+    "RolloutConfig",
+    "RunConfig",
+    "WarmStartConfig",
+    "build_run_config",
+    "config_to_dict",
+    "load_run_config",
+]

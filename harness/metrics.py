@@ -1,0 +1,90 @@
+"""The metric vocabulary: every per-step key the training loop logs, defined once.
+
+Names follow what TRL / CleanRL users know (``policy/clipfrac_low``, ``policy/approx_kl``,
+``objective/reward``, ``stability/grad_norm``).  ``docs/metrics.md`` is generated from this table
+(``python -m harness.metrics > docs/metrics.md``) and a test keeps the two in step.  Per-run
+summaries (``final/*``, ``best/*``, ``stability/*`` over a whole run) are defined in
+``harness/stability.py`` and ``docs/stability.md``.
+"""
+
+from __future__ import annotations
+
+STEP_METRICS: dict[str, str] = {
+    # objective
+    "objective/reward": "Mean task reward of the step's sampled completions (before shaping/normalization).",
+    "objective/reward_std": "Standard deviation of those rewards.",
+    "objective/kl": "Mean per-token KL estimate (ppo.kl_estimator) of the behaviour log-probs against the frozen reference; 0 without a reference (kl_ctl = 0).",
+    # evaluation
+    "eval/reward": "Mean reward of greedy completions on the held-out prompts (every eval.every steps and at the end; NaN otherwise).",
+    "eval/accuracy": "Fraction of held-out prompts answered exactly (greedy).",
+    # policy / loss statistics, token-weighted over valid tokens of all minibatch steps
+    "policy/entropy": "Mean entropy of the (tempered) policy at the generated tokens.",
+    "policy/approx_kl": "k3 estimate of KL(π_prox‖π_θ): mean of (r − 1) − log r, r = π_θ/π_prox (CleanRL's approx_kl).",
+    "policy/approx_kl_k1": "k1 estimate: mean of log π_prox − log π_θ (CleanRL's old_approx_kl).",
+    "policy/ratio_mean": "Mean policy ratio r = π_θ/π_prox over valid tokens.",
+    "policy/ratio_min": "Smallest policy ratio.",
+    "policy/ratio_max": "Largest policy ratio.",
+    "policy/clipfrac": "Fraction of valid tokens where the PPO clip binds (gradient zeroed): A>0 with r>1+ε_hi, or A<0 with r<1−ε.",
+    "policy/clipfrac_low": "Fraction of valid tokens clipped at the lower bound (A<0, r<1−ε).",
+    "policy/clipfrac_high": "Fraction of valid tokens clipped at the upper bound (A>0, r>1+ε_hi).",
+    "policy/dual_clipfrac": "Fraction of valid tokens where the dual clip c·|A| binds (only possible for A<0).",
+    "policy/loss": "Mean PPO loss over the step's optimizer steps (including the entropy bonus).",
+    "policy/behave_weight_mean": "Mean behaviour importance weight w = π_prox/π_behave after capping/masking (weighting on).",
+    "policy/behave_weight_min": "Smallest behaviour weight.",
+    "policy/behave_weight_max": "Largest behaviour weight.",
+    "policy/behave_ess": "Kish effective sample size of the behaviour weights, (Σw)²/(n·Σw²), as a fraction of tokens.",
+    "policy/behave_approx_kl": "Mean log π_prox − log π_behave over tokens kept by the behaviour weight.",
+    "policy/filtered_fraction": "Fraction of valid tokens dropped (mask modes) or truncated (truncate/clamp modes) by the behaviour weight.",
+    # advantages
+    "advantages/mean": "Mean advantage over valid tokens (after adv_norm).",
+    "advantages/std": "Standard deviation of the advantages.",
+    "advantages/abs_max": "Largest |advantage|.",
+    # critic
+    "critic/value_loss": "Clipped value loss of the critic update (critic on).",
+    "critic/explained_variance": "1 − Var(G − V)/Var(G) of the pre-update values V against returns G.",
+    # rollout
+    "rollout/response_length": "Mean generated tokens per completion (EOS included).",
+    "rollout/truncated_frac": "Fraction of completions that hit max_new_tokens without EOS.",
+    "rollout/zero_std_groups": "Fraction of prompts whose n samples all got the same reward (no learning signal under group normalization).",
+    "rollout/staleness": "How many updates the behaviour policy lagged the current policy.",
+    # stability
+    "stability/grad_norm": "Mean gradient norm before clipping over the step's optimizer steps.",
+    "stability/grad_norm_max": "Largest gradient norm before clipping in the step.",
+    "stability/skipped_updates": "Optimizer steps skipped in this step because the loss or gradient norm was not finite.",
+    "stability/nonfinite_count": "Non-finite loss/gradient events in this step.",
+    "stability/optimizer_steps": "Optimizer steps taken in this step.",
+    # optimizer / performance
+    "optim/lr": "Policy learning rate after this step.",
+    "perf/step_time": "Wall time of the step (s).",
+    "perf/rollout_time": "Wall time of sampling (s).",
+    "perf/update_time": "Wall time of the PPO (and critic) updates (s).",
+    "perf/tokens_per_sec": "Generated tokens per second of step time.",
+}
+
+_KNOWN = frozenset(STEP_METRICS)
+
+
+def check_names(metrics: dict[str, float]) -> None:
+    """Guard against a key that is not in the vocabulary (a typo would silently fork a metric)."""
+    unknown = [k for k in metrics if k not in _KNOWN]
+    if unknown:
+        raise KeyError(f"metric names not in harness.metrics.STEP_METRICS: {unknown}")
+
+
+def markdown() -> str:
+    lines = [
+        "# Metrics",
+        "",
+        "Every per-step metric the training loop logs (generated from `harness/metrics.py`; "
+        "regenerate with `python -m harness.metrics > docs/metrics.md`).  Per-run summaries "
+        "(`final/*`, `best/*`, run-level `stability/*`) are defined in [stability.md](stability.md).",
+        "",
+        "| key | definition |",
+        "|---|---|",
+    ]
+    lines += [f"| `{k}` | {v} |" for k, v in STEP_METRICS.items()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

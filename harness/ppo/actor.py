@@ -1,0 +1,378 @@
+"""``PPOActor``: batch dict → advantages → loss → minibatch updates (AReaL's actor, one process).
+
+The batch is a dict of padded tensors in *token layout* (position j describes token j), as
+produced by ``harness.rollout.sample``:
+
+    input_ids       [B, L] long   prompt (left-padded) + response (right-padded)
+    attention_mask  [B, L]        1 on real tokens
+    loss_mask       [B, L]        1 exactly on generated tokens
+    logprobs        [B, L]        behaviour log-probs of each token (0 off the loss mask)
+    rewards         [B]           one scalar per sequence
+    group_sizes     list[int]     optional: rows per prompt (consecutive), for group normalization
+    truncated       [B] bool      optional: hit the length limit without EOS (GAE bootstraps)
+    values          [B, L]        optional: critic values, "predicting" layout (position t = the
+                                  state before token t+1)
+    ref_logprobs    [B, L]        optional: reference-policy log-probs, token layout
+    current_logprobs [B, L]       optional, model-free use only: the current policy's log-probs
+                                  (token layout, carrying the gradient)
+
+``compute_advantages`` rolls everything into the *predicting* layout used by the math (position t
+holds the quantity for predicting token t+1, AReaL §1) and adds ``mask``, ``old_logprobs``,
+``prox_logprobs``, ``advantages``, ``returns``, ``kl_rewards`` and ``token_rewards``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from harness.ppo.advantages import gae, kl_estimate, shape_rewards
+from harness.ppo.loss import ppo_actor_loss
+from harness.ppo.normalization import normalize
+
+if TYPE_CHECKING:
+    from harness.config import PPOActorConfig
+
+LogprobFn = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def _roll_left(x: torch.Tensor) -> torch.Tensor:
+    """Token layout → predicting layout (AReaL rolls by −1; the last column wraps to position 0,
+    which is a prompt/padding slot and therefore 0 for masks and behaviour log-probs)."""
+    return torch.roll(x, shifts=-1, dims=-1)
+
+
+def minibatch_indices(token_counts: list[int], n: int) -> list[list[int]]:
+    """AReaL's token-balanced first-fit-decreasing split into exactly ``n`` bins (sorted indices).
+
+    Sequences are taken longest first and each goes to the bin with the fewest tokens so far
+    (ties: the lowest bin).  Bins can be empty when there are fewer sequences than bins.
+    """
+    n = max(1, min(n, len(token_counts)))
+    order = sorted(range(len(token_counts)), key=lambda i: (-token_counts[i], i))
+    bins: list[list[int]] = [[] for _ in range(n)]
+    load = [0] * n
+    for i in order:
+        k = min(range(n), key=lambda b: (load[b], b))
+        bins[k].append(i)
+        load[k] += token_counts[i]
+    return [sorted(b) for b in bins]
+
+
+class PPOActor:
+    """PPO actor with AReaL's semantics and the brief's API.
+
+    ``PPOActor(config)`` works without a model for pure loss computations (the batch then carries
+    ``current_logprobs``); ``PPOActor(config, model=..., optimizer=...)`` can also recompute
+    log-probs and run ``ppo_update``.
+    """
+
+    def __init__(
+        self,
+        config: PPOActorConfig,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        scheduler: Any = None,
+        grad_clip: float | None = 1.0,
+        logprob_fn: LogprobFn | None = None,
+        autocast_dtype: torch.dtype | None = None,
+    ) -> None:
+        self.config = config
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.grad_clip = grad_clip
+        self.autocast_dtype = autocast_dtype
+        self._logprob_fn = logprob_fn
+
+    # ------------------------------------------------------------------ log-probs
+    def compute_logp(
+        self, batch: dict[str, Any], *, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Current-policy log-probs (and entropy) in predicting layout; carries the gradient."""
+        if self.model is None:
+            if "current_logprobs" not in batch:
+                raise ValueError("PPOActor has no model: the batch must carry 'current_logprobs'")
+            return _roll_left(batch["current_logprobs"]), None
+        fn = self._logprob_fn
+        if fn is None:
+            from harness.rollout import forward_logprobs
+
+            fn = forward_logprobs
+        ctx = (
+            torch.autocast(device_type="cuda", dtype=self.autocast_dtype)
+            if self.autocast_dtype is not None
+            else torch.autocast(device_type="cpu", enabled=False)
+        )
+        with ctx:
+            logp, ent = fn(
+                self.model,
+                batch["input_ids"],
+                batch["attention_mask"],
+                temperature=self.config.temperature,
+                with_entropy=with_entropy,
+            )
+        logp = _roll_left(logp.float())
+        return logp, (_roll_left(ent.float()) if ent is not None else None)
+
+    # ------------------------------------------------------------------ advantages
+    def compute_advantages(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """AReaL §3: shape → reward_norm → KL penalty → GAE → adv_norm.  Returns the batch with
+        predicting-layout keys added (it is modified in place and returned)."""
+        cfg = self.config
+        loss_mask = batch["loss_mask"]
+        B = loss_mask.shape[0]
+        m = _roll_left(loss_mask).bool()
+        mf = m.float()
+        group_sizes = batch.get("group_sizes") or None
+
+        # Old (behaviour, or recomputed) and proximal log-probs, predicting layout (§2.1).
+        needs_recompute = cfg.use_decoupled_loss or cfg.recompute_logprob
+        behaviour = _roll_left(batch["logprobs"].float()) * mf
+        recomputed = None
+        if needs_recompute and self.model is not None:
+            with torch.no_grad():
+                recomputed = self.compute_logp(batch)[0] * mf
+        if cfg.use_decoupled_loss:
+            old = behaviour
+            prox = recomputed if recomputed is not None else behaviour
+        elif cfg.recompute_logprob and recomputed is not None:
+            old = prox = recomputed
+        else:
+            old = prox = behaviour
+        batch["mask"] = m
+        batch["old_logprobs"] = old
+        batch["prox_logprobs"] = prox
+
+        # Sequence rewards: scale/clip, then normalize (per sequence, groups = a prompt's samples).
+        rewards = shape_rewards(
+            batch["rewards"].float(),
+            scaling=cfg.reward_scaling,
+            bias=cfg.reward_bias,
+            clip=cfg.reward_clip,
+        )
+        if cfg.reward_norm is not None:
+            rewards = normalize(rewards, cfg.reward_norm, group_sizes=group_sizes)
+        batch["normalized_rewards"] = rewards
+
+        # Per-token rewards: −kl_ctl·KL to the reference, plus R at the last generated token.
+        # With no reference model there is no KL term at all (AReaL's quirk Q1 would turn
+        # −kl_ctl·ℓ_old into a surprisal bonus).
+        if cfg.kl_ctl > 0 and batch.get("ref_logprobs") is not None:
+            ref = _roll_left(batch["ref_logprobs"].float()) * mf
+            kl = kl_estimate(old, ref, cfg.kl_estimator) * mf
+            kl_rewards = -cfg.kl_ctl * kl
+        else:
+            kl = torch.zeros_like(mf)
+            kl_rewards = torch.zeros_like(mf)
+        T = m.shape[1]
+        pos = torch.arange(T, device=m.device).expand(B, T)
+        last = torch.where(m, pos, -1).max(dim=1).values  # position predicting the last token
+        token_rewards = kl_rewards.clone()
+        has_tokens = last >= 0
+        rows = torch.arange(B, device=m.device)[has_tokens]
+        token_rewards[rows, last[has_tokens]] += rewards[has_tokens]
+
+        values = batch.get("values")
+        values = values.float() * mf if values is not None else torch.zeros_like(mf)
+        truncated = batch.get("truncated")
+        advantages, returns = gae(
+            token_rewards,
+            values,
+            m,
+            gamma=cfg.discount,
+            lam=cfg.gae_lambda,
+            bootstrap=truncated if (truncated is not None and batch.get("values") is not None) else None,
+        )
+        if cfg.adv_norm is not None:
+            advantages = normalize(advantages, cfg.adv_norm, m, group_sizes=group_sizes)
+        batch["advantages"] = advantages * mf
+        batch["returns"] = returns
+        batch["kl"] = kl
+        batch["kl_rewards"] = kl_rewards
+        batch["token_rewards"] = token_rewards
+        return batch
+
+    # ------------------------------------------------------------------ loss
+    def compute_loss(
+        self,
+        batch: dict[str, Any],
+        *,
+        logprobs: torch.Tensor | None = None,
+        entropy: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The PPO loss of ``batch`` (computing advantages first if they are missing)."""
+        cfg = self.config
+        if "advantages" not in batch:
+            self.compute_advantages(batch)
+        if logprobs is None:
+            logprobs, entropy = self.compute_logp(batch, with_entropy=cfg.entropy_coef > 0 or self.model is not None)
+        m = batch["mask"]
+        loss, stats = ppo_actor_loss(
+            logprobs,
+            batch["prox_logprobs"],
+            batch["old_logprobs"],
+            batch["advantages"],
+            m,
+            eps_clip=cfg.eps_clip,
+            eps_clip_higher=cfg.eps_clip_higher,
+            c_clip=cfg.c_clip,
+            behave_imp_weight_mode=cfg.behave_imp_weight_mode,
+            behave_imp_weight_cap=cfg.behave_imp_weight_cap,
+            rejection_sampling=cfg.rejection_sampling,
+            importance_sampling_level=cfg.importance_sampling_level,
+            loss_agg_mode=cfg.loss_agg_mode,
+        )
+        stats["policy_loss"] = loss.detach()
+        if entropy is not None:
+            n = max(int(m.sum()), 1)
+            mean_entropy = torch.where(m, entropy, torch.zeros((), dtype=entropy.dtype)).sum() / n
+            stats["entropy"] = entropy.detach()
+            if cfg.entropy_coef > 0:
+                loss = loss - cfg.entropy_coef * mean_entropy
+        return loss, stats
+
+    # ------------------------------------------------------------------ update
+    def ppo_update(self, batch: dict[str, Any]) -> dict[str, float]:
+        """Minibatch updates over ``batch``: ``ppo_epochs`` passes over ``ppo_n_minibatches``
+        token-balanced minibatches, one optimizer step each.  A step whose gradient norm is not
+        finite is skipped (no parameter change) and counted.  Returns aggregated statistics."""
+        if self.model is None or self.optimizer is None:
+            raise ValueError("ppo_update needs PPOActor(config, model=..., optimizer=...)")
+        cfg = self.config
+        if "advantages" not in batch:
+            self.compute_advantages(batch)
+        m_all = batch["mask"]
+        counts = m_all.sum(dim=1).tolist()
+        bins = [b for b in minibatch_indices([int(c) for c in counts], cfg.ppo_n_minibatches) if b]
+        acc = _StatsAccumulator()
+        self.model.train()
+        for _epoch in range(cfg.ppo_epochs):
+            for idx in bins:
+                mb = _select_rows(batch, idx)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss, stats = self.compute_loss(mb)
+                if not torch.isfinite(loss):
+                    acc.add_skipped(float("nan"))
+                    continue
+                loss.backward()
+                params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip or math.inf))
+                if not math.isfinite(grad_norm):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    acc.add_skipped(grad_norm)
+                    continue
+                self.optimizer.step()
+                if self.scheduler is not None:
+                    self.scheduler.step()
+                acc.add(mb, stats, float(loss.detach()), grad_norm)
+        return acc.result()
+
+
+def _select_rows(batch: dict[str, Any], idx: list[int]) -> dict[str, Any]:
+    B = batch["mask"].shape[0]
+    index = torch.tensor(idx, device=batch["mask"].device)
+    out: dict[str, Any] = {}
+    for k, v in batch.items():
+        if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == B:
+            out[k] = v.index_select(0, index)
+        elif k == "group_sizes":
+            out[k] = None  # group structure is used before the split only
+        else:
+            out[k] = v
+    return out
+
+
+class _StatsAccumulator:
+    """Token-weighted aggregation of per-minibatch loss statistics into one step's metrics."""
+
+    def __init__(self) -> None:
+        self.n_tok = 0
+        self.sums: dict[str, float] = {}
+        self.mins: dict[str, float] = {}
+        self.maxs: dict[str, float] = {}
+        self.grad_norms: list[float] = []
+        self.losses: list[float] = []
+        self.skipped = 0
+        self.nonfinite = 0
+        self.filtered: list[float] = []
+        self.n_behave = 0
+
+    def add_skipped(self, grad_norm: float) -> None:
+        self.skipped += 1
+        self.nonfinite += 1
+
+    def _put(self, key: str, values: torch.Tensor) -> None:
+        if values.numel() == 0:
+            return
+        v = values.double()
+        self.sums[key] = self.sums.get(key, 0.0) + float(v.sum())
+        self.mins[key] = min(self.mins.get(key, math.inf), float(v.min()))
+        self.maxs[key] = max(self.maxs.get(key, -math.inf), float(v.max()))
+
+    def add(self, mb: dict[str, Any], stats: dict[str, Any], loss: float, grad_norm: float) -> None:
+        m = mb["mask"]
+        n = int(m.sum())
+        self.n_tok += n
+        self.grad_norms.append(grad_norm)
+        self.losses.append(loss)
+        log_ratio = (stats["approx_kl"])[m]  # ℓθ − ℓp
+        self._put("ratio", torch.exp(log_ratio))
+        self._put("approx_kl_k1", -log_ratio)
+        self._put("approx_kl", torch.expm1(log_ratio) - log_ratio)  # k3 = (r − 1) − log r
+        for key in ("clip_mask", "clip_low_mask", "clip_high_mask", "dual_clip_mask"):
+            self._put(key, stats[key][m].double())
+        if "entropy" in stats:
+            self._put("entropy", stats["entropy"][m])
+        self._put("advantages", mb["advantages"][m])
+        if "behave_imp_weight" in stats:
+            w = stats["behave_imp_weight"][m].double()
+            self._put("behave_w", w)
+            self._put("behave_w_sq", w * w)
+            self._put("behave_approx_kl", stats["behave_approx_kl"][m])
+            self.filtered.append(float(stats["filtered_fraction"]) * n)
+            self.n_behave += n
+
+    def result(self) -> dict[str, float]:
+        n = max(self.n_tok, 1)
+        nan = float("nan")
+
+        def mean(k: str) -> float:
+            return self.sums[k] / n if k in self.sums else nan
+
+        out = {
+            "policy/ratio_mean": mean("ratio"),
+            "policy/ratio_min": self.mins.get("ratio", nan),
+            "policy/ratio_max": self.maxs.get("ratio", nan),
+            "policy/approx_kl": mean("approx_kl"),
+            "policy/approx_kl_k1": mean("approx_kl_k1"),
+            "policy/clipfrac": mean("clip_mask"),
+            "policy/clipfrac_low": mean("clip_low_mask"),
+            "policy/clipfrac_high": mean("clip_high_mask"),
+            "policy/dual_clipfrac": mean("dual_clip_mask"),
+            "policy/entropy": mean("entropy"),
+            "policy/loss": sum(self.losses) / len(self.losses) if self.losses else nan,
+            "stability/grad_norm": sum(self.grad_norms) / len(self.grad_norms) if self.grad_norms else nan,
+            "stability/grad_norm_max": max(self.grad_norms) if self.grad_norms else nan,
+            "stability/skipped_updates": float(self.skipped),
+            "stability/nonfinite_count": float(self.nonfinite),
+            "stability/optimizer_steps": float(len(self.grad_norms)),
+        }
+        if self.n_behave:
+            s, s2 = self.sums["behave_w"], self.sums["behave_w_sq"]
+            out.update(
+                {
+                    "policy/behave_weight_mean": s / self.n_behave,
+                    "policy/behave_weight_min": self.mins["behave_w"],
+                    "policy/behave_weight_max": self.maxs["behave_w"],
+                    # Kish effective sample size of the weights, as a fraction of the tokens.
+                    "policy/behave_ess": (s * s) / (self.n_behave * s2) if s2 > 0 else 0.0,
+                    "policy/behave_approx_kl": self.sums["behave_approx_kl"] / self.n_behave,
+                    "policy/filtered_fraction": sum(self.filtered) / self.n_behave,
+                }
+            )
+        return out

@@ -1,0 +1,96 @@
+"""One training run recorded in a tracker: params, tags, the resolved config, step metrics and
+the final summaries.  Shared by ``harness run`` and the sweep workers."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.config import RunConfig
+from harness.configtools import flatten, to_dict
+from harness.provenance import provenance_tags
+from harness.tracking import Tracker
+from harness.train import RunResult, run
+
+
+def start_tracked_run(
+    cfg: RunConfig,
+    tracker: Tracker,
+    *,
+    experiment: str,
+    run_name: str,
+    parent_run_id: str | None = None,
+    tags: dict[str, str] | None = None,
+    run_id: str | None = None,
+) -> str:
+    """Create (or resume) the run and log its params, tags and resolved config."""
+    all_tags = {**provenance_tags(), "seed": str(cfg.seed), **(tags or {})}
+    rid = tracker.start_run(
+        experiment=experiment,
+        run_name=run_name,
+        parent_run_id=parent_run_id,
+        tags=all_tags,
+        run_id=run_id,
+    )
+    resolved = to_dict(cfg)
+    tracker.log_params(rid, flatten(resolved))
+    tracker.log_text(rid, yaml.safe_dump(resolved, sort_keys=False), "config.yaml")
+    return rid
+
+
+def finish_tracked_run(tracker: Tracker, rid: str, result: RunResult) -> None:
+    """Final summaries, tags and status: FINISHED, FAILED (diverged, reason tagged) or KILLED."""
+    final = {k: v for k, v in result.summary.items() if isinstance(v, float) and math.isfinite(v)}
+    final["final/steps_done"] = float(result.steps_done)
+    final["final/wall_time"] = result.wall_time
+    tracker.log_metrics(rid, final, step=max(result.steps_done - 1, 0))
+    tags = {**result.tags, "run.status": result.status}
+    if result.reason:
+        tags["run.reason"] = result.reason
+    tracker.set_tags(rid, tags)
+    status = {"completed": "FINISHED", "diverged": "FAILED", "interrupted": "KILLED"}[result.status]
+    tracker.end_run(rid, status)
+
+
+def tracked_run(
+    cfg: RunConfig,
+    tracker: Tracker,
+    *,
+    experiment: str,
+    run_name: str,
+    parent_run_id: str | None = None,
+    tags: dict[str, str] | None = None,
+    run_id: str | None = None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    results_dir: Path | str = "results",
+) -> tuple[RunResult, str]:
+    """Run ``cfg`` with every step logged to ``tracker``; an exception marks the run FAILED."""
+    rid = start_tracked_run(
+        cfg,
+        tracker,
+        experiment=experiment,
+        run_name=run_name,
+        parent_run_id=parent_run_id,
+        tags=tags,
+        run_id=run_id,
+    )
+
+    def on_metrics(step: int, metrics: dict[str, Any]) -> None:
+        tracker.log_metrics(rid, metrics, step)
+        if on_step is not None:
+            on_step(step, metrics)
+
+    try:
+        result = run(cfg, on_metrics=on_metrics, should_stop=should_stop, results_dir=results_dir)
+    except BaseException as err:
+        tracker.set_tags(rid, {"run.status": "failed", "run.reason": f"{type(err).__name__}: {err}"[:500]})
+        status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
+        tracker.end_run(rid, status)
+        raise
+    finish_tracked_run(tracker, rid, result)
+    return result, rid

@@ -1,0 +1,332 @@
+"""One PPO training run — the one readable loop.
+
+    for step in range(steps):
+        rollout    sample prompts → the behaviour policy (k updates stale) samples n completions
+        rewards    the task scores each completion
+        advantages shape → reward_norm → KL to the reference → GAE → adv_norm   (PPOActor)
+        update     ppo_epochs × ppo_n_minibatches optimizer steps               (PPOActor)
+        critic     value-model update (when enabled)
+        metrics    one dict per step, handed to ``on_metrics`` (the caller logs it)
+
+The loop knows no tracker and no sweep: it reports through callbacks and returns a ``RunResult``.
+Metric names are defined once in ``harness/metrics.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.config import RunConfig
+from harness.configtools import to_dict
+from harness.critic import ValueModel, explained_variance, value_loss
+from harness.metrics import check_names
+from harness.models import load_model_and_tokenizer, resolve_device
+from harness.ppo.actor import PPOActor, minibatch_indices
+from harness.rollout import StalenessRing, forward_logprobs, sample
+from harness.stability import summarize_run
+from harness.tasks import get_task
+
+
+class Diverged(RuntimeError):
+    """The run's numbers stopped being finite; the message is 'diverged at step N: <what>'."""
+
+    def __init__(self, step: int, what: str) -> None:
+        super().__init__(f"diverged at step {step}: {what}")
+        self.step = step
+
+
+@dataclass
+class RunResult:
+    status: str  # "completed" | "diverged" | "interrupted"
+    reason: str
+    steps_done: int
+    history: dict[str, list[float]]
+    summary: dict[str, float]
+    wall_time: float
+    inert_clip: bool
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+def clip_is_inert(cfg: RunConfig) -> bool:
+    """True when the configuration makes the policy ratio identically 1, so that eps_clip,
+    eps_clip_higher and c_clip cannot change anything (TRL #3120, verl #791): a single optimizer
+    step per batch sees the weights that produced ℓp — the behaviour policy itself when rollouts
+    are fresh, or the recomputed proximal policy in decoupled mode."""
+    p = cfg.ppo
+    single_step = p.ppo_n_minibatches * p.ppo_epochs == 1
+    return single_step and (cfg.rollout.staleness == 0 or p.use_decoupled_loss)
+
+
+def _lr_lambda(cfg: RunConfig, total_updates: int) -> Callable[[int], float]:
+    o = cfg.optim
+
+    def f(i: int) -> float:
+        if o.warmup_steps and i < o.warmup_steps:
+            return (i + 1) / o.warmup_steps
+        frac = min(1.0, (i - o.warmup_steps) / max(total_updates - o.warmup_steps, 1))
+        if o.schedule == "linear":
+            return max(0.0, 1.0 - frac)
+        if o.schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * frac))
+        return 1.0
+
+    return f
+
+
+def evaluate(model, tokenizer, task, examples, *, max_new_tokens: int, device) -> dict[str, float]:
+    """Greedy completions on held-out prompts: mean reward and exact-match accuracy."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    was_training = model.training
+    model.eval()
+    batch = sample(
+        model,
+        tokenizer,
+        [e.prompt for e in examples],
+        n_samples=1,
+        max_new_tokens=max_new_tokens,
+        generator=gen,
+        greedy=True,
+    )
+    model.train(was_training)
+    scores = [task.score(e, c) for e, c in zip(examples, batch.completions, strict=True)]
+    exact = [float(c.strip() == e.answer) for e, c in zip(examples, batch.completions, strict=True)]
+    return {"eval/reward": sum(scores) / len(scores), "eval/accuracy": sum(exact) / len(exact)}
+
+
+def run(
+    cfg: RunConfig,
+    *,
+    on_metrics: Callable[[int, dict[str, float]], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    results_dir: Path | str = "results",
+) -> RunResult:
+    """Train one policy with PPO as configured; never raises for a diverged run (it is returned
+    with status 'diverged' and the metrics up to that step)."""
+    t_start = time.perf_counter()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    device = resolve_device(cfg.device)
+    task = get_task(cfg.task, **cfg.task_options)
+    autocast_dtype = torch.bfloat16 if (cfg.bf16 and device.type == "cuda") else None
+
+    # ---- models: policy (optionally warm-started), frozen reference, behaviour copy, critic
+    model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.seed, device=str(device), tiny=cfg.tiny)
+    tags: dict[str, str] = {}
+    if cfg.warm_start.steps > 0:
+        from harness.warmstart import cached_warm_start
+
+        model, info = cached_warm_start(
+            model,
+            tokenizer,
+            task,
+            model_spec=cfg.model,
+            task_spec=cfg.task,
+            steps=cfg.warm_start.steps,
+            batch_size=cfg.warm_start.batch_size,
+            lr=cfg.warm_start.lr,
+            seed=cfg.seed,
+            cache_dir=Path(results_dir) / "warmstart",
+            key_parts={"tiny": to_dict(cfg.tiny), "task_options": cfg.task_options},
+        )
+        tags["warm_start.cache_key"] = str(info.get("key", ""))
+    model.train()
+    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.ppo.kl_ctl > 0 else None
+    ring = StalenessRing(cfg.rollout.staleness)
+    behaviour_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.rollout.staleness else None
+    ring.push(model)
+
+    critic = critic_opt = None
+    if cfg.critic.enabled:
+        critic = ValueModel(model).to(device)
+        critic_opt = torch.optim.AdamW(critic.parameters(), lr=cfg.critic.lr)
+
+    o = cfg.optim
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay
+    )
+    total_updates = cfg.steps * cfg.ppo.ppo_n_minibatches * cfg.ppo.ppo_epochs
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg, total_updates))
+    actor = PPOActor(
+        cfg.ppo,
+        model,
+        optimizer,
+        scheduler=scheduler,
+        grad_clip=o.grad_clip,
+        autocast_dtype=autocast_dtype,
+    )
+
+    inert = clip_is_inert(cfg)
+    if inert:
+        warnings.warn(
+            "clipping is inert in this configuration (one optimizer step per batch on fresh or "
+            "recomputed log-probs: the ratio is identically 1), so eps_clip, eps_clip_higher and "
+            "c_clip cannot change the run; use ppo_n_minibatches > 1, ppo_epochs > 1 or staleness",
+            UserWarning,
+            stacklevel=2,
+        )
+    tags["inert_clip"] = str(inert).lower()
+
+    rng = random.Random(cfg.seed)
+    gen = torch.Generator(device=device).manual_seed(cfg.seed)
+    eval_examples = task.eval_examples(cfg.eval.n_prompts)
+    max_new = cfg.rollout.max_new_tokens
+    history: dict[str, list[float]] = {}
+    status, reason, steps_done, bad_steps = "completed", "", 0, 0
+
+    def record(step: int, metrics: dict[str, float]) -> None:
+        for k, v in metrics.items():
+            history.setdefault(k, [math.nan] * step).append(float(v))
+        for k, seq in history.items():  # keys not logged this step get NaN
+            if len(seq) < step + 1:
+                seq.append(math.nan)
+        if on_metrics is not None:
+            on_metrics(step, metrics)
+
+    try:
+        for step in range(cfg.steps):
+            if should_stop is not None and should_stop():
+                status, reason = "interrupted", f"interrupted at step {step}"
+                break
+            t0 = time.perf_counter()
+
+            # 1. Rollout: the behaviour policy is the policy as it was `staleness` updates ago.
+            examples = task.sample(rng, cfg.rollout.prompts_per_step)
+            policy_for_sampling = model
+            if behaviour_model is not None and ring.behaviour_state() is not None:
+                behaviour_model.load_state_dict(ring.behaviour_state())
+                policy_for_sampling = behaviour_model
+            try:
+                rb = sample(
+                    policy_for_sampling,
+                    tokenizer,
+                    [e.prompt for e in examples],
+                    n_samples=cfg.rollout.n_samples,
+                    max_new_tokens=max_new,
+                    temperature=cfg.ppo.temperature,
+                    top_p=cfg.rollout.top_p,
+                    generator=gen,
+                )
+            except RuntimeError as err:  # multinomial on NaN/inf probabilities
+                raise Diverged(step, f"non-finite probabilities while sampling ({str(err).splitlines()[0]})") from None
+            if not torch.isfinite(rb.logprobs).all():
+                raise Diverged(step, "non-finite behaviour log-probs in the rollout")
+            t_rollout = time.perf_counter() - t0
+
+            # 2. Rewards: one deterministic score per completion.
+            per_row = [e for e in examples for _ in range(cfg.rollout.n_samples)]
+            scores = [task.score(e, c) for e, c in zip(per_row, rb.completions, strict=True)]
+            rewards = torch.tensor(scores, dtype=torch.float32, device=device)
+            batch: dict[str, Any] = {
+                "input_ids": rb.input_ids,
+                "attention_mask": rb.attention_mask,
+                "loss_mask": rb.loss_mask,
+                "logprobs": rb.logprobs,
+                "rewards": rewards,
+                "group_sizes": rb.group_sizes,
+                "truncated": rb.truncated,
+            }
+            with torch.no_grad():
+                if ref_model is not None:
+                    batch["ref_logprobs"] = forward_logprobs(ref_model, rb.input_ids, rb.attention_mask, temperature=cfg.ppo.temperature)[0]
+                if critic is not None:
+                    batch["values"] = critic(rb.input_ids, rb.attention_mask)
+
+            # 3. Advantages (and the proximal log-probs at the current weights, if decoupled).
+            actor.compute_advantages(batch)
+
+            # 4. Minibatch PPO updates.
+            t1 = time.perf_counter()
+            stats = actor.ppo_update(batch)
+            if critic is not None:
+                stats.update(_critic_update(critic, critic_opt, batch, cfg))
+            t_update = time.perf_counter() - t1
+            if any(not torch.isfinite(p).all() for p in model.parameters()):
+                raise Diverged(step, "non-finite policy parameters after the update")
+            bad_steps = bad_steps + 1 if stats["stability/optimizer_steps"] == 0 else 0
+            ring.push(model)
+
+            # 5. Metrics.
+            m = batch["mask"]
+            adv = batch["advantages"][m]
+            n_gen = int(rb.response_lens.sum())
+            groups = rewards.view(-1, cfg.rollout.n_samples)
+            step_time = time.perf_counter() - t0
+            metrics = {
+                "objective/reward": float(rewards.mean()),
+                "objective/reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+                "objective/kl": float(batch["kl"][m].mean()) if ref_model is not None and m.any() else 0.0,
+                "advantages/mean": float(adv.mean()) if adv.numel() else 0.0,
+                "advantages/std": float(adv.std()) if adv.numel() > 1 else 0.0,
+                "advantages/abs_max": float(adv.abs().max()) if adv.numel() else 0.0,
+                "rollout/response_length": float(rb.response_lens.float().mean()),
+                "rollout/truncated_frac": float(rb.truncated.float().mean()),
+                "rollout/zero_std_groups": float((groups.max(1).values == groups.min(1).values).float().mean()),
+                "rollout/staleness": float(ring.lag if behaviour_model is not None else 0),
+                "optim/lr": float(scheduler.get_last_lr()[0]),
+                "perf/step_time": step_time,
+                "perf/rollout_time": t_rollout,
+                "perf/update_time": t_update,
+                "perf/tokens_per_sec": n_gen / step_time if step_time > 0 else 0.0,
+                **stats,
+            }
+            is_last = step == cfg.steps - 1
+            if is_last or (cfg.eval.every and (step + 1) % cfg.eval.every == 0):
+                metrics.update(evaluate(model, tokenizer, task, eval_examples, max_new_tokens=max_new, device=device))
+            check_names(metrics)
+            record(step, metrics)
+            steps_done = step + 1
+            if bad_steps >= cfg.diverge_after:
+                raise Diverged(step, f"loss or gradient norm non-finite in every update for {bad_steps} consecutive steps")
+    except Diverged as err:
+        status, reason = "diverged", str(err)
+        tags["diverged_step"] = str(err.step)
+
+    summary = summarize_run(
+        history,
+        diverged_step=int(tags["diverged_step"]) if "diverged_step" in tags else None,
+    )
+    return RunResult(
+        status=status,
+        reason=reason,
+        steps_done=steps_done,
+        history=history,
+        summary=summary,
+        wall_time=time.perf_counter() - t_start,
+        inert_clip=inert,
+        tags=tags,
+    )
+
+
+def _critic_update(critic, opt, batch: dict[str, Any], cfg: RunConfig) -> dict[str, float]:
+    """One pass over the same token-balanced minibatches as the actor, clipped value loss."""
+    m_all = batch["mask"]
+    old_values = batch["values"]
+    losses: list[float] = []
+    bins = [b for b in minibatch_indices([int(c) for c in m_all.sum(1).tolist()], cfg.ppo.ppo_n_minibatches) if b]
+    critic.train()
+    for idx in bins:
+        index = torch.tensor(idx, device=m_all.device)
+        ids, att = batch["input_ids"][index], batch["attention_mask"][index]
+        v = critic(ids, att)
+        loss = value_loss(v, old_values[index], batch["returns"][index], m_all[index], value_clip=cfg.critic.value_clip)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(critic.parameters(), cfg.optim.grad_clip or math.inf)
+        opt.step()
+        losses.append(float(loss.detach()))
+    return {
+        "critic/value_loss": sum(losses) / max(len(losses), 1),
+        "critic/explained_variance": explained_variance(old_values, batch["returns"], m_all),
+    }
