@@ -94,6 +94,262 @@ def run_cmd(
         sys.exit(1)
 
 
+Storage = Annotated[
+    str | None,
+    typer.Option(
+        "--storage",
+        help="Optuna storage: journal file under RESULTS (default), sqlite:///PATH or postgresql://USER:PASS@HOST:PORT/DB.",
+    ),
+]
+
+
+def _stores(storage: str | None, tracking_uri: str | None, results_dir: Path) -> tuple[Any, Any]:
+    """Open the Optuna storage and the tracker; any problem is a one-line ConfigError."""
+    from harness.configtools import ConfigError
+    from harness.fsutil import ensure_results_dir
+
+    ensure_results_dir(results_dir)
+    try:
+        from harness.sweep.storage import make_storage
+        from harness.tracking import make_tracker
+
+        return make_storage(storage, results_dir), make_tracker(tracking_uri, results_dir)
+    except ValueError as err:
+        raise ConfigError(str(err).splitlines()[0]) from None
+
+
+def _check_store_urls(storage: str | None, tracking_uri: str | None) -> None:
+    """Scheme checks that need no connection (so bad URLs fail before anything is written)."""
+    from urllib.parse import urlsplit
+
+    from harness.configtools import ConfigError
+    from harness.redact import redact_url
+
+    if storage not in (None, "journal"):
+        scheme = urlsplit(storage).scheme.split("+", 1)[0] if "://" in storage else ""
+        if scheme not in ("sqlite", "postgresql"):
+            raise ConfigError(
+                f"--storage: scheme {scheme or redact_url(storage)!r} is not supported "
+                "(use journal, sqlite:///PATH or postgresql://USER:PASS@HOST:PORT/DB)"
+            )
+    if tracking_uri not in (None, "memory"):
+        scheme = urlsplit(tracking_uri).scheme.split("+", 1)[0] if "://" in tracking_uri else ""
+        if scheme not in ("sqlite", "postgresql", "http", "https"):
+            raise ConfigError(
+                f"--tracking-uri: scheme {scheme or redact_url(tracking_uri)!r} is not supported "
+                "(use sqlite:///PATH, http(s)://HOST:PORT or postgresql://...)"
+            )
+
+
+def _command_line() -> str:
+    from harness.redact import redact_text
+    import shlex
+
+    return redact_text("harness " + " ".join(shlex.quote(a) for a in sys.argv[1:]), [])
+
+
+@app.command("ablate")
+@user_errors
+def ablate_cmd(
+    experiment_file: Annotated[Path, typer.Argument(help="Experiment YAML (grid of cells x seeds).")],
+    workers: Annotated[int, typer.Option("--workers", help="Local worker processes.")] = 1,
+    devices: Annotated[
+        str | None, typer.Option("--devices", help="Comma-separated devices, one worker each (e.g. cuda:0,cuda:1).")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the grid and exit.")] = False,
+    study_name: Annotated[str | None, typer.Option("--study-name", help="Study name (default: the experiment's name).")] = None,
+    storage: Storage = None,
+    tracking_uri: TrackingUri = None,
+    results_dir: ResultsDir = Path("results"),
+    fail_fast: Annotated[bool, typer.Option("--fail-fast", help="Stop the sweep at the first failed (errored) trial.")] = False,
+    max_retries: Annotated[int, typer.Option("--max-retries", help="Retry a trial that failed with an error up to N times.")] = 0,
+    report: Annotated[bool, typer.Option("--report/--no-report", help="Write the report at the end.")] = True,
+) -> None:
+    """Run every (cell, seed) of an ablation grid; resumable; ends with a ranking and a report."""
+    from harness.configtools import ConfigError
+    from harness.experiment import load_experiment
+
+    if workers < 1:
+        raise ConfigError(f"--workers: must be >= 1; got {workers}")
+    if max_retries < 0:
+        raise ConfigError(f"--max-retries: must be >= 0; got {max_retries}")
+    device_list = [d.strip() for d in devices.split(",")] if devices else None
+    if device_list:
+        for d in device_list:
+            if not (d in ("cpu", "cuda") or (d.startswith("cuda:") and d[5:].isdigit())):
+                raise ConfigError(f"--devices: {d!r} is not cpu, cuda or cuda:N")
+        workers = len(device_list) if workers == 1 else workers
+    spec = load_experiment(experiment_file)
+    if spec.search is not None:
+        raise ConfigError(f"{experiment_file}: has a search section; run it with `harness search`")
+    if dry_run:
+        from harness.sweep.display import print_grid
+
+        print_grid(spec)
+        return
+    _check_store_urls(storage, tracking_uri)
+    optuna_storage, tracker = _stores(storage, tracking_uri, results_dir)
+
+    from harness.sweep.ablate import enqueue_missing, open_study, run_local_workers
+    from harness.sweep.worker import WorkerOptions
+
+    command = _command_line()
+    study, payload = open_study(
+        spec,
+        storage=optuna_storage,
+        tracker=tracker,
+        study_name=study_name,
+        tracking_uri=tracking_uri,
+        max_retries=max_retries,
+        command=command,
+    )
+    enqueued, done = enqueue_missing(study, spec)
+    typer.echo(
+        f"study {study.study_name!r}: {spec.n_trials} trials ({len(spec.cells)} cells x "
+        f"{len(spec.seeds)} seeds), {done} already done, {enqueued} enqueued; "
+        f"{workers} worker(s)",
+        err=True,
+    )
+    opts = WorkerOptions(
+        study=study.study_name,
+        storage=storage,
+        results_dir=results_dir,
+        tracking_uri=tracking_uri,
+        threads=0,
+    )
+    counts = run_local_workers(
+        workers, opts, devices=device_list, total=spec.n_trials, done_before=done, fail_fast=fail_fast
+    )
+    from harness.sweep.finish import finish_study
+
+    finished = finish_study(study, tracker, payload, command=command, results_dir=results_dir, write_report=report)
+    if counts.get("interrupted_by_user"):
+        typer.echo("interrupted: run the same command again to resume", err=True)
+        raise typer.Exit(130)
+    if not finished:
+        raise typer.Exit(1)
+
+
+@app.command("worker")
+@user_errors
+def worker_cmd(
+    study: Annotated[str, typer.Option("--study", help="Study to join.")],
+    storage: Storage = None,
+    device: Annotated[str | None, typer.Option("--device", help="Device for this worker (cpu, cuda:N).")] = None,
+    threads: Annotated[int, typer.Option("--threads", help="torch CPU threads.")] = 1,
+    tracking_uri: TrackingUri = None,
+    results_dir: ResultsDir = Path("results"),
+    wait: Annotated[bool, typer.Option("--wait/--exit-when-idle", help="Keep polling for new trials.")] = False,
+) -> None:
+    """Join a running study (from another machine or GPU) and work through its waiting trials."""
+    import signal as _signal
+    import threading
+
+    from harness.configtools import ConfigError
+
+    _check_store_urls(storage, tracking_uri)
+    optuna_storage, _ = _stores(storage, tracking_uri, results_dir)
+    import optuna
+
+    try:
+        optuna.load_study(study_name=study, storage=optuna_storage)
+    except KeyError:
+        raise ConfigError(f"--study: no study named {study!r} in this storage (see `harness status`)") from None
+    from harness.sweep.worker import WorkerOptions, worker_loop
+
+    stop = threading.Event()
+    _signal.signal(_signal.SIGTERM, lambda *_: stop.set())
+    _signal.signal(_signal.SIGINT, lambda *_: stop.set())
+
+    def emit(e: dict[str, Any]) -> None:
+        if e["event"] == "done":
+            typer.echo(f"{e['cell']} seed={e['seed']}: {e['outcome']} {e.get('reason') or ''}", err=True)
+
+    counts = worker_loop(
+        WorkerOptions(
+            study=study,
+            storage=storage,
+            results_dir=results_dir,
+            tracking_uri=tracking_uri,
+            device=device,
+            threads=threads,
+            exit_when_idle=not wait,
+        ),
+        emit=emit,
+        should_stop=stop.is_set,
+    )
+    typer.echo(f"worker done: {counts}", err=True)
+
+
+@app.command("status")
+@user_errors
+def status_cmd(
+    study: Annotated[str | None, typer.Argument(help="Study name (omit to list all).")] = None,
+    storage: Storage = None,
+    results_dir: ResultsDir = Path("results"),
+) -> None:
+    """Done / running / waiting / failed trials per study."""
+    _check_store_urls(storage, None)
+    from harness.configtools import ConfigError
+
+    try:
+        from harness.sweep.storage import make_storage
+
+        st = make_storage(storage, results_dir)
+    except ValueError as err:
+        raise ConfigError(str(err).splitlines()[0]) from None
+    from harness.sweep.display import print_status
+
+    print_status(st, study)
+
+
+@app.command("report")
+@user_errors
+def report_cmd(
+    study: Annotated[str, typer.Argument(help="Study name.")],
+    storage: Storage = None,
+    tracking_uri: TrackingUri = None,
+    results_dir: ResultsDir = Path("results"),
+) -> None:
+    """Write results/<study>/report.md and report.html and attach them to the parent MLflow run."""
+    import json
+
+    import optuna
+
+    from harness.configtools import ConfigError
+    from harness.sweep.finish import finish_study
+    from harness.sweep.worker import SPEC_ATTR
+
+    _check_store_urls(storage, tracking_uri)
+    optuna_storage, tracker = _stores(storage, tracking_uri, results_dir)
+    try:
+        st = optuna.load_study(study_name=study, storage=optuna_storage)
+    except KeyError:
+        raise ConfigError(f"study: no study named {study!r} (see `harness status`)") from None
+    if SPEC_ATTR not in st.user_attrs:
+        raise ConfigError(f"study: {study!r} was not made by `harness ablate`")
+    payload = json.loads(st.user_attrs[SPEC_ATTR])
+    finish_study(st, tracker, payload, command=_command_line(), results_dir=results_dir, write_report=True, end_parent=False)
+
+
+@app.command("ui")
+@user_errors
+def ui_cmd(
+    start: Annotated[bool, typer.Option("--start", help="Start the UIs (default: print the commands).")] = False,
+    host: Annotated[str, typer.Option("--host", help="Interface to bind (127.0.0.1 unless you mean to expose it).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="MLflow UI port.")] = 5000,
+    dashboard_port: Annotated[int, typer.Option("--dashboard-port", help="optuna-dashboard port.")] = 8080,
+    storage: Storage = None,
+    tracking_uri: TrackingUri = None,
+    results_dir: ResultsDir = Path("results"),
+) -> None:
+    """Print (or start) the MLflow UI and optuna-dashboard for this project's stores."""
+    from harness.sweep.ui import ui
+
+    _check_store_urls(storage, tracking_uri)
+    ui(start=start, host=host, port=port, dashboard_port=dashboard_port, storage=storage, tracking_uri=tracking_uri, results_dir=results_dir)
+
+
 def main() -> None:  # pragma: no cover
     app()
 

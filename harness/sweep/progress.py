@@ -1,0 +1,72 @@
+"""Live terminal progress of a sweep: one line per worker and an overall bar (Rich)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+
+class SweepProgress:
+    def __init__(self, n_workers: int, *, total: int, done: int, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self.rows: dict[int, dict[str, Any]] = {i: {"state": "starting"} for i in range(n_workers)}
+        self.bar = Progress(
+            TextColumn("[bold]trials"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+        )
+        self.task = self.bar.add_task("trials", total=total, completed=done, info="")
+        self.outcomes = {"completed": 0, "diverged": 0, "error": 0, "interrupted": 0}
+        self.live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
+
+    def __enter__(self) -> SweepProgress:
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.live.update(self._render())
+        self.live.__exit__(*exc)
+
+    def _render(self) -> Group:
+        table = Table(show_header=True, header_style="bold", box=None)
+        for col in ("worker", "cell", "seed", "step", "reward", "state"):
+            table.add_column(col)
+        for wid, r in sorted(self.rows.items()):
+            reward = r.get("reward", math.nan)
+            table.add_row(
+                str(wid),
+                str(r.get("cell", "")),
+                str(r.get("seed", "")),
+                f"{r.get('step', 0)}/{r.get('steps', '?')}" if "cell" in r else "",
+                "" if math.isnan(reward) else f"{reward:.3f}",
+                r["state"],
+            )
+        return Group(table, self.bar)
+
+    def handle(self, e: dict[str, Any]) -> None:
+        row = self.rows.setdefault(e.get("worker", 0), {"state": ""})
+        kind = e["event"]
+        if kind == "start":
+            row.update(cell=e["cell"], seed=e["seed"], steps=e["steps"], step=0, reward=math.nan, state="training")
+        elif kind == "step":
+            row.update(step=e["step"], reward=e["reward"])
+        elif kind == "done":
+            row["state"] = e["outcome"]
+            self.outcomes[e["outcome"]] = self.outcomes.get(e["outcome"], 0) + 1
+            if e["outcome"] in ("completed", "diverged"):
+                self.bar.advance(self.task)
+            info = ", ".join(f"{k} {v}" for k, v in self.outcomes.items() if v)
+            self.bar.update(self.task, info=info)
+        elif kind == "exit":
+            row["state"] = "finished"
+        elif kind == "crash":
+            row["state"] = f"crashed: {e.get('reason', '')[:60]}"
+        self.live.update(self._render())

@@ -1,0 +1,106 @@
+"""Read a study back into a ``StudyData``: outcomes from Optuna, step histories from the tracker."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from harness.studydata import RunData, StudyData
+from harness.sweep.worker import SPEC_ATTR
+
+# Step metrics the report plots (one tracker query per run and key).
+HISTORY_KEYS = (
+    "objective/reward",
+    "eval/accuracy",
+    "policy/clipfrac",
+    "policy/clipfrac_low",
+    "policy/clipfrac_high",
+    "policy/dual_clipfrac",
+    "policy/approx_kl",
+    "policy/entropy",
+    "stability/grad_norm",
+    "policy/behave_ess",
+)
+
+
+def _history(tracker: Any, run_id: str, steps: int) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for key in HISTORY_KEYS:
+        points = tracker.get_metric_history(run_id, key)
+        if not points:
+            continue
+        series = [math.nan] * steps
+        for step, value in points:
+            if 0 <= step < steps:
+                series[step] = value
+        out[key] = series
+    return out
+
+
+def load_study_data(study: Any, tracker: Any | None, *, command: str = "") -> StudyData:
+    from optuna.trial import TrialState
+
+    spec = json.loads(study.user_attrs[SPEC_ATTR])
+    steps = int(spec["steps"])
+    base_task = spec["base"].get("task", "reverse")
+    # The newest trial per (cell, seed) decides its status: finished ones win over retries.
+    best: dict[tuple[str, int], Any] = {}
+    rank = {"completed": 4, "diverged": 3, "running": 2, "waiting": 1, "failed": 0}
+
+    def status_of(t: Any) -> str:
+        if t.state == TrialState.COMPLETE:
+            return "completed"
+        if t.state == TrialState.FAIL:
+            return "diverged" if t.user_attrs.get("outcome") == "diverged" else "failed"
+        return "running" if t.state == TrialState.RUNNING else "waiting"
+
+    for t in study.get_trials(deepcopy=False):
+        ua = t.user_attrs
+        if "cell" not in ua:
+            continue
+        key = (ua["cell"], int(ua["seed"]))
+        if key not in best or rank[status_of(t)] >= rank[status_of(best[key])]:
+            best[key] = t
+    runs: list[RunData] = []
+    total_wall = 0.0
+    for (cell, seed), t in sorted(best.items(), key=lambda kv: (list(spec["cells"]).index(kv[0][0]) if kv[0][0] in spec["cells"] else 1e9, kv[0][1])):
+        ua = t.user_attrs
+        summary = json.loads(ua.get("summary", "{}"))
+        run_id = ua.get("run_id")
+        history = _history(tracker, run_id, steps) if (tracker is not None and run_id) else {}
+        wall = float(ua.get("wall_time", math.nan))
+        if math.isfinite(wall):
+            total_wall += wall
+        overrides = spec["cells"].get(cell, {})
+        runs.append(
+            RunData(
+                cell=cell,
+                seed=seed,
+                status=status_of(t),  # type: ignore[arg-type]
+                reason=str(ua.get("reason", "")),
+                summary={k: float(v) for k, v in summary.items()},
+                history=history,
+                inert_clip=bool(ua.get("inert_clip", False)),
+                task=str(overrides.get("task", base_task)),
+                run_id=run_id,
+                wall_time=wall,
+            )
+        )
+    return StudyData(
+        study=study.study_name,
+        experiment=spec["experiment"],
+        description=spec.get("description", ""),
+        base_config=spec["base"],
+        axes=spec["axes"],
+        cells=spec["cells"],
+        baseline=spec.get("baseline"),
+        metric=spec["metric"],
+        direction=spec["direction"],
+        seeds=list(spec["seeds"]),
+        steps=steps,
+        runs=runs,
+        wall_time=total_wall,
+        parent_run_id=spec.get("parent_run_id"),
+        command=command,
+    )
