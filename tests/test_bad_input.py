@@ -1,0 +1,170 @@
+"""Bad input corpus: every malformed experiment file or command line gets exit code 2, one line
+naming the field and what is allowed, no traceback, and nothing written to any store."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from harness.cli import app
+
+BASE = {
+    "task": "reverse",
+    "tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
+    "rollout": {"prompts_per_step": 2, "n_samples": 2, "max_new_tokens": 4},
+    "eval": {"every": 0, "n_prompts": 4},
+}
+
+
+def exp(**kw):
+    doc = {"name": "bad", "base": BASE, "grid": {"ppo.eps_clip": [0.1, 0.2]}, "seeds": 1, "steps": 2}
+    doc.update(kw)
+    return {k: v for k, v in doc.items() if v is not None}
+
+
+def with_base(**over):
+    b = yaml.safe_load(yaml.safe_dump(BASE))
+    for k, v in over.items():
+        cur = b
+        parts = k.split(".")
+        for p in parts[:-1]:
+            cur = cur.setdefault(p, {})
+        cur[parts[-1]] = v
+    return b
+
+
+CASES = {
+    "unknown-top-key": (exp(gird={"a": [1]}), "gird: unknown key"),
+    "unknown-config-key": (exp(base=with_base(**{"ppo.eps_clipp": 0.2})), "ppo.eps_clipp: unknown key"),
+    "wrong-type": (exp(base=with_base(**{"ppo.eps_clip": "wide"})), "ppo.eps_clip: must be a number"),
+    "eps-clip-zero": (exp(grid={"ppo.eps_clip": [0.0, 0.2]}), "eps_clip must be > 0"),
+    "eps-clip-higher-negative": (exp(grid={"ppo.eps_clip_higher": [-0.1]}), "eps_clip_higher must be >= 0"),
+    "c-clip-not-above-one": (exp(grid={"ppo.c_clip": [1.0, 3.0]}), "c_clip must be > 1"),
+    "cap-not-above-one": (
+        exp(base=with_base(**{"ppo.behave_imp_weight_mode": "token_mask", "ppo.use_decoupled_loss": True}),
+            grid={"ppo.behave_imp_weight_cap": [1.0]}),
+        "behave_imp_weight_cap must be > 1",
+    ),
+    "unknown-behave-mode": (exp(grid={"ppo.behave_imp_weight_mode": ["token_clip"]}), "behave_imp_weight_mode: must be one of"),
+    "unknown-norm-level": (exp(grid={"adv_norm.mean_level": ["token"]}), "mean_level: must be one of"),
+    "group-size-not-dividing": (
+        exp(grid={"reward_norm": [{"mean_level": "group", "std_level": "group", "group_size": 3}]}),
+        "group_size 3 must equal rollout.n_samples",
+    ),
+    "empty-grid": (exp(grid={}), "grid: must be a non-empty mapping"),
+    "empty-axis": (exp(grid={"ppo.eps_clip": []}), "must be a non-empty list"),
+    "duplicate-axis": (exp(grid={"ppo.adv_norm.mean_level": ["batch"], "adv_norm.mean_level": ["group"]}), "duplicate axis"),
+    "duplicate-values": (exp(grid={"ppo.eps_clip": [0.2, 0.2]}), "duplicate values"),
+    "axis-not-a-config-path": (exp(grid={"ppo.clip_eps": [0.2]}), "is not a run-config path"),
+    "baseline-not-a-cell": (exp(baseline={"ppo.eps_clip": 0.3}), "baseline"),
+    "baseline-axis-unknown": (exp(baseline={"ppo.c_clip": 3}), "is not a grid axis"),
+    "unknown-task": (exp(base=with_base(task="multiply")), "task"),
+    "missing-model-dir": (exp(base=with_base(model="/nonexistent/model")), "model: directory '/nonexistent/model' does not exist"),
+    "negative-seed": (exp(seeds=[0, -1]), "seeds must be >= 0"),
+    "zero-seeds": (exp(seeds=0), "seeds: must be a count >= 1"),
+    "seeds-wrong-type": (exp(seeds="three"), "seeds: must be a count"),
+    "zero-steps": (exp(steps=0), "steps: must be an integer >= 1"),
+    "bad-metric": (exp(metric="reward"), "metric: must be a run-summary key"),
+    "bad-direction": (exp(direction="up"), "direction: must be 'maximize' or 'minimize'"),
+    "variant-clash": (
+        exp(grid={"ppo.eps_clip": [0.2], "variant": {"a": {"ppo.eps_clip": 0.3}}}),
+        "also a grid axis",
+    ),
+    "grid-and-search": (exp(search={"n_trials": 2, "params": {"ppo.eps_clip": {"type": "float", "low": 0.1, "high": 0.3}}}), "either grid or search"),
+    "rs-and-behave-mode": (
+        exp(base=with_base(**{"ppo.behave_imp_weight_mode": "token_mask", "ppo.rejection_sampling": {"upper": 2.0}})),
+        "not both",
+    ),
+    "missing-name": (exp(name=None), "name: must be a non-empty string"),
+    "negative-staleness": (exp(grid={"rollout.staleness": [-1]}), "staleness must be >= 0"),
+}
+
+
+@pytest.fixture
+def runner():
+    return CliRunner()
+
+
+def assert_clean_failure(result, expect: str, results: Path) -> None:
+    err = result.stderr if result.stderr is not None else result.output
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert "Traceback" not in result.output and "Traceback" not in (err or "")
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: ")
+    assert expect in lines[0], lines[0]
+    # nothing written: no Optuna journal, no MLflow database
+    if results.exists():
+        assert not (results / "optuna-journal.log").exists()
+        assert not (results / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_experiment_file(case, tmp_path, runner):
+    doc, expect = CASES[case]
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    results = tmp_path / "results"
+    result = runner.invoke(app, ["ablate", str(f), "--results-dir", str(results)])
+    assert_clean_failure(result, expect, results)
+
+
+def test_malformed_jsonl_task(tmp_path, runner):
+    data = tmp_path / "pairs.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=" \n')
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(exp(base=with_base(task=f"jsonl:{data}"))))
+    result = runner.invoke(app, ["ablate", str(f), "--results-dir", str(tmp_path / "r")])
+    assert_clean_failure(result, "line 2", tmp_path / "r")
+
+
+def test_invalid_yaml_and_missing_file(tmp_path, runner):
+    f = tmp_path / "bad.yaml"
+    f.write_text("name: x\ngrid: [unclosed\n")
+    assert_clean_failure(runner.invoke(app, ["ablate", str(f), "--results-dir", str(tmp_path / "r")]), "not valid YAML", tmp_path / "r")
+    assert_clean_failure(
+        runner.invoke(app, ["ablate", str(tmp_path / "nope.yaml"), "--results-dir", str(tmp_path / "r")]),
+        "file not found",
+        tmp_path / "r",
+    )
+
+
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (["--storage", "postgresql://harness:s3cret@127.0.0.1:1/nodb"], "cannot connect to postgresql://harness:***@127.0.0.1:1/nodb"),
+        (["--storage", "redis://localhost"], "--storage: scheme 'redis' is not supported"),
+        (["--tracking-uri", "ftp://example/mlflow"], "--tracking-uri: scheme 'ftp' is not supported"),
+        (["--workers", "0"], "--workers: must be >= 1"),
+        (["--max-retries", "-1"], "--max-retries: must be >= 0"),
+        (["--devices", "tpu:0"], "--devices: 'tpu:0' is not cpu, cuda or cuda:N"),
+    ],
+)
+def test_bad_command_lines(args, expect, tmp_path, runner):
+    results = tmp_path / "results"
+    result = runner.invoke(app, ["ablate", "experiments/smoke.yaml", "--results-dir", str(results), *args])
+    assert_clean_failure(result, expect, results)
+    assert "s3cret" not in result.output
+
+
+@pytest.mark.parametrize(
+    "sets,expect",
+    [
+        (["ppo.eps_clip=-1"], "eps_clip must be > 0"),
+        (["seed=-1"], "seed must be >= 0"),
+        (["steps=0"], "steps must be >= 1"),
+        (["ppo.c_clip=0.5"], "c_clip must be > 1"),
+        (["ppo.nope=1"], "ppo.nope: unknown key"),
+        (["task=bogus"], "task"),
+        (["device=tpu"], "device must be auto, cpu, cuda or cuda:N"),
+        (["adv_norm.std_level=median"], "std_level: must be one of"),
+        (["eps_clip"], "expected KEY=VALUE"),
+    ],
+)
+def test_bad_run_overrides(sets, expect, tmp_path, runner):
+    results = tmp_path / "results"
+    args = ["run", "experiments/run-default.yaml", "--results-dir", str(results)]
+    for s in sets:
+        args += ["--set", s]
+    assert_clean_failure(runner.invoke(app, args), expect, results)
