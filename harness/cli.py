@@ -25,6 +25,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 @app.callback()
 def _root() -> None:
     """Ablation harness for PPO fine-tuning of language models."""
+    import logging
+    import os
+
+    # Library chatter (MLflow's schema migrations, Optuna's "study created") is not for users.
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    for name in ("mlflow", "alembic", "optuna"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 ResultsDir = Annotated[
     Path, typer.Option("--results-dir", help="Where embedded stores, caches and reports go.")
