@@ -69,6 +69,7 @@ def open_study(
 
     from harness.sweep.storage import with_retries
 
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     name = study_name or spec.name
     grid_hash = spec.grid_hash()
     try:
