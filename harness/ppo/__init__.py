@@ -13,10 +13,26 @@ from harness.ppo.loss import (
 )
 from harness.ppo.normalization import NormConfig, normalize
 
+
+def __getattr__(name: str):
+    # PPOActor / PPOActorConfig live beside the math but pull in the config module; load lazily.
+    if name == "PPOActor":
+        from harness.ppo.actor import PPOActor
+
+        return PPOActor
+    if name in ("PPOActorConfig", "PPOConfig"):
+        from harness import config
+
+        return getattr(config, name)
+    raise AttributeError(name)
+
 __all__ = [
     "BEHAVE_MODES",
     "LOSS_AGG_MODES",
     "NormConfig",
+    "PPOActor",
+    "PPOActorConfig",
+    "PPOConfig",
     "RejectionSampling",
     "behaviour_weights",
     "gae",
