@@ -1,0 +1,461 @@
+"""Sampling for PPO: a lean KV-cache loop that records behaviour log-probs, and the matching
+training-time forward pass.
+
+Why not ``model.generate``: for a 2-layer model the per-token cost is Python overhead, and
+``generate`` adds a logits-processor pipeline, stopping criteria, cache bookkeeping and output
+objects on every step. The loop below does one forward for the prompts and one per new token,
+samples with an explicit ``torch.Generator`` (so a run's sampling stream is reproducible and
+independent of the global RNG), and stops as soon as every row has emitted EOS. For a plain
+``LlamaForCausalLM`` (the tiny model) each step goes through :class:`_LlamaDecoder`, a
+functional replay of the same weights over preallocated KV buffers (about 2x faster per token
+than calling the HF module); any other causal LM goes through its own ``forward`` with a
+``DynamicCache``. Both paths sample identical tokens for the same generator (tested).
+
+Layout ("token layout", shared by everything downstream): a batch is ``[B, L]`` with
+``L = P + T``: each row is its left-padded prompt (width ``P``, the longest prompt), then its
+response, then right padding (pad id) up to ``T`` (the longest response). Per-token quantities
+live at the position of the token they describe: ``logprobs[b, j]`` is
+log pi(input_ids[b, j] | prefix), ``loss_mask[b, j]`` is 1 exactly on generated tokens (EOS
+included when produced); ``attention_mask`` is the prompt mask followed by ``loss_mask``. Rows
+come in groups: the ``n_samples`` samples of prompt i are rows ``i*n .. i*n+n-1``.
+``completions`` are decoded up to EOS (exclusive) with ``skip_special_tokens=True``.
+
+Positions: left padding shifts where each row's text starts, so both the sampler and
+:func:`forward_logprobs` pass explicit ``position_ids = clamp(cumsum(attention_mask) - 1, 0)``:
+the first real token of every row is at position 0 whatever the padding. With RoPE the two passes
+then agree to float32 rounding (a test checks max |diff| < 1e-4 on every generated token).
+
+Behaviour log-probs are those of the tempered, untruncated distribution
+``log_softmax(logits / temperature)`` (what :func:`forward_logprobs` recomputes). With
+``top_p < 1`` tokens are drawn from the nucleus-renormalised distribution, so the recorded
+log-probs are slightly off the true sampling distribution (as in verl/AReaL); keep ``top_p = 1``
+for exact on-policy ratios.
+
+The loop runs under ``torch.inference_mode``; the returned batch is assembled outside it, so its
+tensors are ordinary tensors that the training pass can use under autograd.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import DynamicCache
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """RoPE positions for a left-padded batch: 0 at each row's first real token, 0 on padding."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp_(min=0)
+
+
+@dataclass
+class RolloutBatch:
+    """Sampled sequences in token layout (see the module docstring); all tensors are ``[B, L]``
+    unless noted, ``B = len(prompts) * n_samples``."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    logprobs: torch.Tensor
+    prompt_lens: torch.Tensor  # [B] real (unpadded) prompt tokens
+    response_lens: torch.Tensor  # [B] generated tokens, EOS included
+    truncated: torch.Tensor  # [B] bool: hit max_new_tokens without EOS
+    completions: list[str] = field(default_factory=list)  # decoded, up to EOS (exclusive)
+    group_sizes: list[int] = field(default_factory=list)  # n_samples per prompt, in row order
+    prompt_width: int = 0  # P: the column where responses start
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """A copy with every tensor on ``device`` (lists and ints are shared)."""
+        moved: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            moved[f.name] = v.to(device) if isinstance(v, torch.Tensor) else v
+        return RolloutBatch(**moved)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero the tail outside the smallest set of tokens whose mass reaches ``top_p``."""
+    sorted_p, idx = probs.sort(dim=-1, descending=True)
+    cum = sorted_p.cumsum(-1)
+    drop = (cum - sorted_p) >= top_p  # keep the token that crosses the threshold
+    sorted_p = sorted_p.masked_fill(drop, 0.0)
+    return torch.zeros_like(probs).scatter_(-1, idx, sorted_p)
+
+
+class _HFDecoder:
+    """Any causal LM through its own ``forward`` and a ``DynamicCache`` (the portable path)."""
+
+    def __init__(self, model: PreTrainedModel, prompt_mask: torch.Tensor, max_new_tokens: int):
+        self.model = model
+        n_rows, self.width = prompt_mask.shape
+        self.mask = prompt_mask.new_ones(n_rows, self.width + max_new_tokens)
+        self.mask[:, : self.width] = prompt_mask
+        # transformers 5 renamed ``past_key_values`` to ``cache``; pass whichever forward takes.
+        params = inspect.signature(model.forward).parameters
+        self.cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.prefill_kw: dict[str, Any] = (
+            {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        )
+        try:
+            self.cache: Any = DynamicCache(config=model.config)
+        except TypeError:  # older transformers
+            self.cache = DynamicCache()
+
+    def prefill(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        out = self.model(
+            input_ids=ids,
+            attention_mask=self.mask[:, : self.width],
+            position_ids=pos,
+            use_cache=True,
+            **self.prefill_kw,
+            **{self.cache_kw: self.cache},
+        )
+        return out.logits[:, -1, :]
+
+    def step(self, tok: torch.Tensor, pos: torch.Tensor, t: int) -> torch.Tensor:
+        out = self.model(
+            input_ids=tok,
+            attention_mask=self.mask[:, : self.width + t + 1],
+            position_ids=pos,
+            use_cache=True,
+            **{self.cache_kw: self.cache},
+        )
+        return out.logits[:, -1, :]
+
+
+_STATIC_ROPE = ("default", "linear", "llama3")
+
+
+def _fast_path_ok(model: PreTrainedModel) -> bool:
+    """Whether :class:`_LlamaDecoder` computes exactly what ``model.forward`` computes."""
+    if type(model) is not LlamaForCausalLM:  # subclasses may change forward
+        return False
+    cfg = model.config
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    return (
+        rope_type in _STATIC_ROPE
+        and getattr(cfg, "pretraining_tp", 1) == 1
+        and hasattr(model.model, "rotary_emb")
+        and not (model.training and (cfg.attention_dropout or 0.0) > 0)
+    )
+
+
+class _LlamaDecoder:
+    """A functional re-statement of the Llama forward for sampling: same weights, same math.
+
+    Why: ``LlamaForCausalLM.forward`` spends most of a tiny model's step in Python (kwarg
+    plumbing, output dataclasses, mask construction, cache objects). This decoder reads the
+    module's weights and replays RMSNorm -> attention with RoPE -> SwiGLU MLP with plain tensor
+    ops over preallocated KV buffers, which halves the time per sampled token on CPU. RoPE tables
+    come from the model's own ``rotary_emb``, so any static RoPE variant matches. Only used when
+    :func:`_fast_path_ok`; a test checks token-for-token agreement with the HF path and
+    log-prob agreement with :func:`forward_logprobs`.
+    """
+
+    def __init__(self, model: LlamaForCausalLM, prompt_mask: torch.Tensor, max_new_tokens: int):
+        base = model.model
+        cfg = model.config
+        emb = base.embed_tokens.weight
+        n_rows, self.width = prompt_mask.shape
+        total = self.width + max_new_tokens
+        attn0 = base.layers[0].self_attn
+        self.head_dim = int(attn0.head_dim)
+        self.n_heads = int(cfg.num_attention_heads)
+        self.n_kv = int(cfg.num_key_value_heads or cfg.num_attention_heads)
+        self.scaling = float(attn0.scaling)
+        self.gqa = self.n_heads != self.n_kv
+        self.model = model
+        self.k_buf = [emb.new_zeros(n_rows, self.n_kv, total, self.head_dim) for _ in base.layers]
+        self.v_buf = [emb.new_zeros(n_rows, self.n_kv, total, self.head_dim) for _ in base.layers]
+        cos, sin = base.rotary_emb(
+            emb[:1].unsqueeze(0), torch.arange(total, device=emb.device)[None]
+        )
+        self.cos, self.sin = cos[0], sin[0]  # [total, head_dim]
+        # Additive masks, finite (finfo.min) so left-padding query rows stay NaN-free.
+        neg = torch.finfo(emb.dtype).min
+        valid = torch.ones(n_rows, total, dtype=torch.bool, device=emb.device)
+        valid[:, : self.width] = prompt_mask.bool()
+        self.key_bias = emb.new_zeros(n_rows, 1, 1, total).masked_fill_(~valid[:, None, None], neg)
+        causal = torch.ones(self.width, self.width, dtype=torch.bool, device=emb.device).tril_()
+        allowed = causal[None, None] & valid[:, None, None, : self.width]
+        self.prompt_bias = emb.new_zeros(n_rows, 1, self.width, self.width).masked_fill_(
+            ~allowed, neg
+        )
+
+    @staticmethod
+    def _rms(x: torch.Tensor, norm: Any) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+        return norm.weight * xf.to(x.dtype)
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = self.head_dim // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+    def _forward(
+        self, ids: torch.Tensor, pos: torch.Tensor, start: int, bias: torch.Tensor
+    ) -> torch.Tensor:
+        n, s = ids.shape
+        base = self.model.model
+        h = F.embedding(ids, base.embed_tokens.weight)
+        cos = self.cos[pos].unsqueeze(1)
+        sin = self.sin[pos].unsqueeze(1)
+        end = start + s
+        for i, layer in enumerate(base.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            x = self._rms(h, layer.input_layernorm)
+            q = F.linear(x, attn.q_proj.weight, attn.q_proj.bias)
+            k = F.linear(x, attn.k_proj.weight, attn.k_proj.bias)
+            v = F.linear(x, attn.v_proj.weight, attn.v_proj.bias)
+            q = self._rope(q.view(n, s, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
+            k = self._rope(k.view(n, s, self.n_kv, self.head_dim).transpose(1, 2), cos, sin)
+            self.k_buf[i][:, :, start:end] = k
+            self.v_buf[i][:, :, start:end] = v.view(n, s, self.n_kv, self.head_dim).transpose(1, 2)
+            o = F.scaled_dot_product_attention(
+                q,
+                self.k_buf[i][:, :, :end],
+                self.v_buf[i][:, :, :end],
+                attn_mask=bias,
+                scale=self.scaling,
+                enable_gqa=self.gqa,
+            )
+            o = o.transpose(1, 2).reshape(n, s, self.n_heads * self.head_dim)
+            h = h + F.linear(o, attn.o_proj.weight, attn.o_proj.bias)
+            x = self._rms(h, layer.post_attention_layernorm)
+            gate = F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias)
+            up = F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias)
+            h = h + F.linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+        h = self._rms(h[:, -1], base.norm)
+        head = self.model.lm_head
+        return F.linear(h, head.weight, head.bias)
+
+    def prefill(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return self._forward(ids, pos, 0, self.prompt_bias)
+
+    def step(self, tok: torch.Tensor, pos: torch.Tensor, t: int) -> torch.Tensor:
+        start = self.width + t
+        return self._forward(tok, pos, start, self.key_bias[..., : start + 1])
+
+
+@torch.inference_mode()
+def _generate(
+    model: PreTrainedModel,
+    fast: bool,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    generator: torch.Generator,
+    temperature: float,
+    top_p: float,
+    greedy: bool,
+    eos_id: int,
+    pad_id: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampling loop: ``[N, T]`` tokens (pad after EOS) and their behaviour log-probs."""
+    n_rows = prompt_ids.shape[0]
+    device = prompt_ids.device
+    inv_t = 1.0 / temperature
+    decoder: _HFDecoder | _LlamaDecoder
+    if fast:
+        decoder = _LlamaDecoder(model, prompt_mask, max_new_tokens)  # type: ignore[arg-type]
+    else:
+        decoder = _HFDecoder(model, prompt_mask, max_new_tokens)
+    # Preallocated outputs: the loop writes one column per step and allocates little else.
+    tokens = torch.full((n_rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    logps = torch.zeros(n_rows, max_new_tokens, dtype=torch.float32, device=device)
+    alive = torch.ones(n_rows, dtype=torch.bool, device=device)
+    pos = position_ids(prompt_mask)
+    logits = decoder.prefill(prompt_ids, pos)
+    next_pos = pos[:, -1:] + 1
+    steps = 0
+    for t in range(max_new_tokens):
+        logp = torch.log_softmax(logits.float() * inv_t, dim=-1)
+        if greedy:
+            tok = logp.argmax(dim=-1, keepdim=True)
+        else:
+            probs = logp.exp()
+            if top_p < 1.0:
+                probs = _top_p_filter(probs, top_p)
+            tok = torch.multinomial(probs, 1, generator=generator)
+        lp = logp.gather(-1, tok).squeeze_(-1)
+        tok = tok.squeeze_(-1)
+        tokens[:, t] = torch.where(alive, tok, pad_id)
+        logps[:, t] = torch.where(alive, lp, 0.0)
+        alive &= tok != eos_id
+        steps = t + 1
+        if t + 1 == max_new_tokens or not bool(alive.any()):
+            break
+        logits = decoder.step(tokens[:, t : t + 1], next_pos, t)
+        next_pos = next_pos + 1
+
+    return tokens[:, :steps], logps[:, :steps]
+
+
+def sample(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    *,
+    n_samples: int,
+    max_new_tokens: int,
+    generator: torch.Generator,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    greedy: bool = False,
+    backend: str = "auto",
+) -> RolloutBatch:
+    """Sample ``n_samples`` completions per prompt with a hand-written KV-cache loop.
+
+    ``generator`` must live on the model's device; the same weights, prompts and generator state
+    give identical samples. ``greedy=True`` takes the argmax (for evaluation) and ignores the
+    generator. Rows that emit EOS stop (their later slots are padding); the loop ends when all
+    rows are done or after ``max_new_tokens``. ``backend``: ``"auto"`` uses the functional Llama
+    decoder when it applies and the model's own forward otherwise; ``"hf"`` forces the latter,
+    ``"fast"`` insists on the former.
+    """
+    if n_samples < 1 or max_new_tokens < 1:
+        raise ValueError("sample: n_samples and max_new_tokens must be >= 1")
+    if temperature <= 0:
+        raise ValueError(f"sample: temperature must be > 0; got {temperature}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"sample: top_p must be in (0, 1]; got {top_p}")
+    if backend not in ("auto", "fast", "hf"):
+        raise ValueError(f"sample: backend must be auto, fast or hf; got {backend!r}")
+    fast = backend != "hf" and _fast_path_ok(model)
+    if backend == "fast" and not fast:
+        raise ValueError(f"sample: no fast decoder for {type(model).__name__}; use backend='auto'")
+    device = next(model.parameters()).device
+    eos_id = tokenizer.eos_token_id
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
+    enc = tokenizer(prompts, padding=True, return_tensors="pt")
+    prompt_ids = enc["input_ids"].to(device).repeat_interleave(n_samples, dim=0)
+    prompt_mask = enc["attention_mask"].to(device).repeat_interleave(n_samples, dim=0)
+    n_rows, width = prompt_ids.shape
+
+    tokens, logps = _generate(
+        model,
+        fast,
+        prompt_ids,
+        prompt_mask,
+        max_new_tokens=max_new_tokens,
+        generator=generator,
+        temperature=temperature,
+        top_p=top_p,
+        greedy=greedy,
+        eos_id=eos_id,
+        pad_id=pad_id,
+    )
+    # Everything below runs outside inference mode: the batch's tensors are ordinary tensors
+    # that the training forward pass may use under autograd. A generated slot is real up to and including the first EOS.
+    is_eos = tokens == eos_id
+    after_eos = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
+    gen_mask = (~after_eos).to(prompt_mask.dtype)
+    response_lens = gen_mask.sum(-1)
+    truncated = ~is_eos.any(-1)
+    return RolloutBatch(
+        input_ids=torch.cat([prompt_ids, tokens], dim=1),
+        attention_mask=torch.cat([prompt_mask, gen_mask], dim=1),
+        loss_mask=torch.cat([torch.zeros_like(prompt_mask), gen_mask], dim=1),
+        logprobs=torch.cat([logps.new_zeros(n_rows, width), logps * gen_mask], dim=1),
+        prompt_lens=prompt_mask.sum(-1),
+        response_lens=response_lens,
+        truncated=truncated,
+        completions=_decode(tokenizer, tokens, response_lens, truncated),
+        group_sizes=[n_samples] * len(prompts),
+        prompt_width=width,
+    )
+
+
+def _decode(
+    tokenizer: PreTrainedTokenizerBase,
+    tokens: torch.Tensor,
+    response_lens: torch.Tensor,
+    truncated: torch.Tensor,
+) -> list[str]:
+    """Decode each response up to EOS (exclusive)."""
+    text_lens = (response_lens - (~truncated).long()).tolist()
+    rows = tokens.tolist()
+    return tokenizer.batch_decode(
+        [row[:n] for row, n in zip(rows, text_lens, strict=True)], skip_special_tokens=True
+    )
+
+
+def forward_logprobs(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Training-time log-probs (and entropies) in token layout, with gradients unless disabled.
+
+    ``logprobs[:, j] = log softmax(logits[:, j-1] / temperature)[input_ids[:, j]]``, 0 at j = 0;
+    ``entropy[:, j]`` is the entropy of that same tempered distribution. Same ``position_ids``
+    convention as :func:`sample`, so on a sampled batch this reproduces the behaviour log-probs.
+    Values at padded positions are meaningless; multiply by a mask.
+    """
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids(attention_mask),
+        use_cache=False,
+    )
+    logits = out.logits[:, :-1, :].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    tok_lp = logp_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    pad = tok_lp.new_zeros(input_ids.shape[0], 1)
+    logprobs = torch.cat([pad, tok_lp], dim=1)
+    entropy = None
+    if with_entropy:
+        ent = -(logp_all.exp() * logp_all).sum(-1)
+        entropy = torch.cat([pad, ent], dim=1)
+    return logprobs, entropy
+
+
+class StalenessRing:
+    """Past policy weights, so rollouts can be sampled by the policy as it was k updates ago.
+
+    Emulates AReaL's asynchronous off-policy setting (``max_head_offpolicyness``) on one
+    machine: ``push(model)`` after every update keeps the newest ``k + 1`` snapshots;
+    ``behaviour_state()`` is the oldest kept (k updates behind once the ring has filled, fewer
+    before). With ``k = 0`` nothing is copied and the live model is the behaviour policy.
+    Snapshots are detached clones on the model's device.
+    """
+
+    def __init__(self, k: int) -> None:
+        if k < 0:
+            raise ValueError(f"staleness must be >= 0; got {k}")
+        self.k = k
+        self._ring: collections.deque[dict[str, torch.Tensor]] = collections.deque(maxlen=k + 1)
+
+    def push(self, model: torch.nn.Module) -> None:
+        if self.k == 0:
+            return
+        with torch.no_grad():
+            self._ring.append({n: t.detach().clone() for n, t in model.state_dict().items()})
+
+    def behaviour_state(self) -> dict[str, torch.Tensor] | None:
+        """The oldest kept snapshot, or None when k == 0 or nothing was pushed yet."""
+        return self._ring[0] if self._ring else None
+
+    @property
+    def lag(self) -> int:
+        """How many updates the behaviour snapshot is behind the newest pushed weights."""
+        return max(len(self._ring) - 1, 0)
+
+
+__all__ = ["RolloutBatch", "StalenessRing", "forward_logprobs", "position_ids", "sample"]

@@ -1,0 +1,87 @@
+"""Verifiable reward tasks: prompts from a seed, deterministic scores, disjoint held-out sets.
+
+``get_task(spec, **options)`` is the one entry point. Specs:
+
+==========================  ====================================================================
+``reverse``                 reverse a digit string (``min_len=3, max_len=6``); partial credit 0..1
+``sort``                    sort a digit string (``min_len, max_len``); partial credit 0..1
+``add``                     ``a+b=`` (``max_operand=49, scale=1.0``); exact match 0 or ``scale``
+``mixed-scale``             reverse (0..1) and add (0 or 10) mixed (``add_scale, add_fraction``,
+                            plus the options of both); ``Example.group`` says which
+``jsonl:PATH``              ``{"prompt", "answer"}`` lines; exact or numeric (1e-6) match
+                            (``eval_fraction=0.1``)
+``python:MODULE:FUNCTION``  the user's ``FUNCTION(prompt, completion, answer) -> float``; prompts
+                            from ``MODULE.examples()`` or ``...@PATH.jsonl`` (runs user code)
+==========================  ====================================================================
+
+A completion is the text generated up to EOS (exclusive); every scorer strips surrounding
+whitespace. All prompts of the built-ins end with ``=``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from harness.tasks.base import Example, Task, is_held_out, position_credit
+from harness.tasks.builtin import AddTask, MixedScaleTask, ReverseTask, SortTask
+from harness.tasks.pairs import PairTask, jsonl_task, numeric_or_exact_match, python_task
+
+_BUILTINS: dict[str, Callable[..., Any]] = {
+    "reverse": ReverseTask,
+    "add": AddTask,
+    "sort": SortTask,
+    "mixed-scale": MixedScaleTask,
+}
+TASK_NAMES: tuple[str, ...] = tuple(_BUILTINS)
+_ALLOWED = ", ".join([*TASK_NAMES, "jsonl:PATH", "python:MODULE:FUNCTION[@PATH.jsonl]"])
+
+
+def _construct(spec: str, factory: Callable[..., Any], *args: Any, **options: Any) -> Any:
+    """Call ``factory``, turning an unknown option into a one-line ``ValueError``."""
+    params = inspect.signature(factory).parameters
+    allowed = [n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"task '{spec}': unknown option(s) {', '.join(unknown)} "
+            f"(allowed: {', '.join(allowed) or 'none'})"
+        )
+    return factory(*args, **options)
+
+
+def get_task(spec: str, **options: Any) -> Task:
+    """The task named by ``spec`` (see the module docstring), configured by ``options``.
+
+    Raises ``ValueError`` with a one-line message for an unknown name, an unknown option, a
+    missing or malformed JSONL file, or a ``python:`` function that cannot be imported.
+    """
+    spec = spec.strip()
+    if spec in _BUILTINS:
+        task: Task = _construct(spec, _BUILTINS[spec], **options)
+        return task
+    if spec.startswith("jsonl:"):
+        path = spec[len("jsonl:") :]
+        if not path:
+            raise ValueError(f"task '{spec}': expected jsonl:PATH")
+        return _construct(spec, jsonl_task, spec, path, **options)  # type: ignore[no-any-return]
+    if spec.startswith("python:"):
+        return _construct(spec, python_task, spec, spec[len("python:") :], **options)  # type: ignore[no-any-return]
+    raise ValueError(f"task: unknown task '{spec}' (allowed: {_ALLOWED})")
+
+
+__all__ = [
+    "TASK_NAMES",
+    "AddTask",
+    "Example",
+    "MixedScaleTask",
+    "PairTask",
+    "ReverseTask",
+    "SortTask",
+    "Task",
+    "get_task",
+    "is_held_out",
+    "numeric_or_exact_match",
+    "position_credit",
+]

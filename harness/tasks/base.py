@@ -1,0 +1,115 @@
+"""The task contract: an :class:`Example`, the :class:`Task` protocol, and the held-out rule.
+
+Why a hash rule for held-out prompts: evaluation must measure generalisation, so no training
+prompt may ever equal an evaluation prompt, whatever seed or how many steps a run uses. Each
+generated task defines a canonical *key* per prompt (the digit string, or ``"a+b"``); a key is
+held out iff ``sha256(f"{task}|{key}")`` mod :data:`HOLDOUT_MODULUS` is 0 (about 10% of the
+space). ``sample`` rejects held-out keys; ``eval_examples`` draws only held-out keys from its own
+fixed random stream. The rule depends on nothing but the key, so it is stable across runs,
+machines and Python versions (unlike ``hash()``, which is salted per process).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+HOLDOUT_MODULUS = 10
+
+
+@dataclass(frozen=True)
+class Example:
+    """One prompt with its reference answer; ``group`` names a sub-task (used by mixed-scale)."""
+
+    prompt: str
+    answer: str
+    group: str = ""
+
+
+@runtime_checkable
+class Task(Protocol):
+    """A verifiable reward task.
+
+    ``sample(rng, n)`` draws ``n`` training examples (with replacement) using only ``rng``;
+    ``eval_examples(n)`` returns at most ``n`` distinct held-out examples, the same on every
+    call, never producible by ``sample``; ``score`` maps a completion (text generated up to EOS,
+    exclusive) to a reward, deterministically; ``demonstration`` is the ideal completion (what
+    the warm start imitates); ``max_new_tokens_hint`` is a generation budget that fits every
+    demonstration plus EOS with room to spare.
+    """
+
+    name: str
+    max_new_tokens_hint: int
+
+    def sample(self, rng: random.Random, n: int) -> list[Example]: ...
+
+    def eval_examples(self, n: int) -> list[Example]: ...
+
+    def score(self, example: Example, completion: str) -> float: ...
+
+    def demonstration(self, example: Example) -> str: ...
+
+
+def stable_hash(text: str) -> int:
+    """A process-independent 64-bit hash of ``text``."""
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
+
+
+def is_held_out(task: str, key: str) -> bool:
+    """The held-out rule (see the module docstring)."""
+    return stable_hash(f"{task}|{key}") % HOLDOUT_MODULUS == 0
+
+
+def draw_keys(
+    rng: random.Random,
+    n: int,
+    draw: Callable[[random.Random], Hashable],
+    keep: Callable[[Hashable], bool],
+    *,
+    unique: bool,
+    max_tries: int = 200_000,
+) -> list[Hashable]:
+    """Draw keys from ``draw`` until ``n`` pass ``keep`` (distinct ones when ``unique``).
+
+    Stops early after ``max_tries`` draws, so a request larger than the kept space returns
+    every key it found instead of looping forever.
+    """
+    out: list[Hashable] = []
+    seen: set[Hashable] = set()
+    tries = 0
+    while len(out) < n and tries < max_tries:
+        tries += 1
+        key = draw(rng)
+        if not keep(key) or (unique and key in seen):
+            continue
+        seen.add(key)
+        out.append(key)
+    return out
+
+
+def position_credit(answer: str, completion: str) -> float:
+    """Fraction of positions where ``completion`` matches ``answer`` (0..1).
+
+    The denominator is the longer of the two strings, so extra characters cost credit just as
+    missing ones do (otherwise a policy could pad freely); an exact match scores 1.0.
+    """
+    got = completion.strip()
+    denom = max(len(answer), len(got))
+    if denom == 0:
+        return 1.0
+    hits = sum(1 for a, b in zip(answer, got, strict=False) if a == b)
+    return hits / denom
+
+
+__all__ = [
+    "HOLDOUT_MODULUS",
+    "Example",
+    "Task",
+    "draw_keys",
+    "is_held_out",
+    "position_credit",
+    "stable_hash",
+]

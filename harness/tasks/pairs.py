@@ -1,0 +1,238 @@
+"""Tasks over a fixed list of prompt/answer pairs: ``jsonl:PATH`` and ``python:MODULE:FUNCTION``.
+
+Held-out split: the distinct prompts are ranked by ``stable_hash(prompt)`` and the first
+``max(1, round(eval_fraction * n_prompts))`` form the evaluation set; every row whose prompt is
+held out is evaluation-only, so a duplicated prompt can never leak into training. (A file with a
+single distinct prompt cannot be split: it is used for both, and the task says so in its
+``split_note``.)
+
+``python:`` tasks run the user's own code, imported with the harness's privileges: only use
+modules you trust. Spec forms:
+
+* ``python:MODULE:FUNCTION`` -- ``MODULE`` (a dotted module importable from ``sys.path`` or the
+  current directory, or a path to a ``.py`` file) defines ``FUNCTION(prompt, completion,
+  answer) -> float`` and ``examples()`` returning a list of ``{"prompt": str, "answer": str}``
+  dicts (the answer may be ``""`` when the function needs none);
+* ``python:MODULE:FUNCTION@PATH.jsonl`` -- the examples come from a JSONL file instead.
+
+The completion handed to the function is the generated text up to EOS with surrounding
+whitespace stripped, as for every task.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import math
+import os
+import random
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from harness.tasks.base import Example, stable_hash
+
+
+def numeric_or_exact_match(answer: str, completion: str) -> float:
+    """1.0 when the stripped strings are equal, or both parse as finite numbers within 1e-6."""
+    got, want = completion.strip(), answer.strip()
+    if got == want:
+        return 1.0
+    try:
+        a, b = float(got), float(want)
+    except ValueError:
+        return 0.0
+    return 1.0 if math.isfinite(a) and math.isfinite(b) and abs(a - b) <= 1e-6 else 0.0
+
+
+def _answer_text(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float):
+        return str(value)
+    return None
+
+
+def _pairs_from_records(spec: str, where: str, records: Iterable[tuple[int, Any]]) -> list[Example]:
+    out = []
+    for lineno, obj in records:
+        prompt = obj.get("prompt") if isinstance(obj, dict) else None
+        answer = _answer_text(obj.get("answer", "")) if isinstance(obj, dict) else None
+        if not isinstance(prompt, str) or answer is None:
+            raise ValueError(
+                f"task '{spec}': {where} line {lineno}: expected an object with a string "
+                "'prompt' and a string or number 'answer'"
+            )
+        out.append(Example(prompt=prompt, answer=answer))
+    if not out:
+        raise ValueError(f"task '{spec}': {where} holds no examples")
+    return out
+
+
+def read_jsonl(spec: str, path: str) -> list[Example]:
+    """Parse a JSONL file of ``{"prompt": ..., "answer": ...}`` lines (blank lines skipped)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"task '{spec}': file '{path}' does not exist")
+    records = []
+    with p.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append((lineno, json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise ValueError(
+                    f"task '{spec}': {path} line {lineno}: invalid JSON ({exc.msg})"
+                ) from None
+    return _pairs_from_records(spec, path, records)
+
+
+def _file_digest(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+class PairTask:
+    """Examples from a list, split deterministically into train and held-out by prompt hash."""
+
+    def __init__(
+        self,
+        name: str,
+        examples: list[Example],
+        scorer: Callable[[Example, str], float],
+        *,
+        eval_fraction: float = 0.1,
+        fingerprint: str = "",
+    ) -> None:
+        if not 0.0 < eval_fraction < 1.0:
+            raise ValueError(f"task '{name}': eval_fraction must be in (0, 1); got {eval_fraction}")
+        self.name = name
+        self._scorer = scorer
+        self.eval_fraction = eval_fraction
+        self.fingerprint = json.dumps(
+            {"task": name, "data": fingerprint, "eval_fraction": eval_fraction}, sort_keys=True
+        )
+        prompts = sorted({ex.prompt for ex in examples}, key=lambda s: (stable_hash(s), s))
+        self.split_note = ""
+        if len(prompts) == 1:
+            held = set(prompts)
+            self.split_note = "only one distinct prompt: it is used for training and evaluation"
+            self.train = list(examples)
+        else:
+            k = max(1, round(eval_fraction * len(prompts)))
+            held = set(prompts[:k])
+            self.train = [ex for ex in examples if ex.prompt not in held]
+        rank = {p: i for i, p in enumerate(prompts)}
+        self.held_out = sorted(
+            (ex for ex in examples if ex.prompt in held), key=lambda e: rank[e.prompt]
+        )
+        longest = max(len(ex.answer) for ex in examples)
+        self.max_new_tokens_hint = longest + 2
+
+    def sample(self, rng: random.Random, n: int) -> list[Example]:
+        return [rng.choice(self.train) for _ in range(n)]
+
+    def eval_examples(self, n: int) -> list[Example]:
+        return self.held_out[:n]
+
+    def score(self, example: Example, completion: str) -> float:
+        return self._scorer(example, completion.strip())
+
+    def demonstration(self, example: Example) -> str:
+        return example.answer
+
+
+def jsonl_task(spec: str, path: str, *, eval_fraction: float = 0.1) -> PairTask:
+    """``jsonl:PATH``: exact match, or numeric match within 1e-6 when both sides are numbers."""
+    examples = read_jsonl(spec, path)
+    return PairTask(
+        spec,
+        examples,
+        lambda ex, c: numeric_or_exact_match(ex.answer, c),
+        eval_fraction=eval_fraction,
+        fingerprint=_file_digest(path),
+    )
+
+
+def _import_module(spec: str, module: str) -> Any:
+    try:
+        if module.endswith(".py"):
+            path = Path(module)
+            if not path.is_file():
+                raise ValueError(f"task '{spec}': file '{module}' does not exist")
+            mod_name = f"harness_user_task_{stable_hash(str(path.resolve())):x}"
+            loader_spec = importlib.util.spec_from_file_location(mod_name, path)
+            if loader_spec is None or loader_spec.loader is None:
+                raise ValueError(f"task '{spec}': cannot load '{module}' as a Python module")
+            mod = importlib.util.module_from_spec(loader_spec)
+            loader_spec.loader.exec_module(mod)
+            return mod
+        added = os.getcwd() not in sys.path
+        if added:
+            sys.path.insert(0, os.getcwd())
+        try:
+            return importlib.import_module(module)
+        finally:
+            if added:
+                sys.path.remove(os.getcwd())
+    except ValueError:
+        raise
+    except Exception as exc:
+        raise ValueError(
+            f"task '{spec}': cannot import module '{module}' ({type(exc).__name__}: {exc})"
+        ) from exc
+
+
+def python_task(spec: str, target: str, *, eval_fraction: float = 0.1) -> PairTask:
+    """``python:MODULE:FUNCTION[@PATH.jsonl]`` (see the module docstring). Runs user code."""
+    target, _, data_path = target.partition("@")
+    module, _, func_name = target.rpartition(":")
+    if not module or not func_name:
+        raise ValueError(
+            f"task '{spec}': expected python:MODULE:FUNCTION or python:MODULE:FUNCTION@PATH.jsonl"
+        )
+    mod = _import_module(spec, module)
+    func = getattr(mod, func_name, None)
+    if not callable(func):
+        raise ValueError(f"task '{spec}': module '{module}' has no function '{func_name}'")
+    if data_path:
+        examples = read_jsonl(spec, data_path)
+        data = _file_digest(data_path)
+    else:
+        make = getattr(mod, "examples", None)
+        if not callable(make):
+            raise ValueError(
+                f"task '{spec}': module '{module}' defines no examples(); add one or use "
+                f"python:{target}@PATH.jsonl"
+            )
+        try:
+            records = list(make())
+        except Exception as exc:
+            raise ValueError(
+                f"task '{spec}': examples() raised {type(exc).__name__}: {exc}"
+            ) from exc
+        examples = _pairs_from_records(spec, "examples()", enumerate(records, start=1))
+        data = ""
+    source = getattr(mod, "__file__", None)
+    code = _file_digest(source) if source and Path(source).is_file() else ""
+
+    def scorer(ex: Example, completion: str) -> float:
+        value = func(ex.prompt, completion, ex.answer)
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"task '{spec}': {func_name} returned {value!r}, not a number"
+            ) from None
+
+    return PairTask(
+        spec, examples, scorer, eval_fraction=eval_fraction, fingerprint=f"{code}:{data}"
+    )
+
+
+__all__ = ["PairTask", "jsonl_task", "numeric_or_exact_match", "python_task", "read_jsonl"]
