@@ -1,0 +1,1 @@
+"""Sweeps: Optuna storages and the pieces that schedule (cell, seed) trials."""

@@ -1,0 +1,45 @@
+"""Shared fixtures: a private PostgreSQL server for the session, and a scratch results dir."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+try:  # `python -m pytest` puts the repository root on sys.path
+    from tests.pg import PrivatePostgres, find_pg_bin
+except ImportError:  # plain `pytest` with rootdir-relative imports puts tests/ there instead
+    from pg import PrivatePostgres, find_pg_bin  # type: ignore[no-redef]
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[PrivatePostgres]:
+    """A private PostgreSQL 15 server for the whole session; ``pg.restart()`` simulates an outage.
+
+    Tests that need isolation call ``pg.create_database(name)`` for a database of their own.
+    The cluster is stopped and deleted at the end of the session, also after failures.
+    """
+    bin_dir = find_pg_bin()
+    if bin_dir is None:
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not found; set HARNESS_PG_BIN")
+    server = PrivatePostgres(bin_dir)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_url(pg: PrivatePostgres) -> str:
+    """``postgresql://postgres:PASSWORD@127.0.0.1:PORT/harness_test`` on the private server."""
+    return pg.url
+
+
+@pytest.fixture
+def tmp_results(tmp_path: Path) -> Path:
+    """An empty ``results/`` directory for one test."""
+    results = tmp_path / "results"
+    results.mkdir()
+    return results

@@ -1,0 +1,371 @@
+"""Storage contract: one suite over the journal file, SQLite and PostgreSQL storages.
+
+Every test builds its storage through ``make_storage`` exactly as a worker would, and the
+multi-process tests run real worker processes (spawned, so nothing is shared by ``fork``).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import pickle
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import optuna
+import pytest
+import sqlalchemy.exc as sa_exc
+from optuna.exceptions import StorageInternalError
+from optuna.storages._heartbeat import is_heartbeat_enabled
+from optuna.trial import TrialState
+
+from harness.sweep.storage import (
+    HEARTBEAT_ATTR,
+    JOURNAL_FILE,
+    claim_waiting_trial,
+    fail_stale_trials,
+    heartbeat,
+    is_transient_db_error,
+    make_storage,
+    sqlalchemy_url,
+    with_retries,
+)
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+BACKENDS = ["journal", "sqlite", "postgresql"]
+HEARTBEAT_S = 1
+GRACE_S = 2
+CELLS, SEEDS = 6, 4  # 24 (cell, seed) trials
+
+
+@pytest.fixture(params=BACKENDS)
+def storage_url(request: pytest.FixtureRequest, tmp_results: Path) -> str | None:
+    """The ``--storage`` value for one backend; results go to ``tmp_results``."""
+    if request.param == "journal":
+        return None
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_results / 'optuna.db'}"
+    pg = request.getfixturevalue("pg")
+    return pg.create_database(f"optuna_{uuid.uuid4().hex[:8]}")
+
+
+def _storage(url: str | None, results: Path) -> optuna.storages.BaseStorage:
+    return make_storage(url, results, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+
+
+def _enqueue_grid(study: optuna.Study) -> set[tuple[int, int]]:
+    for cell in range(CELLS):
+        for seed in range(SEEDS):
+            study.enqueue_trial(
+                {"cell": cell, "seed": seed},
+                user_attrs={"cell": cell, "seed": seed},
+                skip_if_exists=True,
+            )
+    return {(c, s) for c in range(CELLS) for s in range(SEEDS)}
+
+
+def _worker(
+    url: str | None,
+    results: str,
+    study_name: str,
+    out: str,
+    barrier=None,
+    hang_marker: str | None = None,
+    retries: bool = False,
+    trial_seconds: float = 0.0,
+) -> None:
+    """A grid worker: take WAITING trials until none is WAITING or RUNNING, like `harness worker`.
+
+    ``hang_marker``: after claiming the first trial, write this file and hang (to be SIGKILLed).
+    ``retries``: wrap every storage call in ``with_retries`` (for the outage test).
+    """
+    if barrier is not None:
+        barrier.wait()
+
+    def call(fn):
+        return with_retries(fn, attempts=12, base_delay=0.25) if retries else fn()
+
+    storage = _storage(url, Path(results))
+    study = call(lambda: optuna.load_study(study_name=study_name, storage=storage))
+    done: list[int] = []
+    while True:
+        call(lambda: fail_stale_trials(study))
+        trial = call(lambda: claim_waiting_trial(study))
+        if trial is None:
+            running = call(lambda: study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+            waiting = call(lambda: study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+            if not running and not waiting:
+                break
+            time.sleep(0.2)  # a RUNNING trial may belong to a dead worker: wait for staleness
+            continue
+        with heartbeat(study, trial):
+            if hang_marker is not None:
+                Path(hang_marker).write_text(str(trial.number))
+                time.sleep(600)
+            time.sleep(trial_seconds)
+            value = 10.0 * trial.user_attrs["cell"] + trial.user_attrs["seed"]
+        call(lambda t=trial, v=value: study.tell(t, v))  # noqa: B023
+        done.append(trial.number)
+    Path(out).write_text(json.dumps(done))
+
+
+def _check_each_cell_complete_once(study: optuna.Study, expected: set[tuple[int, int]]) -> None:
+    complete = study.get_trials(states=(TrialState.COMPLETE,))
+    keys = [(t.user_attrs["cell"], t.user_attrs["seed"]) for t in complete]
+    assert sorted(keys) == sorted(expected), "a (cell, seed) is missing or duplicated"
+    for trial in complete:
+        assert trial.value == 10.0 * trial.user_attrs["cell"] + trial.user_attrs["seed"]
+    others = {t.state for t in study.trials} - {TrialState.COMPLETE, TrialState.FAIL}
+    assert not others, f"trials left in states {others}"
+
+
+# -- contract ---------------------------------------------------------------------------------
+
+
+def test_heartbeat_is_enabled(storage_url: str | None, tmp_results: Path) -> None:
+    storage = _storage(storage_url, tmp_results)
+    assert is_heartbeat_enabled(storage)
+    assert storage.get_heartbeat_interval() == HEARTBEAT_S
+    if storage_url is None:
+        assert (tmp_results / JOURNAL_FILE).exists()
+
+
+def test_enqueue_is_idempotent_and_claims_never_create_trials(
+    storage_url: str | None, tmp_results: Path
+) -> None:
+    study = optuna.create_study(study_name="s", storage=_storage(storage_url, tmp_results))
+    expected = _enqueue_grid(study)
+    _enqueue_grid(study)  # a resumed `harness ablate` enqueues again: nothing is added
+    assert len(study.trials) == len(expected)
+    claimed = []
+    while (trial := claim_waiting_trial(study)) is not None:
+        claimed.append(trial)
+        study.tell(trial, 1.0)
+    assert len(claimed) == len(expected) == len(study.trials)  # no stray sampler trial
+    assert claim_waiting_trial(study) is None
+
+
+def test_four_workers_complete_every_trial_exactly_once(
+    storage_url: str | None, tmp_results: Path
+) -> None:
+    """Issue 6 point 4: 4 processes pull 24 enqueued trials; none lost, none run twice."""
+    study = optuna.create_study(study_name="grid", storage=_storage(storage_url, tmp_results))
+    expected = _enqueue_grid(study)
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(4)
+    outs = [tmp_results / f"worker{i}.json" for i in range(4)]
+    procs = [
+        ctx.Process(
+            target=_worker,
+            args=(storage_url, str(tmp_results), "grid", str(out), barrier),
+            kwargs={"trial_seconds": 0.05},
+        )
+        for out in outs
+    ]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=120)
+    assert [proc.exitcode for proc in procs] == [0, 0, 0, 0]
+    done = [number for out in outs for number in json.loads(out.read_text())]
+    assert len(done) == len(set(done)) == len(expected)
+    study = optuna.load_study(study_name="grid", storage=_storage(storage_url, tmp_results))
+    assert len(study.trials) == len(expected)
+    _check_each_cell_complete_once(study, expected)
+
+
+def test_trial_of_a_killed_worker_is_failed_and_retried(
+    storage_url: str | None, tmp_results: Path
+) -> None:
+    """Issue 6 point 1: SIGKILL mid-trial; the heartbeat goes stale, the trial is re-enqueued."""
+    study = optuna.create_study(study_name="kill", storage=_storage(storage_url, tmp_results))
+    study.enqueue_trial({"cell": 0, "seed": 0}, user_attrs={"cell": 0, "seed": 0})
+    study.enqueue_trial({"cell": 1, "seed": 0}, user_attrs={"cell": 1, "seed": 0})
+    marker = tmp_results / "claimed"
+    ctx = mp.get_context("spawn")
+    victim = ctx.Process(
+        target=_worker,
+        args=(storage_url, str(tmp_results), "kill", str(tmp_results / "victim.json")),
+        kwargs={"hang_marker": str(marker)},
+    )
+    victim.start()
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), "the victim never claimed a trial"
+    victim.kill()  # SIGKILL: no cleanup, the trial stays RUNNING
+    victim.join()
+    killed_number = int(marker.read_text())
+
+    began = time.monotonic()
+    _worker(storage_url, str(tmp_results), "kill", str(tmp_results / "rescuer.json"))
+    recovered_in = time.monotonic() - began
+
+    study = optuna.load_study(study_name="kill", storage=_storage(storage_url, tmp_results))
+    killed = study.trials[killed_number]
+    assert killed.state == TrialState.FAIL
+    retries = [t for t in study.trials if t.system_attrs.get("failed_trial") == killed_number]
+    assert len(retries) == 1 and retries[0].state == TrialState.COMPLETE
+    assert retries[0].system_attrs["retry_history"] == [killed_number]
+    assert retries[0].user_attrs == killed.user_attrs
+    _check_each_cell_complete_once(study, {(0, 0), (1, 0)})
+    assert recovered_in < GRACE_S + 5
+
+
+def test_retry_is_not_judged_stale_by_its_copied_heartbeat(
+    storage_url: str | None, tmp_results: Path
+) -> None:
+    """A retry copies the dead trial's system attrs, old beat included, yet is not stale."""
+    storage = _storage(storage_url, tmp_results)
+    study = optuna.create_study(study_name="copy", storage=storage)
+    study.enqueue_trial({"cell": 0}, user_attrs={"cell": 0, "seed": 0})
+    trial = claim_waiting_trial(study)
+    assert trial is not None
+    with heartbeat(study, trial):
+        pass  # one beat, then the "worker" dies
+    time.sleep(GRACE_S + 1.5)  # SQLite's CURRENT_TIMESTAMP has 1 s resolution
+    fail_stale_trials(study)
+    retry = claim_waiting_trial(study)
+    assert retry is not None and retry.number != trial.number
+    assert study.trials[trial.number].state == TrialState.FAIL
+    fail_stale_trials(study)  # immediately after the claim: the retry is alive
+    assert study.trials[retry.number].state == TrialState.RUNNING
+
+
+def test_storage_pickles(storage_url: str | None, tmp_results: Path) -> None:
+    """Storages cross process boundaries by pickle (e.g. Optuna's n_jobs, joblib workers)."""
+    storage = _storage(storage_url, tmp_results)
+    optuna.create_study(study_name="p", storage=storage).enqueue_trial({"x": 1})
+    clone = pickle.loads(pickle.dumps(storage))
+    assert clone.get_heartbeat_interval() == HEARTBEAT_S
+    study = optuna.load_study(study_name="p", storage=clone)
+    assert claim_waiting_trial(study) is not None
+
+
+# -- journal specifics ------------------------------------------------------------------------
+
+
+def test_journal_heartbeat_attr_names_its_trial(tmp_results: Path) -> None:
+    study = optuna.create_study(storage=_storage(None, tmp_results))
+    study.enqueue_trial({"x": 1})
+    trial = claim_waiting_trial(study)
+    assert trial is not None
+    with heartbeat(study, trial):
+        pass
+    beat = study.trials[0].system_attrs[HEARTBEAT_ATTR]
+    assert beat["trial_id"] == trial._trial_id and beat["time"] > time.time() - 60
+
+
+# -- factory ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("url", ["mysql://u:pw@h/db", "redis://h", "optuna.db", "sqlite://rel.db"])
+def test_unknown_schemes_are_refused(url: str, tmp_results: Path) -> None:
+    with pytest.raises(ValueError, match=r"storage: scheme '.*' is not supported .*journal"):
+        make_storage(url, tmp_results)
+
+
+def test_unwritable_results_dir_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ValueError, match="storage: cannot write .*optuna-journal.log"):
+        make_storage(None, blocker / "results")
+
+
+def test_unreachable_postgresql_fails_fast_and_redacted(tmp_results: Path) -> None:
+    began = time.perf_counter()
+    with pytest.raises(ValueError) as error:
+        make_storage("postgresql://alice:s3cret-pw@127.0.0.1:1/db", tmp_results)
+    message = str(error.value)
+    assert message.startswith("storage: cannot connect to postgresql://alice:***@127.0.0.1:1/db (")
+    assert "refused" in message and "s3cret-pw" not in message
+    assert time.perf_counter() - began < 6
+
+
+def test_wrong_password_is_reported_without_it(pg, tmp_results: Path) -> None:
+    url = pg.url.replace(pg.password, "wrong-pw")
+    with pytest.raises(ValueError, match="password authentication failed") as error:
+        make_storage(url, tmp_results)
+    assert "wrong-pw" not in str(error.value) and pg.password not in str(error.value)
+
+
+def test_bare_postgresql_urls_use_psycopg2() -> None:
+    assert sqlalchemy_url("postgresql://u@h/db").startswith("postgresql+psycopg2://")
+    assert sqlalchemy_url("postgresql+psycopg://u@h/db") == "postgresql+psycopg://u@h/db"
+    assert sqlalchemy_url("sqlite:///x.db") == "sqlite:///x.db"
+
+
+# -- outages ----------------------------------------------------------------------------------
+
+
+def _operational_error() -> sa_exc.OperationalError:
+    return sa_exc.OperationalError("SELECT 1", {}, Exception("server closed the connection"))
+
+
+def test_transient_errors_are_recognised_through_optuna_wrapping() -> None:
+    wrapped = StorageInternalError("commit failed")
+    wrapped.__cause__ = _operational_error()
+    assert is_transient_db_error(_operational_error())
+    assert is_transient_db_error(wrapped)
+    assert not is_transient_db_error(sa_exc.IntegrityError("INSERT", {}, Exception("dup")))
+    assert not is_transient_db_error(ValueError("x"))
+
+
+def test_with_retries_backs_off_then_succeeds_or_gives_up() -> None:
+    sleeps: list[float] = []
+    calls = iter([_operational_error(), _operational_error(), "ok"])
+
+    def flaky() -> str:
+        outcome = next(calls)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    assert with_retries(flaky, attempts=5, base_delay=1.0, sleep=sleeps.append) == "ok"
+    assert len(sleeps) == 2 and 0.5 <= sleeps[0] <= 1.5 and 1.0 <= sleeps[1] <= 3.0
+
+    def down() -> None:
+        raise _operational_error()
+
+    with pytest.raises(sa_exc.OperationalError):
+        with_retries(down, attempts=3, base_delay=0.0, sleep=sleeps.append)
+
+    def bug() -> None:
+        raise KeyError("not transient")
+
+    sleeps.clear()
+    with pytest.raises(KeyError):
+        with_retries(bug, attempts=3, sleep=sleeps.append)
+    assert sleeps == []
+
+
+def test_postgresql_restart_mid_sweep_loses_nothing(
+    pg, tmp_results: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 6 point 5: the server restarts (down 2 s) while a worker runs; the sweep finishes."""
+    url = pg.create_database(f"outage_{uuid.uuid4().hex[:8]}")
+    storage = make_storage(url, tmp_results, heartbeat_interval=1, grace_period=10)
+    study = optuna.create_study(study_name="outage", storage=storage)
+    expected = _enqueue_grid(study)
+    out = tmp_results / "worker.json"
+    worker = threading.Thread(
+        target=_worker,
+        args=(url, str(tmp_results), "outage", str(out)),
+        kwargs={"retries": True, "trial_seconds": 0.2},
+    )
+    worker.start()
+    while len(study.get_trials(states=(TrialState.COMPLETE,))) < 5:
+        time.sleep(0.05)
+    began = time.monotonic()
+    pg.restart(down_seconds=2.0)
+    worker.join(timeout=120)
+    assert not worker.is_alive()
+    assert out.exists(), "the worker died during the outage"
+    study = optuna.load_study(study_name="outage", storage=make_storage(url, tmp_results))
+    _check_each_cell_complete_once(study, expected)
+    assert len(study.trials) == len(expected)
+    assert time.monotonic() - began < 60
+    assert "storage unavailable" in caplog.text, "the outage was not hit"
