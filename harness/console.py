@@ -62,6 +62,7 @@ def print_summary(result: RunResult, run_id: str) -> None:
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key in (
+        "start/reward",
         "final/reward",
         "best/reward",
         "final/reward_auc",

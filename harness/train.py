@@ -297,6 +297,8 @@ def run(
         history,
         diverged_step=int(tags["diverged_step"]) if "diverged_step" in tags else None,
     )
+    first = [v for v in history.get("objective/reward", [])[:10] if math.isfinite(v)]
+    summary["start/reward"] = sum(first) / len(first) if first else math.nan
     return RunResult(
         status=status,
         reason=reason,
