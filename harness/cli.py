@@ -237,6 +237,42 @@ def ablate_cmd(
         raise typer.Exit(1)
 
 
+@app.command("search")
+@user_errors
+def search_cmd(
+    experiment_file: Annotated[Path, typer.Argument(help="Experiment YAML with a search section.")],
+    workers: Annotated[int, typer.Option("--workers", help="Local worker processes.")] = 1,
+    devices: Annotated[str | None, typer.Option("--devices", help="Comma-separated devices, one worker each.")] = None,
+    study_name: Annotated[str | None, typer.Option("--study-name", help="Study name (default: the experiment's name).")] = None,
+    storage: Storage = None,
+    tracking_uri: TrackingUri = None,
+    results_dir: ResultsDir = Path("results"),
+) -> None:
+    """TPE (or two-objective) search; seeds inside each trial; median/Wilcoxon pruning; resumable."""
+    from harness.configtools import ConfigError
+    from harness.experiment import load_experiment
+
+    if workers < 1:
+        raise ConfigError(f"--workers: must be >= 1; got {workers}")
+    spec = load_experiment(experiment_file)
+    if spec.search is None:
+        raise ConfigError(f"{experiment_file}: has no search section; run a grid with `harness ablate`")
+    device_list = [d.strip() for d in devices.split(",")] if devices else None
+    _check_store_urls(storage, tracking_uri)
+    optuna_storage, tracker = _stores(storage, tracking_uri, results_dir)
+    from harness.sweep.search import finish_search, open_search_study, run_search_workers
+
+    study, payload = open_search_study(spec, storage=optuna_storage, tracker=tracker, study_name=study_name, command=_command_line())
+    typer.echo(f"study {study.study_name!r}: up to {spec.search.n_trials} trials x {len(spec.seeds)} seeds, {workers} worker(s)", err=True)
+    interrupted = run_search_workers(
+        spec, study.study_name, n_workers=workers, storage_url=storage, tracking_uri=tracking_uri, results_dir=results_dir, devices=device_list
+    )
+    finish_search(study, tracker, payload)
+    if interrupted:
+        typer.echo("interrupted: run the same command again to resume", err=True)
+        raise typer.Exit(130)
+
+
 @app.command("worker")
 @user_errors
 def worker_cmd(
