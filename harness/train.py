@@ -248,7 +248,13 @@ def run(
 
             # 4. Minibatch PPO updates.
             t1 = time.perf_counter()
-            stats = actor.ppo_update(batch)
+            try:
+                stats = actor.ppo_update(batch)
+            except RuntimeError as err:  # e.g. Adam's step overflowing float32
+                msg = str(err).splitlines()[0]
+                if not any(w in msg.lower() for w in ("overflow", "nan", "inf")):
+                    raise
+                raise Diverged(step, f"the update overflowed ({msg})") from None
             if critic is not None:
                 stats.update(_critic_update(critic, critic_opt, batch, cfg))
             t_update = time.perf_counter() - t1

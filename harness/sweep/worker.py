@@ -45,7 +45,8 @@ class WorkerOptions:
     threads: int = 1
     worker_id: int = 0
     exit_when_idle: bool = True
-    heartbeat_interval: int = 5
+    # Seconds between heartbeats; a trial silent for twice this is stale (HARNESS_HEARTBEAT_S).
+    heartbeat_interval: int = int(os.environ.get("HARNESS_HEARTBEAT_S", "5"))
     max_retries: int = 0
 
 
