@@ -301,6 +301,7 @@ def run(
 
     summary = summarize_run(
         history,
+        smooth=5,  # drawdown/collapse on a 5-step moving average: one noisy batch is not a collapse
         diverged_step=int(tags["diverged_step"]) if "diverged_step" in tags else None,
     )
     first = [v for v in history.get("objective/reward", [])[:10] if math.isfinite(v)]

@@ -11,8 +11,14 @@ from rich.table import Table
 from harness.experiment import ExperimentSpec
 
 
+def wide_console() -> Console:
+    """The terminal's console, or a 200-column one for pipes and logs (no 80-column squeeze)."""
+    c = Console()
+    return c if c.is_terminal else Console(width=200)
+
+
 def print_grid(spec: ExperimentSpec) -> None:
-    console = Console()
+    console = wide_console()
     table = Table(title=f"{spec.name}: {len(spec.cells)} cells x {len(spec.seeds)} seeds = {spec.n_trials} trials")
     table.add_column("#", justify="right")
     table.add_column("cell")
@@ -31,7 +37,7 @@ def print_grid(spec: ExperimentSpec) -> None:
 def print_status(storage: Any, study_name: str | None) -> None:
     import optuna
 
-    console = Console()
+    console = wide_console()
     summaries = optuna.get_all_study_summaries(storage, include_best_trial=False)
     names = [s.study_name for s in summaries]
     if study_name is not None and study_name not in names:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from harness.sweep.display import wide_console
 
 
 def finish_study(
@@ -26,7 +26,7 @@ def finish_study(
     data = load_study_data(study, tracker, command=command)
     expected = len(payload["cells"]) * len(payload["seeds"])
     finished = sum(1 for r in data.runs if r.status in ("completed", "diverged"))
-    console = Console()
+    console = wide_console()
     if finished:
         rows = ranking(data)
         console.print(render_ranking_table(rows, data))
