@@ -150,6 +150,18 @@ def _fast_path_ok(model: PreTrainedModel) -> bool:
     )
 
 
+def _joined(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Weights (and biases) of several Linear layers stacked into one, for a single matmul."""
+    weight = torch.cat([lin.weight for lin in linears], dim=0)
+    biases = [lin.bias for lin in linears]
+    if all(b is None for b in biases):
+        return weight, None
+    bias = torch.cat(
+        [b if b is not None else lin.weight.new_zeros(lin.weight.shape[0]) for b, lin in zip(biases, linears, strict=True)]
+    )
+    return weight, bias
+
+
 class _LlamaDecoder:
     """A functional re-statement of the Llama forward for sampling: same weights, same math.
 
@@ -191,6 +203,16 @@ class _LlamaDecoder:
         self.prompt_bias = emb.new_zeros(n_rows, 1, self.width, self.width).masked_fill_(
             ~allowed, neg
         )
+        # One matmul for q/k/v and one for gate/up per layer (weights joined once per call).
+        self.qkv = []
+        self.gate_up = []
+        for layer in base.layers:
+            a, m = layer.self_attn, layer.mlp
+            self.qkv.append(_joined(a.q_proj, a.k_proj, a.v_proj))
+            self.gate_up.append(_joined(m.gate_proj, m.up_proj))
+        self.q_dim = self.n_heads * self.head_dim
+        self.kv_dim = self.n_kv * self.head_dim
+        self.ff_dim = int(base.layers[0].mlp.gate_proj.weight.shape[0])
 
     @staticmethod
     def _rms(x: torch.Tensor, norm: Any) -> torch.Tensor:
@@ -214,9 +236,7 @@ class _LlamaDecoder:
         for i, layer in enumerate(base.layers):
             attn, mlp = layer.self_attn, layer.mlp
             x = self._rms(h, layer.input_layernorm)
-            q = F.linear(x, attn.q_proj.weight, attn.q_proj.bias)
-            k = F.linear(x, attn.k_proj.weight, attn.k_proj.bias)
-            v = F.linear(x, attn.v_proj.weight, attn.v_proj.bias)
+            q, k, v = F.linear(x, *self.qkv[i]).split((self.q_dim, self.kv_dim, self.kv_dim), dim=-1)
             q = self._rope(q.view(n, s, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
             k = self._rope(k.view(n, s, self.n_kv, self.head_dim).transpose(1, 2), cos, sin)
             self.k_buf[i][:, :, start:end] = k
@@ -232,8 +252,7 @@ class _LlamaDecoder:
             o = o.transpose(1, 2).reshape(n, s, self.n_heads * self.head_dim)
             h = h + F.linear(o, attn.o_proj.weight, attn.o_proj.bias)
             x = self._rms(h, layer.post_attention_layernorm)
-            gate = F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias)
-            up = F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias)
+            gate, up = F.linear(x, *self.gate_up[i]).split((self.ff_dim, self.ff_dim), dim=-1)
             h = h + F.linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
         h = self._rms(h[:, -1], base.norm)
         head = self.model.lm_head
