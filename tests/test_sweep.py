@@ -115,19 +115,19 @@ def test_postgresql_study_with_four_workers_runs_each_cell_seed_exactly_once(tmp
         assert password not in blob
 
 
-def _start_ablate(exp: Path, results: Path, workers: int = 1) -> subprocess.Popen:
+def _start_ablate(exp: Path, results: Path, workers: int = 1, storage: list[str] | None = None) -> subprocess.Popen:
     env = {**os.environ, "HARNESS_HEARTBEAT_S": "1", "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "harness", "ablate", str(exp), "--workers", str(workers), "--results-dir", str(results), "--no-report"],
+        [sys.executable, "-m", "harness", "ablate", str(exp), "--workers", str(workers), "--results-dir", str(results), "--no-report", *(storage or [])],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
     )
 
 
-def _wait_for_running(results: Path, study: str, timeout: float = 60) -> None:
+def _wait_for_running(results: Path, study: str, timeout: float = 60, storage: str | None = None) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
-            if any(t.state.name == "RUNNING" for t in trials(results, study)):
+            if any(t.state.name == "RUNNING" for t in trials(results, study, storage)):
                 return
         except Exception:
             pass
@@ -135,21 +135,27 @@ def _wait_for_running(results: Path, study: str, timeout: float = 60) -> None:
     raise AssertionError("no trial started")
 
 
-def test_killed_worker_trial_is_retried_and_its_run_ends_killed(tmp_path):
+@pytest.mark.parametrize("backend", ["journal", "postgresql"])
+def test_killed_worker_trial_is_retried_and_its_run_ends_killed(tmp_path, backend, request):
+    storage = None
+    if backend == "postgresql":
+        pg = request.getfixturevalue("pg")
+        storage = pg.create_database("killed_" + str(abs(hash(str(tmp_path))) % 10**6))
+    extra = ["--storage", storage] if storage else []
     exp = write_exp(tmp_path, name="killed", steps=400, seeds=1)  # long enough to be killed mid-trial
     results = tmp_path / "results"
-    proc = _start_ablate(exp, results)
-    _wait_for_running(results, "killed")
+    proc = _start_ablate(exp, results, storage=extra)
+    _wait_for_running(results, "killed", storage=storage)
     time.sleep(1)
     os.killpg(proc.pid, signal.SIGKILL)  # coordinator and worker, mid-trial
     proc.wait()
     env = {**os.environ, "HARNESS_HEARTBEAT_S": "1"}
     r = subprocess.run(
-        [sys.executable, "-m", "harness", "ablate", str(exp), "--workers", "1", "--results-dir", str(results), "--no-report"],
+        [sys.executable, "-m", "harness", "ablate", str(exp), "--workers", "1", "--results-dir", str(results), "--no-report", *extra],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    ts = trials(results, "killed")
+    ts = trials(results, "killed", storage)
     complete = [(t.user_attrs["cell"], t.user_attrs["seed"]) for t in ts if t.state.name == "COMPLETE"]
     assert sorted(complete) == [("c_clip=3", 0), ("c_clip=none", 0)]
     assert any(t.state.name == "FAIL" for t in ts), [(t.number, t.state.name, t.user_attrs, t.system_attrs) for t in ts]  # the dead worker's trial

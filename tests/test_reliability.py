@@ -1,0 +1,98 @@
+"""Faults and hygiene: a diverging cell inside a sweep, unusable results directories, checkpoint
+loading, file permissions."""
+
+import re
+import stat
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from harness.cli import app
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_diverged_run_is_a_failed_trial_with_reason_and_the_sweep_goes_on(tmp_path):
+    doc = yaml.safe_load((ROOT / "experiments" / "smoke.yaml").read_text())
+    doc.update(
+        name="diverge",
+        grid={"optim.lr": [1e-3, 1e20]},
+        seeds=1,
+        steps=40,
+        baseline={"optim.lr": 1e-3},
+    )
+    doc["base"]["optim"] = {"grad_clip": None}
+    exp = tmp_path / "diverge.yaml"
+    exp.write_text(yaml.safe_dump(doc))
+    results = tmp_path / "results"
+    runner = CliRunner()
+    r = runner.invoke(app, ["ablate", str(exp), "--workers", "2", "--results-dir", str(results)])
+    assert r.exit_code == 0, r.output
+
+    import optuna
+
+    from harness.sweep.storage import make_storage
+
+    trials = optuna.load_study(study_name="diverge", storage=make_storage(None, results)).get_trials()
+    by_cell = {t.user_attrs["cell"]: t for t in trials}
+    bad, good = by_cell["lr=1e+20"], by_cell["lr=0.001"]
+    assert good.state.name == "COMPLETE"
+    assert bad.state.name == "FAIL" and bad.user_attrs["outcome"] == "diverged"
+    assert re.match(r"diverged at step \d+: ", bad.user_attrs["reason"])
+    step = int(re.match(r"diverged at step (\d+)", bad.user_attrs["reason"]).group(1))
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{results / 'mlflow.db'}")
+    run = client.get_run(bad.user_attrs["run_id"])
+    assert run.info.status == "FAILED"
+    assert run.data.tags["run.reason"] == bad.user_attrs["reason"]
+    history = client.get_metric_history(run.info.run_id, "objective/reward")
+    assert len(history) == step  # metrics kept up to the divergence
+    report = (results / "diverge" / "report.md").read_text()
+    assert "1/1" in report and "diverged at step" in report  # counted and explained
+
+    # a resume does not re-run a diverged trial: it is a result
+    r2 = runner.invoke(app, ["ablate", str(exp), "--results-dir", str(results), "--no-report"])
+    assert r2.exit_code == 0 and "2 already done, 0 enqueued" in r2.output
+
+
+def test_results_dir_that_cannot_be_created_or_is_full_is_a_clear_error(tmp_path, monkeypatch):
+    runner = CliRunner()
+    r = runner.invoke(app, ["ablate", "experiments/smoke.yaml", "--results-dir", "/proc/harness-results"])
+    assert r.exit_code == 2 and "results dir '/proc/harness-results': cannot create it" in r.output
+    assert "Traceback" not in r.output
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    r = runner.invoke(app, ["run", "--set", "steps=1", "--results-dir", str(a_file / "sub")])
+    assert r.exit_code == 2 and "cannot create it" in r.output
+
+    import harness.fsutil as fsutil
+
+    class Usage:
+        free = 1024
+
+    monkeypatch.setattr(fsutil.shutil, "disk_usage", lambda p: Usage())
+    results = tmp_path / "full"
+    r = runner.invoke(app, ["ablate", "experiments/smoke.yaml", "--results-dir", str(results)])
+    assert r.exit_code == 2 and "0 MiB free" in r.output
+    assert not (results / "optuna-journal.log").exists() and not (results / "mlflow.db").exists()
+
+
+def test_checkpoints_are_never_unpickled():
+    """Weights are loaded with safetensors or torch.load(weights_only=True), never plain pickle."""
+    for path in (ROOT / "harness").rglob("*.py"):
+        text = path.read_text()
+        for m in re.finditer(r"torch\.load\(([^)]*)\)", text):
+            assert "weights_only=True" in m.group(1), f"{path}: {m.group(0)}"
+        assert "pickle.load" not in text, path
+    assert "safetensors" in (ROOT / "harness" / "warmstart.py").read_text()
+
+
+def test_nothing_in_results_is_world_writable(tmp_path):
+    results = tmp_path / "results"
+    r = CliRunner().invoke(app, ["ablate", "experiments/smoke.yaml", "--results-dir", str(results)])
+    assert r.exit_code == 0, r.output
+    offenders = [p for p in [results, *results.rglob("*")] if p.stat().st_mode & stat.S_IWOTH]
+    assert not offenders, offenders
