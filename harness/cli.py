@@ -33,6 +33,7 @@ def _root() -> None:
     for name in ("mlflow", "alembic", "optuna"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
+
 ResultsDir = Annotated[
     Path, typer.Option("--results-dir", help="Where embedded stores, caches and reports go.")
 ]
@@ -68,10 +69,14 @@ def user_errors(fn: F) -> F:
 @app.command("run")
 @user_errors
 def run_cmd(
-    config: Annotated[Path | None, typer.Argument(help="Run config YAML (omit for the defaults).")] = None,
+    config: Annotated[
+        Path | None, typer.Argument(help="Run config YAML (omit for the defaults).")
+    ] = None,
     set_: Annotated[
         list[str] | None,
-        typer.Option("--set", help="Override a config key, e.g. --set ppo.eps_clip=0.3 (repeatable)."),
+        typer.Option(
+            "--set", help="Override a config key, e.g. --set ppo.eps_clip=0.3 (repeatable)."
+        ),
     ] = None,
     experiment: Annotated[str, typer.Option(help="MLflow experiment name.")] = "harness-run",
     run_name: Annotated[str | None, typer.Option(help="MLflow run name.")] = None,
@@ -95,7 +100,11 @@ def run_cmd(
     from harness.console import run_with_progress
 
     result, rid = run_with_progress(
-        cfg, tracker, experiment=experiment, run_name=run_name or f"{cfg.task}-seed{cfg.seed}", results_dir=results_dir
+        cfg,
+        tracker,
+        experiment=experiment,
+        run_name=run_name or f"{cfg.task}-seed{cfg.seed}",
+        results_dir=results_dir,
     )
     if result.status != "completed":
         sys.exit(1)
@@ -149,8 +158,9 @@ def _check_store_urls(storage: str | None, tracking_uri: str | None) -> None:
 
 
 def _command_line() -> str:
-    from harness.redact import redact_text
     import shlex
+
+    from harness.redact import redact_text
 
     return redact_text("harness " + " ".join(shlex.quote(a) for a in sys.argv[1:]), [])
 
@@ -158,19 +168,37 @@ def _command_line() -> str:
 @app.command("ablate")
 @user_errors
 def ablate_cmd(
-    experiment_file: Annotated[Path, typer.Argument(help="Experiment YAML (grid of cells x seeds).")],
+    experiment_file: Annotated[
+        Path, typer.Argument(help="Experiment YAML (grid of cells x seeds).")
+    ],
     workers: Annotated[int, typer.Option("--workers", help="Local worker processes.")] = 1,
     devices: Annotated[
-        str | None, typer.Option("--devices", help="Comma-separated devices, one worker each (e.g. cuda:0,cuda:1).")
+        str | None,
+        typer.Option(
+            "--devices", help="Comma-separated devices, one worker each (e.g. cuda:0,cuda:1)."
+        ),
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the grid and exit.")] = False,
-    study_name: Annotated[str | None, typer.Option("--study-name", help="Study name (default: the experiment's name).")] = None,
+    study_name: Annotated[
+        str | None,
+        typer.Option("--study-name", help="Study name (default: the experiment's name)."),
+    ] = None,
     storage: Storage = None,
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("results"),
-    fail_fast: Annotated[bool, typer.Option("--fail-fast", help="Stop the sweep at the first failed (errored) trial.")] = False,
-    max_retries: Annotated[int, typer.Option("--max-retries", help="Retry a trial that failed with an error up to N times.")] = 0,
-    report: Annotated[bool, typer.Option("--report/--no-report", help="Write the report at the end.")] = True,
+    fail_fast: Annotated[
+        bool,
+        typer.Option("--fail-fast", help="Stop the sweep at the first failed (errored) trial."),
+    ] = False,
+    max_retries: Annotated[
+        int,
+        typer.Option(
+            "--max-retries", help="Retry a trial that failed with an error up to N times."
+        ),
+    ] = 0,
+    report: Annotated[
+        bool, typer.Option("--report/--no-report", help="Write the report at the end.")
+    ] = True,
 ) -> None:
     """Run every (cell, seed) of an ablation grid; resumable; ends with a ranking and a report."""
     from harness.configtools import ConfigError
@@ -225,11 +253,18 @@ def ablate_cmd(
         threads=0,
     )
     counts = run_local_workers(
-        workers, opts, devices=device_list, total=spec.n_trials, done_before=done, fail_fast=fail_fast
+        workers,
+        opts,
+        devices=device_list,
+        total=spec.n_trials,
+        done_before=done,
+        fail_fast=fail_fast,
     )
     from harness.sweep.finish import finish_study
 
-    finished = finish_study(study, tracker, payload, command=command, results_dir=results_dir, write_report=report)
+    finished = finish_study(
+        study, tracker, payload, command=command, results_dir=results_dir, write_report=report
+    )
     if counts.get("interrupted_by_user"):
         typer.echo("interrupted: run the same command again to resume", err=True)
         raise typer.Exit(130)
@@ -242,8 +277,13 @@ def ablate_cmd(
 def search_cmd(
     experiment_file: Annotated[Path, typer.Argument(help="Experiment YAML with a search section.")],
     workers: Annotated[int, typer.Option("--workers", help="Local worker processes.")] = 1,
-    devices: Annotated[str | None, typer.Option("--devices", help="Comma-separated devices, one worker each.")] = None,
-    study_name: Annotated[str | None, typer.Option("--study-name", help="Study name (default: the experiment's name).")] = None,
+    devices: Annotated[
+        str | None, typer.Option("--devices", help="Comma-separated devices, one worker each.")
+    ] = None,
+    study_name: Annotated[
+        str | None,
+        typer.Option("--study-name", help="Study name (default: the experiment's name)."),
+    ] = None,
     storage: Storage = None,
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("results"),
@@ -256,16 +296,33 @@ def search_cmd(
         raise ConfigError(f"--workers: must be >= 1; got {workers}")
     spec = load_experiment(experiment_file)
     if spec.search is None:
-        raise ConfigError(f"{experiment_file}: has no search section; run a grid with `harness ablate`")
+        raise ConfigError(
+            f"{experiment_file}: has no search section; run a grid with `harness ablate`"
+        )
     device_list = [d.strip() for d in devices.split(",")] if devices else None
     _check_store_urls(storage, tracking_uri)
     optuna_storage, tracker = _stores(storage, tracking_uri, results_dir)
     from harness.sweep.search import finish_search, open_search_study, run_search_workers
 
-    study, payload = open_search_study(spec, storage=optuna_storage, tracker=tracker, study_name=study_name, command=_command_line())
-    typer.echo(f"study {study.study_name!r}: up to {spec.search.n_trials} trials x {len(spec.seeds)} seeds, {workers} worker(s)", err=True)
+    study, payload = open_search_study(
+        spec,
+        storage=optuna_storage,
+        tracker=tracker,
+        study_name=study_name,
+        command=_command_line(),
+    )
+    typer.echo(
+        f"study {study.study_name!r}: up to {spec.search.n_trials} trials x {len(spec.seeds)} seeds, {workers} worker(s)",
+        err=True,
+    )
     interrupted = run_search_workers(
-        spec, study.study_name, n_workers=workers, storage_url=storage, tracking_uri=tracking_uri, results_dir=results_dir, devices=device_list
+        spec,
+        study.study_name,
+        n_workers=workers,
+        storage_url=storage,
+        tracking_uri=tracking_uri,
+        results_dir=results_dir,
+        devices=device_list,
     )
     finish_search(study, tracker, payload)
     if interrupted:
@@ -278,11 +335,15 @@ def search_cmd(
 def worker_cmd(
     study: Annotated[str, typer.Option("--study", help="Study to join.")],
     storage: Storage = None,
-    device: Annotated[str | None, typer.Option("--device", help="Device for this worker (cpu, cuda:N).")] = None,
+    device: Annotated[
+        str | None, typer.Option("--device", help="Device for this worker (cpu, cuda:N).")
+    ] = None,
     threads: Annotated[int, typer.Option("--threads", help="torch CPU threads.")] = 1,
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("results"),
-    wait: Annotated[bool, typer.Option("--wait/--exit-when-idle", help="Keep polling for new trials.")] = False,
+    wait: Annotated[
+        bool, typer.Option("--wait/--exit-when-idle", help="Keep polling for new trials.")
+    ] = False,
 ) -> None:
     """Join a running study (from another machine or GPU) and work through its waiting trials."""
     import signal as _signal
@@ -297,7 +358,9 @@ def worker_cmd(
     try:
         optuna.load_study(study_name=study, storage=optuna_storage)
     except KeyError:
-        raise ConfigError(f"--study: no study named {study!r} in this storage (see `harness status`)") from None
+        raise ConfigError(
+            f"--study: no study named {study!r} in this storage (see `harness status`)"
+        ) from None
     from harness.sweep.worker import WorkerOptions, worker_loop
 
     stop = threading.Event()
@@ -306,7 +369,9 @@ def worker_cmd(
 
     def emit(e: dict[str, Any]) -> None:
         if e["event"] == "done":
-            typer.echo(f"{e['cell']} seed={e['seed']}: {e['outcome']} {e.get('reason') or ''}", err=True)
+            typer.echo(
+                f"{e['cell']} seed={e['seed']}: {e['outcome']} {e.get('reason') or ''}", err=True
+            )
 
     counts = worker_loop(
         WorkerOptions(
@@ -372,16 +437,31 @@ def report_cmd(
     if SPEC_ATTR not in st.user_attrs:
         raise ConfigError(f"study: {study!r} was not made by `harness ablate`")
     payload = json.loads(st.user_attrs[SPEC_ATTR])
-    finish_study(st, tracker, payload, command=_command_line(), results_dir=results_dir, write_report=True, end_parent=False)
+    finish_study(
+        st,
+        tracker,
+        payload,
+        command=_command_line(),
+        results_dir=results_dir,
+        write_report=True,
+        end_parent=False,
+    )
 
 
 @app.command("ui")
 @user_errors
 def ui_cmd(
-    start: Annotated[bool, typer.Option("--start", help="Start the UIs (default: print the commands).")] = False,
-    host: Annotated[str, typer.Option("--host", help="Interface to bind (127.0.0.1 unless you mean to expose it).")] = "127.0.0.1",
+    start: Annotated[
+        bool, typer.Option("--start", help="Start the UIs (default: print the commands).")
+    ] = False,
+    host: Annotated[
+        str,
+        typer.Option("--host", help="Interface to bind (127.0.0.1 unless you mean to expose it)."),
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="MLflow UI port.")] = 5000,
-    dashboard_port: Annotated[int, typer.Option("--dashboard-port", help="optuna-dashboard port.")] = 8080,
+    dashboard_port: Annotated[
+        int, typer.Option("--dashboard-port", help="optuna-dashboard port.")
+    ] = 8080,
     storage: Storage = None,
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("results"),
@@ -390,7 +470,15 @@ def ui_cmd(
     from harness.sweep.ui import ui
 
     _check_store_urls(storage, tracking_uri)
-    ui(start=start, host=host, port=port, dashboard_port=dashboard_port, storage=storage, tracking_uri=tracking_uri, results_dir=results_dir)
+    ui(
+        start=start,
+        host=host,
+        port=port,
+        dashboard_port=dashboard_port,
+        storage=storage,
+        tracking_uri=tracking_uri,
+        results_dir=results_dir,
+    )
 
 
 def main() -> None:  # pragma: no cover

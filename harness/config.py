@@ -35,7 +35,9 @@ def _h(text: str) -> dict[str, str]:
 class PPOActorConfig:
     """PPO actor options (AReaL's ``PPOActorConfig`` names; the brief's API)."""
 
-    eps_clip: float = field(default=0.2, metadata=_h("Lower clip ε: ratio clipped to [1-ε, 1+ε_hi]."))
+    eps_clip: float = field(
+        default=0.2, metadata=_h("Lower clip ε: ratio clipped to [1-ε, 1+ε_hi].")
+    )
     eps_clip_higher: float | None = field(
         default=None, metadata=_h("Upper clip ε_hi (DAPO clip-higher); null = eps_clip.")
     )
@@ -46,18 +48,24 @@ class PPOActorConfig:
         "disabled", "token_mask", "token_truncate", "sequence_mask", "sequence_truncate"
     ] = field(
         default="disabled",
-        metadata=_h("Behaviour importance weight π_prox/π_behave (AReaL v1.0.0.post1-v1.0.3 modes)."),
+        metadata=_h(
+            "Behaviour importance weight π_prox/π_behave (AReaL v1.0.0.post1-v1.0.3 modes)."
+        ),
     )
     behave_imp_weight_cap: float | None = field(
         default=None, metadata=_h("Cap for the behaviour weight (> 1); null = no bound.")
     )
     rejection_sampling: RejectionSampling | None = field(
         default=None,
-        metadata=_h("AReaL v1.0.4+ behaviour weighting {level, action, metric, agg, upper, lower}."),
+        metadata=_h(
+            "AReaL v1.0.4+ behaviour weighting {level, action, metric, agg, upper, lower}."
+        ),
     )
     use_decoupled_loss: bool = field(
         default=False,
-        metadata=_h("Decoupled PPO: clip against π_prox recomputed before the update, not π_behave."),
+        metadata=_h(
+            "Decoupled PPO: clip against π_prox recomputed before the update, not π_behave."
+        ),
     )
     recompute_logprob: bool = field(
         default=False, metadata=_h("Recompute the old log-probs with the training forward pass.")
@@ -179,7 +187,9 @@ class OptimConfig:
 
 @dataclass
 class CriticConfig:
-    enabled: bool = field(default=False, metadata=_h("Train a value model for GAE (PPO); off = critic-free."))
+    enabled: bool = field(
+        default=False, metadata=_h("Train a value model for GAE (PPO); off = critic-free.")
+    )
     lr: float = field(default=1e-3, metadata=_h("Critic learning rate."))
     value_clip: float | None = field(
         default=0.5, metadata=_h("Value clipping ε_v around the old values (null = off).")
@@ -192,7 +202,9 @@ class CriticConfig:
 
 @dataclass
 class WarmStartConfig:
-    steps: int = field(default=0, metadata=_h("Supervised steps on demonstrations before RL (0 = off)."))
+    steps: int = field(
+        default=0, metadata=_h("Supervised steps on demonstrations before RL (0 = off).")
+    )
     lr: float = field(default=3e-3, metadata=_h("Warm-start learning rate."))
     batch_size: int = field(default=32, metadata=_h("Warm-start batch size."))
 
@@ -205,7 +217,9 @@ class WarmStartConfig:
 
 @dataclass
 class EvalConfig:
-    every: int = field(default=25, metadata=_h("Greedy evaluation every N steps (0 = only at the end)."))
+    every: int = field(
+        default=25, metadata=_h("Greedy evaluation every N steps (0 = only at the end).")
+    )
     n_prompts: int = field(default=64, metadata=_h("Held-out prompts per evaluation."))
 
     def __post_init__(self) -> None:
@@ -221,7 +235,9 @@ class RunConfig:
 
     seed: int = field(default=0, metadata=_h("Seed of model init, prompts and sampling."))
     steps: int = field(default=200, metadata=_h("Training steps (rollout + update)."))
-    model: str = field(default="tiny", metadata=_h("'tiny' or a local Hugging Face model directory."))
+    model: str = field(
+        default="tiny", metadata=_h("'tiny' or a local Hugging Face model directory.")
+    )
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig, metadata=_h("Tiny model shape."))
     task: str = field(
         default="reverse",
@@ -232,14 +248,18 @@ class RunConfig:
     ppo: PPOActorConfig = field(default_factory=PPOActorConfig, metadata=_h("PPO actor."))
     optim: OptimConfig = field(default_factory=OptimConfig, metadata=_h("Policy optimizer."))
     critic: CriticConfig = field(default_factory=CriticConfig, metadata=_h("Value model."))
-    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig, metadata=_h("SFT warm-up."))
+    warm_start: WarmStartConfig = field(
+        default_factory=WarmStartConfig, metadata=_h("SFT warm-up.")
+    )
     eval: EvalConfig = field(default_factory=EvalConfig, metadata=_h("Held-out evaluation."))
     device: str = field(default="cpu", metadata=_h("auto | cpu | cuda | cuda:N."))
     bf16: bool = field(default=False, metadata=_h("bf16 autocast (CUDA only)."))
     threads: int = field(default=0, metadata=_h("torch CPU threads (0 = leave torch's default)."))
     diverge_after: int = field(
         default=3,
-        metadata=_h("Consecutive steps whose every update was non-finite before a run counts as diverged."),
+        metadata=_h(
+            "Consecutive steps whose every update was non-finite before a run counts as diverged."
+        ),
     )
 
     def __post_init__(self) -> None:
@@ -289,7 +309,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}:{where} is not valid YAML ({getattr(err, 'problem', err)})") from None
+        raise ConfigError(
+            f"{path}:{where} is not valid YAML ({getattr(err, 'problem', err)})"
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: must hold a mapping of config keys")
     return data

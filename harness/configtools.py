@@ -45,7 +45,9 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         return value
     if origin is Literal:
         allowed = get_args(tp)
-        if value in allowed and not (isinstance(value, bool) and True not in allowed and False not in allowed):
+        if value in allowed and not (
+            isinstance(value, bool) and True not in allowed and False not in allowed
+        ):
             return value
         raise ConfigError(f"{path}: must be {_type_name(tp)}; got {value!r}")
     if origin in (Union, types.UnionType):
@@ -174,7 +176,7 @@ def set_path(d: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """"ppo.eps_clip=0.3" → ("ppo.eps_clip", 0.3); the value is parsed as YAML."""
+    """ "ppo.eps_clip=0.3" → ("ppo.eps_clip", 0.3); the value is parsed as YAML."""
     if "=" not in text:
         raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. --set ppo.eps_clip=0.3")
     key, raw = text.split("=", 1)

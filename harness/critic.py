@@ -23,8 +23,8 @@ def value_loss(
 ) -> torch.Tensor:
     """AReaL's ``ppo_critic_loss_fn`` (``ppo-semantics.md`` §3, critic loss):
 
-        V_clip = V_old + clamp(V − V_old, −ε_v, ε_v)
-        loss   = masked mean of max(½(V − G)², ½(V_clip − G)²)      (no clipping: ½(V − G)²)
+    V_clip = V_old + clamp(V − V_old, −ε_v, ε_v)
+    loss   = masked mean of max(½(V − G)², ½(V_clip − G)²)      (no clipping: ½(V − G)²)
     """
     m = mask.bool()
     err = 0.5 * (values - returns) ** 2
@@ -57,7 +57,7 @@ class ValueModel(torch.nn.Module):
         if base is None:
             raise ValueError("the critic needs a causal LM with a `.model` trunk (e.g. Llama)")
         self.trunk = copy.deepcopy(base)
-        hidden = policy.config.hidden_size
+        hidden = int(policy.config.hidden_size)  # type: ignore[union-attr,arg-type]
         self.head = torch.nn.Linear(hidden, 1)
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)

@@ -40,7 +40,15 @@ from harness.config import (
 from harness.configtools import ConfigError, deep_merge, is_config_path, to_dict
 
 TOP_KEYS = {
-    "name", "description", "base", "grid", "seeds", "steps", "baseline", "metric", "direction",
+    "name",
+    "description",
+    "base",
+    "grid",
+    "seeds",
+    "steps",
+    "baseline",
+    "metric",
+    "direction",
     "search",
 }
 METRIC_PREFIXES = ("final/", "best/", "stability/")
@@ -139,11 +147,17 @@ def _err(file: str, key: str, msg: str) -> ConfigError:
     return ConfigError(f"{file}: {key}: {msg}")
 
 
-def _check_overrides(file: str, where: str, overrides: dict[str, Any], base: dict[str, Any]) -> None:
+def _check_overrides(
+    file: str, where: str, overrides: dict[str, Any], base: dict[str, Any]
+) -> None:
     for path, value in overrides.items():
         full = resolve_alias(path)
         if not is_config_path(RunConfig, full):
-            raise _err(file, where, f"{path!r} is not a run-config path (e.g. ppo.eps_clip, ppo.adv_norm.mean_level, rollout.staleness)")
+            raise _err(
+                file,
+                where,
+                f"{path!r} is not a run-config path (e.g. ppo.eps_clip, ppo.adv_norm.mean_level, rollout.staleness)",
+            )
         try:
             cfg = build_run_config(apply_overrides(base, {full: value}))
             validate_task(cfg)
@@ -160,7 +174,11 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
         raise _err(file, unknown[0], f"unknown key (allowed: {', '.join(sorted(TOP_KEYS))})")
     name = raw.get("name")
     if not isinstance(name, str) or not name or not all(c.isalnum() or c in "-_." for c in name):
-        raise _err(file, "name", f"must be a non-empty string of letters, digits, '-', '_', '.'; got {name!r}")
+        raise _err(
+            file,
+            "name",
+            f"must be a non-empty string of letters, digits, '-', '_', '.'; got {name!r}",
+        )
     description = raw.get("description", "")
     if not isinstance(description, str):
         raise _err(file, "description", "must be a string")
@@ -168,9 +186,11 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
     # base: mapping or a path relative to the experiment file
     base_raw = raw.get("base", {})
     if isinstance(base_raw, str):
-        base_path = (Path(file).parent / base_raw)
+        base_path = Path(file).parent / base_raw
         if not base_path.is_file():
-            raise _err(file, "base", f"file {base_raw!r} not found (relative to {Path(file).parent})")
+            raise _err(
+                file, "base", f"file {base_raw!r} not found (relative to {Path(file).parent})"
+            )
         base_raw = load_yaml(base_path)
     if not isinstance(base_raw, dict):
         raise _err(file, "base", "must be a mapping of run-config keys or a path to a run config")
@@ -189,20 +209,34 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
     seeds_raw = raw.get("seeds", 1)
     if isinstance(seeds_raw, int) and not isinstance(seeds_raw, bool):
         if seeds_raw < 1:
-            raise _err(file, "seeds", f"must be a count >= 1 or a list of seeds >= 0; got {seeds_raw}")
+            raise _err(
+                file, "seeds", f"must be a count >= 1 or a list of seeds >= 0; got {seeds_raw}"
+            )
         seeds = list(range(seeds_raw))
-    elif isinstance(seeds_raw, list) and seeds_raw and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds_raw):
+    elif (
+        isinstance(seeds_raw, list)
+        and seeds_raw
+        and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds_raw)
+    ):
         if any(s < 0 for s in seeds_raw):
             raise _err(file, "seeds", f"seeds must be >= 0; got {seeds_raw}")
         if len(set(seeds_raw)) != len(seeds_raw):
             raise _err(file, "seeds", f"duplicate seeds in {seeds_raw}")
         seeds = list(seeds_raw)
     else:
-        raise _err(file, "seeds", f"must be a count >= 1 or a non-empty list of integers; got {seeds_raw!r}")
+        raise _err(
+            file,
+            "seeds",
+            f"must be a count >= 1 or a non-empty list of integers; got {seeds_raw!r}",
+        )
 
     metric = raw.get("metric", "final/reward")
     if not isinstance(metric, str) or not metric.startswith(METRIC_PREFIXES):
-        raise _err(file, "metric", f"must be a run-summary key starting with {', '.join(METRIC_PREFIXES)}; got {metric!r}")
+        raise _err(
+            file,
+            "metric",
+            f"must be a run-summary key starting with {', '.join(METRIC_PREFIXES)}; got {metric!r}",
+        )
     direction = raw.get("direction", "maximize")
     if direction not in ("maximize", "minimize"):
         raise _err(file, "direction", f"must be 'maximize' or 'minimize'; got {direction!r}")
@@ -226,20 +260,32 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
                 raise _err(file, "grid", f"axis names must be strings; got {axis!r}")
             canonical = "variant" if axis == "variant" else resolve_alias(axis)
             if canonical in seen:
-                raise _err(file, f"grid.{axis}", "duplicate axis (the same config path appears twice)")
+                raise _err(
+                    file, f"grid.{axis}", "duplicate axis (the same config path appears twice)"
+                )
             seen.add(canonical)
             if axis == "variant":
                 if not isinstance(values, dict) or not values:
-                    raise _err(file, "grid.variant", "must be a non-empty mapping of variant name -> {config path: value}")
+                    raise _err(
+                        file,
+                        "grid.variant",
+                        "must be a non-empty mapping of variant name -> {config path: value}",
+                    )
                 for vname, vover in values.items():
                     if not isinstance(vover, dict):
-                        raise _err(file, f"grid.variant.{vname}", "must be a mapping of config path -> value")
+                        raise _err(
+                            file,
+                            f"grid.variant.{vname}",
+                            "must be a mapping of config path -> value",
+                        )
                     _check_overrides(file, f"grid.variant.{vname}", vover, base)
                     variants[str(vname)] = {resolve_alias(k): v for k, v in vover.items()}
                 axes["variant"] = list(variants)
             else:
                 if not isinstance(values, list) or not values:
-                    raise _err(file, f"grid.{axis}", f"must be a non-empty list of values; got {values!r}")
+                    raise _err(
+                        file, f"grid.{axis}", f"must be a non-empty list of values; got {values!r}"
+                    )
                 if len({json.dumps(v, sort_keys=True, default=str) for v in values}) != len(values):
                     raise _err(file, f"grid.{axis}", f"duplicate values in {values}")
                 for v in values:
@@ -249,7 +295,11 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
         for vname, vover in variants.items():
             clash = set(vover) & set(axes)
             if clash:
-                raise _err(file, f"grid.variant.{vname}", f"sets {sorted(clash)[0]!r}, which is also a grid axis")
+                raise _err(
+                    file,
+                    f"grid.variant.{vname}",
+                    f"sets {sorted(clash)[0]!r}, which is also a grid axis",
+                )
         axis_names = list(axes)
         for combo in itertools.product(*axes.values()):
             choice = dict(zip(axis_names, combo, strict=True))
@@ -280,7 +330,11 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
             want = {("variant" if k == "variant" else resolve_alias(k)): v for k, v in b.items()}
             unknown_axes = [k for k in want if k not in axes]
             if unknown_axes:
-                raise _err(file, "baseline", f"{unknown_axes[0]!r} is not a grid axis (axes: {', '.join(axes)})")
+                raise _err(
+                    file,
+                    "baseline",
+                    f"{unknown_axes[0]!r} is not a grid axis (axes: {', '.join(axes)})",
+                )
             match = [c for c in cells if all(c.choice.get(k) == v for k, v in want.items())]
         else:
             raise _err(file, "baseline", "must be a cell label or a mapping axis -> value")
@@ -308,13 +362,17 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
     )
 
 
-def _parse_search(file: str, raw: Any, base: dict[str, Any], metric: str, direction: str) -> SearchSpec:
+def _parse_search(
+    file: str, raw: Any, base: dict[str, Any], metric: str, direction: str
+) -> SearchSpec:
     if not isinstance(raw, dict):
         raise _err(file, "search", "must be a mapping with n_trials, params, objectives, pruner")
     allowed = {"n_trials", "params", "objectives", "pruner", "sampler_seed"}
     unknown = sorted(set(raw) - allowed)
     if unknown:
-        raise _err(file, f"search.{unknown[0]}", f"unknown key (allowed: {', '.join(sorted(allowed))})")
+        raise _err(
+            file, f"search.{unknown[0]}", f"unknown key (allowed: {', '.join(sorted(allowed))})"
+        )
     n_trials = raw.get("n_trials")
     if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
         raise _err(file, "search.n_trials", f"must be an integer >= 1; got {n_trials!r}")
@@ -332,7 +390,11 @@ def _parse_search(file: str, raw: Any, base: dict[str, Any], metric: str, direct
         t = spec["type"]
         extra = sorted(set(spec) - {"type", "low", "high", "log", "step", "choices"})
         if extra:
-            raise _err(file, f"{where}.{extra[0]}", "unknown key (allowed: type, low, high, log, step, choices)")
+            raise _err(
+                file,
+                f"{where}.{extra[0]}",
+                "unknown key (allowed: type, low, high, log, step, choices)",
+            )
         if t == "categorical":
             choices = spec.get("choices")
             if not isinstance(choices, list) or not choices:
@@ -343,7 +405,12 @@ def _parse_search(file: str, raw: Any, base: dict[str, Any], metric: str, direct
         else:
             low, high = spec.get("low"), spec.get("high")
             num = (int,) if t == "int" else (int, float)
-            if not isinstance(low, num) or not isinstance(high, num) or isinstance(low, bool) or low >= high:
+            if (
+                not isinstance(low, num)
+                or not isinstance(high, num)
+                or isinstance(low, bool)
+                or low >= high
+            ):
                 raise _err(file, where, f"needs numeric low < high; got low={low!r}, high={high!r}")
             log = spec.get("log", False)
             if not isinstance(log, bool) or (log and low <= 0):
@@ -357,12 +424,24 @@ def _parse_search(file: str, raw: Any, base: dict[str, Any], metric: str, direct
     objectives = []
     for i, o in enumerate(objectives_raw):
         if not isinstance(o, dict) or set(o) - {"metric", "direction"}:
-            raise _err(file, f"search.objectives[{i}]", "must be {metric: KEY, direction: maximize|minimize}")
+            raise _err(
+                file,
+                f"search.objectives[{i}]",
+                "must be {metric: KEY, direction: maximize|minimize}",
+            )
         m, d = o.get("metric"), o.get("direction", "maximize")
         if not isinstance(m, str) or not m.startswith(METRIC_PREFIXES):
-            raise _err(file, f"search.objectives[{i}].metric", f"must start with {', '.join(METRIC_PREFIXES)}; got {m!r}")
+            raise _err(
+                file,
+                f"search.objectives[{i}].metric",
+                f"must start with {', '.join(METRIC_PREFIXES)}; got {m!r}",
+            )
         if d not in ("maximize", "minimize"):
-            raise _err(file, f"search.objectives[{i}].direction", f"must be maximize or minimize; got {d!r}")
+            raise _err(
+                file,
+                f"search.objectives[{i}].direction",
+                f"must be maximize or minimize; got {d!r}",
+            )
         objectives.append((m, d))
     pruner = raw.get("pruner", "median")
     if pruner not in ("median", "wilcoxon", "none"):
@@ -372,7 +451,9 @@ def _parse_search(file: str, raw: Any, base: dict[str, Any], metric: str, direct
     seed = raw.get("sampler_seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise _err(file, "search.sampler_seed", f"must be an integer >= 0; got {seed!r}")
-    return SearchSpec(n_trials=n_trials, params=params, objectives=objectives, pruner=pruner, sampler_seed=seed)
+    return SearchSpec(
+        n_trials=n_trials, params=params, objectives=objectives, pruner=pruner, sampler_seed=seed
+    )
 
 
 def merged_base(spec: ExperimentSpec) -> dict[str, Any]:

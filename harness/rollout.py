@@ -157,7 +157,10 @@ def _joined(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | Non
     if all(b is None for b in biases):
         return weight, None
     bias = torch.cat(
-        [b if b is not None else lin.weight.new_zeros(lin.weight.shape[0]) for b, lin in zip(biases, linears, strict=True)]
+        [
+            b if b is not None else lin.weight.new_zeros(lin.weight.shape[0])
+            for b, lin in zip(biases, linears, strict=True)
+        ]
     )
     return weight, bias
 
@@ -236,7 +239,9 @@ class _LlamaDecoder:
         for i, layer in enumerate(base.layers):
             attn, mlp = layer.self_attn, layer.mlp
             x = self._rms(h, layer.input_layernorm)
-            q, k, v = F.linear(x, *self.qkv[i]).split((self.q_dim, self.kv_dim, self.kv_dim), dim=-1)
+            q, k, v = F.linear(x, *self.qkv[i]).split(
+                (self.q_dim, self.kv_dim, self.kv_dim), dim=-1
+            )
             q = self._rope(q.view(n, s, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
             k = self._rope(k.view(n, s, self.n_kv, self.head_dim).transpose(1, 2), cos, sin)
             self.k_buf[i][:, :, start:end] = k

@@ -22,8 +22,12 @@ class RunData:
     seed: int
     status: RunStatus
     reason: str = ""  # e.g. "diverged at step 17: non-finite policy parameters after the update"
-    summary: dict[str, float] = field(default_factory=dict)  # final/*, best/*, stability/* (run level)
-    history: dict[str, list[float]] = field(default_factory=dict)  # per-step keys, NaN where missing
+    summary: dict[str, float] = field(
+        default_factory=dict
+    )  # final/*, best/*, stability/* (run level)
+    history: dict[str, list[float]] = field(
+        default_factory=dict
+    )  # per-step keys, NaN where missing
     inert_clip: bool = False  # the configuration makes the policy ratio identically 1
     task: str = ""  # task spec of the run (stratification key when a study spans several tasks)
     run_id: str | None = None  # tracker (MLflow) run id

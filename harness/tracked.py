@@ -13,7 +13,7 @@ import yaml
 from harness.config import RunConfig
 from harness.configtools import flatten, to_dict
 from harness.provenance import provenance_tags
-from harness.tracking import Tracker
+from harness.tracking import RunStatus, Tracker
 from harness.train import RunResult, run
 
 
@@ -52,8 +52,12 @@ def finish_tracked_run(tracker: Tracker, rid: str, result: RunResult) -> None:
     if result.reason:
         tags["run.reason"] = result.reason
     tracker.set_tags(rid, tags)
-    status = {"completed": "FINISHED", "diverged": "FAILED", "interrupted": "KILLED"}[result.status]
-    tracker.end_run(rid, status)
+    statuses: dict[str, RunStatus] = {
+        "completed": "FINISHED",
+        "diverged": "FAILED",
+        "interrupted": "KILLED",
+    }
+    tracker.end_run(rid, statuses[result.status])
 
 
 def tracked_run(
@@ -88,9 +92,10 @@ def tracked_run(
     try:
         result = run(cfg, on_metrics=on_metrics, should_stop=should_stop, results_dir=results_dir)
     except BaseException as err:
-        tracker.set_tags(rid, {"run.status": "failed", "run.reason": f"{type(err).__name__}: {err}"[:500]})
-        status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
-        tracker.end_run(rid, status)
+        tracker.set_tags(
+            rid, {"run.status": "failed", "run.reason": f"{type(err).__name__}: {err}"[:500]}
+        )
+        tracker.end_run(rid, "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
         raise
     finish_tracked_run(tracker, rid, result)
     return result, rid

@@ -122,7 +122,9 @@ def run(
     autocast_dtype = torch.bfloat16 if (cfg.bf16 and device.type == "cuda") else None
 
     # ---- models: policy (optionally warm-started), frozen reference, behaviour copy, critic
-    model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.seed, device=str(device), tiny=cfg.tiny)
+    model, tokenizer = load_model_and_tokenizer(
+        cfg.model, seed=cfg.seed, device=str(device), tiny=cfg.tiny
+    )
     tags: dict[str, str] = {}
     if cfg.warm_start.steps > 0:
         from harness.warmstart import cached_warm_start
@@ -144,7 +146,9 @@ def run(
     model.train()
     ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.ppo.kl_ctl > 0 else None
     ring = StalenessRing(cfg.rollout.staleness)
-    behaviour_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.rollout.staleness else None
+    behaviour_model = (
+        copy.deepcopy(model).eval().requires_grad_(False) if cfg.rollout.staleness else None
+    )
     ring.push(model)
 
     critic = critic_opt = None
@@ -192,7 +196,7 @@ def run(
     def record(step: int, metrics: dict[str, float]) -> None:
         for k, v in metrics.items():
             history.setdefault(k, [math.nan] * step).append(float(v))
-        for k, seq in history.items():  # keys not logged this step get NaN
+        for seq in history.values():  # keys not logged this step get NaN
             if len(seq) < step + 1:
                 seq.append(math.nan)
         if on_metrics is not None:
@@ -223,7 +227,9 @@ def run(
                     generator=gen,
                 )
             except RuntimeError as err:  # multinomial on NaN/inf probabilities
-                raise Diverged(step, f"non-finite probabilities while sampling ({str(err).splitlines()[0]})") from None
+                raise Diverged(
+                    step, f"non-finite probabilities while sampling ({str(err).splitlines()[0]})"
+                ) from None
             if not torch.isfinite(rb.logprobs).all():
                 raise Diverged(step, "non-finite behaviour log-probs in the rollout")
             t_rollout = time.perf_counter() - t0
@@ -243,7 +249,9 @@ def run(
             }
             with torch.no_grad():
                 if ref_model is not None:
-                    batch["ref_logprobs"] = forward_logprobs(ref_model, rb.input_ids, rb.attention_mask, temperature=cfg.ppo.temperature)[0]
+                    batch["ref_logprobs"] = forward_logprobs(
+                        ref_model, rb.input_ids, rb.attention_mask, temperature=cfg.ppo.temperature
+                    )[0]
                 if critic is not None:
                     batch["values"] = critic(rb.input_ids, rb.attention_mask)
 
@@ -276,13 +284,17 @@ def run(
             metrics = {
                 "objective/reward": float(rewards.mean()),
                 "objective/reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
-                "objective/kl": float(batch["kl"][m].mean()) if ref_model is not None and m.any() else 0.0,
+                "objective/kl": float(batch["kl"][m].mean())
+                if ref_model is not None and m.any()
+                else 0.0,
                 "advantages/mean": float(adv.mean()) if adv.numel() else 0.0,
                 "advantages/std": float(adv.std()) if adv.numel() > 1 else 0.0,
                 "advantages/abs_max": float(adv.abs().max()) if adv.numel() else 0.0,
                 "rollout/response_length": float(rb.response_lens.float().mean()),
                 "rollout/truncated_frac": float(rb.truncated.float().mean()),
-                "rollout/zero_std_groups": float((groups.max(1).values == groups.min(1).values).float().mean()),
+                "rollout/zero_std_groups": float(
+                    (groups.max(1).values == groups.min(1).values).float().mean()
+                ),
                 "rollout/staleness": float(ring.lag if behaviour_model is not None else 0),
                 "optim/lr": float(scheduler.get_last_lr()[0]),
                 "perf/step_time": step_time,
@@ -293,12 +305,19 @@ def run(
             }
             is_last = step == cfg.steps - 1
             if is_last or (cfg.eval.every and (step + 1) % cfg.eval.every == 0):
-                metrics.update(evaluate(model, tokenizer, task, eval_examples, max_new_tokens=max_new, device=device))
+                metrics.update(
+                    evaluate(
+                        model, tokenizer, task, eval_examples, max_new_tokens=max_new, device=device
+                    )
+                )
             check_names(metrics)
             record(step, metrics)
             steps_done = step + 1
             if bad_steps >= cfg.diverge_after:
-                raise Diverged(step, f"loss or gradient norm non-finite in every update for {bad_steps} consecutive steps")
+                raise Diverged(
+                    step,
+                    f"loss or gradient norm non-finite in every update for {bad_steps} consecutive steps",
+                )
     except Diverged as err:
         status, reason = "diverged", str(err)
         tags["diverged_step"] = str(err.step)
@@ -333,13 +352,25 @@ def _critic_update(critic, opt, batch: dict[str, Any], cfg: RunConfig) -> dict[s
     m_all = batch["mask"]
     old_values = batch["values"]
     losses: list[float] = []
-    bins = [b for b in minibatch_indices([int(c) for c in m_all.sum(1).tolist()], cfg.ppo.ppo_n_minibatches) if b]
+    bins = [
+        b
+        for b in minibatch_indices(
+            [int(c) for c in m_all.sum(1).tolist()], cfg.ppo.ppo_n_minibatches
+        )
+        if b
+    ]
     critic.train()
     for idx in bins:
         index = torch.tensor(idx, device=m_all.device)
         ids, att = batch["input_ids"][index], batch["attention_mask"][index]
         v = critic(ids, att)
-        loss = value_loss(v, old_values[index], batch["returns"][index], m_all[index], value_clip=cfg.critic.value_clip)
+        loss = value_loss(
+            v,
+            old_values[index],
+            batch["returns"][index],
+            m_all[index],
+            value_clip=cfg.critic.value_clip,
+        )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(critic.parameters(), cfg.optim.grad_clip or math.inf)

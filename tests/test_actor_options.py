@@ -20,7 +20,9 @@ def setup():
     tok = build_tokenizer()
     model = build_model(tok, TINY, seed=0)
     gen = torch.Generator().manual_seed(0)
-    rb = sample(model, tok, ["123>", "4567>", "89>", "2468>"], n_samples=4, max_new_tokens=6, generator=gen)
+    rb = sample(
+        model, tok, ["123>", "4567>", "89>", "2468>"], n_samples=4, max_new_tokens=6, generator=gen
+    )
     g = torch.Generator().manual_seed(1)
     # Stale behaviour log-probs: the data look as if a different policy had sampled them.
     stale = rb.logprobs + rb.loss_mask * torch.randn(rb.logprobs.shape, generator=g) * 0.5
@@ -52,8 +54,12 @@ LOSS_OPTIONS = {
     "eps_clip": dict(eps_clip=0.05),
     "eps_clip_higher": dict(eps_clip_higher=0.02),
     "c_clip": dict(c_clip=1.05),
-    "behave_imp_weight_mode": dict(use_decoupled_loss=True, behave_imp_weight_mode="token_truncate", behave_imp_weight_cap=1.2),
-    "rejection_sampling": dict(use_decoupled_loss=True, rejection_sampling=RejectionSampling(upper=1.2)),
+    "behave_imp_weight_mode": dict(
+        use_decoupled_loss=True, behave_imp_weight_mode="token_truncate", behave_imp_weight_cap=1.2
+    ),
+    "rejection_sampling": dict(
+        use_decoupled_loss=True, rejection_sampling=RejectionSampling(upper=1.2)
+    ),
     "use_decoupled_loss": dict(use_decoupled_loss=True),
     "recompute_logprob": dict(recompute_logprob=True),
     "importance_sampling_level": dict(importance_sampling_level="sequence"),
@@ -79,8 +85,18 @@ def test_option_changes_the_loss(setup, option):
 
 
 def test_behave_cap_changes_the_loss(setup):
-    a = loss_with(setup, use_decoupled_loss=True, behave_imp_weight_mode="token_mask", behave_imp_weight_cap=1.1)
-    b = loss_with(setup, use_decoupled_loss=True, behave_imp_weight_mode="token_mask", behave_imp_weight_cap=3.0)
+    a = loss_with(
+        setup,
+        use_decoupled_loss=True,
+        behave_imp_weight_mode="token_mask",
+        behave_imp_weight_cap=1.1,
+    )
+    b = loss_with(
+        setup,
+        use_decoupled_loss=True,
+        behave_imp_weight_mode="token_mask",
+        behave_imp_weight_cap=3.0,
+    )
     assert a != pytest.approx(b, rel=1e-6)
 
 
@@ -99,11 +115,19 @@ def test_kl_ctl_changes_advantages_only_with_a_reference(setup):
     model, batch = setup
     ref = batch["logprobs"] - 0.3 * batch["loss_mask"]
     plain = PPOActor(BASE, model).compute_advantages(dict(batch))["advantages"]
-    no_ref = PPOActor(dataclasses.replace(BASE, kl_ctl=0.5), model).compute_advantages(dict(batch))["advantages"]
-    with_ref = PPOActor(dataclasses.replace(BASE, kl_ctl=0.5), model).compute_advantages({**batch, "ref_logprobs": ref})["advantages"]
-    assert torch.equal(plain, no_ref)  # no reference model: no KL term at all (not AReaL's Q1 bonus)
+    no_ref = PPOActor(dataclasses.replace(BASE, kl_ctl=0.5), model).compute_advantages(dict(batch))[
+        "advantages"
+    ]
+    with_ref = PPOActor(dataclasses.replace(BASE, kl_ctl=0.5), model).compute_advantages(
+        {**batch, "ref_logprobs": ref}
+    )["advantages"]
+    assert torch.equal(
+        plain, no_ref
+    )  # no reference model: no KL term at all (not AReaL's Q1 bonus)
     assert not torch.allclose(plain, with_ref)
-    k3 = PPOActor(dataclasses.replace(BASE, kl_ctl=0.5, kl_estimator="k3"), model).compute_advantages({**batch, "ref_logprobs": ref})["advantages"]
+    k3 = PPOActor(
+        dataclasses.replace(BASE, kl_ctl=0.5, kl_estimator="k3"), model
+    ).compute_advantages({**batch, "ref_logprobs": ref})["advantages"]
     assert not torch.allclose(with_ref, k3)
 
 
@@ -177,7 +201,14 @@ def test_brief_examples_run_with_only_import_changes():
     loss2, stats2 = actor.compute_loss(dict(rollout_batch))
     assert torch.isfinite(loss2) and "behave_imp_weight" in stats2
 
-    norm_cfg = NC(mean_level="group", group_size=512, std_level="group", std_unbiased=True, mean_leave1out=True, eps=1e-6)
+    norm_cfg = NC(
+        mean_level="group",
+        group_size=512,
+        std_level="group",
+        std_unbiased=True,
+        mean_leave1out=True,
+        eps=1e-6,
+    )
     config = PPOConfig(eps_clip=0.2, adv_norm=norm_cfg)
     actor = Actor(config)
     loss3, _ = actor.compute_loss(dict(rollout_batch))

@@ -18,7 +18,13 @@ BASE = {
 
 
 def exp(**kw):
-    doc = {"name": "bad", "base": BASE, "grid": {"ppo.eps_clip": [0.1, 0.2]}, "seeds": 1, "steps": 2}
+    doc = {
+        "name": "bad",
+        "base": BASE,
+        "grid": {"ppo.eps_clip": [0.1, 0.2]},
+        "seeds": 1,
+        "steps": 2,
+    }
     doc.update(kw)
     return {k: v for k, v in doc.items() if v is not None}
 
@@ -36,31 +42,56 @@ def with_base(**over):
 
 CASES = {
     "unknown-top-key": (exp(gird={"a": [1]}), "gird: unknown key"),
-    "unknown-config-key": (exp(base=with_base(**{"ppo.eps_clipp": 0.2})), "ppo.eps_clipp: unknown key"),
-    "wrong-type": (exp(base=with_base(**{"ppo.eps_clip": "wide"})), "ppo.eps_clip: must be a number"),
+    "unknown-config-key": (
+        exp(base=with_base(**{"ppo.eps_clipp": 0.2})),
+        "ppo.eps_clipp: unknown key",
+    ),
+    "wrong-type": (
+        exp(base=with_base(**{"ppo.eps_clip": "wide"})),
+        "ppo.eps_clip: must be a number",
+    ),
     "eps-clip-zero": (exp(grid={"ppo.eps_clip": [0.0, 0.2]}), "eps_clip must be > 0"),
-    "eps-clip-higher-negative": (exp(grid={"ppo.eps_clip_higher": [-0.1]}), "eps_clip_higher must be >= 0"),
+    "eps-clip-higher-negative": (
+        exp(grid={"ppo.eps_clip_higher": [-0.1]}),
+        "eps_clip_higher must be >= 0",
+    ),
     "c-clip-not-above-one": (exp(grid={"ppo.c_clip": [1.0, 3.0]}), "c_clip must be > 1"),
     "cap-not-above-one": (
-        exp(base=with_base(**{"ppo.behave_imp_weight_mode": "token_mask", "ppo.use_decoupled_loss": True}),
-            grid={"ppo.behave_imp_weight_cap": [1.0]}),
+        exp(
+            base=with_base(
+                **{"ppo.behave_imp_weight_mode": "token_mask", "ppo.use_decoupled_loss": True}
+            ),
+            grid={"ppo.behave_imp_weight_cap": [1.0]},
+        ),
         "behave_imp_weight_cap must be > 1",
     ),
-    "unknown-behave-mode": (exp(grid={"ppo.behave_imp_weight_mode": ["token_clip"]}), "behave_imp_weight_mode: must be one of"),
-    "unknown-norm-level": (exp(grid={"adv_norm.mean_level": ["token"]}), "mean_level: must be one of"),
+    "unknown-behave-mode": (
+        exp(grid={"ppo.behave_imp_weight_mode": ["token_clip"]}),
+        "behave_imp_weight_mode: must be one of",
+    ),
+    "unknown-norm-level": (
+        exp(grid={"adv_norm.mean_level": ["token"]}),
+        "mean_level: must be one of",
+    ),
     "group-size-not-dividing": (
         exp(grid={"reward_norm": [{"mean_level": "group", "std_level": "group", "group_size": 3}]}),
         "group_size 3 must equal rollout.n_samples",
     ),
     "empty-grid": (exp(grid={}), "grid: must be a non-empty mapping"),
     "empty-axis": (exp(grid={"ppo.eps_clip": []}), "must be a non-empty list"),
-    "duplicate-axis": (exp(grid={"ppo.adv_norm.mean_level": ["batch"], "adv_norm.mean_level": ["group"]}), "duplicate axis"),
+    "duplicate-axis": (
+        exp(grid={"ppo.adv_norm.mean_level": ["batch"], "adv_norm.mean_level": ["group"]}),
+        "duplicate axis",
+    ),
     "duplicate-values": (exp(grid={"ppo.eps_clip": [0.2, 0.2]}), "duplicate values"),
     "axis-not-a-config-path": (exp(grid={"ppo.clip_eps": [0.2]}), "is not a run-config path"),
     "baseline-not-a-cell": (exp(baseline={"ppo.eps_clip": 0.3}), "baseline"),
     "baseline-axis-unknown": (exp(baseline={"ppo.c_clip": 3}), "is not a grid axis"),
     "unknown-task": (exp(base=with_base(task="multiply")), "task"),
-    "missing-model-dir": (exp(base=with_base(model="/nonexistent/model")), "model: directory '/nonexistent/model' does not exist"),
+    "missing-model-dir": (
+        exp(base=with_base(model="/nonexistent/model")),
+        "model: directory '/nonexistent/model' does not exist",
+    ),
     "negative-seed": (exp(seeds=[0, -1]), "seeds must be >= 0"),
     "zero-seeds": (exp(seeds=0), "seeds: must be a count >= 1"),
     "seeds-wrong-type": (exp(seeds="three"), "seeds: must be a count"),
@@ -71,9 +102,24 @@ CASES = {
         exp(grid={"ppo.eps_clip": [0.2], "variant": {"a": {"ppo.eps_clip": 0.3}}}),
         "also a grid axis",
     ),
-    "grid-and-search": (exp(search={"n_trials": 2, "params": {"ppo.eps_clip": {"type": "float", "low": 0.1, "high": 0.3}}}), "either grid or search"),
+    "grid-and-search": (
+        exp(
+            search={
+                "n_trials": 2,
+                "params": {"ppo.eps_clip": {"type": "float", "low": 0.1, "high": 0.3}},
+            }
+        ),
+        "either grid or search",
+    ),
     "rs-and-behave-mode": (
-        exp(base=with_base(**{"ppo.behave_imp_weight_mode": "token_mask", "ppo.rejection_sampling": {"upper": 2.0}})),
+        exp(
+            base=with_base(
+                **{
+                    "ppo.behave_imp_weight_mode": "token_mask",
+                    "ppo.rejection_sampling": {"upper": 2.0},
+                }
+            )
+        ),
         "not both",
     ),
     "missing-name": (exp(name=None), "name: must be a non-empty string"),
@@ -122,9 +168,15 @@ def test_malformed_jsonl_task(tmp_path, runner):
 def test_invalid_yaml_and_missing_file(tmp_path, runner):
     f = tmp_path / "bad.yaml"
     f.write_text("name: x\ngrid: [unclosed\n")
-    assert_clean_failure(runner.invoke(app, ["ablate", str(f), "--results-dir", str(tmp_path / "r")]), "not valid YAML", tmp_path / "r")
     assert_clean_failure(
-        runner.invoke(app, ["ablate", str(tmp_path / "nope.yaml"), "--results-dir", str(tmp_path / "r")]),
+        runner.invoke(app, ["ablate", str(f), "--results-dir", str(tmp_path / "r")]),
+        "not valid YAML",
+        tmp_path / "r",
+    )
+    assert_clean_failure(
+        runner.invoke(
+            app, ["ablate", str(tmp_path / "nope.yaml"), "--results-dir", str(tmp_path / "r")]
+        ),
         "file not found",
         tmp_path / "r",
     )
@@ -133,9 +185,15 @@ def test_invalid_yaml_and_missing_file(tmp_path, runner):
 @pytest.mark.parametrize(
     "args,expect",
     [
-        (["--storage", "postgresql://harness:s3cret@127.0.0.1:1/nodb"], "cannot connect to postgresql://harness:***@127.0.0.1:1/nodb"),
+        (
+            ["--storage", "postgresql://harness:s3cret@127.0.0.1:1/nodb"],
+            "cannot connect to postgresql://harness:***@127.0.0.1:1/nodb",
+        ),
         (["--storage", "redis://localhost"], "--storage: scheme 'redis' is not supported"),
-        (["--tracking-uri", "ftp://example/mlflow"], "--tracking-uri: scheme 'ftp' is not supported"),
+        (
+            ["--tracking-uri", "ftp://example/mlflow"],
+            "--tracking-uri: scheme 'ftp' is not supported",
+        ),
         (["--workers", "0"], "--workers: must be >= 1"),
         (["--max-retries", "-1"], "--max-retries: must be >= 0"),
         (["--devices", "tpu:0"], "--devices: 'tpu:0' is not cpu, cuda or cuda:N"),
@@ -143,7 +201,9 @@ def test_invalid_yaml_and_missing_file(tmp_path, runner):
 )
 def test_bad_command_lines(args, expect, tmp_path, runner):
     results = tmp_path / "results"
-    result = runner.invoke(app, ["ablate", "experiments/smoke.yaml", "--results-dir", str(results), *args])
+    result = runner.invoke(
+        app, ["ablate", "experiments/smoke.yaml", "--results-dir", str(results), *args]
+    )
     assert_clean_failure(result, expect, results)
     assert "s3cret" not in result.output
 

@@ -34,7 +34,9 @@ def test_diverged_run_is_a_failed_trial_with_reason_and_the_sweep_goes_on(tmp_pa
 
     from harness.sweep.storage import make_storage
 
-    trials = optuna.load_study(study_name="diverge", storage=make_storage(None, results)).get_trials()
+    trials = optuna.load_study(
+        study_name="diverge", storage=make_storage(None, results)
+    ).get_trials()
     by_cell = {t.user_attrs["cell"]: t for t in trials}
     bad, good = by_cell["lr=1e+20"], by_cell["lr=0.001"]
     assert good.state.name == "COMPLETE"
@@ -60,7 +62,9 @@ def test_diverged_run_is_a_failed_trial_with_reason_and_the_sweep_goes_on(tmp_pa
 
 def test_results_dir_that_cannot_be_created_or_is_full_is_a_clear_error(tmp_path, monkeypatch):
     runner = CliRunner()
-    r = runner.invoke(app, ["ablate", "experiments/smoke.yaml", "--results-dir", "/proc/harness-results"])
+    r = runner.invoke(
+        app, ["ablate", "experiments/smoke.yaml", "--results-dir", "/proc/harness-results"]
+    )
     assert r.exit_code == 2 and "results dir '/proc/harness-results': cannot create it" in r.output
     assert "Traceback" not in r.output
     a_file = tmp_path / "file"

@@ -64,7 +64,13 @@ def test_two_worker_sweep_tracks_parent_and_children_and_resumes(tmp_path):
         assert c.data.tags["mlflow.parentRunId"] == pid
         assert c.info.status == "FINISHED"
         assert c.data.tags["ablation.cell"] in ("c_clip=none", "c_clip=3")
-        assert {"git.commit", "harness.grid_hash", "optuna.trial_number", "seed", "version.torch"} <= set(c.data.tags)
+        assert {
+            "git.commit",
+            "harness.grid_hash",
+            "optuna.trial_number",
+            "seed",
+            "version.torch",
+        } <= set(c.data.tags)
         assert "final/reward" in c.data.metrics and "ppo.c_clip" in c.data.params
         assert len(client.get_metric_history(c.info.run_id, "objective/reward")) == 3
     arts = [a.path for a in client.list_artifacts(pid, "report")]
@@ -83,7 +89,11 @@ def test_two_worker_sweep_tracks_parent_and_children_and_resumes(tmp_path):
     # a changed grid under the same name is refused, nothing is enqueued
     changed = write_exp(tmp_path, grid={"ppo.c_clip": [None, 5.0]})
     r3 = runner.invoke(app, ["ablate", str(changed), "--results-dir", str(results)])
-    assert r3.exit_code == 2 and "already exists with a different grid" in r3.output and "--study-name" in r3.output
+    assert (
+        r3.exit_code == 2
+        and "already exists with a different grid" in r3.output
+        and "--study-name" in r3.output
+    )
     assert len(trials(results, "smoke")) == 4
 
     # status shows it
@@ -92,7 +102,9 @@ def test_two_worker_sweep_tracks_parent_and_children_and_resumes(tmp_path):
 
 
 def test_dry_run_prints_the_grid_and_writes_nothing(tmp_path):
-    r = CliRunner().invoke(app, ["ablate", "experiments/clip.yaml", "--dry-run", "--results-dir", str(tmp_path / "r")])
+    r = CliRunner().invoke(
+        app, ["ablate", "experiments/clip.yaml", "--dry-run", "--results-dir", str(tmp_path / "r")]
+    )
     assert r.exit_code == 0
     assert "12 cells x 5 seeds = 60 trials" in r.output
     assert "eps_clip=0.2 eps_clip_higher=none c_clip=none" in r.output
@@ -100,9 +112,19 @@ def test_dry_run_prints_the_grid_and_writes_nothing(tmp_path):
 
 
 def test_postgresql_study_with_four_workers_runs_each_cell_seed_exactly_once(tmp_path, pg_url):
-    exp = write_exp(tmp_path, name="pgsweep", grid={"ppo.eps_clip": [0.1, 0.2, 0.3, 0.4]}, seeds=2, steps=2, baseline={"ppo.eps_clip": 0.2})
+    exp = write_exp(
+        tmp_path,
+        name="pgsweep",
+        grid={"ppo.eps_clip": [0.1, 0.2, 0.3, 0.4]},
+        seeds=2,
+        steps=2,
+        baseline={"ppo.eps_clip": 0.2},
+    )
     results = tmp_path / "results"
-    r = CliRunner().invoke(app, ["ablate", str(exp), "--workers", "4", "--storage", pg_url, "--results-dir", str(results)])
+    r = CliRunner().invoke(
+        app,
+        ["ablate", str(exp), "--workers", "4", "--storage", pg_url, "--results-dir", str(results)],
+    )
     assert r.exit_code == 0, r.output
     ts = trials(results, "pgsweep", pg_url)
     keys = [(t.user_attrs["cell"], t.user_attrs["seed"]) for t in ts]
@@ -115,15 +137,35 @@ def test_postgresql_study_with_four_workers_runs_each_cell_seed_exactly_once(tmp
         assert password not in blob
 
 
-def _start_ablate(exp: Path, results: Path, workers: int = 1, storage: list[str] | None = None) -> subprocess.Popen:
+def _start_ablate(
+    exp: Path, results: Path, workers: int = 1, storage: list[str] | None = None
+) -> subprocess.Popen:
     env = {**os.environ, "HARNESS_HEARTBEAT_S": "1", "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "harness", "ablate", str(exp), "--workers", str(workers), "--results-dir", str(results), "--no-report", *(storage or [])],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "ablate",
+            str(exp),
+            "--workers",
+            str(workers),
+            "--results-dir",
+            str(results),
+            "--no-report",
+            *(storage or []),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
 
 
-def _wait_for_running(results: Path, study: str, timeout: float = 60, storage: str | None = None) -> None:
+def _wait_for_running(
+    results: Path, study: str, timeout: float = 60, storage: str | None = None
+) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
@@ -142,7 +184,9 @@ def test_killed_worker_trial_is_retried_and_its_run_ends_killed(tmp_path, backen
         pg = request.getfixturevalue("pg")
         storage = pg.create_database("killed_" + str(abs(hash(str(tmp_path))) % 10**6))
     extra = ["--storage", storage] if storage else []
-    exp = write_exp(tmp_path, name="killed", steps=400, seeds=1)  # long enough to be killed mid-trial
+    exp = write_exp(
+        tmp_path, name="killed", steps=400, seeds=1
+    )  # long enough to be killed mid-trial
     results = tmp_path / "results"
     proc = _start_ablate(exp, results, storage=extra)
     _wait_for_running(results, "killed", storage=storage)
@@ -151,14 +195,34 @@ def test_killed_worker_trial_is_retried_and_its_run_ends_killed(tmp_path, backen
     proc.wait()
     env = {**os.environ, "HARNESS_HEARTBEAT_S": "1"}
     r = subprocess.run(
-        [sys.executable, "-m", "harness", "ablate", str(exp), "--workers", "1", "--results-dir", str(results), "--no-report", *extra],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "ablate",
+            str(exp),
+            "--workers",
+            "1",
+            "--results-dir",
+            str(results),
+            "--no-report",
+            *extra,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     ts = trials(results, "killed", storage)
-    complete = [(t.user_attrs["cell"], t.user_attrs["seed"]) for t in ts if t.state.name == "COMPLETE"]
+    complete = [
+        (t.user_attrs["cell"], t.user_attrs["seed"]) for t in ts if t.state.name == "COMPLETE"
+    ]
     assert sorted(complete) == [("c_clip=3", 0), ("c_clip=none", 0)]
-    assert any(t.state.name == "FAIL" for t in ts), [(t.number, t.state.name, t.user_attrs, t.system_attrs) for t in ts]  # the dead worker's trial
+    assert any(t.state.name == "FAIL" for t in ts), [
+        (t.number, t.state.name, t.user_attrs, t.system_attrs) for t in ts
+    ]  # the dead worker's trial
     _, runs = mlflow_runs(results, "killed")
     statuses = sorted(r.info.status for r in runs if r.data.tags.get("harness.role") == "child")
     assert "RUNNING" not in statuses
@@ -181,15 +245,33 @@ def test_sigterm_stops_workers_quickly_and_rerun_resumes(tmp_path):
     assert any(t.user_attrs.get("outcome") == "interrupted" for t in ts)
     assert not any(t.state.name == "RUNNING" for t in ts)
     _, runs = mlflow_runs(results, "sigterm")
-    assert all(r.info.status != "RUNNING" for r in runs if r.data.tags.get("harness.role") == "child")
-    done_before = {(t.user_attrs["cell"], t.user_attrs["seed"]) for t in ts if t.state.name == "COMPLETE"}
+    assert all(
+        r.info.status != "RUNNING" for r in runs if r.data.tags.get("harness.role") == "child"
+    )
+    done_before = {
+        (t.user_attrs["cell"], t.user_attrs["seed"]) for t in ts if t.state.name == "COMPLETE"
+    }
     r = subprocess.run(
-        [sys.executable, "-m", "harness", "ablate", str(exp), "--results-dir", str(results), "--no-report"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "ablate",
+            str(exp),
+            "--results-dir",
+            str(results),
+            "--no-report",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert r.returncode == 0, r.stderr
     ts = trials(results, "sigterm")
-    complete = [(t.user_attrs["cell"], t.user_attrs["seed"]) for t in ts if t.state.name == "COMPLETE"]
+    complete = [
+        (t.user_attrs["cell"], t.user_attrs["seed"]) for t in ts if t.state.name == "COMPLETE"
+    ]
     assert sorted(complete) == sorted({("c_clip=3", 0), ("c_clip=none", 0)})
     assert len(complete) == 2  # nothing completed was redone
     assert done_before <= set(complete)
@@ -200,7 +282,18 @@ def test_one_and_two_workers_give_identical_histories(tmp_path):
     hist = {}
     for n in (1, 2):
         results = tmp_path / f"r{n}"
-        r = runner.invoke(app, ["ablate", str(SMOKE), "--workers", str(n), "--results-dir", str(results), "--no-report"])
+        r = runner.invoke(
+            app,
+            [
+                "ablate",
+                str(SMOKE),
+                "--workers",
+                str(n),
+                "--results-dir",
+                str(results),
+                "--no-report",
+            ],
+        )
         assert r.exit_code == 0, r.output
         client, runs = mlflow_runs(results, "smoke")
         out = {}
@@ -209,8 +302,18 @@ def test_one_and_two_workers_give_identical_histories(tmp_path):
                 continue
             key = (run.data.tags["ablation.cell"], run.data.tags["seed"])
             out[key] = {
-                m: [x.value for x in sorted(client.get_metric_history(run.info.run_id, m), key=lambda x: x.step)]
-                for m in ("objective/reward", "policy/entropy", "policy/approx_kl", "stability/grad_norm")
+                m: [
+                    x.value
+                    for x in sorted(
+                        client.get_metric_history(run.info.run_id, m), key=lambda x: x.step
+                    )
+                ]
+                for m in (
+                    "objective/reward",
+                    "policy/entropy",
+                    "policy/approx_kl",
+                    "stability/grad_norm",
+                )
             }
         hist[n] = out
     assert hist[1].keys() == hist[2].keys() and len(hist[1]) == 4

@@ -32,7 +32,13 @@ def cfg(**over):
 
 
 def test_same_config_and_seed_give_identical_histories(tmp_path):
-    c = cfg(**{"rollout.staleness": 1, "ppo.use_decoupled_loss": True, "ppo.behave_imp_weight_mode": "token_mask"})
+    c = cfg(
+        **{
+            "rollout.staleness": 1,
+            "ppo.use_decoupled_loss": True,
+            "ppo.behave_imp_weight_mode": "token_mask",
+        }
+    )
     a = run(c, results_dir=tmp_path)
     b = run(c, results_dir=tmp_path)
     keys = [k for k in a.history if not k.startswith("perf/")]
@@ -40,7 +46,9 @@ def test_same_config_and_seed_give_identical_histories(tmp_path):
     for k in keys:
         assert json.dumps(a.history[k]) == json.dumps(b.history[k]), k
     other = run(cfg(seed=1), results_dir=tmp_path)
-    assert other.history["policy/entropy"] != a.history["policy/entropy"]  # another seed, another run
+    assert (
+        other.history["policy/entropy"] != a.history["policy/entropy"]
+    )  # another seed, another run
 
 
 def test_inert_clip_is_detected_warned_and_tagged(tmp_path):
@@ -52,7 +60,9 @@ def test_inert_clip_is_detected_warned_and_tagged(tmp_path):
     assert all(v == 0.0 for v in res.history["policy/clipfrac"])
     assert max(abs(v - 1.0) for v in res.history["policy/ratio_max"]) < 1e-4
     # decoupled with one minibatch is inert even with stale data; 2 minibatches is not
-    assert clip_is_inert(cfg(**{"ppo.ppo_n_minibatches": 1, "rollout.staleness": 2, "ppo.use_decoupled_loss": True}))
+    assert clip_is_inert(
+        cfg(**{"ppo.ppo_n_minibatches": 1, "rollout.staleness": 2, "ppo.use_decoupled_loss": True})
+    )
     assert not clip_is_inert(cfg(**{"ppo.ppo_n_minibatches": 1, "rollout.staleness": 2}))
     assert not clip_is_inert(cfg())
 
@@ -99,7 +109,9 @@ def test_each_builtin_task_trains(task, tmp_path):
 
 def test_jsonl_and_python_tasks_train(tmp_path):
     data = tmp_path / "qa.jsonl"
-    data.write_text("\n".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) for i in range(20)))
+    data.write_text(
+        "\n".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) for i in range(20))
+    )
     assert run(cfg(task=f"jsonl:{data}", steps=2), results_dir=tmp_path).status == "completed"
     mod = tmp_path / "myreward.py"
     mod.write_text(
@@ -126,7 +138,10 @@ def test_warm_start_is_cached_and_reused(tmp_path):
     a = run(c, results_dir=tmp_path)
     files = sorted(p.name for p in (tmp_path / "warmstart").glob("*.safetensors"))
     b = run(c, results_dir=tmp_path)
-    assert len(files) == 1 and sorted(p.name for p in (tmp_path / "warmstart").glob("*.safetensors")) == files
+    assert (
+        len(files) == 1
+        and sorted(p.name for p in (tmp_path / "warmstart").glob("*.safetensors")) == files
+    )
     assert a.history["objective/reward"] == b.history["objective/reward"]
 
 

@@ -39,12 +39,38 @@ def test_ui_prints_commands_bound_to_loopback(tmp_path):
 
 def test_ui_start_serves_parent_and_children(tmp_path):
     results = tmp_path / "results"
-    r = CliRunner().invoke(app, ["ablate", "experiments/smoke.yaml", "--workers", "2", "--results-dir", str(results), "--no-report"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "ablate",
+            "experiments/smoke.yaml",
+            "--workers",
+            "2",
+            "--results-dir",
+            str(results),
+            "--no-report",
+        ],
+    )
     assert r.exit_code == 0, r.output
     port, dash = free_port(), free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "harness", "ui", "--start", "--port", str(port), "--dashboard-port", str(dash), "--results-dir", str(results)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "ui",
+            "--start",
+            "--port",
+            str(port),
+            "--dashboard-port",
+            str(dash),
+            "--results-dir",
+            str(results),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -55,15 +81,28 @@ def test_ui_start_serves_parent_and_children(tmp_path):
                 break
             except OSError:
                 if time.time() > deadline or proc.poll() is not None:
-                    raise AssertionError(proc.stdout.read().decode()[-3000:] if proc.poll() is not None else "UI did not start")
+                    raise AssertionError(
+                        proc.stdout.read().decode()[-3000:]
+                        if proc.poll() is not None
+                        else "UI did not start"
+                    ) from None
                 time.sleep(0.5)
-        exp = get(f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=smoke")["experiment"]
-        runs = get(f"{base}/api/2.0/mlflow/runs/search", {"experiment_ids": [exp["experiment_id"]], "max_results": 100})["runs"]
+        exp = get(f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=smoke")[
+            "experiment"
+        ]
+        runs = get(
+            f"{base}/api/2.0/mlflow/runs/search",
+            {"experiment_ids": [exp["experiment_id"]], "max_results": 100},
+        )["runs"]
         tags = [{t["key"]: t["value"] for t in run["data"].get("tags", [])} for run in runs]
         parents = [t for t in tags if t.get("harness.role") == "parent"]
         children = [t for t in tags if t.get("harness.role") == "child"]
         assert len(parents) == 1 and len(children) == 4
-        parent_id = [run["info"]["run_id"] for run, t in zip(runs, tags) if t.get("harness.role") == "parent"][0]
+        parent_id = [
+            run["info"]["run_id"]
+            for run, t in zip(runs, tags, strict=False)
+            if t.get("harness.role") == "parent"
+        ][0]
         assert all(t["mlflow.parentRunId"] == parent_id for t in children)
         assert {t["ablation.cell"] for t in children} == {"c_clip=none", "c_clip=3"}
         # bound to loopback only: the port is not open on another local address

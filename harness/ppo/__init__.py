@@ -26,6 +26,7 @@ def __getattr__(name: str):
         return getattr(config, name)
     raise AttributeError(name)
 
+
 __all__ = [
     "BEHAVE_MODES",
     "LOSS_AGG_MODES",

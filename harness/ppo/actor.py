@@ -110,7 +110,7 @@ class PPOActor:
         )
         with ctx:
             logp, ent = fn(
-                self.model,
+                self.model,  # type: ignore[arg-type]
                 batch["input_ids"],
                 batch["attention_mask"],
                 temperature=self.config.temperature,
@@ -186,7 +186,9 @@ class PPOActor:
             m,
             gamma=cfg.discount,
             lam=cfg.gae_lambda,
-            bootstrap=truncated if (truncated is not None and batch.get("values") is not None) else None,
+            bootstrap=truncated
+            if (truncated is not None and batch.get("values") is not None)
+            else None,
         )
         if cfg.adv_norm is not None:
             advantages = normalize(advantages, cfg.adv_norm, m, group_sizes=group_sizes)
@@ -210,7 +212,9 @@ class PPOActor:
         if "advantages" not in batch:
             self.compute_advantages(batch)
         if logprobs is None:
-            logprobs, entropy = self.compute_logp(batch, with_entropy=cfg.entropy_coef > 0 or self.model is not None)
+            logprobs, entropy = self.compute_logp(
+                batch, with_entropy=cfg.entropy_coef > 0 or self.model is not None
+            )
         m = batch["mask"]
         loss, stats = ppo_actor_loss(
             logprobs,
@@ -260,8 +264,15 @@ class PPOActor:
                     acc.add_skipped(float("nan"))
                     continue
                 loss.backward()
-                params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip or math.inf))
+                params = [
+                    p
+                    for g in self.optimizer.param_groups
+                    for p in g["params"]
+                    if p.grad is not None
+                ]
+                grad_norm = float(
+                    torch.nn.utils.clip_grad_norm_(params, self.grad_clip or math.inf)
+                )
                 if not math.isfinite(grad_norm):
                     self.optimizer.zero_grad(set_to_none=True)
                     acc.add_skipped(grad_norm)
@@ -356,7 +367,9 @@ class _StatsAccumulator:
             "policy/dual_clipfrac": mean("dual_clip_mask"),
             "policy/entropy": mean("entropy"),
             "policy/loss": sum(self.losses) / len(self.losses) if self.losses else nan,
-            "stability/grad_norm": sum(self.grad_norms) / len(self.grad_norms) if self.grad_norms else nan,
+            "stability/grad_norm": sum(self.grad_norms) / len(self.grad_norms)
+            if self.grad_norms
+            else nan,
             "stability/grad_norm_max": max(self.grad_norms) if self.grad_norms else nan,
             "stability/skipped_updates": float(self.skipped),
             "stability/nonfinite_count": float(self.nonfinite),

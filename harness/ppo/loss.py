@@ -327,7 +327,7 @@ def ppo_actor_loss(
         loss_mask=loss_mask,
     )
     if logprobs.dim() == 1:
-        loss, stats = ppo_actor_loss(
+        loss, row_stats = ppo_actor_loss(
             logprobs[None],
             proximal_logprobs[None],
             old_logprobs[None],
@@ -344,7 +344,7 @@ def ppo_actor_loss(
         )
         return loss, {
             k: (v[0] if isinstance(v, torch.Tensor) and v.dim() == 2 else v)
-            for k, v in stats.items()
+            for k, v in row_stats.items()
         }
     if logprobs.dim() != 2:
         raise ValueError(f"expected [B, T] or [T] tensors; got {tuple(logprobs.shape)}")

@@ -26,7 +26,9 @@ from harness.sweep.worker import HASH_ATTR, PARENT_ATTR, SPEC_ATTR, WorkerOption
 DONE_OUTCOMES = ("completed", "diverged")
 
 
-def spec_payload(spec: ExperimentSpec, *, tracking_uri: str | None, max_retries: int) -> dict[str, Any]:
+def spec_payload(
+    spec: ExperimentSpec, *, tracking_uri: str | None, max_retries: int
+) -> dict[str, Any]:
     """What workers (here or on other machines) need to run any trial of the study."""
     return {
         "experiment": spec.name,
@@ -82,7 +84,11 @@ def open_study(
             )
     except KeyError:
         study = with_retries(
-            lambda: optuna.create_study(study_name=name, storage=storage, direction=spec.direction)
+            lambda: optuna.create_study(
+                study_name=name,
+                storage=storage,
+                direction=spec.direction,  # type: ignore[arg-type]
+            )
         )
         study.set_user_attr(HASH_ATTR, grid_hash)
     payload = spec_payload(spec, tracking_uri=tracking_uri, max_retries=max_retries)
@@ -111,7 +117,9 @@ def open_study(
                 "grid.baseline": spec.baseline or "",
             },
         )
-        tracker.log_text(parent, Path(spec.path).read_text() if spec.path else "", "experiment.yaml")
+        tracker.log_text(
+            parent, Path(spec.path).read_text() if spec.path else "", "experiment.yaml"
+        )
         study.set_user_attr(PARENT_ATTR, parent)
     tracker.set_tags(parent, {"harness.command": command})
     payload["parent_run_id"] = parent
@@ -156,7 +164,7 @@ def enqueue_missing(study: Any, spec: ExperimentSpec) -> tuple[int, int]:
             if key in finished or key in pending:
                 continue
             attrs = {"cell": cell.label, "seed": seed, "attempt": 0}
-            with_retries(lambda a=attrs: study.enqueue_trial({}, user_attrs=a))
+            with_retries(lambda a=attrs: study.enqueue_trial({}, user_attrs=a))  # type: ignore[misc]
             n += 1
     return n, len(finished & {(c.label, s) for c in spec.cells for s in spec.seeds})
 

@@ -19,7 +19,9 @@ def wide_console() -> Console:
 
 def print_grid(spec: ExperimentSpec) -> None:
     console = wide_console()
-    table = Table(title=f"{spec.name}: {len(spec.cells)} cells x {len(spec.seeds)} seeds = {spec.n_trials} trials")
+    table = Table(
+        title=f"{spec.name}: {len(spec.cells)} cells x {len(spec.seeds)} seeds = {spec.n_trials} trials"
+    )
     table.add_column("#", justify="right")
     table.add_column("cell")
     table.add_column("overrides")
@@ -43,16 +45,26 @@ def print_status(storage: Any, study_name: str | None) -> None:
     if study_name is not None and study_name not in names:
         from harness.configtools import ConfigError
 
-        raise ConfigError(f"study: no study named {study_name!r} (studies: {', '.join(names) or 'none'})")
+        raise ConfigError(
+            f"study: no study named {study_name!r} (studies: {', '.join(names) or 'none'})"
+        )
     table = Table(title="studies")
-    for col in ("study", "done", "diverged", "running", "waiting", "failed", "total (cells x seeds)"):
+    for col in (
+        "study",
+        "done",
+        "diverged",
+        "running",
+        "waiting",
+        "failed",
+        "total (cells x seeds)",
+    ):
         table.add_column(col, justify="right" if col != "study" else "left")
     for name in names:
         if study_name is not None and name != study_name:
             continue
         study = optuna.load_study(study_name=name, storage=storage)
         states: Counter[str] = Counter()
-        latest: dict[tuple[str, Any], Any] = {}
+        latest: dict[tuple[Any, Any], Any] = {}
         for t in study.get_trials(deepcopy=False):
             key = (t.user_attrs.get("cell"), t.user_attrs.get("seed"))
             latest[key] = t

@@ -12,7 +12,9 @@ from rich.table import Table
 
 
 class SweepProgress:
-    def __init__(self, n_workers: int, *, total: int, done: int, console: Console | None = None) -> None:
+    def __init__(
+        self, n_workers: int, *, total: int, done: int, console: Console | None = None
+    ) -> None:
         self.console = console or Console(stderr=True)
         self.rows: dict[int, dict[str, Any]] = {i: {"state": "starting"} for i in range(n_workers)}
         self.bar = Progress(
@@ -25,7 +27,9 @@ class SweepProgress:
         )
         self.task = self.bar.add_task("trials", total=total, completed=done, info="")
         self.outcomes = {"completed": 0, "diverged": 0, "error": 0, "interrupted": 0}
-        self.live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
+        self.live = Live(
+            self._render(), console=self.console, refresh_per_second=4, transient=False
+        )
 
     def __enter__(self) -> SweepProgress:
         self.live.__enter__()
@@ -55,7 +59,14 @@ class SweepProgress:
         row = self.rows.setdefault(e.get("worker", 0), {"state": ""})
         kind = e["event"]
         if kind == "start":
-            row.update(cell=e["cell"], seed=e["seed"], steps=e["steps"], step=0, reward=math.nan, state="training")
+            row.update(
+                cell=e["cell"],
+                seed=e["seed"],
+                steps=e["steps"],
+                step=0,
+                reward=math.nan,
+                state="training",
+            )
         elif kind == "step":
             row.update(step=e["step"], reward=e["reward"])
         elif kind == "done":

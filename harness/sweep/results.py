@@ -64,7 +64,13 @@ def load_study_data(study: Any, tracker: Any | None, *, command: str = "") -> St
             best[key] = t
     runs: list[RunData] = []
     total_wall = 0.0
-    for (cell, seed), t in sorted(best.items(), key=lambda kv: (list(spec["cells"]).index(kv[0][0]) if kv[0][0] in spec["cells"] else 1e9, kv[0][1])):
+    for (cell, seed), t in sorted(
+        best.items(),
+        key=lambda kv: (
+            list(spec["cells"]).index(kv[0][0]) if kv[0][0] in spec["cells"] else 1e9,
+            kv[0][1],
+        ),
+    ):
         ua = t.user_attrs
         summary = json.loads(ua.get("summary", "{}"))
         run_id = ua.get("run_id")

@@ -66,7 +66,9 @@ def search_payload(spec: ExperimentSpec) -> dict[str, Any]:
     }
 
 
-def open_search_study(spec: ExperimentSpec, *, storage: Any, tracker: Any, study_name: str | None, command: str) -> tuple[Any, dict[str, Any]]:
+def open_search_study(
+    spec: ExperimentSpec, *, storage: Any, tracker: Any, study_name: str | None, command: str
+) -> tuple[Any, dict[str, Any]]:
     import optuna
 
     from harness.sweep.storage import with_retries
@@ -84,7 +86,9 @@ def open_search_study(spec: ExperimentSpec, *, storage: Any, tracker: Any, study
                 f"{study.user_attrs.get(HASH_ATTR)} != {grid_hash}); run again with --study-name {name}-2"
             )
     except KeyError:
-        study = with_retries(lambda: optuna.create_study(study_name=name, storage=storage, directions=directions))
+        study = with_retries(
+            lambda: optuna.create_study(study_name=name, storage=storage, directions=directions)  # type: ignore[arg-type]
+        )
         study.set_user_attr(HASH_ATTR, grid_hash)
     payload = search_payload(spec)
     parent = study.user_attrs.get(PARENT_ATTR)
@@ -96,9 +100,16 @@ def open_search_study(spec: ExperimentSpec, *, storage: Any, tracker: Any, study
         parent = tracker.start_run(
             experiment=spec.name,
             run_name=f"{name} (search)",
-            tags={**provenance_tags(), "harness.study": name, "harness.role": "parent", "harness.grid_hash": grid_hash},
+            tags={
+                **provenance_tags(),
+                "harness.study": name,
+                "harness.role": "parent",
+                "harness.grid_hash": grid_hash,
+            },
         )
-        tracker.log_text(parent, Path(spec.path).read_text() if spec.path else "", "experiment.yaml")
+        tracker.log_text(
+            parent, Path(spec.path).read_text() if spec.path else "", "experiment.yaml"
+        )
         study.set_user_attr(PARENT_ATTR, parent)
     tracker.set_tags(parent, {"harness.command": command})
     payload["parent_run_id"] = parent
@@ -106,7 +117,16 @@ def open_search_study(spec: ExperimentSpec, *, storage: Any, tracker: Any, study
     return study, payload
 
 
-def _objective_factory(spec: ExperimentSpec, study_name: str, tracker: Any, results_dir: Path, stop: Any, threads: int, device: str | None, events: Any) -> Any:
+def _objective_factory(
+    spec: ExperimentSpec,
+    study_name: str,
+    tracker: Any,
+    results_dir: Path,
+    stop: Any,
+    threads: int,
+    device: str | None,
+    events: Any,
+) -> Any:
     from harness.config import build_run_config
     from harness.configtools import deep_merge
     from harness.sweep.ablate import resolved_base
@@ -128,9 +148,13 @@ def _objective_factory(spec: ExperimentSpec, study_name: str, tracker: Any, resu
             if p.type == "categorical":
                 point[p.path] = trial.suggest_categorical(p.path, p.choices)
             elif p.type == "int":
-                point[p.path] = trial.suggest_int(p.path, int(p.low), int(p.high), log=p.log)
+                point[p.path] = trial.suggest_int(
+                    p.path, int(p.low or 0), int(p.high or 0), log=p.log
+                )
             else:
-                point[p.path] = trial.suggest_float(p.path, float(p.low), float(p.high), log=p.log, step=p.step)
+                point[p.path] = trial.suggest_float(
+                    p.path, float(p.low or 0.0), float(p.high or 0.0), log=p.log, step=p.step
+                )
         values: list[list[float]] = [[] for _ in search.objectives]
         diverged = 0
         for i, seed in enumerate(spec.seeds):
@@ -152,7 +176,12 @@ def _objective_factory(spec: ExperimentSpec, study_name: str, tracker: Any, resu
                 experiment=spec.name,
                 run_name=f"trial {trial.number} seed={seed}",
                 parent_run_id=parent,
-                tags={"harness.study": study_name, "harness.role": "child", "search.trial": str(trial.number), "seed": str(seed)},
+                tags={
+                    "harness.study": study_name,
+                    "harness.role": "child",
+                    "search.trial": str(trial.number),
+                    "seed": str(seed),
+                },
                 should_stop=stop.is_set,
                 results_dir=results_dir,
             )
@@ -191,7 +220,18 @@ def _emit(events: Any, e: dict[str, Any]) -> None:
         pass
 
 
-def search_worker(spec: ExperimentSpec, study_name: str, storage_url: str | None, tracking_uri: str | None, results_dir: Path, worker_id: int, threads: int, device: str | None, stop: Any, events: Any) -> None:
+def search_worker(
+    spec: ExperimentSpec,
+    study_name: str,
+    storage_url: str | None,
+    tracking_uri: str | None,
+    results_dir: Path,
+    worker_id: int,
+    threads: int,
+    device: str | None,
+    stop: Any,
+    events: Any,
+) -> None:
     import optuna
     import torch
 
@@ -204,12 +244,19 @@ def search_worker(spec: ExperimentSpec, study_name: str, storage_url: str | None
     torch.set_num_threads(threads)
     assert spec.search is not None
     storage = make_storage(storage_url, results_dir, heartbeat_interval=5)
-    study = optuna.load_study(study_name=study_name, storage=storage, sampler=_sampler(spec, worker_id), pruner=_pruner(spec.search.pruner))
+    study = optuna.load_study(
+        study_name=study_name,
+        storage=storage,
+        sampler=_sampler(spec, worker_id),
+        pruner=_pruner(spec.search.pruner),
+    )
     tracker = make_tracker(tracking_uri, results_dir)
     from optuna.study import MaxTrialsCallback
     from optuna.trial import TrialState
 
-    max_trials = MaxTrialsCallback(spec.search.n_trials, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    max_trials = MaxTrialsCallback(
+        spec.search.n_trials, states=(TrialState.COMPLETE, TrialState.PRUNED)
+    )
 
     def stop_cb(study: Any, trial: Any) -> None:
         if stop.is_set():
@@ -218,7 +265,9 @@ def search_worker(spec: ExperimentSpec, study_name: str, storage_url: str | None
     done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
     if done < spec.search.n_trials:
         study.optimize(
-            _objective_factory(spec, study_name, tracker, results_dir, stop, threads, device, events),
+            _objective_factory(
+                spec, study_name, tracker, results_dir, stop, threads, device, events
+            ),
             callbacks=[max_trials, stop_cb],
             catch=(_Interrupted,),
             gc_after_trial=True,
@@ -226,7 +275,16 @@ def search_worker(spec: ExperimentSpec, study_name: str, storage_url: str | None
     tracker.flush()
 
 
-def run_search_workers(spec: ExperimentSpec, study_name: str, *, n_workers: int, storage_url: str | None, tracking_uri: str | None, results_dir: Path, devices: list[str] | None) -> bool:
+def run_search_workers(
+    spec: ExperimentSpec,
+    study_name: str,
+    *,
+    n_workers: int,
+    storage_url: str | None,
+    tracking_uri: str | None,
+    results_dir: Path,
+    devices: list[str] | None,
+) -> bool:
     """Returns True if interrupted by the user."""
     from rich.console import Console
 
@@ -238,7 +296,21 @@ def run_search_workers(spec: ExperimentSpec, study_name: str, *, n_workers: int,
     procs = []
     for i in range(n_workers):
         dev = devices[i % len(devices)] if devices else None
-        p = ctx.Process(target=search_worker, args=(spec, study_name, storage_url, tracking_uri, results_dir, i, threads, dev, stop, events))
+        p = ctx.Process(
+            target=search_worker,
+            args=(
+                spec,
+                study_name,
+                storage_url,
+                tracking_uri,
+                results_dir,
+                i,
+                threads,
+                dev,
+                stop,
+                events,
+            ),
+        )
         p.start()
         procs.append(p)
     signals = {"n": 0}
@@ -260,7 +332,9 @@ def run_search_workers(spec: ExperimentSpec, study_name: str, *, n_workers: int,
             except queue.Empty:
                 continue
             if e["event"] == "done":
-                console.print(f"trial {e['trial']}: {', '.join(f'{v:.4g}' for v in e['values'])}  {_fmt_point(e['point'])}")
+                console.print(
+                    f"trial {e['trial']}: {', '.join(f'{v:.4g}' for v in e['values'])}  {_fmt_point(e['point'])}"
+                )
             elif e["event"] == "pruned":
                 console.print(f"trial {e['trial']}: pruned at {e['value']:.4g}")
     finally:
@@ -272,7 +346,10 @@ def run_search_workers(spec: ExperimentSpec, study_name: str, *, n_workers: int,
 
 
 def _fmt_point(point: dict[str, Any]) -> str:
-    return " ".join(f"{k.split('.')[-1]}={v:.4g}" if isinstance(v, float) else f"{k.split('.')[-1]}={v}" for k, v in point.items())
+    return " ".join(
+        f"{k.split('.')[-1]}={v:.4g}" if isinstance(v, float) else f"{k.split('.')[-1]}={v}"
+        for k, v in point.items()
+    )
 
 
 def finish_search(study: Any, tracker: Any, payload: dict[str, Any]) -> None:
@@ -291,7 +368,9 @@ def finish_search(study: Any, tracker: Any, payload: dict[str, Any]) -> None:
         return
     best = study.best_trials if len(objectives) > 1 else [study.best_trial]
     title = "Pareto front" if len(objectives) > 1 else "best trial"
-    table = Table(title=f"{study.study_name}: {title} ({len(complete)} complete, {len(pruned)} pruned)")
+    table = Table(
+        title=f"{study.study_name}: {title} ({len(complete)} complete, {len(pruned)} pruned)"
+    )
     table.add_column("trial")
     for metric, direction in objectives:
         table.add_column(f"{metric} ({direction})", justify="right")
@@ -301,9 +380,23 @@ def finish_search(study: Any, tracker: Any, payload: dict[str, Any]) -> None:
     console.print(table)
     if parent:
         top = best[0]
-        tracker.set_tags(parent, {"search.best_trial": str(top.number), "search.pareto_size": str(len(best))})
-        tracker.log_text(parent, json.dumps([{"trial": t.number, "values": t.values, "params": t.params} for t in best], indent=2, default=str), "best_trials.json")
-        tracker.log_metrics(parent, {f"best/{m}": v for (m, _), v in zip(objectives, top.values, strict=True)}, step=0)
+        tracker.set_tags(
+            parent, {"search.best_trial": str(top.number), "search.pareto_size": str(len(best))}
+        )
+        tracker.log_text(
+            parent,
+            json.dumps(
+                [{"trial": t.number, "values": t.values, "params": t.params} for t in best],
+                indent=2,
+                default=str,
+            ),
+            "best_trials.json",
+        )
+        tracker.log_metrics(
+            parent,
+            {f"best/{m}": v for (m, _), v in zip(objectives, top.values, strict=True)},
+            step=0,
+        )
         # Tags, not params: a resumed search may find a better point and tags can change.
         tracker.set_tags(parent, {f"best.{k}": str(v) for k, v in top.params.items()})
         total = len(complete) + len(pruned)

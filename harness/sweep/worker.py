@@ -50,7 +50,9 @@ class WorkerOptions:
     max_retries: int = 0
 
 
-def child_run_tags(spec: dict[str, Any], study_name: str, cell: str, seed: int, trial_number: int) -> dict[str, str]:
+def child_run_tags(
+    spec: dict[str, Any], study_name: str, cell: str, seed: int, trial_number: int
+) -> dict[str, str]:
     return {
         "harness.study": study_name,
         "harness.role": "child",
@@ -61,13 +63,19 @@ def child_run_tags(spec: dict[str, Any], study_name: str, cell: str, seed: int, 
     }
 
 
-def _end_orphaned_runs(tracker: Any, experiment: str, study: str, cell: str, seed: int, number: int) -> None:
+def _end_orphaned_runs(
+    tracker: Any, experiment: str, study: str, cell: str, seed: int, number: int
+) -> None:
     """A retried trial's earlier child run (its worker died) is ended KILLED, never left RUNNING."""
     for _ in range(10):
-        rid = tracker.find_run(experiment, {"harness.study": study, "ablation.cell": cell, "seed": str(seed)})
+        rid = tracker.find_run(
+            experiment, {"harness.study": study, "ablation.cell": cell, "seed": str(seed)}
+        )
         if rid is None:
             return
-        tracker.set_tags(rid, {"run.status": "killed", "run.reason": f"worker died; trial retried as #{number}"})
+        tracker.set_tags(
+            rid, {"run.status": "killed", "run.reason": f"worker died; trial retried as #{number}"}
+        )
         tracker.end_run(rid, "KILLED")
 
 
@@ -100,13 +108,29 @@ def run_trial(
         data["threads"] = opts.threads
     cfg = build_run_config(data)
     experiment = spec_dict["experiment"]
-    emit({"event": "start", "worker": opts.worker_id, "cell": cell, "seed": seed, "steps": cfg.steps, "trial": trial.number})
+    emit(
+        {
+            "event": "start",
+            "worker": opts.worker_id,
+            "cell": cell,
+            "seed": seed,
+            "steps": cfg.steps,
+            "trial": trial.number,
+        }
+    )
     with heartbeat(study, trial):
         _end_orphaned_runs(tracker, experiment, study.study_name, cell, seed, trial.number)
         t0 = time.time()
 
         def on_step(step: int, m: dict[str, float]) -> None:
-            emit({"event": "step", "worker": opts.worker_id, "step": step + 1, "reward": m.get("objective/reward", math.nan)})
+            emit(
+                {
+                    "event": "step",
+                    "worker": opts.worker_id,
+                    "step": step + 1,
+                    "reward": m.get("objective/reward", math.nan),
+                }
+            )
 
         try:
             result, rid = tracked_run(
@@ -130,9 +154,20 @@ def run_trial(
             if attempt < int(spec_dict.get("max_retries", 0)):
                 retry = {"cell": cell, "seed": seed, "attempt": attempt + 1}
                 with_retries(lambda: study.enqueue_trial({}, user_attrs=retry))
-            emit({"event": "done", "worker": opts.worker_id, "cell": cell, "seed": seed, "outcome": "error", "reason": reason})
+            emit(
+                {
+                    "event": "done",
+                    "worker": opts.worker_id,
+                    "cell": cell,
+                    "seed": seed,
+                    "outcome": "error",
+                    "reason": reason,
+                }
+            )
             return "error"
-    outcome = {"completed": "completed", "diverged": "diverged", "interrupted": "interrupted"}[result.status]
+    outcome = {"completed": "completed", "diverged": "diverged", "interrupted": "interrupted"}[
+        result.status
+    ]
     summary = {k: v for k, v in result.summary.items() if isinstance(v, float) and math.isfinite(v)}
     trial.set_user_attr("outcome", outcome)
     trial.set_user_attr("reason", result.reason)
@@ -145,7 +180,17 @@ def run_trial(
         with_retries(lambda: study.tell(trial, value))
     else:
         with_retries(lambda: study.tell(trial, state=_state("FAIL")))
-    emit({"event": "done", "worker": opts.worker_id, "cell": cell, "seed": seed, "outcome": outcome, "value": value, "reason": result.reason})
+    emit(
+        {
+            "event": "done",
+            "worker": opts.worker_id,
+            "cell": cell,
+            "seed": seed,
+            "outcome": outcome,
+            "value": value,
+            "reason": result.reason,
+        }
+    )
     return outcome
 
 
@@ -165,12 +210,19 @@ def worker_loop(
     import optuna
     import torch
 
-    from harness.sweep.storage import claim_waiting_trial, fail_stale_trials, make_storage, with_retries
+    from harness.sweep.storage import (
+        claim_waiting_trial,
+        fail_stale_trials,
+        make_storage,
+        with_retries,
+    )
     from harness.tracking import make_tracker
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     torch.set_num_threads(max(1, opts.threads))
-    storage = make_storage(opts.storage, opts.results_dir, heartbeat_interval=opts.heartbeat_interval)
+    storage = make_storage(
+        opts.storage, opts.results_dir, heartbeat_interval=opts.heartbeat_interval
+    )
     study = with_retries(lambda: optuna.load_study(study_name=opts.study, storage=storage))
     spec_dict = json.loads(study.user_attrs[SPEC_ATTR])
     tracker = make_tracker(opts.tracking_uri or spec_dict.get("tracking_uri"), opts.results_dir)
@@ -182,7 +234,9 @@ def worker_loop(
             if trial is None:
                 from optuna.trial import TrialState
 
-                running = with_retries(lambda: study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+                running = with_retries(
+                    lambda: study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                )
                 if opts.exit_when_idle and not running:
                     break
                 # Others are still running: wait, a dead one's trial may come back as WAITING.
@@ -191,7 +245,9 @@ def worker_loop(
                         break
                     time.sleep(0.5)
                 continue
-            outcome = run_trial(study, trial, spec_dict, tracker, opts, emit=emit, should_stop=should_stop)
+            outcome = run_trial(
+                study, trial, spec_dict, tracker, opts, emit=emit, should_stop=should_stop
+            )
             counts[outcome] += 1
     finally:
         tracker.flush()
