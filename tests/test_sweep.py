@@ -138,9 +138,9 @@ def test_postgresql_study_with_four_workers_runs_each_cell_seed_exactly_once(tmp
 
 
 def _start_ablate(
-    exp: Path, results: Path, workers: int = 1, storage: list[str] | None = None
+    exp: Path, results: Path, workers: int = 1, storage: list[str] | None = None, heartbeat: int = 1
 ) -> subprocess.Popen:
-    env = {**os.environ, "HARNESS_HEARTBEAT_S": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "HARNESS_HEARTBEAT_S": str(heartbeat), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
         [
             sys.executable,
@@ -318,3 +318,48 @@ def test_one_and_two_workers_give_identical_histories(tmp_path):
         hist[n] = out
     assert hist[1].keys() == hist[2].keys() and len(hist[1]) == 4
     assert hist[1] == hist[2]
+
+
+def test_worker_command_joins_a_running_study(tmp_path):
+    """`harness worker --study NAME` on the same storage takes waiting trials of a running sweep."""
+    exp = write_exp(
+        tmp_path,
+        name="joined",
+        grid={"ppo.eps_clip": [0.1, 0.2, 0.3]},
+        seeds=2,
+        steps=300,
+        baseline={"ppo.eps_clip": 0.2},
+    )
+    results = tmp_path / "results"
+    coordinator = _start_ablate(exp, results, heartbeat=5)
+    _wait_for_running(results, "joined")
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "worker",
+            "--study",
+            "joined",
+            "--results-dir",
+            str(results),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    out, _ = coordinator.communicate(timeout=300)
+    assert coordinator.returncode == 0, out.decode()[-2000:]
+    ts = trials(results, "joined")
+    done = [(t.user_attrs["cell"], t.user_attrs["seed"]) for t in ts if t.state.name == "COMPLETE"]
+    assert len(done) == 6 and len(set(done)) == 6  # every (cell, seed) exactly once
+    _, runs = mlflow_runs(results, "joined")
+    workers = {
+        r.data.tags["harness.worker"] for r in runs if r.data.tags.get("harness.role") == "child"
+    }
+    assert len(workers) == 2, (
+        workers,
+        r.stderr[-1500:],
+    )  # the coordinator's worker and the joined one both ran trials

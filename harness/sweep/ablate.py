@@ -45,6 +45,7 @@ def spec_payload(
         "baseline": spec.baseline,
         "tracking_uri": redact_url(tracking_uri) if tracking_uri else None,
         "max_retries": max_retries,
+        "heartbeat_interval": int(os.environ.get("HARNESS_HEARTBEAT_S", "5")),
     }
 
 

@@ -17,7 +17,7 @@ the default driver, and the harness installs psycopg2 (see :func:`sqlalchemy_url
 Dead workers. Optuna 5.0 implements the heartbeat (``BaseHeartbeat``) only for ``RDBStorage``:
 a thread in the worker refreshes a timestamp every ``heartbeat_interval`` seconds, and before
 each new trial ``optuna.storages.fail_stale_trials`` marks RUNNING trials whose timestamp is
-older than ``grace_period`` (default twice the interval) FAIL and hands them to the
+older than ``grace_period`` (here 4 intervals by default) FAIL and hands them to the
 ``heartbeat_stale_trial_callback`` — here ``RetryHeartbeatStaleTrialCallback``, which enqueues
 a WAITING copy (same params and user attrs, ``failed_trial`` and ``retry_history`` in its system
 attrs) for any worker to take. ``JournalStorage`` has no heartbeat in Optuna 5.0, so
@@ -85,7 +85,8 @@ def make_storage(
         results_dir: Directory of the journal file (created if missing).
         heartbeat_interval: Seconds between heartbeats of a running trial.
         grace_period: Seconds without a heartbeat after which a RUNNING trial is stale;
-            ``None`` means ``2 * heartbeat_interval`` (Optuna's default).
+            ``None`` means ``4 * heartbeat_interval``: Optuna's default of 2 intervals
+            failed live trials on a loaded 2-core machine, where a beat can be late by seconds.
         failed_trial_callback: Called with each stale trial once it is marked FAIL (Optuna's
             ``heartbeat_stale_trial_callback``; ``failed_trial_callback`` is its deprecated
             Optuna name, kept here for the harness API). Default:
@@ -104,7 +105,7 @@ def make_storage(
     callback = failed_trial_callback or default_stale_trial_callback(max_retry)
     heartbeat: dict[str, Any] = {
         "heartbeat_interval": heartbeat_interval,
-        "grace_period": grace_period,
+        "grace_period": grace_period if grace_period is not None else 4 * heartbeat_interval,
         "heartbeat_stale_trial_callback": callback,
     }
     if url is None or url == "journal":

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -60,6 +61,7 @@ def child_run_tags(
         "seed": str(seed),
         "harness.grid_hash": spec["grid_hash"],
         "optuna.trial_number": str(trial_number),
+        "harness.worker": f"{socket.gethostname()}:{os.getpid()}",
     }
 
 
@@ -169,17 +171,35 @@ def run_trial(
         result.status
     ]
     summary = {k: v for k, v in result.summary.items() if isinstance(v, float) and math.isfinite(v)}
-    trial.set_user_attr("outcome", outcome)
-    trial.set_user_attr("reason", result.reason)
-    trial.set_user_attr("run_id", rid)
-    trial.set_user_attr("summary", json.dumps(summary))
-    trial.set_user_attr("inert_clip", result.inert_clip)
-    trial.set_user_attr("wall_time", time.time() - t0)
     value = result.summary.get(spec_dict["metric"], math.nan)
-    if outcome == "completed" and math.isfinite(value):
-        with_retries(lambda: study.tell(trial, value))
-    else:
-        with_retries(lambda: study.tell(trial, state=_state("FAIL")))
+    from optuna.exceptions import UpdateFinishedTrialError
+
+    try:
+        trial.set_user_attr("outcome", outcome)
+        trial.set_user_attr("reason", result.reason)
+        trial.set_user_attr("run_id", rid)
+        trial.set_user_attr("summary", json.dumps(summary))
+        trial.set_user_attr("inert_clip", result.inert_clip)
+        trial.set_user_attr("wall_time", time.time() - t0)
+        if outcome == "completed" and math.isfinite(value):
+            with_retries(lambda: study.tell(trial, value))
+        else:
+            with_retries(lambda: study.tell(trial, state=_state("FAIL")))
+    except UpdateFinishedTrialError:
+        # Another worker judged this trial stale (e.g. its heartbeats were delayed) and a retry
+        # copy exists: that copy is the one that counts. Mark this run so nobody mistakes it.
+        tracker.set_tags(rid, {"run.superseded": "trial was judged stale and retried elsewhere"})
+        emit(
+            {
+                "event": "done",
+                "worker": opts.worker_id,
+                "cell": cell,
+                "seed": seed,
+                "outcome": "interrupted",
+                "reason": "superseded",
+            }
+        )
+        return "interrupted"
     emit(
         {
             "event": "done",
@@ -225,6 +245,12 @@ def worker_loop(
     )
     study = with_retries(lambda: optuna.load_study(study_name=opts.study, storage=storage))
     spec_dict = json.loads(study.user_attrs[SPEC_ATTR])
+    # Every worker of a study must beat and judge staleness on the same clock: the study's.
+    interval = int(spec_dict.get("heartbeat_interval", opts.heartbeat_interval))
+    if interval != opts.heartbeat_interval:
+        opts.heartbeat_interval = interval
+        storage = make_storage(opts.storage, opts.results_dir, heartbeat_interval=interval)
+        study = with_retries(lambda: optuna.load_study(study_name=opts.study, storage=storage))
     tracker = make_tracker(opts.tracking_uri or spec_dict.get("tracking_uri"), opts.results_dir)
     counts = {"completed": 0, "diverged": 0, "error": 0, "interrupted": 0}
     try:
