@@ -935,6 +935,45 @@ def _ranking_section(
     )
 
 
+SUMMARY_COLUMNS = (
+    ("start/reward", "start reward"),
+    ("final/reward", "final reward"),
+    ("best/reward", "best reward"),
+    ("final/eval_accuracy", "eval acc"),
+    ("stability/entropy_ratio", "entropy end/start"),
+    ("stability/max_approx_kl", "max KL"),
+    ("stability/kl_spikes", "KL spikes"),
+    ("stability/grad_norm_spikes", "grad-norm spikes"),
+    ("stability/frac_high_clip", "high-clip steps"),
+    ("stability/max_drawdown", "max drawdown"),
+)
+
+
+def summary_table(data: StudyData) -> tuple[list[str], list[list[str]]]:
+    """Per cell: the mean over its completed and diverged runs of each run-level summary."""
+    header = ["cell", "runs"] + [label for _, label in SUMMARY_COLUMNS]
+    rows = []
+    for cell in data.cells:
+        runs = [r for r in data.runs_of(cell) if r.status in ("completed", "diverged")]
+        values = [
+            fmt(_mean_finite(r.summary.get(key, math.nan) for r in runs))
+            for key, _ in SUMMARY_COLUMNS
+        ]
+        rows.append([cell, str(len(runs)), *values])
+    return header, rows
+
+
+def _summary_section(doc: _Doc, data: StudyData) -> None:
+    doc.heading(2, "Stability summaries per cell")
+    doc.para(
+        "Mean over each cell's completed and diverged runs of the run-level summaries defined in "
+        "docs/stability.md (start reward = mean of the first 10 steps; entropy end/start < 1 "
+        "means the policy sharpened; spikes are counts per run)."
+    )
+    header, rows = summary_table(data)
+    doc.table(header, rows, code_col=0)
+
+
 def _fit_section(doc: _Doc, fits: Sequence[CurveFitRow]) -> None:
     doc.heading(2, "Saturating curve fits")
     doc.para(
@@ -1016,6 +1055,7 @@ def build_report(
             "cell's CI separates from the baseline's."
         )
     _ranking_section(doc, data, rows, n_boot, seed, diverged)
+    _summary_section(doc, data)
     doc.heading(2, "Plots")
     if absent:
         doc.para("Not logged by any run (no plot): " + ", ".join(_code(a) for a in absent) + ".")
