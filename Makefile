@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test test-slow test-gpu ablate lint typecheck bench clean-venv
+.PHONY: test test-slow test-gpu ablate findings lint typecheck bench clean-venv
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ test-gpu: $(STAMP)
 ablate: $(STAMP)
 	$(VENV)/bin/harness ablate experiments/default.yaml --workers 2
 
+# The five reproductions of published results (results/findings/), one after another.
+FINDINGS := inert-clip dual-clip clip-higher norm staleness
+findings: $(STAMP)
+	for f in $(FINDINGS); do $(VENV)/bin/harness ablate experiments/findings/$$f.yaml --workers 2 --results-dir results/findings || exit $$?; done
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check harness tests benchmarks
 	$(VENV)/bin/ruff format --check harness tests benchmarks
@@ -35,6 +40,8 @@ typecheck: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_gae.py
+	$(PY) benchmarks/bench_step.py
+	$(PY) benchmarks/bench_sweep.py
 
 clean-venv:
 	rm -rf $(VENV)

@@ -441,7 +441,7 @@ def report_cmd(
         st,
         tracker,
         payload,
-        command=_command_line(),
+        command=st.user_attrs.get("harness.command", _command_line()),
         results_dir=results_dir,
         write_report=True,
         end_parent=False,

@@ -21,7 +21,14 @@ from typing import Any
 from harness.configtools import ConfigError
 from harness.experiment import ExperimentSpec
 from harness.redact import redact_url
-from harness.sweep.worker import HASH_ATTR, PARENT_ATTR, SPEC_ATTR, WorkerOptions, worker_loop
+from harness.sweep.worker import (
+    COMMAND_ATTR,
+    HASH_ATTR,
+    PARENT_ATTR,
+    SPEC_ATTR,
+    WorkerOptions,
+    worker_loop,
+)
 
 DONE_OUTCOMES = ("completed", "diverged")
 
@@ -123,6 +130,7 @@ def open_study(
         )
         study.set_user_attr(PARENT_ATTR, parent)
     tracker.set_tags(parent, {"harness.command": command})
+    study.set_user_attr(COMMAND_ATTR, command)
     payload["parent_run_id"] = parent
     study.set_user_attr(SPEC_ATTR, json.dumps(payload, default=str))
     return study, payload

@@ -32,6 +32,7 @@ SPEC_ATTR = "harness.spec"
 PARENT_ATTR = "harness.parent_run_id"
 HASH_ATTR = "harness.grid_hash"
 TRACKING_ATTR = "harness.tracking_uri"
+COMMAND_ATTR = "harness.command"  # the command line that ran the sweep (shown in its report)
 
 Event = dict[str, Any]
 
