@@ -178,6 +178,38 @@ def enqueue_missing(study: Any, spec: ExperimentSpec) -> tuple[int, int]:
     return n, len(finished & {(c.label, s) for c in spec.cells for s in spec.seeds})
 
 
+class StopSignals:
+    """SIGINT/SIGTERM handling of a coordinator: the first signal asks the workers to stop (they
+    finish the current step and record their trials as interrupted); a second one terminates
+    them.  Use as a context manager; the previous handlers come back on exit."""
+
+    def __init__(self, stop: Any, procs: list[Any]) -> None:
+        self.stop, self.procs, self.count = stop, procs, 0
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.count += 1
+        self.stop.set()
+        if self.count > 1:
+            for p in self.procs:
+                if p.is_alive():
+                    p.terminate()
+
+    def __enter__(self) -> StopSignals:
+        self._old = (
+            signal.signal(signal.SIGINT, self._handle),
+            signal.signal(signal.SIGTERM, self._handle),
+        )
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        signal.signal(signal.SIGINT, self._old[0])
+        signal.signal(signal.SIGTERM, self._old[1])
+
+    @property
+    def interrupted(self) -> bool:
+        return self.count > 0
+
+
 def _worker_entry(opts: WorkerOptions, events: Any, stop: Any) -> None:
     """Process entry point: Ctrl-C is the coordinator's to handle; it asks us to stop via ``stop``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -227,22 +259,11 @@ def run_local_workers(
         p.start()
         procs.append(p)
 
-    signals = {"n": 0}
-
-    def handler(signum: int, frame: Any) -> None:
-        signals["n"] += 1
-        stop.set()
-        if signals["n"] > 1:
-            for p in procs:
-                if p.is_alive():
-                    p.terminate()
-
-    old_int = signal.signal(signal.SIGINT, handler)
-    old_term = signal.signal(signal.SIGTERM, handler)
     counts = {"completed": 0, "diverged": 0, "error": 0, "interrupted": 0}
     progress = SweepProgress(n_workers, total=total, done=done_before)
+    signals = StopSignals(stop, procs)
     try:
-        with progress:
+        with signals, progress:
             while any(p.is_alive() for p in procs) or not events.empty():
                 try:
                     e = events.get(timeout=0.25)
@@ -263,7 +284,5 @@ def run_local_workers(
             if p.is_alive():
                 p.terminate()
                 p.join(timeout=5)
-        signal.signal(signal.SIGINT, old_int)
-        signal.signal(signal.SIGTERM, old_term)
-    counts["interrupted_by_user"] = int(stop.is_set() and signals["n"] > 0)
+    counts["interrupted_by_user"] = int(signals.interrupted)
     return counts

@@ -313,36 +313,27 @@ def run_search_workers(
         )
         p.start()
         procs.append(p)
-    signals = {"n": 0}
-
-    def handler(signum: int, frame: Any) -> None:
-        signals["n"] += 1
-        stop.set()
-        if signals["n"] > 1:
-            for p in procs:
-                p.terminate()
-
-    old = signal.signal(signal.SIGINT, handler), signal.signal(signal.SIGTERM, handler)
     import queue
 
+    from harness.sweep.ablate import StopSignals
+
+    signals = StopSignals(stop, procs)
     try:
-        while any(p.is_alive() for p in procs) or not events.empty():
-            try:
-                e = events.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            if e["event"] == "done":
-                console.print(
-                    f"trial {e['trial']}: {', '.join(f'{v:.4g}' for v in e['values'])}  {_fmt_point(e['point'])}"
-                )
-            elif e["event"] == "pruned":
-                console.print(f"trial {e['trial']}: pruned at {e['value']:.4g}")
+        with signals:
+            while any(p.is_alive() for p in procs) or not events.empty():
+                try:
+                    e = events.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                if e["event"] == "done":
+                    values = ", ".join(f"{v:.4g}" for v in e["values"])
+                    console.print(f"trial {e['trial']}: {values}  {_fmt_point(e['point'])}")
+                elif e["event"] == "pruned":
+                    console.print(f"trial {e['trial']}: pruned at {e['value']:.4g}")
     finally:
         for p in procs:
             p.join(timeout=30)
-        signal.signal(signal.SIGINT, old[0])
-        signal.signal(signal.SIGTERM, old[1])
-    return stop.is_set() and signals["n"] > 0
+    return signals.interrupted
 
 
 def _fmt_point(point: dict[str, Any]) -> str:
