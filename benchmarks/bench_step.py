@@ -305,6 +305,11 @@ def main() -> None:
     ap.add_argument("--no-record", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    # As every `harness` process does (harness/perf.py); process-wide, so all three contenders
+    # get the same allocator.
+    from harness.perf import tune_malloc
+
+    tune_malloc()
     logging.getLogger("transformers").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -364,7 +369,8 @@ def main() -> None:
     steps = "; ".join(f"{r['cfg'].split()[0]} {r['W']} warm-up + {r['M']} measured" for r in rows)
     body = (
         f"Command: `.venv/bin/python benchmarks/bench_step.py{'' if a.threads == 1 else f' --threads {a.threads}'}` "
-        f"(torch threads: {a.threads}; whole script {wall:.0f} s; 1-min load average {load0:.2f} before, "
+        f"(torch threads: {a.threads}; glibc malloc thresholds raised for all contenders as in "
+        f"harness processes; whole script {wall:.0f} s; 1-min load average {load0:.2f} before, "
         f"{load1:.2f} after).  Median ms per step ({steps}), one process, the same tiny Llama "
         "(fresh copy each), the same `reverse` prompts, reward = fraction of digits, AdamW lr 3e-4, one "
         "optimizer step per batch, temperature 1, no top-k/top-p.  EOS is made unreachable (the "

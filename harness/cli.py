@@ -28,6 +28,9 @@ def _root() -> None:
     import logging
     import os
 
+    from harness.perf import tune_malloc
+
+    tune_malloc()
     # Library chatter (MLflow's schema migrations, Optuna's "study created") is not for users.
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     for name in ("mlflow", "alembic", "optuna"):

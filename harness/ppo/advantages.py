@@ -145,8 +145,14 @@ def _discounted_masked_cumsum(
     chunk = max(1, min(T, int(280.0 / -math.log10(c))))
     powers = torch.arange(chunk + 1, dtype=torch.float64, device=b.device) * math.log(c)
     pos_table, neg_table = torch.exp(powers), torch.exp(-powers)  # c^k, c^-k for k <= chunk
+
+    def lookup(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        # gather on a broadcast row is ~4x faster than advanced indexing table[idx] on CPU
+        flat = idx.reshape(B, -1)
+        return torch.gather(table.expand(B, -1), 1, flat).view(idx.shape)
+
     if chunk >= T:
-        return torch.cumsum(b * neg_table[count], dim=1).mul_(pos_table[count])
+        return torch.cumsum(b * lookup(neg_table, count), dim=1).mul_(lookup(pos_table, count))
     n_chunks = -(-T // chunk)
     pad = n_chunks * chunk - T
     if pad:
@@ -154,8 +160,8 @@ def _discounted_masked_cumsum(
         valid = torch.nn.functional.pad(valid, (0, pad))
     bc = b.reshape(B, n_chunks, chunk)
     j = torch.cumsum(valid.reshape(B, n_chunks, chunk), dim=2)  # counts from the chunk start
-    gain = pos_table[j]
-    local = torch.cumsum(bc * neg_table[j], dim=2).mul_(gain)
+    gain = lookup(pos_table, j)
+    local = torch.cumsum(bc * lookup(neg_table, j), dim=2).mul_(gain)
     carry = torch.zeros(B, n_chunks, dtype=torch.float64, device=b.device)
     running = torch.zeros(B, dtype=torch.float64, device=b.device)
     for k in range(n_chunks):

@@ -214,6 +214,9 @@ def _worker_entry(opts: WorkerOptions, events: Any, stop: Any) -> None:
     """Process entry point: Ctrl-C is the coordinator's to handle; it asks us to stop via ``stop``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    from harness.perf import tune_malloc
+
+    tune_malloc()
 
     def emit(e: dict[str, Any]) -> None:
         try:
@@ -249,8 +252,10 @@ def run_local_workers(
     events = ctx.Queue()
     stop = ctx.Event()
     procs = []
-    cores = os.cpu_count() or 1
-    threads = base_opts.threads or max(1, cores // n_workers)
+    # One torch thread per run unless the config says otherwise: the thread count changes float
+    # reduction order, so it must not depend on how many workers share the machine (the same
+    # grid with 1 or 2 workers gives the same histories). Use one worker per core.
+    threads = base_opts.threads or 1
     for i in range(n_workers):
         opts = WorkerOptions(**{**base_opts.__dict__, "worker_id": i, "threads": threads})
         if devices:

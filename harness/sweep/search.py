@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import multiprocessing as mp
-import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -240,6 +239,9 @@ def search_worker(
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    from harness.perf import tune_malloc
+
+    tune_malloc()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     torch.set_num_threads(threads)
     assert spec.search is not None
@@ -292,7 +294,7 @@ def run_search_workers(
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
     events = ctx.Queue()
-    threads = max(1, (os.cpu_count() or 1) // n_workers)
+    threads = 1  # as in `ablate`: results must not depend on the number of workers
     procs = []
     for i in range(n_workers):
         dev = devices[i % len(devices)] if devices else None
