@@ -230,7 +230,7 @@ def test_killed_worker_trial_is_retried_and_its_run_ends_killed(tmp_path, backen
 
 
 def test_sigterm_stops_workers_quickly_and_rerun_resumes(tmp_path):
-    exp = write_exp(tmp_path, name="sigterm", steps=60, seeds=1)
+    exp = write_exp(tmp_path, name="sigterm", steps=400, seeds=1)  # ~10 s: SIGTERM lands mid-trial
     results = tmp_path / "results"
     proc = _start_ablate(exp, results)
     _wait_for_running(results, "sigterm")
