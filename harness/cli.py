@@ -168,6 +168,29 @@ def _command_line() -> str:
     return redact_text("harness " + " ".join(shlex.quote(a) for a in sys.argv[1:]), [])
 
 
+@app.command("fields")
+def fields_cmd(
+    prefix: Annotated[
+        str, typer.Argument(help="Only fields under this dotted prefix, e.g. ppo.")
+    ] = "",
+) -> None:
+    """List every run-config field (dotted path, default, help) — what --set and grid axes take."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from harness.config import RunConfig
+    from harness.configtools import field_defaults, field_help
+
+    defaults = field_defaults(RunConfig)
+    table = Table(show_header=True, header_style="bold")
+    for col in ("field", "default", "help"):
+        table.add_column(col)
+    for path, text in field_help(RunConfig).items():
+        if path.startswith(prefix):
+            table.add_row(path, repr(defaults.get(path)), text)
+    Console().print(table)
+
+
 @app.command("ablate")
 @user_errors
 def ablate_cmd(

@@ -20,7 +20,6 @@ from harness.configtools import (
     from_dict,
     parse_override,
     set_path,
-    to_dict,
 )
 from harness.models import TinyModelConfig
 from harness.ppo.loss import RejectionSampling, validate_clip_options
@@ -369,10 +368,6 @@ def load_run_config(path: str | Path | None, overrides: list[str] | None = None)
         raise ConfigError(f"{path}: {err}" if path else str(err)) from None
 
 
-def config_to_dict(cfg: RunConfig) -> dict[str, Any]:
-    return to_dict(cfg)
-
-
 __all__ = [
     "ConfigError",
     "CriticConfig",
@@ -384,6 +379,5 @@ __all__ = [
     "RunConfig",
     "WarmStartConfig",
     "build_run_config",
-    "config_to_dict",
     "load_run_config",
 ]

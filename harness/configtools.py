@@ -212,6 +212,21 @@ def _strip_optional(tp: Any) -> Any:
     return tp
 
 
+def field_defaults(cls: type) -> dict[str, Any]:
+    """Flattened dotted path → default; fields of an optional sub-config that defaults to None
+    show the sub-config's own defaults (what you get once you set it)."""
+    out: dict[str, Any] = {}
+    instance = cls()
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        tp = _strip_optional(typing.get_type_hints(cls)[f.name])
+        if dataclasses.is_dataclass(tp):
+            for k, v in field_defaults(tp).items():  # type: ignore[arg-type]
+                out[f"{f.name}.{k}"] = v
+        else:
+            out[f.name] = getattr(instance, f.name)
+    return out
+
+
 def field_help(cls: type) -> dict[str, str]:
     """Flattened dotted path → help string for every field of a config tree."""
     out: dict[str, str] = {}

@@ -37,7 +37,7 @@ from harness.config import (
     resolve_alias,
     validate_task,
 )
-from harness.configtools import ConfigError, deep_merge, is_config_path, to_dict
+from harness.configtools import ConfigError, is_config_path, to_dict
 
 TOP_KEYS = {
     "name",
@@ -454,7 +454,3 @@ def _parse_search(
     return SearchSpec(
         n_trials=n_trials, params=params, objectives=objectives, pruner=pruner, sampler_seed=seed
     )
-
-
-def merged_base(spec: ExperimentSpec) -> dict[str, Any]:
-    return deep_merge(spec.base, {"steps": spec.steps})

@@ -31,7 +31,6 @@ from typing import Any
 SPEC_ATTR = "harness.spec"
 PARENT_ATTR = "harness.parent_run_id"
 HASH_ATTR = "harness.grid_hash"
-TRACKING_ATTR = "harness.tracking_uri"
 COMMAND_ATTR = "harness.command"  # the command line that ran the sweep (shown in its report)
 
 Event = dict[str, Any]
