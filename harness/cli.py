@@ -160,6 +160,22 @@ def _check_store_urls(storage: str | None, tracking_uri: str | None) -> None:
             )
 
 
+def _workers_and_devices(workers: int, devices: str | None) -> tuple[int, list[str] | None]:
+    """--workers / --devices of `ablate` and `search`: validated; with devices and the default
+    worker count, one worker per device."""
+    from harness.configtools import ConfigError
+
+    if workers < 1:
+        raise ConfigError(f"--workers: must be >= 1; got {workers}")
+    if not devices:
+        return workers, None
+    device_list = [d.strip() for d in devices.split(",")]
+    for d in device_list:
+        if not (d in ("cpu", "cuda") or (d.startswith("cuda:") and d[5:].isdigit())):
+            raise ConfigError(f"--devices: {d!r} is not cpu, cuda or cuda:N")
+    return (len(device_list) if workers == 1 else workers), device_list
+
+
 def _command_line() -> str:
     import shlex
 
@@ -230,16 +246,9 @@ def ablate_cmd(
     from harness.configtools import ConfigError
     from harness.experiment import load_experiment
 
-    if workers < 1:
-        raise ConfigError(f"--workers: must be >= 1; got {workers}")
+    workers, device_list = _workers_and_devices(workers, devices)
     if max_retries < 0:
         raise ConfigError(f"--max-retries: must be >= 0; got {max_retries}")
-    device_list = [d.strip() for d in devices.split(",")] if devices else None
-    if device_list:
-        for d in device_list:
-            if not (d in ("cpu", "cuda") or (d.startswith("cuda:") and d[5:].isdigit())):
-                raise ConfigError(f"--devices: {d!r} is not cpu, cuda or cuda:N")
-        workers = len(device_list) if workers == 1 else workers
     spec = load_experiment(experiment_file)
     if spec.search is not None:
         raise ConfigError(f"{experiment_file}: has a search section; run it with `harness search`")
@@ -318,14 +327,12 @@ def search_cmd(
     from harness.configtools import ConfigError
     from harness.experiment import load_experiment
 
-    if workers < 1:
-        raise ConfigError(f"--workers: must be >= 1; got {workers}")
+    workers, device_list = _workers_and_devices(workers, devices)
     spec = load_experiment(experiment_file)
     if spec.search is None:
         raise ConfigError(
             f"{experiment_file}: has no search section; run a grid with `harness ablate`"
         )
-    device_list = [d.strip() for d in devices.split(",")] if devices else None
     _check_store_urls(storage, tracking_uri)
     optuna_storage, tracker = _stores(storage, tracking_uri, results_dir)
     from harness.sweep.search import finish_search, open_search_study, run_search_workers
