@@ -7,6 +7,7 @@ training run.  The same ``RunConfig`` is what an ablation cell overrides.
 
 from __future__ import annotations
 
+import copy
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,6 @@ import yaml
 
 from harness.configtools import (
     ConfigError,
-    deep_merge,
     from_dict,
     parse_override,
     set_path,
@@ -317,16 +317,17 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """Set dotted keys (aliases resolved) in a copy of a plain config dict."""
-    out = deep_merge({}, data)
+    """Set dotted keys (aliases resolved) in a deep copy of a plain config dict; ``data`` and
+    ``overrides`` are never modified."""
+    out = copy.deepcopy(data)
     for key, value in overrides.items():
-        set_path(out, resolve_alias(key), value)
+        set_path(out, resolve_alias(key), copy.deepcopy(value))
     return out
 
 
 def expand_aliases(data: dict[str, Any]) -> dict[str, Any]:
-    """Top-level ``adv_norm:``/``reward_norm:`` blocks move under ``ppo``."""
-    out = dict(data)
+    """Top-level ``adv_norm:``/``reward_norm:`` blocks move under ``ppo`` (in a deep copy)."""
+    out = copy.deepcopy(data)
     for short, full in ALIASES.items():
         if short in out:
             value = out.pop(short)

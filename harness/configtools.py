@@ -8,6 +8,7 @@ allowed.  The CLI turns ``ConfigError`` into exit code 2.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import types
 import typing
@@ -152,13 +153,16 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    """Recursive dict merge; values in ``update`` win; a None in update replaces a sub-dict."""
-    out = dict(base)
+    """Recursive dict merge into a new tree; values in ``update`` win; a None in update replaces
+    a sub-dict. Neither input is modified and the result shares no mutable object with them:
+    callers then write into the result with ``set_path``, and a shared nested dict would carry
+    one cell's settings into the next (the leak of issue 14)."""
+    out = copy.deepcopy(base)
     for k, v in update.items():
         if isinstance(v, dict) and isinstance(out.get(k), dict):
             out[k] = deep_merge(out[k], v)
         else:
-            out[k] = v
+            out[k] = copy.deepcopy(v)
     return out
 
 

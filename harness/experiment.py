@@ -150,7 +150,7 @@ def _err(file: str, key: str, msg: str) -> ConfigError:
 def _check_overrides(
     file: str, where: str, overrides: dict[str, Any], base: dict[str, Any]
 ) -> None:
-    for path, value in overrides.items():
+    for path in overrides:
         full = resolve_alias(path)
         if not is_config_path(RunConfig, full):
             raise _err(
@@ -158,11 +158,16 @@ def _check_overrides(
                 where,
                 f"{path!r} is not a run-config path (e.g. ppo.eps_clip, ppo.adv_norm.mean_level, rollout.staleness)",
             )
-        try:
-            cfg = build_run_config(apply_overrides(base, {full: value}))
-            validate_task(cfg)
-        except ConfigError as err:
+    # The overrides are checked together (a variant may set keys that only make sense as a
+    # set, e.g. a weight mode and its cap), each time on a fresh copy of the base.
+    try:
+        cfg = build_run_config(apply_overrides(base, overrides))
+        validate_task(cfg)
+    except ConfigError as err:
+        if len(overrides) == 1:
+            ((path, value),) = overrides.items()
             raise _err(file, f"{where}.{path}", f"value {value!r} rejected: {err}") from None
+        raise _err(file, where, f"rejected: {err}") from None
 
 
 def load_experiment(path: str | Path) -> ExperimentSpec:

@@ -20,7 +20,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from harness.configtools import ConfigError, set_path
+from harness.configtools import ConfigError
 from harness.experiment import ExperimentSpec
 from harness.sweep.worker import HASH_ATTR, PARENT_ATTR, SPEC_ATTR
 
@@ -126,8 +126,7 @@ def _objective_factory(
     device: str | None,
     events: Any,
 ) -> Any:
-    from harness.config import build_run_config
-    from harness.configtools import deep_merge
+    from harness.config import apply_overrides, build_run_config
     from harness.sweep.ablate import resolved_base
     from harness.tracked import tracked_run
 
@@ -157,9 +156,7 @@ def _objective_factory(
         values: list[list[float]] = [[] for _ in search.objectives]
         diverged = 0
         for i, seed in enumerate(spec.seeds):
-            data = deep_merge({}, base)
-            for k, v in {**point, "seed": seed, "steps": spec.steps}.items():
-                set_path(data, k, v)
+            data = apply_overrides(base, {**point, "seed": seed, "steps": spec.steps})
             if device:
                 data["device"] = device
             data["threads"] = data.get("threads") or threads

@@ -92,17 +92,16 @@ def run_trial(
     should_stop: Callable[[], bool],
 ) -> str:
     """Train one claimed trial and tell Optuna how it ended; returns the outcome."""
-    from harness.config import build_run_config
-    from harness.configtools import deep_merge, set_path
+    from harness.config import apply_overrides, build_run_config
     from harness.sweep.storage import heartbeat, with_retries
     from harness.tracked import tracked_run
 
     attrs = with_retries(lambda: study._storage.get_trial(trial._trial_id)).user_attrs
     cell, seed = attrs["cell"], int(attrs["seed"])
     overrides = spec_dict["cells"][cell]
-    data = deep_merge({}, spec_dict["base"])
-    for k, v in {**overrides, "seed": seed, "steps": spec_dict["steps"]}.items():
-        set_path(data, k, v)
+    data = apply_overrides(
+        spec_dict["base"], {**overrides, "seed": seed, "steps": spec_dict["steps"]}
+    )
     if opts.device:
         data["device"] = opts.device
     if not data.get("threads"):
