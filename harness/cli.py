@@ -44,7 +44,9 @@ TrackingUri = Annotated[
     str | None,
     typer.Option(
         "--tracking-uri",
-        help="MLflow tracking URI (default sqlite:///RESULTS/mlflow.db; http(s)://host:port for a server).",
+        envvar="HARNESS_TRACKING_URI",
+        show_envvar=False,
+        help="MLflow tracking URI (default sqlite:///RESULTS/mlflow.db; http(s)://host:port for a server; or $HARNESS_TRACKING_URI).",
     ),
 ]
 
@@ -117,7 +119,9 @@ Storage = Annotated[
     str | None,
     typer.Option(
         "--storage",
-        help="Optuna storage: journal file under RESULTS (default), sqlite:///PATH or postgresql://USER:PASS@HOST:PORT/DB.",
+        envvar="HARNESS_STORAGE",
+        show_envvar=False,
+        help="Optuna storage: journal file under RESULTS (default), sqlite:///PATH or postgresql://USER:PASS@HOST:PORT/DB (or $HARNESS_STORAGE, which keeps a password off the command line).",
     ),
 ]
 
@@ -260,11 +264,10 @@ def ablate_cmd(
     _check_store_urls(storage, tracking_uri)
     optuna_storage, tracker = _stores(storage, tracking_uri, results_dir)
 
-    from harness.sweep.ablate import enqueue_missing, open_study, run_local_workers
-    from harness.sweep.worker import WorkerOptions
+    from harness.sweep.study import enqueue_missing, open_study
 
     command = _command_line()
-    study, payload = open_study(
+    study, study_spec = open_study(
         spec,
         storage=optuna_storage,
         tracker=tracker,
@@ -273,37 +276,73 @@ def ablate_cmd(
         max_retries=max_retries,
         command=command,
     )
-    enqueued, done = enqueue_missing(study, spec)
+    enqueued, done = enqueue_missing(study, study_spec)
     typer.echo(
         f"study {study.study_name!r}: {spec.n_trials} trials ({len(spec.cells)} cells x "
         f"{len(spec.seeds)} seeds), {done} already done, {enqueued} enqueued; "
         f"{workers} worker(s)",
         err=True,
     )
+    _run_sweep(
+        study,
+        study_spec,
+        tracker,
+        storage=storage,
+        tracking_uri=tracking_uri,
+        results_dir=results_dir,
+        workers=workers,
+        device_list=device_list,
+        done=done,
+        fail_fast=fail_fast,
+        command=command,
+        report=report,
+    )
+
+
+def _run_sweep(
+    study: Any,
+    spec: Any,
+    tracker: Any,
+    *,
+    storage: str | None,
+    tracking_uri: str | None,
+    results_dir: Path,
+    workers: int,
+    device_list: list[str] | None,
+    done: int,
+    command: str,
+    fail_fast: bool = False,
+    report: bool = True,
+) -> None:
+    """Run the workers of an opened study (grid or search), then finish it: the one path of
+    `ablate` and `search`."""
+    from harness.sweep.finish import finish_study
+    from harness.sweep.launch import Resources, make_launcher, run_workers
+    from harness.sweep.worker import WorkerOptions
+
     opts = WorkerOptions(
         study=study.study_name,
         storage=storage,
         results_dir=results_dir,
         tracking_uri=tracking_uri,
-        threads=0,
+        threads=1,  # one torch thread per run: results must not depend on the worker count
     )
-    counts = run_local_workers(
+    counts = run_workers(
+        make_launcher("local"),
         workers,
         opts,
-        devices=device_list,
-        total=spec.n_trials,
+        resources=Resources(devices=tuple(device_list or ())),
+        total=spec.expected_trials,
         done_before=done,
         fail_fast=fail_fast,
     )
-    from harness.sweep.finish import finish_study
-
     finished = finish_study(
-        study, tracker, payload, command=command, results_dir=results_dir, write_report=report
+        study, tracker, spec, command=command, results_dir=results_dir, write_report=report
     )
     if counts.get("interrupted_by_user"):
         typer.echo("interrupted: run the same command again to resume", err=True)
         raise typer.Exit(130)
-    if not finished:
+    if not finished and spec.kind == "grid":
         raise typer.Exit(1)
 
 
@@ -335,32 +374,34 @@ def search_cmd(
         )
     _check_store_urls(storage, tracking_uri)
     optuna_storage, tracker = _stores(storage, tracking_uri, results_dir)
-    from harness.sweep.search import finish_search, open_search_study, run_search_workers
+    from harness.sweep.study import enqueue_missing, open_study
 
-    study, payload = open_search_study(
+    command = _command_line()
+    study, study_spec = open_study(
         spec,
         storage=optuna_storage,
         tracker=tracker,
         study_name=study_name,
-        command=_command_line(),
+        tracking_uri=tracking_uri,
+        command=command,
     )
+    _, done = enqueue_missing(study, study_spec)
     typer.echo(
         f"study {study.study_name!r}: up to {spec.search.n_trials} trials x {len(spec.seeds)} seeds, {workers} worker(s)",
         err=True,
     )
-    interrupted = run_search_workers(
-        spec,
-        study.study_name,
-        n_workers=workers,
-        storage_url=storage,
+    _run_sweep(
+        study,
+        study_spec,
+        tracker,
+        storage=storage,
         tracking_uri=tracking_uri,
         results_dir=results_dir,
-        devices=device_list,
+        workers=workers,
+        device_list=device_list,
+        done=done,
+        command=command,
     )
-    finish_search(study, tracker, payload)
-    if interrupted:
-        typer.echo("interrupted: run the same command again to resume", err=True)
-        raise typer.Exit(130)
 
 
 @app.command("worker")
@@ -377,13 +418,18 @@ def worker_cmd(
     wait: Annotated[
         bool, typer.Option("--wait/--exit-when-idle", help="Keep polling for new trials.")
     ] = False,
+    worker_id: Annotated[int, typer.Option("--worker-id", hidden=True)] = 0,
+    events: Annotated[str, typer.Option("--events", hidden=True)] = "text",
 ) -> None:
     """Join a running study (from another machine or GPU) and work through its waiting trials."""
+    import json
     import signal as _signal
     import threading
 
     from harness.configtools import ConfigError
 
+    if events not in ("text", "jsonl"):
+        raise ConfigError(f"--events: must be text or jsonl; got {events!r}")
     _check_store_urls(storage, tracking_uri)
     optuna_storage, _ = _stores(storage, tracking_uri, results_dir)
     import optuna
@@ -401,7 +447,10 @@ def worker_cmd(
     _signal.signal(_signal.SIGINT, lambda *_: stop.set())
 
     def emit(e: dict[str, Any]) -> None:
-        if e["event"] == "done":
+        if events == "jsonl":  # for a launcher that reads this worker's progress
+            sys.stdout.write(json.dumps(e, default=str) + "\n")
+            sys.stdout.flush()
+        elif e["event"] == "done":
             typer.echo(
                 f"{e['cell']} seed={e['seed']}: {e['outcome']} {e.get('reason') or ''}", err=True
             )
@@ -414,6 +463,7 @@ def worker_cmd(
             tracking_uri=tracking_uri,
             device=device,
             threads=threads,
+            worker_id=worker_id,
             exit_when_idle=not wait,
         ),
         emit=emit,
@@ -452,14 +502,13 @@ def report_cmd(
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("results"),
 ) -> None:
-    """Write results/<study>/report.md and report.html and attach them to the parent MLflow run."""
-    import json
-
+    """Write results/<study>/report.md (and report.html for a grid) and attach them to the parent
+    MLflow run."""
     import optuna
 
     from harness.configtools import ConfigError
     from harness.sweep.finish import finish_study
-    from harness.sweep.worker import SPEC_ATTR
+    from harness.sweep.spec import COMMAND_ATTR, load_study_spec
 
     _check_store_urls(storage, tracking_uri)
     optuna_storage, tracker = _stores(storage, tracking_uri, results_dir)
@@ -467,14 +516,12 @@ def report_cmd(
         st = optuna.load_study(study_name=study, storage=optuna_storage)
     except KeyError:
         raise ConfigError(f"study: no study named {study!r} (see `harness status`)") from None
-    if SPEC_ATTR not in st.user_attrs:
-        raise ConfigError(f"study: {study!r} was not made by `harness ablate`")
-    payload = json.loads(st.user_attrs[SPEC_ATTR])
+    spec = load_study_spec(st)
     finish_study(
         st,
         tracker,
-        payload,
-        command=st.user_attrs.get("harness.command", _command_line()),
+        spec,
+        command=st.user_attrs.get(COMMAND_ATTR, _command_line()),
         results_dir=results_dir,
         write_report=True,
         end_parent=False,
