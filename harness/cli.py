@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -124,6 +125,77 @@ Storage = Annotated[
         help="Optuna storage: journal file under RESULTS (default), sqlite:///PATH or postgresql://USER:PASS@HOST:PORT/DB (or $HARNESS_STORAGE, which keeps a password off the command line).",
     ),
 ]
+
+
+LauncherOpt = Annotated[
+    str,
+    typer.Option(
+        "--launcher",
+        help="Where workers run: local (processes on this machine) or ray (tasks on a Ray cluster; pip install 'harness[ray]').",
+    ),
+]
+RayAddress = Annotated[
+    str | None,
+    typer.Option(
+        "--ray-address",
+        help="Ray cluster to join (e.g. HEAD:6379 or auto; default: start Ray on this machine).",
+    ),
+]
+GpusPerWorker = Annotated[
+    float, typer.Option("--gpus-per-worker", help="Ray: GPUs reserved for each worker.")
+]
+CpusPerWorker = Annotated[
+    float, typer.Option("--cpus-per-worker", help="Ray: CPUs reserved for each worker.")
+]
+SharedFs = Annotated[
+    bool,
+    typer.Option(
+        "--shared-fs",
+        help="Ray: RESULTS (journal, SQLite) is on a filesystem every node mounts.",
+    ),
+]
+
+
+@dataclass(frozen=True)
+class LaunchChoice:
+    """--launcher and its resources, validated before any store is opened."""
+
+    name: str = "local"
+    ray_address: str | None = None
+    gpus: float = 0.0
+    cpus: float = 1.0
+
+
+def _launch_choice(
+    launcher: str,
+    ray_address: str | None,
+    gpus: float,
+    cpus: float,
+    shared_fs: bool,
+    storage: str | None,
+    tracking_uri: str | None,
+) -> LaunchChoice:
+    import math
+
+    from harness.configtools import ConfigError
+
+    if launcher not in ("local", "ray"):
+        raise ConfigError(f"--launcher: must be local or ray; got {launcher!r}")
+    for flag, v in (("--gpus-per-worker", gpus), ("--cpus-per-worker", cpus)):
+        if not math.isfinite(v) or v < 0:
+            raise ConfigError(f"{flag}: must be a number >= 0; got {v}")
+    if launcher == "local":
+        if ray_address is not None or gpus or cpus != 1.0 or shared_fs:
+            raise ConfigError(
+                "--ray-address, --gpus-per-worker, --cpus-per-worker and --shared-fs need "
+                "--launcher ray"
+            )
+        return LaunchChoice()
+    from harness.sweep.ray_launcher import check_shareable, import_ray
+
+    import_ray()
+    check_shareable(storage, tracking_uri, address=ray_address, shared_fs=shared_fs)
+    return LaunchChoice("ray", ray_address, gpus, cpus)
 
 
 def _stores(storage: str | None, tracking_uri: str | None, results_dir: Path) -> tuple[Any, Any]:
@@ -245,6 +317,11 @@ def ablate_cmd(
     report: Annotated[
         bool, typer.Option("--report/--no-report", help="Write the report at the end.")
     ] = True,
+    launcher: LauncherOpt = "local",
+    ray_address: RayAddress = None,
+    gpus_per_worker: GpusPerWorker = 0.0,
+    cpus_per_worker: CpusPerWorker = 1.0,
+    shared_fs: SharedFs = False,
 ) -> None:
     """Run every (cell, seed) of an ablation grid; resumable; ends with a ranking and a report."""
     from harness.configtools import ConfigError
@@ -262,6 +339,9 @@ def ablate_cmd(
         print_grid(spec)
         return
     _check_store_urls(storage, tracking_uri)
+    choice = _launch_choice(
+        launcher, ray_address, gpus_per_worker, cpus_per_worker, shared_fs, storage, tracking_uri
+    )
     optuna_storage, tracker = _stores(storage, tracking_uri, results_dir)
 
     from harness.sweep.study import enqueue_missing, open_study
@@ -296,6 +376,7 @@ def ablate_cmd(
         fail_fast=fail_fast,
         command=command,
         report=report,
+        choice=choice,
     )
 
 
@@ -313,6 +394,7 @@ def _run_sweep(
     command: str,
     fail_fast: bool = False,
     report: bool = True,
+    choice: LaunchChoice = LaunchChoice(),
 ) -> None:
     """Run the workers of an opened study (grid or search), then finish it: the one path of
     `ablate` and `search`."""
@@ -328,10 +410,10 @@ def _run_sweep(
         threads=1,  # one torch thread per run: results must not depend on the worker count
     )
     counts = run_workers(
-        make_launcher("local"),
+        make_launcher(choice.name, ray_address=choice.ray_address),
         workers,
         opts,
-        resources=Resources(devices=tuple(device_list or ())),
+        resources=Resources(devices=tuple(device_list or ()), gpus=choice.gpus, cpus=choice.cpus),
         total=spec.expected_trials,
         done_before=done,
         fail_fast=fail_fast,
@@ -361,6 +443,11 @@ def search_cmd(
     storage: Storage = None,
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("results"),
+    launcher: LauncherOpt = "local",
+    ray_address: RayAddress = None,
+    gpus_per_worker: GpusPerWorker = 0.0,
+    cpus_per_worker: CpusPerWorker = 1.0,
+    shared_fs: SharedFs = False,
 ) -> None:
     """TPE (or two-objective) search; seeds inside each trial; median/Wilcoxon pruning; resumable."""
     from harness.configtools import ConfigError
@@ -373,6 +460,9 @@ def search_cmd(
             f"{experiment_file}: has no search section; run a grid with `harness ablate`"
         )
     _check_store_urls(storage, tracking_uri)
+    choice = _launch_choice(
+        launcher, ray_address, gpus_per_worker, cpus_per_worker, shared_fs, storage, tracking_uri
+    )
     optuna_storage, tracker = _stores(storage, tracking_uri, results_dir)
     from harness.sweep.study import enqueue_missing, open_study
 
@@ -401,6 +491,7 @@ def search_cmd(
         device_list=device_list,
         done=done,
         command=command,
+        choice=choice,
     )
 
 

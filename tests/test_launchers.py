@@ -22,12 +22,19 @@ from harness.tracking import make_tracker
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "experiments" / "smoke.yaml"
 
-LAUNCHERS = ["local", "command"]
+LAUNCHERS = ["local", "command", "ray"]
 
 
 @pytest.fixture(params=LAUNCHERS)
 def launcher_name(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+@pytest.fixture
+def make(launcher_name: str, request: pytest.FixtureRequest) -> Any:
+    """Builds the launcher under test (Ray: on the session's private head)."""
+    address = request.getfixturevalue("ray_head") if launcher_name == "ray" else None
+    return lambda: make_launcher(launcher_name, ray_address=address)
 
 
 def _open(tmp_path: Path, name: str, steps: int, storage: str | None = None) -> tuple[Any, Any]:
@@ -50,10 +57,6 @@ def _open(tmp_path: Path, name: str, steps: int, storage: str | None = None) -> 
     return study, opts
 
 
-def _launcher(name: str) -> Any:
-    return make_launcher(name)
-
-
 def _states(study: Any) -> Counter[tuple[str, int, str]]:
     return Counter(
         (t.user_attrs["cell"], int(t.user_attrs["seed"]), t.state.name)
@@ -61,9 +64,9 @@ def _states(study: Any) -> Counter[tuple[str, int, str]]:
     )
 
 
-def test_workers_complete_every_trial_exactly_once(tmp_path: Path, launcher_name: str) -> None:
+def test_workers_complete_every_trial_exactly_once(tmp_path: Path, make: Any) -> None:
     study, opts = _open(tmp_path, "contract", steps=2)
-    launcher = _launcher(launcher_name)
+    launcher = make()
     events: list[dict[str, Any]] = []
     counts = run_workers(
         launcher,
@@ -88,11 +91,9 @@ def test_workers_complete_every_trial_exactly_once(tmp_path: Path, launcher_name
     assert any(e["event"] == "step" for e in events)
 
 
-def test_stop_request_interrupts_and_leaves_nothing_running(
-    tmp_path: Path, launcher_name: str
-) -> None:
+def test_stop_request_interrupts_and_leaves_nothing_running(tmp_path: Path, make: Any) -> None:
     study, opts = _open(tmp_path, "stopped", steps=400)
-    launcher = _launcher(launcher_name)
+    launcher = make()
     asked: list[float] = []
 
     def on_event(e: dict[str, Any]) -> None:

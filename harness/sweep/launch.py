@@ -248,9 +248,7 @@ class CommandLauncher:
         return [p.pid for p in self.procs]
 
 
-def make_launcher(
-    name: str, *, ray_address: str | None = None, shared_path: bool = False
-) -> Launcher:
+def make_launcher(name: str, *, ray_address: str | None = None) -> Launcher:
     if name == "local":
         return LocalLauncher()
     if name == "command":

@@ -112,7 +112,7 @@ class _Trial:
     def train(self, cfg: Any, label: str, seed: int) -> tuple[Any, str]:
         from harness.tracked import tracked_run
 
-        self.event("start", cell=label, seed=seed, steps=cfg.steps)
+        self.event("start", cell=label, seed=seed, steps=cfg.steps, pid=os.getpid())
 
         def on_step(step: int, m: dict[str, float]) -> None:
             self.event("step", step=step + 1, reward=m.get("objective/reward", math.nan))
