@@ -77,16 +77,32 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 class TinyModelConfig:
     """Shape of the tiny Llama policy (defaults: ~0.4M parameters, fast on one CPU core)."""
 
-    hidden_size: int = field(default=128, metadata={"help": "Width of the residual stream."})
-    num_layers: int = field(default=2, metadata={"help": "Number of transformer blocks."})
+    # Bounds (ge/le) are checked by harness.configtools when a config is built from YAML.
+    hidden_size: int = field(
+        default=128, metadata={"help": "Width of the residual stream.", "ge": 1, "le": 65_536}
+    )
+    num_layers: int = field(
+        default=2, metadata={"help": "Number of transformer blocks.", "ge": 1, "le": 1024}
+    )
     num_heads: int = field(
-        default=4, metadata={"help": "Attention heads per block (must divide hidden_size)."}
+        default=4,
+        metadata={
+            "help": "Attention heads per block (must divide hidden_size).",
+            "ge": 1,
+            "le": 1024,
+        },
     )
     intermediate_size: int = field(
-        default=256, metadata={"help": "Hidden width of each block's SwiGLU MLP."}
+        default=256,
+        metadata={"help": "Hidden width of each block's SwiGLU MLP.", "ge": 1, "le": 262_144},
     )
     max_position_embeddings: int = field(
-        default=512, metadata={"help": "Longest prompt + completion the RoPE tables cover."}
+        default=512,
+        metadata={
+            "help": "Longest prompt + completion the RoPE tables cover.",
+            "ge": 1,
+            "le": 1_048_576,
+        },
     )
 
     def __post_init__(self) -> None:
