@@ -15,14 +15,15 @@ from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from transformers import (
+    AutoModelForCausalLM,
     Gemma2Config,
     GPT2Config,
     GPTNeoXConfig,
     MistralConfig,
     OPTConfig,
     PhiConfig,
+    PreTrainedTokenizerFast,
     Qwen2Config,
 )
 
