@@ -228,6 +228,12 @@ def run(
     max_new = cfg.rollout.max_new_tokens
     history: dict[str, list[float]] = {}
     status, reason, steps_done, bad_steps = "completed", "", 0, 0
+    # The warm-started policy on the same held-out prompts as every later eval, before any
+    # update: the start that final/eval_reward is compared with (greedy, own generator, so the
+    # training RNG streams are untouched).
+    start_eval = evaluate(
+        model, tokenizer, task, eval_examples, max_new_tokens=max_new, device=device
+    )
 
     def record(step: int, metrics: dict[str, float]) -> None:
         for k, v in metrics.items():
@@ -381,6 +387,10 @@ def run(
     )
     first = [v for v in history.get("objective/reward", [])[:10] if math.isfinite(v)]
     summary["start/reward"] = sum(first) / len(first) if first else math.nan
+    summary["start/eval_reward"] = start_eval["eval/reward"]
+    summary["start/eval_accuracy"] = start_eval["eval/accuracy"]
+    evals = [v for v in history.get("eval/reward", []) if math.isfinite(v)]
+    summary["final/eval_reward"] = evals[-1] if evals else math.nan
     return RunResult(
         status=status,
         reason=reason,
