@@ -337,9 +337,7 @@ def run(
             metrics = {
                 "objective/reward": float(rewards.mean()),
                 "objective/reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
-                "objective/kl": float(batch["kl"][m].mean())
-                if ref_model is not None and m.any()
-                else 0.0,
+                "objective/kl": float(batch["kl"][m].mean()) if kl_on and m.any() else 0.0,
                 "advantages/mean": float(adv.mean()) if adv.numel() else 0.0,
                 "advantages/std": float(adv.std()) if adv.numel() > 1 else 0.0,
                 "advantages/abs_max": float(adv.abs().max()) if adv.numel() else 0.0,
@@ -348,7 +346,7 @@ def run(
                 "rollout/zero_std_groups": float(
                     (groups.max(1).values == groups.min(1).values).float().mean()
                 ),
-                "rollout/staleness": float(ring.lag if behaviour_model is not None else 0),
+                "rollout/staleness": float(ring.lag if cfg.rollout.staleness else 0),
                 "optim/lr": float(scheduler.get_last_lr()[0]),
                 "perf/step_time": step_time,
                 "perf/rollout_time": t_rollout,
