@@ -21,7 +21,7 @@ from harness.configtools import (
     parse_override,
     set_path,
 )
-from harness.models import TinyModelConfig
+from harness.models import ModelOptions, TinyModelConfig
 from harness.ppo.loss import RejectionSampling, validate_clip_options
 from harness.ppo.normalization import NormConfig
 
@@ -150,6 +150,13 @@ class RolloutConfig:
         default=0,
         metadata=_h("Sample with the policy as it was k updates ago (emulates async RL)."),
     )
+    max_prompt_tokens: int | None = field(
+        default=None,
+        metadata=_h(
+            "Keep only the last N tokens of longer prompts (null = never truncate; a prompt "
+            "+ max_new_tokens past the model's positions is then a config error)."
+        ),
+    )
 
     def __post_init__(self) -> None:
         for name in ("prompts_per_step", "n_samples", "max_new_tokens"):
@@ -159,6 +166,10 @@ class RolloutConfig:
             raise ValueError(f"staleness must be >= 0; got {self.staleness}")
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}")
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
+            raise ValueError(
+                f"max_prompt_tokens must be >= 1 or null; got {self.max_prompt_tokens}"
+            )
 
 
 @dataclass
@@ -238,6 +249,13 @@ class RunConfig:
         default="tiny", metadata=_h("'tiny' or a local Hugging Face model directory.")
     )
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig, metadata=_h("Tiny model shape."))
+    model_options: ModelOptions = field(
+        default_factory=ModelOptions,
+        metadata=_h(
+            "How the model is loaded and run: dtype, attn_implementation, trust_remote_code, "
+            "gradient_checkpointing, lora."
+        ),
+    )
     task: str = field(
         default="reverse",
         metadata=_h("reverse | add | sort | mixed-scale | jsonl:PATH | python:module:function."),
@@ -252,7 +270,10 @@ class RunConfig:
     )
     eval: EvalConfig = field(default_factory=EvalConfig, metadata=_h("Held-out evaluation."))
     device: str = field(default="cpu", metadata=_h("auto | cpu | cuda | cuda:N."))
-    bf16: bool = field(default=False, metadata=_h("bf16 autocast (CUDA only)."))
+    bf16: bool = field(
+        default=False,
+        metadata=_h("Shorthand for model_options.dtype=bfloat16 (autocast, CPU and CUDA)."),
+    )
     threads: int = field(default=0, metadata=_h("torch CPU threads (0 = leave torch's default)."))
     diverge_after: int = field(
         default=3,
@@ -270,6 +291,8 @@ class RunConfig:
             raise ValueError(f"threads must be >= 0; got {self.threads}")
         if self.diverge_after < 1:
             raise ValueError(f"diverge_after must be >= 1; got {self.diverge_after}")
+        if self.bf16:
+            self.model_options.dtype = "bfloat16"
         dev = self.device
         if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N; got {dev!r}")
@@ -353,10 +376,16 @@ def validate_task(cfg: RunConfig) -> None:
     from harness.tasks import get_task
 
     try:
-        get_task(cfg.task, **cfg.task_options)
+        task = get_task(cfg.task, **cfg.task_options)
     except (ValueError, TypeError) as err:
         msg = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ConfigError(msg if msg.startswith("task") else f"task: {msg}") from None
+    from harness.limits import check_lengths
+
+    try:
+        check_lengths(cfg, task)
+    except ValueError as err:
+        raise ConfigError(str(err).splitlines()[0]) from None
 
 
 def load_run_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:

@@ -67,6 +67,8 @@ def print_summary(result: RunResult, run_id: str) -> None:
         "best/reward",
         "final/reward_auc",
         "final/eval_accuracy",
+        "start/eval_reward",
+        "final/eval_reward",
         "stability/max_drawdown",
         "stability/collapsed",
         "stability/max_approx_kl",

@@ -103,10 +103,13 @@ class PPOActor:
             from harness.rollout import forward_logprobs
 
             fn = forward_logprobs
-        ctx = (
-            torch.autocast(device_type="cuda", dtype=self.autocast_dtype)
-            if self.autocast_dtype is not None
-            else torch.autocast(device_type="cpu", enabled=False)
+        # The same precision context as the sampler (harness.models.precision): autocast to
+        # ``autocast_dtype`` on the model's device, or explicitly off.
+        dev = next(self.model.parameters()).device.type
+        ctx = torch.autocast(
+            device_type=dev,
+            dtype=self.autocast_dtype or torch.bfloat16,
+            enabled=self.autocast_dtype is not None,
         )
         with ctx:
             logp, ent = fn(
@@ -254,7 +257,19 @@ class PPOActor:
         counts = m_all.sum(dim=1).tolist()
         bins = [b for b in minibatch_indices([int(c) for c in counts], cfg.ppo_n_minibatches) if b]
         acc = _StatsAccumulator()
+        was_training = self.model.training
+        # Train mode for the update only (gradient checkpointing needs it); the caller zeroes
+        # dropout at load time (harness.models.disable_dropout), so the function is unchanged.
         self.model.train()
+        try:
+            self._update_epochs(batch, bins, acc)
+        finally:
+            self.model.train(was_training)
+        return acc.result()
+
+    def _update_epochs(self, batch: dict[str, Any], bins: list[list[int]], acc: Any) -> None:
+        assert self.model is not None and self.optimizer is not None
+        cfg = self.config
         for _epoch in range(cfg.ppo_epochs):
             for idx in bins:
                 mb = _select_rows(batch, idx)
@@ -281,7 +296,6 @@ class PPOActor:
                 if self.scheduler is not None:
                     self.scheduler.step()
                 acc.add(mb, stats, float(loss.detach()), grad_norm)
-        return acc.result()
 
 
 def _select_rows(batch: dict[str, Any], idx: list[int]) -> dict[str, Any]:
