@@ -218,6 +218,13 @@ class RolloutConfig:
         default=0,
         metadata=_h("Sample with the policy as it was k updates ago (emulates async RL)."),
     )
+    chat_template: str = field(
+        default="none",
+        metadata=_h(
+            "none = prompts as is; auto = the tokenizer's chat template when it has one (one "
+            "user turn + generation prompt); or a path to a Jinja template file."
+        ),
+    )
     max_prompt_tokens: int | None = field(
         default=None,
         metadata=_h(
@@ -234,6 +241,10 @@ class RolloutConfig:
             raise ValueError(f"staleness must be >= 0; got {self.staleness}")
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}")
+        if self.chat_template not in ("auto", "none") and not Path(self.chat_template).is_file():
+            raise ValueError(
+                f"chat_template: file {self.chat_template!r} not found (use auto, none or a path)"
+            )
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise ValueError(
                 f"max_prompt_tokens must be >= 1 or null; got {self.max_prompt_tokens}"
