@@ -46,11 +46,19 @@ def model_limit(cfg: RunConfig) -> tuple[int | None, str]:
 
 def longest_prompt(cfg: RunConfig, task: Task, tokenizer: Any) -> int:
     """Tokens in the longest probed prompt (eval prompts + training draws), after truncation."""
+    from harness.prompting import resolve_chat_template
     from harness.rollout import encode_prompts
 
     prompts = [e.prompt for e in task.eval_examples(cfg.eval.n_prompts)]
     prompts += [e.prompt for e in task.sample(random.Random(cfg.seed), PROBE_PROMPTS)]
-    enc = encode_prompts(tokenizer, prompts, cfg.rollout.max_prompt_tokens)
+    try:
+        template = resolve_chat_template(cfg.rollout.chat_template, tokenizer)
+        enc = encode_prompts(tokenizer, prompts, cfg.rollout.max_prompt_tokens, template)
+    except ValueError:
+        raise
+    except Exception as err:  # a broken Jinja template: jinja2's own error types
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(f"rollout.chat_template: cannot render a prompt ({first})") from None
     return int(enc["attention_mask"].sum(-1).max())
 
 
@@ -64,16 +72,16 @@ def check_lengths(cfg: RunConfig, task: Task) -> None:
             "model_options.lora: needs the optional peft package (pip install -e '.[lora]')"
         )
     limit, where = model_limit(cfg)
+    tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.model_options.trust_remote_code)
+    longest = longest_prompt(cfg, task, tokenizer)  # also renders the chat template once
+    new = cfg.rollout.max_new_tokens
     if limit is None:
         return
-    new = cfg.rollout.max_new_tokens
     if new >= limit:
         raise ValueError(
             f"rollout.max_new_tokens: {new} leaves no room for a prompt in the model's "
             f"{limit} positions ({where})"
         )
-    tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.model_options.trust_remote_code)
-    longest = longest_prompt(cfg, task, tokenizer)
     if longest + new > limit:
         raise ValueError(
             f"rollout.max_new_tokens: prompts of up to {longest} tokens + {new} new tokens "

@@ -343,6 +343,7 @@ def sample(
     eos_token_ids: list[int] | None = None,
     max_prompt_tokens: int | None = None,
     max_positions: int | None = None,
+    chat_template: str | None = None,
 ) -> RolloutBatch:
     """Sample ``n_samples`` completions per prompt with a hand-written KV-cache loop.
 
@@ -357,6 +358,8 @@ def sample(
     :func:`harness.models.eos_ids`). ``max_prompt_tokens``: keep only the last that many tokens of
     a longer prompt (None = never truncate). ``max_positions``: a row needing more than that many
     positions (prompt + ``max_new_tokens``) raises ``ValueError`` before any forward pass.
+    ``chat_template``: a Jinja template each prompt is rendered with first (one user turn; see
+    :mod:`harness.prompting`).
     """
     if n_samples < 1 or max_new_tokens < 1:
         raise ValueError("sample: n_samples and max_new_tokens must be >= 1")
@@ -376,7 +379,7 @@ def sample(
         eos_token_ids = eos_ids(model, tokenizer)
     eos_id = eos_token_ids[0]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
-    enc = encode_prompts(tokenizer, prompts, max_prompt_tokens)
+    enc = encode_prompts(tokenizer, prompts, max_prompt_tokens, chat_template)
     prompt_ids = enc["input_ids"].to(device).repeat_interleave(n_samples, dim=0)
     prompt_mask = enc["attention_mask"].to(device).repeat_interleave(n_samples, dim=0)
     n_rows, width = prompt_ids.shape
@@ -423,13 +426,24 @@ def sample(
 
 
 def encode_prompts(
-    tokenizer: PreTrainedTokenizerBase, prompts: list[str], max_prompt_tokens: int | None = None
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    max_prompt_tokens: int | None = None,
+    chat_template: str | None = None,
 ) -> dict[str, torch.Tensor]:
     """Left-padded prompt ids and mask; with ``max_prompt_tokens`` each prompt keeps only its
-    last that many tokens (the end of a prompt is the question being asked)."""
+    last that many tokens (the end of a prompt is the question being asked). With a
+    ``chat_template`` the prompts are rendered first and tokenized without added specials."""
+    from harness.prompting import apply_chat_template
+
+    texts = apply_chat_template(tokenizer, prompts, chat_template)
+    special = chat_template is None
     if max_prompt_tokens is None:
-        return dict(tokenizer(prompts, padding=True, return_tensors="pt"))
-    ids = [row[-max_prompt_tokens:] for row in tokenizer(prompts)["input_ids"]]
+        return dict(tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=special))
+    ids = [
+        row[-max_prompt_tokens:]
+        for row in tokenizer(texts, add_special_tokens=special)["input_ids"]
+    ]
     return dict(tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt"))
 
 

@@ -41,6 +41,7 @@ from harness.models import (
     resolve_device,
 )
 from harness.ppo.actor import PPOActor, minibatch_indices
+from harness.prompting import resolve_chat_template
 from harness.rollout import StalenessRing, forward_logprobs, sample
 from harness.stability import summarize_run
 from harness.tasks import get_task
@@ -145,6 +146,7 @@ def run(
         "eos_token_ids": eos_ids(model, tokenizer),
         "max_prompt_tokens": cfg.rollout.max_prompt_tokens,
         "max_positions": max_positions(model.config),
+        "chat_template": resolve_chat_template(cfg.rollout.chat_template, tokenizer),
     }
     tags: dict[str, str] = {}
     if cfg.warm_start.steps > 0:
@@ -161,6 +163,7 @@ def run(
             lr=cfg.warm_start.lr,
             seed=cfg.seed,
             cache_dir=Path(results_dir) / "warmstart",
+            chat_template=sample_kw["chat_template"],
             key_parts={
                 "tiny": to_dict(cfg.tiny),
                 "task_options": cfg.task_options,
@@ -209,6 +212,7 @@ def run(
         scheduler=scheduler,
         grad_clip=o.grad_clip,
         autocast_dtype=amp,
+        generator=torch.Generator().manual_seed(cfg.seed),
     )
 
     inert = clip_is_inert(cfg)
