@@ -119,7 +119,35 @@ def test_reward_norm_maps_to_scale_rewards(std_level, scale):
     assert grpo_kwargs(c)["scale_rewards"] == scale
 
 
+def test_cispo_and_sapo_map_to_their_loss_types(tmp_path):
+    from trl import GRPOConfig
+
+    c = cfg(**{"ppo.policy_loss": "cispo", "ppo.cispo_ratio_max": 4.0})
+    kw = grpo_kwargs(c)
+    assert kw["loss_type"] == "cispo" and kw["epsilon_high"] == 4.0
+    GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **kw)
+    s = cfg(
+        **{
+            "ppo.policy_loss": "sapo",
+            "ppo.loss_agg_mode": "seq-mean-token-mean",
+            "ppo.sapo_temperature_neg": 2.0,
+        }
+    )
+    kw = grpo_kwargs(s)
+    assert kw["loss_type"] == "sapo" and kw["sapo_temperature_neg"] == 2.0
+    assert kw["sapo_temperature_pos"] == 1.0
+    res = train(cfg(**{"ppo.policy_loss": "cispo", "steps": 2}), results_dir=tmp_path)
+    assert res.status == "completed" and res.steps_done == 2
+    assert 0.0 <= res.history["policy/clipfrac_high"][0] <= 1.0
+
+
 BAD = {
+    "gmpo": ({"ppo.policy_loss": "gmpo"}, "ppo.policy_loss"),
+    "sapo-token-mean": ({"ppo.policy_loss": "sapo"}, "ppo.loss_agg_mode"),
+    "cispo-floor": (
+        {"ppo.policy_loss": "cispo", "ppo.cispo_ratio_min": 0.5},
+        "ppo.cispo_ratio_min",
+    ),
     "critic": ({"critic.enabled": True}, "critic.enabled"),
     "staleness": ({"rollout.staleness": 2}, "rollout.staleness"),
     "decoupled": ({"ppo.use_decoupled_loss": True}, "ppo.use_decoupled_loss"),

@@ -67,8 +67,9 @@ TRL_MAPPING: tuple[MapRow, ...] = (
         "ppo.policy_loss",
         "loss_type",
         "must",
-        "ppo → the clip losses above; cispo → cispo (token-mean only); sapo → sapo "
-        "(seq-mean-token-mean only); other objectives have no TRL loss_type",
+        "ppo → the clip losses above; cispo → cispo (token-mean only, cispo_ratio_max → "
+        "epsilon_high, cispo_ratio_min must be null); sapo → sapo (seq-mean-token-mean only, "
+        "sapo_temperature_pos/neg → the same names); gmpo, clip_cov, kl_cov have no TRL loss_type",
     ),
     MapRow(
         "ppo.reward_norm",
@@ -187,7 +188,6 @@ TRL_STD_EPS = 1e-4
 
 
 def _policy_loss(cfg: Any) -> str:
-    # ``ppo.policy_loss`` arrives with the losses work; until then every run is the clip loss.
     return str(getattr(cfg.ppo, "policy_loss", "ppo"))
 
 
@@ -238,7 +238,9 @@ def trl_problems(cfg: Any) -> list[tuple[str, str]]:
                 )
             )
     pl = _policy_loss(cfg)
-    if pl == "cispo" and p.loss_agg_mode != "token-mean":
+    if pl == "cispo" and getattr(p, "cispo_ratio_min", None) is not None:
+        out.append(("ppo.cispo_ratio_min", "TRL's cispo has no floor on the IS weight; use null"))
+    elif pl == "cispo" and p.loss_agg_mode != "token-mean":
         out.append(("ppo.loss_agg_mode", "TRL's cispo loss is token-mean only"))
     elif pl == "sapo" and p.loss_agg_mode != "seq-mean-token-mean":
         out.append(("ppo.loss_agg_mode", "TRL's sapo loss is seq-mean-token-mean only"))
@@ -328,12 +330,11 @@ def grpo_kwargs(cfg: Any) -> dict[str, Any]:
     if p.c_clip is not None:
         kw["delta"] = p.c_clip
     if pl == "cispo":
-        # TRL's cispo caps the ratio itself at epsilon_high (ScaleRL's ε_max), not at 1 + ε_hi.
-        kw["epsilon_high"] = 1.0 + kw["epsilon_high"]
+        # TRL's cispo caps the IS weight itself at epsilon_high (ScaleRL's ε_max).
+        kw["epsilon_high"] = p.cispo_ratio_max
     if pl == "sapo":
-        for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
-            if hasattr(p, name):
-                kw[name] = getattr(p, name)
+        kw["sapo_temperature_pos"] = p.sapo_temperature_pos
+        kw["sapo_temperature_neg"] = p.sapo_temperature_neg
     return kw
 
 
