@@ -37,7 +37,7 @@ from harness.config import (
     resolve_alias,
     validate_task,
 )
-from harness.configtools import ConfigError, is_config_path, to_dict
+from harness.configtools import ConfigError, check_name, is_config_path, to_dict
 
 TOP_KEYS = {
     "name",
@@ -181,13 +181,7 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
     unknown = sorted(set(raw) - TOP_KEYS)
     if unknown:
         raise _err(file, unknown[0], f"unknown key (allowed: {', '.join(sorted(TOP_KEYS))})")
-    name = raw.get("name")
-    if not isinstance(name, str) or not name or not all(c.isalnum() or c in "-_." for c in name):
-        raise _err(
-            file,
-            "name",
-            f"must be a non-empty string of letters, digits, '-', '_', '.'; got {name!r}",
-        )
+    name = check_name(raw.get("name"), f"{file}: name")
     description = raw.get("description", "")
     if not isinstance(description, str):
         raise _err(file, "description", "must be a string")

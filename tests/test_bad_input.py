@@ -128,7 +128,7 @@ CASES = {
         ),
         "not both",
     ),
-    "missing-name": (exp(name=None), "name: must be a non-empty string"),
+    "missing-name": (exp(name=None), "name: must be 1-100 letters, digits"),
     "negative-staleness": (
         exp(grid={"rollout.staleness": [-1]}),
         "rollout.staleness: value -1 rejected: must be an integer in [0, 10_000]",
@@ -308,3 +308,136 @@ def field_help_line(path):
     except ConfigError as err:
         return str(err)
     raise AssertionError("NaN accepted")
+
+
+# --- command lines: names, usage errors, devices, read-only commands, stores ------------------
+
+
+def assert_nothing_written(root: Path, before: set) -> None:
+    after = {p.relative_to(root) for p in root.rglob("*")}
+    assert after == before, sorted(map(str, after - before))
+
+
+def snapshot(root: Path) -> set:
+    return {p.relative_to(root) for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (["--workers", "abc"], "--workers: must be an integer"),
+        (["--max-retries", "x"], "--max-retries: must be an integer"),
+        (["--wrkers", "2"], "No such option: --wrkers"),
+        (["--study-name", "../../escaped"], "--study-name: must be 1-100 letters"),
+        (["--study-name", "/tmp/escaped"], "--study-name: must be 1-100 letters"),
+        (["--study-name", ".."], "--study-name: must be 1-100 letters"),
+        (["--study-name", "x" * 500], "(500 characters)"),
+        (["--devices", "cuda:99"], "--devices: 'cuda:99' requested but"),
+        (["--tracking-uri", "http://127.0.0.1:9/"], "tracking_uri: cannot connect to"),
+    ],
+)
+def test_bad_ablate_command_lines_write_nothing(args, expect, tmp_path, runner):
+    results = tmp_path / "results"
+    before = snapshot(tmp_path)
+    r = runner.invoke(
+        app, ["ablate", "experiments/smoke.yaml", "--results-dir", str(results), *args]
+    )
+    assert_clean_failure(r, expect, results)
+    assert_nothing_written(tmp_path, before)
+    assert "Usage:" not in r.output and "╭" not in r.output
+
+
+def test_search_refuses_a_traversing_study_name(tmp_path, runner):
+    r = runner.invoke(
+        app,
+        [
+            "search",
+            "experiments/search.yaml",
+            "--study-name",
+            "../up",
+            "--results-dir",
+            str(tmp_path / "r"),
+        ],
+    )
+    assert_clean_failure(r, "--study-name: must be 1-100 letters", tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("name", ["..", "../escaped", "a/b", "x" * 500, ".hidden", ""])
+def test_experiment_names_that_are_not_one_safe_path_component(name, tmp_path, runner):
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(exp(name=name)))
+    r = runner.invoke(app, ["ablate", str(f), "--results-dir", str(tmp_path / "r")])
+    assert_clean_failure(r, "name: must be 1-100 letters", tmp_path / "r")
+
+
+def test_run_on_a_missing_gpu_is_one_line(tmp_path, runner):
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() > 99:  # pragma: no cover
+        pytest.skip("this machine has a cuda:99")
+    before = snapshot(tmp_path)
+    r = runner.invoke(app, ["run", "--set", "device=cuda:99", "--results-dir", str(tmp_path / "r")])
+    assert_clean_failure(r, "device: 'cuda:99' requested but", tmp_path / "r")
+    assert_nothing_written(tmp_path, before)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status", "nosuch"],
+        ["report", "nosuch"],
+        ["worker", "--study", "nosuch"],
+        ["status", "nosuch", "--storage", "sqlite:///{tmp}/optuna.db"],
+        ["report", "nosuch", "--storage", "sqlite:///{tmp}/optuna.db"],
+    ],
+)
+def test_read_only_commands_on_a_missing_study_create_nothing(args, tmp_path, runner):
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    before = snapshot(tmp_path)
+    r = runner.invoke(app, [*args, "--results-dir", str(tmp_path / "results")])
+    assert_clean_failure(r, "no study named 'nosuch'", tmp_path / "results")
+    assert_nothing_written(tmp_path, before)
+
+
+def test_status_with_no_storage_yet_creates_nothing(tmp_path, runner):
+    r = runner.invoke(app, ["status", "--results-dir", str(tmp_path / "results")])
+    assert r.exit_code == 0 and "no studies yet" in r.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_report_on_a_missing_study_in_an_existing_journal_opens_no_tracker(tmp_path, runner):
+    import optuna
+
+    from harness.sweep.storage import make_storage
+
+    results = tmp_path / "results"
+    optuna.create_study(study_name="other", storage=make_storage(None, results))
+    before = snapshot(tmp_path)
+    for args in (["report", "nosuch"], ["worker", "--study", "nosuch"]):
+        r = runner.invoke(app, [*args, "--results-dir", str(results)])
+        assert r.exit_code == 2 and "no study named 'nosuch'" in r.output, r.output
+        assert_nothing_written(tmp_path, before)  # no mlflow.db, no lock files
+
+
+def test_report_refuses_a_traversing_study_argument(tmp_path, runner):
+    r = runner.invoke(app, ["report", "../../x", "--results-dir", str(tmp_path / "r")])
+    assert_clean_failure(r, "study: must be 1-100 letters", tmp_path / "r")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unreachable_postgres_storage_creates_nothing(tmp_path, runner):
+    before = snapshot(tmp_path)
+    r = runner.invoke(
+        app,
+        [
+            "ablate",
+            "experiments/smoke.yaml",
+            "--results-dir",
+            str(tmp_path / "results"),
+            "--storage",
+            "postgresql://u:pw@127.0.0.1:1/db",
+        ],
+    )
+    assert_clean_failure(r, "storage: cannot connect to", tmp_path / "results")
+    assert_nothing_written(tmp_path, before)

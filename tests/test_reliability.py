@@ -94,9 +94,52 @@ def test_checkpoints_are_never_unpickled():
     assert "safetensors" in (ROOT / "harness" / "warmstart.py").read_text()
 
 
-def test_nothing_in_results_is_world_writable(tmp_path):
-    results = tmp_path / "results"
-    r = CliRunner().invoke(app, ["ablate", "experiments/smoke.yaml", "--results-dir", str(results)])
+def test_nothing_in_results_is_world_writable_even_under_umask_000(tmp_path):
+    """A smoke sweep under umask 000 (common in containers) into a results dir that is a symlink
+    to a shared sticky directory: nothing it creates is group/world-writable, and the shared
+    directory, which the harness did not create, keeps its mode (drwxrwxrwt)."""
+    import os
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    link = tmp_path / "results-link"
+    link.symlink_to(shared)
+    results = link / "sub" / "results"  # two levels the harness creates
+    old = os.umask(0)
+    try:
+        r = CliRunner().invoke(
+            app, ["ablate", "experiments/smoke.yaml", "--results-dir", str(results)]
+        )
+    finally:
+        os.umask(old)
     assert r.exit_code == 0, r.output
-    offenders = [p for p in [results, *results.rglob("*")] if p.stat().st_mode & stat.S_IWOTH]
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+    created = list(shared.rglob("*"))
+    assert len(created) > 10  # journal, mlflow.db, artifacts, report, plots
+    offenders = [p for p in created if p.stat().st_mode & (stat.S_IWOTH | stat.S_IWGRP)]
     assert not offenders, offenders
+    assert stat.S_IMODE((shared / "sub").stat().st_mode) == 0o755
+
+
+def test_a_bad_command_never_changes_the_mode_of_a_shared_directory(tmp_path):
+    import os
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    link = tmp_path / "link"
+    link.symlink_to(shared)
+    for target in (shared, link):
+        r = CliRunner().invoke(
+            app,
+            ["ablate", "experiments/smoke.yaml", "--workers", "0", "--results-dir", str(target)],
+        )
+        assert r.exit_code == 2
+        r = CliRunner().invoke(app, ["report", "nosuch", "--results-dir", str(target)])
+        assert r.exit_code == 2
+        from harness.fsutil import ensure_results_dir
+
+        ensure_results_dir(target)  # a usable existing dir: checked, never chmod-ed
+        assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+    assert list(shared.iterdir()) == []
