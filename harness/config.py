@@ -24,6 +24,7 @@ from harness.configtools import (
 from harness.models import ModelOptions, TinyModelConfig
 from harness.ppo.loss import RejectionSampling, validate_clip_options
 from harness.ppo.normalization import NormConfig
+from harness.ppo.objectives import OBJECTIVE_OPTIONS, validate_objective
 
 
 def _h(text: str) -> dict[str, str]:
@@ -75,6 +76,68 @@ class PPOActorConfig:
     loss_agg_mode: Literal[
         "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
     ] = field(default="token-mean", metadata=_h("How per-token losses become one number."))
+    policy_loss: Literal["ppo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov"] = field(
+        default="ppo",
+        metadata=_h(
+            "Policy objective: ppo (PPO-clip, clip-higher, dual clip, GSPO), cispo (MiniMax-M1), "
+            "sapo (soft gate), gmpo (geometric mean), clip_cov / kl_cov (arXiv 2505.22617)."
+        ),
+    )
+    cispo_ratio_max: float = field(
+        default=5.0,
+        metadata=_h(
+            "CISPO: absolute cap on the IS weight sg(r) (TRL's epsilon_high under loss_type "
+            "'cispo'; 5.0 as TRL recommends after ScaleRL, arXiv 2510.13786)."
+        ),
+    )
+    cispo_ratio_min: float | None = field(
+        default=None,
+        metadata=_h(
+            "CISPO: floor on the IS weight (MiniMax-M1's 1 - eps_low^IS); null = none, as in TRL."
+        ),
+    )
+    sapo_temperature_pos: float = field(
+        default=1.0,
+        metadata=_h("SAPO: gate temperature where A > 0 (TRL default 1.0, arXiv 2511.20347)."),
+    )
+    sapo_temperature_neg: float = field(
+        default=1.05,
+        metadata=_h("SAPO: gate temperature where A <= 0 (TRL default 1.05, arXiv 2511.20347)."),
+    )
+    gmpo_log_clip: float = field(
+        default=0.4,
+        metadata=_h(
+            "GMPO: token log-ratio clipped to [-eps, eps_hi] (arXiv 2507.20673 uses 0.4; verl "
+            "reuses clip_ratio)."
+        ),
+    )
+    gmpo_log_clip_higher: float | None = field(
+        default=None, metadata=_h("GMPO: upper log-space bound eps_hi; null = gmpo_log_clip.")
+    )
+    clip_cov_ratio: float = field(
+        default=2e-4,
+        metadata=_h(
+            "Clip-Cov: share of valid tokens whose gradient is detached (paper/verl 2e-4; "
+            "0 = plain PPO-clip)."
+        ),
+    )
+    clip_cov_lb: float = field(
+        default=1.0, metadata=_h("Clip-Cov: candidates have covariance > this (verl default 1).")
+    )
+    clip_cov_ub: float = field(
+        default=5.0, metadata=_h("Clip-Cov: candidates have covariance < this (verl default 5).")
+    )
+    kl_cov_ratio: float = field(
+        default=2e-4,
+        metadata=_h(
+            "KL-Cov: share of valid tokens, largest covariance first, given the KL penalty "
+            "(paper/verl 2e-4; 0 = unclipped policy gradient)."
+        ),
+    )
+    kl_cov_coef: float = field(
+        default=1.0,
+        metadata=_h("KL-Cov: coefficient of the |log-ratio| penalty (verl ppo_kl_coef, 1)."),
+    )
     ppo_n_minibatches: int = field(
         default=4, metadata=_h("Optimizer steps per PPO update (token-balanced split).")
     )
@@ -111,6 +174,11 @@ class PPOActorConfig:
             self.rejection_sampling,
             self.importance_sampling_level,
             self.loss_agg_mode,
+        )
+        validate_objective(
+            self.policy_loss,
+            self.importance_sampling_level,
+            **{name: getattr(self, name) for name in OBJECTIVE_OPTIONS},
         )
         if self.ppo_n_minibatches < 1:
             raise ValueError(f"ppo_n_minibatches must be >= 1; got {self.ppo_n_minibatches}")

@@ -951,7 +951,7 @@ SUMMARY_COLUMNS = (
     ("stability/max_approx_kl", "max KL"),
     ("stability/kl_spikes", "KL spikes"),
     ("stability/grad_norm_spikes", "grad-norm spikes"),
-    ("stability/frac_high_clip", "high-clip steps"),
+    ("stability/mean_clipfrac", "clip frac (mean)"),
     ("stability/max_drawdown", "max drawdown"),
 )
 
@@ -975,7 +975,9 @@ def _summary_section(doc: _Doc, data: StudyData) -> None:
     doc.para(
         "Mean over each cell's completed and diverged runs of the run-level summaries defined in "
         "docs/stability.md (start reward = mean of the first 10 steps; entropy end/start < 1 "
-        "means the policy sharpened; spikes are counts per run)."
+        "means the policy sharpened; spikes are steps per run above 5× the run's own running "
+        "median, so a KL that is high throughout is not a spike; clip frac = mean "
+        "policy/clipfrac)."
     )
     header, rows = summary_table(data)
     doc.table(header, rows, code_col=0)

@@ -212,6 +212,7 @@ def run(
         scheduler=scheduler,
         grad_clip=o.grad_clip,
         autocast_dtype=amp,
+        generator=torch.Generator().manual_seed(cfg.seed),
     )
 
     inert = clip_is_inert(cfg)

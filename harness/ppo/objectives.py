@@ -69,7 +69,7 @@ def validate_objective(policy_loss: str, importance_sampling_level: str, **optio
         if policy_loss not in users and value != default:
             raise ValueError(
                 f"{name} means nothing under policy_loss {policy_loss!r} (it is an option of "
-                f"{' / '.join(users)}); leave it at {default!r}"
+                f"{' / '.join(users)}); leave it at {'null' if default is None else default}"
             )
     if importance_sampling_level == "sequence" and policy_loss not in SEQUENCE_LEVEL_OK:
         raise ValueError(
@@ -471,7 +471,8 @@ def clip_cov_loss(
     k = min(_n_selected(ratio, int(p.m_loss.sum())), int(idx.numel()))
     cov_mask = torch.zeros_like(p.m)
     if k > 0:
-        perm = torch.randperm(int(idx.numel()), generator=generator)
+        # The draw runs on the CPU generator of the run (determinism), then moves to the data.
+        perm = torch.randperm(int(idx.numel()), generator=generator).to(idx.device)
         cov_mask.view(-1)[idx[perm[:k]]] = True
     pg = torch.where(cov_mask, pg * 0, pg)  # zero value and gradient (verl multiplies by 0)
     loss, stats = _finish(
@@ -540,3 +541,70 @@ def kl_cov_loss(
         float(p.log_ratio.detach()[cov_mask].abs().mean()) if k > 0 else math.nan
     )
     return loss, stats
+
+
+def objective_loss(
+    cfg: Any,
+    logprobs: torch.Tensor,
+    proximal_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+    """The loss of ``cfg.policy_loss`` (a ``PPOActorConfig``) with its options from ``cfg``."""
+    from harness.ppo.loss import ppo_actor_loss
+
+    xs = (logprobs, proximal_logprobs, old_logprobs, advantages, loss_mask)
+    weighting: dict[str, Any] = dict(
+        behave_imp_weight_mode=cfg.behave_imp_weight_mode,
+        behave_imp_weight_cap=cfg.behave_imp_weight_cap,
+        rejection_sampling=cfg.rejection_sampling,
+        loss_agg_mode=cfg.loss_agg_mode,
+    )
+    name = cfg.policy_loss
+    if name == "ppo":
+        return ppo_actor_loss(
+            *xs,
+            eps_clip=cfg.eps_clip,
+            eps_clip_higher=cfg.eps_clip_higher,
+            c_clip=cfg.c_clip,
+            importance_sampling_level=cfg.importance_sampling_level,
+            **weighting,
+        )
+    if name == "cispo":
+        return cispo_loss(
+            *xs,
+            ratio_max=cfg.cispo_ratio_max,
+            ratio_min=cfg.cispo_ratio_min,
+            importance_sampling_level=cfg.importance_sampling_level,
+            **weighting,
+        )
+    if name == "sapo":
+        return sapo_loss(
+            *xs,
+            temperature_pos=cfg.sapo_temperature_pos,
+            temperature_neg=cfg.sapo_temperature_neg,
+            importance_sampling_level=cfg.importance_sampling_level,
+            **weighting,
+        )
+    if name == "gmpo":
+        return gmpo_loss(
+            *xs, log_clip=cfg.gmpo_log_clip, log_clip_higher=cfg.gmpo_log_clip_higher, **weighting
+        )
+    if name == "clip_cov":
+        return clip_cov_loss(
+            *xs,
+            eps_clip=cfg.eps_clip,
+            eps_clip_higher=cfg.eps_clip_higher,
+            c_clip=cfg.c_clip,
+            ratio=cfg.clip_cov_ratio,
+            cov_lb=cfg.clip_cov_lb,
+            cov_ub=cfg.clip_cov_ub,
+            generator=generator,
+            **weighting,
+        )
+    if name == "kl_cov":
+        return kl_cov_loss(*xs, ratio=cfg.kl_cov_ratio, coef=cfg.kl_cov_coef, **weighting)
+    raise ValueError(f"policy_loss must be one of {', '.join(POLICY_LOSSES)}; got {name!r}")
