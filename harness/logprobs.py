@@ -54,9 +54,9 @@ class _SelectedLogProb(torch.autograd.Function):
             z = torch.logsumexp(x, dim=-1)
             lse[s : s + chunk] = z
             lp[s : s + chunk] = x.gather(-1, targets[s : s + chunk, None]).squeeze(-1) - z
-            if with_entropy:
-                p = torch.exp(x - z[:, None])
-                ent[s : s + chunk] = z - (p * x).sum(-1)
+            if with_entropy:  # −Σ p·log p, not lse − Σ p·x: no cancellation when peaked
+                logp = x - z[:, None]
+                ent[s : s + chunk] = -(torch.exp(logp) * logp).sum(-1)
         ctx.save_for_backward(logits, targets, lse, ent)
         ctx.inv_t, ctx.with_entropy, ctx.chunk = inv_t, with_entropy, chunk
         return lp, ent
