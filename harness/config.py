@@ -354,6 +354,13 @@ class RunConfig:
         metadata=_h("Shorthand for model_options.dtype=bfloat16 (autocast, CPU and CUDA)."),
     )
     threads: int = field(default=0, metadata=_h("torch CPU threads (0 = leave torch's default)."))
+    trainer: Literal["harness", "trl"] = field(
+        default="harness",
+        metadata=_h(
+            "Who trains the cell: the harness's PPO loop or TRL's GRPOTrainer (options mapped "
+            "as in the README's TRL table; what TRL cannot express is an error)."
+        ),
+    )
     diverge_after: int = field(
         default=3,
         metadata=_h(
@@ -380,6 +387,13 @@ class RunConfig:
                 f"model: directory {self.model!r} does not exist "
                 "(use 'tiny' or a local Hugging Face model directory)"
             )
+        if self.trainer == "trl":
+            from harness.trainers.trl_map import trl_problems
+
+            problems = trl_problems(self)
+            if problems:
+                where, why = problems[0]
+                raise ValueError(f"{where}: not expressible with trainer: trl ({why})")
         for name, norm in (("adv_norm", self.ppo.adv_norm), ("reward_norm", self.ppo.reward_norm)):
             if norm is not None and norm.uses_groups and name == "reward_norm":
                 # The loop passes the real group sizes; a fixed group_size must agree with them.
