@@ -47,6 +47,8 @@ import torch.nn.functional as F
 from transformers import LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicCache
 
+from harness.logprobs import selected_logprobs
+
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """RoPE positions for a left-padded batch: 0 at each row's first real token, 0 on padding."""
@@ -482,17 +484,16 @@ def forward_logprobs(
         position_ids=position_ids(attention_mask),
         use_cache=False,
     )
-    logits = out.logits[:, :-1, :].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    tok_lp = logp_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    # Chunked log-softmax (harness.logprobs): no float32 [B, L, V] copy. The whole logits tensor
+    # goes in (a free reshape; slicing off the last position first would copy it), with each
+    # position's target being the next token; the last position's value is dropped.
+    targets = torch.roll(input_ids, shifts=-1, dims=1)
+    tok_lp, ent = selected_logprobs(
+        out.logits, targets, temperature=temperature, with_entropy=with_entropy
+    )
     pad = tok_lp.new_zeros(input_ids.shape[0], 1)
-    logprobs = torch.cat([pad, tok_lp], dim=1)
-    entropy = None
-    if with_entropy:
-        ent = -(logp_all.exp() * logp_all).sum(-1)
-        entropy = torch.cat([pad, ent], dim=1)
+    logprobs = torch.cat([pad, tok_lp[:, :-1]], dim=1)
+    entropy = torch.cat([pad, ent[:, :-1]], dim=1) if ent is not None else None
     return logprobs, entropy
 
 
