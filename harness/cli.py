@@ -141,14 +141,20 @@ def run_cmd(
     tracker = _tracker(tracking_uri, results_dir)
 
     from harness.console import run_with_progress
+    from harness.tasks.base import RewardError
 
-    result, rid = run_with_progress(
-        cfg,
-        tracker,
-        experiment=experiment,
-        run_name=run_name or f"{cfg.task}-seed{cfg.seed}",
-        results_dir=results_dir,
-    )
+    try:
+        result, rid = run_with_progress(
+            cfg,
+            tracker,
+            experiment=experiment,
+            run_name=run_name or f"{cfg.task}-seed{cfg.seed}",
+            results_dir=results_dir,
+        )
+    except RewardError as err:
+        # The MLflow run is already ended FAILED with this reason (harness.tracked): a run
+        # failure, not bad input, so exit 1 with the reason and no traceback.
+        fail(f"run FAILED: {err}", code=1)
     if result.status != "completed":
         sys.exit(1)
 

@@ -98,11 +98,14 @@ CASES = {
         exp(base=with_base(model="/nonexistent/model")),
         "model: directory '/nonexistent/model' does not exist",
     ),
-    "negative-seed": (exp(seeds=[0, -1]), "seeds must be >= 0"),
-    "zero-seeds": (exp(seeds=0), "seeds: must be a count >= 1"),
+    "negative-seed": (
+        exp(seeds=[0, -1]),
+        "seeds[1]: must be an integer in [0, 4_294_967_295]; got -1",
+    ),
+    "zero-seeds": (exp(seeds=0), "seeds: must be a count in [1, 10000]"),
     "seeds-wrong-type": (exp(seeds="three"), "seeds: must be a count"),
-    "zero-steps": (exp(steps=0), "steps: must be an integer >= 1"),
-    "bad-metric": (exp(metric="reward"), "metric: must be a run-summary key"),
+    "zero-steps": (exp(steps=0), "steps: must be an integer in [1, 10_000_000]; got 0"),
+    "bad-metric": (exp(metric="reward"), "metric: 'reward' is not a run-summary key"),
     "bad-direction": (exp(direction="up"), "direction: must be 'maximize' or 'minimize'"),
     "variant-clash": (
         exp(grid={"ppo.eps_clip": [0.2], "variant": {"a": {"ppo.eps_clip": 0.3}}}),
@@ -129,6 +132,64 @@ CASES = {
         "not both",
     ),
     "missing-name": (exp(name=None), "name: must be 1-100 letters, digits"),
+    "metric-typo": (exp(metric="final/rewrd"), "did you mean 'final/reward'"),
+    "metric-unknown-stability-key": (exp(metric="stability/wobble"), "not a run-summary key"),
+    "steps-overflow": (exp(steps=10**23), "steps: must be an integer in [1, 10_000_000]"),
+    "steps-float": (exp(steps=1.0e23), "steps: must be an integer"),
+    "seeds-huge-count": (exp(seeds=10**9), "seeds: must be a count in [1, 10000]"),
+    "seed-overflow": (exp(seeds=[0, 2**40]), "seeds[1]: must be an integer in [0, 4_294_967_295]"),
+    "eps-clip-inf": (
+        exp(grid={"ppo.eps_clip": [float("inf")]}),
+        "grid.ppo.eps_clip: value inf rejected: must be a finite number > 0",
+    ),
+    "eps-clip-higher-nan": (
+        exp(grid={"ppo.eps_clip_higher": [float("nan")]}),
+        "grid.ppo.eps_clip_higher: value nan rejected: must be a finite number >= 0",
+    ),
+    "base-lr-nan": (exp(base=with_base(**{"optim.lr": float("nan")})), "base: optim.lr: must be"),
+    "search-step-abc": (
+        exp(
+            grid=None,
+            search={
+                "n_trials": 2,
+                "params": {
+                    "ppo.eps_clip": {"type": "float", "low": 0.1, "high": 0.3, "step": "abc"}
+                },
+            },
+        ),
+        "search.params.ppo.eps_clip.step: must be a number in (0, high - low = 0.2]",
+    ),
+    "search-choice-bad-not-doubled": (
+        exp(
+            grid=None,
+            search={
+                "n_trials": 2,
+                "params": {"ppo.c_clip": {"type": "categorical", "choices": [0.5, 3.0]}},
+            },
+        ),
+        "search.params.ppo.c_clip: value 0.5 rejected: must be a finite number > 1",
+    ),
+    "search-objective-typo": (
+        exp(
+            grid=None,
+            search={
+                "n_trials": 2,
+                "params": {"ppo.eps_clip": {"type": "float", "low": 0.1, "high": 0.3}},
+                "objectives": [{"metric": "best/rewrd", "direction": "maximize"}],
+            },
+        ),
+        "search.objectives[0].metric: 'best/rewrd' is not a run-summary key (did you mean",
+    ),
+    "search-low-nan": (
+        exp(
+            grid=None,
+            search={
+                "n_trials": 2,
+                "params": {"ppo.eps_clip": {"type": "float", "low": float("nan"), "high": 0.3}},
+            },
+        ),
+        "search.params.ppo.eps_clip",
+    ),
     "negative-staleness": (
         exp(grid={"rollout.staleness": [-1]}),
         "rollout.staleness: value -1 rejected: must be an integer in [0, 10_000]",
@@ -161,8 +222,37 @@ def test_bad_experiment_file(case, tmp_path, runner):
     f = tmp_path / "bad.yaml"
     f.write_text(yaml.safe_dump(doc))
     results = tmp_path / "results"
-    result = runner.invoke(app, ["ablate", str(f), "--results-dir", str(results)])
+    command = "search" if "search" in doc and "grid" not in doc else "ablate"
+    result = runner.invoke(app, [command, str(f), "--results-dir", str(results)])
     assert_clean_failure(result, expect, results)
+    assert not results.exists()
+    assert ".ppo.c_clip.ppo.c_clip" not in result.output  # a path is never repeated
+
+
+def test_duplicate_keys_are_refused(tmp_path, runner):
+    f = tmp_path / "dup.yaml"
+    f.write_text(
+        "name: dup\nbase: {task: reverse}\ngrid: {ppo.eps_clip: [0.1]}\nsteps: 2\nsteps: 500\n"
+    )
+    r = runner.invoke(app, ["ablate", str(f), "--results-dir", str(tmp_path / "r")])
+    assert_clean_failure(r, "duplicate key 'steps' (first on line 4)", tmp_path / "r")
+    g = tmp_path / "dup-run.yaml"
+    g.write_text("ppo:\n  eps_clip: 0.1\n  eps_clip: 0.3\n")
+    r = runner.invoke(app, ["run", str(g), "--results-dir", str(tmp_path / "r")])
+    assert_clean_failure(r, "duplicate key 'eps_clip'", tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    "content", [bytes(range(256)) * 4, b"\x89PNG\r\n\x1a\n\x00\x00", b"name: x\x00\n"]
+)
+def test_binary_experiment_file_is_one_line(content, tmp_path, runner):
+    f = tmp_path / "exp.yaml"
+    f.write_bytes(content)
+    for cmd in ("ablate", "run"):
+        r = runner.invoke(app, [cmd, str(f), "--results-dir", str(tmp_path / "r")])
+        assert_clean_failure(r, "expected a YAML file", tmp_path / "r")
+    assert not (tmp_path / "r").exists()
 
 
 def test_malformed_jsonl_task(tmp_path, runner):
