@@ -286,25 +286,24 @@ _LOSS_TYPE = {
 _SCHEDULE = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
 
 
-def grpo_kwargs(cfg: Any) -> dict[str, Any]:
-    """The algorithm's ``GRPOConfig`` keyword arguments for ``cfg`` (raises ``ValueError`` naming
-    the first inexpressible option)."""
+def grpo_kwargs(cfg: Any, *, strict: bool = True) -> dict[str, Any]:
+    """The algorithm's ``GRPOConfig`` keyword arguments for ``cfg``.  ``strict``: raise
+    ``ValueError`` naming the first inexpressible option; otherwise leave out what TRL cannot say
+    (``harness export`` names it in a comment)."""
     problems = trl_problems(cfg)
-    if problems:
+    if problems and strict:
         field, reason = problems[0]
         raise ValueError(f"{field}: not expressible with trainer: trl ({reason})")
     p, r, o = cfg.ppo, cfg.rollout, cfg.optim
     batch = r.prompts_per_step * r.n_samples
     pl = _policy_loss(cfg)
     loss_type = _LOSS_TYPE[p.loss_agg_mode] if pl == "ppo" else pl
-    norm = p.reward_norm
-    scale = {"group": "group", "batch": "batch", None: "none"}[norm.std_level]
+    bad = {field.split(".")[1] if "." in field else field for field, _ in problems}
     kw: dict[str, Any] = {
         "epsilon": p.eps_clip,
         "epsilon_high": p.eps_clip if p.eps_clip_higher is None else p.eps_clip_higher,
         "importance_sampling_level": p.importance_sampling_level,
         "loss_type": loss_type,
-        "scale_rewards": scale,
         "num_iterations": p.ppo_epochs,
         "steps_per_generation": p.ppo_n_minibatches,
         "per_device_train_batch_size": batch // p.ppo_n_minibatches,
@@ -327,8 +326,15 @@ def grpo_kwargs(cfg: Any) -> dict[str, Any]:
         "seed": cfg.seed,
         "bf16": bool(cfg.bf16 and cfg.device != "cpu"),
     }
-    if p.c_clip is not None:
+    norm = p.reward_norm
+    if norm is not None and "reward_norm" not in bad:
+        kw["scale_rewards"] = {"group": "group", "batch": "batch", None: "none"}[norm.std_level]
+    if p.c_clip is not None and "c_clip" not in bad:
         kw["delta"] = p.c_clip
+    if "policy_loss" in bad:
+        del kw["loss_type"]
+    if "ppo_n_minibatches" in bad:  # uneven split: one optimizer step per generation batch
+        kw["steps_per_generation"], kw["per_device_train_batch_size"] = 1, batch
     if pl == "cispo":
         # TRL's cispo caps the IS weight itself at epsilon_high (ScaleRL's ε_max).
         kw["epsilon_high"] = p.cispo_ratio_max
