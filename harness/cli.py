@@ -481,6 +481,68 @@ def report_cmd(
     )
 
 
+@app.command("export")
+@user_errors
+def export_cmd(
+    file: Annotated[Path, typer.Argument(help="Experiment file.")],
+    to: Annotated[str, typer.Option("--to", help="Target framework: trl, verl or areal.")],
+    cell: Annotated[
+        str | None,
+        typer.Option(help="The cell: its label, or KEY=VALUE pairs, e.g. 'eps_clip=0.2 c_clip=3'."),
+    ] = None,
+    best: Annotated[
+        bool, typer.Option("--best", help="The top cell of the finished study of this file.")
+    ] = False,
+    study_name: Annotated[
+        str | None, typer.Option(help="Study name for --best (default: the file's name).")
+    ] = None,
+    storage: Storage = None,
+    results_dir: ResultsDir = Path("results"),
+) -> None:
+    """Print one cell's settings as TRL GRPOConfig kwargs, verl Hydra overrides or AReaL YAML."""
+    from harness.config import apply_overrides, build_run_config
+    from harness.configtools import ConfigError
+    from harness.experiment import load_experiment
+    from harness.export import TARGETS, best_cell, export_cell, resolve_cell
+
+    if to not in TARGETS:
+        raise ConfigError(f"--to must be one of {', '.join(TARGETS)}; got {to!r}")
+    if (cell is None) == (not best):
+        raise ConfigError("give exactly one of --cell or --best")
+    spec = load_experiment(file)
+    if spec.search is not None:
+        raise ConfigError(f"{file}: export needs a grid experiment (this one is a search)")
+    if best:
+        import json
+
+        import optuna
+
+        from harness.sweep.worker import SPEC_ATTR
+
+        _check_store_urls(storage, None)
+        name = study_name or spec.name
+        if storage is None and not (results_dir / "optuna-journal.log").exists():
+            raise ConfigError(f"--best: no study store under {results_dir} (run the sweep first)")
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        from harness.sweep.storage import make_storage
+
+        try:
+            st = optuna.load_study(study_name=name, storage=make_storage(storage, results_dir))
+        except KeyError:
+            raise ConfigError(f"--best: no study named {name!r} (see `harness status`)") from None
+        payload = json.loads(st.user_attrs[SPEC_ATTR])
+        label = best_cell(payload, st)
+        overrides = payload["cells"][label]
+        base, steps = payload["base"], payload["steps"]
+    else:
+        assert cell is not None
+        label, overrides = resolve_cell(spec, cell)
+        base, steps = spec.base, spec.steps
+    cfg = build_run_config(apply_overrides(base, {**overrides, "steps": steps}))
+    typer.echo(f"# harness cell {label!r} of {file} for {to}")
+    typer.echo(export_cell(cfg, to), nl=False)
+
+
 @app.command("ui")
 @user_errors
 def ui_cmd(

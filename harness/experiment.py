@@ -166,7 +166,11 @@ def _check_overrides(
     except ConfigError as err:
         if len(overrides) == 1:
             ((path, value),) = overrides.items()
-            raise _err(file, f"{where}.{path}", f"value {value!r} rejected: {err}") from None
+            full = resolve_alias(path)
+            msg = str(err)
+            msg = msg[len(full) + 2 :] if msg.startswith(full + ": ") else msg
+            key = where if where.endswith("." + path) else f"{where}.{path}"
+            raise _err(file, key, f"value {value!r} rejected: {msg}") from None
         raise _err(file, where, f"rejected: {err}") from None
 
 

@@ -50,12 +50,18 @@ CASES = {
         exp(base=with_base(**{"ppo.eps_clip": "wide"})),
         "ppo.eps_clip: must be a number",
     ),
-    "eps-clip-zero": (exp(grid={"ppo.eps_clip": [0.0, 0.2]}), "eps_clip must be > 0"),
+    "eps-clip-zero": (
+        exp(grid={"ppo.eps_clip": [0.0, 0.2]}),
+        "grid.ppo.eps_clip: value 0.0 rejected: must be a finite number > 0",
+    ),
     "eps-clip-higher-negative": (
         exp(grid={"ppo.eps_clip_higher": [-0.1]}),
-        "eps_clip_higher must be >= 0",
+        "grid.ppo.eps_clip_higher: value -0.1 rejected: must be a finite number >= 0",
     ),
-    "c-clip-not-above-one": (exp(grid={"ppo.c_clip": [1.0, 3.0]}), "c_clip must be > 1"),
+    "c-clip-not-above-one": (
+        exp(grid={"ppo.c_clip": [1.0, 3.0]}),
+        "grid.ppo.c_clip: value 1.0 rejected: must be a finite number > 1",
+    ),
     "cap-not-above-one": (
         exp(
             base=with_base(
@@ -63,15 +69,15 @@ CASES = {
             ),
             grid={"ppo.behave_imp_weight_cap": [1.0]},
         ),
-        "behave_imp_weight_cap must be > 1",
+        "behave_imp_weight_cap: value 1.0 rejected: must be a finite number > 1",
     ),
     "unknown-behave-mode": (
         exp(grid={"ppo.behave_imp_weight_mode": ["token_clip"]}),
-        "behave_imp_weight_mode: must be one of",
+        "behave_imp_weight_mode: value 'token_clip' rejected: must be one of",
     ),
     "unknown-norm-level": (
         exp(grid={"adv_norm.mean_level": ["token"]}),
-        "mean_level: must be one of",
+        "mean_level: value 'token' rejected: must be one of 'batch', 'group' or null",
     ),
     "group-size-not-dividing": (
         exp(grid={"reward_norm": [{"mean_level": "group", "std_level": "group", "group_size": 3}]}),
@@ -123,7 +129,10 @@ CASES = {
         "not both",
     ),
     "missing-name": (exp(name=None), "name: must be a non-empty string"),
-    "negative-staleness": (exp(grid={"rollout.staleness": [-1]}), "staleness must be >= 0"),
+    "negative-staleness": (
+        exp(grid={"rollout.staleness": [-1]}),
+        "rollout.staleness: value -1 rejected: must be an integer in [0, 10_000]",
+    ),
 }
 
 
@@ -211,14 +220,14 @@ def test_bad_command_lines(args, expect, tmp_path, runner):
 @pytest.mark.parametrize(
     "sets,expect",
     [
-        (["ppo.eps_clip=-1"], "eps_clip must be > 0"),
-        (["seed=-1"], "seed must be >= 0"),
-        (["steps=0"], "steps must be >= 1"),
-        (["ppo.c_clip=0.5"], "c_clip must be > 1"),
-        (["ppo.nope=1"], "ppo.nope: unknown key"),
+        (["ppo.eps_clip=-1"], "--set ppo.eps_clip=-1: must be a finite number > 0; got -1.0"),
+        (["seed=-1"], "--set seed=-1: must be an integer in [0, 4_294_967_295]"),
+        (["steps=0"], "--set steps=0: must be an integer in [1, 10_000_000]"),
+        (["ppo.c_clip=0.5"], "--set ppo.c_clip=0.5: must be a finite number > 1"),
+        (["ppo.nope=1"], "--set ppo.nope=1: unknown key"),
         (["task=bogus"], "task"),
         (["device=tpu"], "device must be auto, cpu, cuda or cuda:N"),
-        (["adv_norm.std_level=median"], "std_level: must be one of"),
+        (["adv_norm.std_level=median"], "--set adv_norm.std_level=median: must be one of"),
         (["eps_clip"], "expected KEY=VALUE"),
     ],
 )
@@ -228,3 +237,74 @@ def test_bad_run_overrides(sets, expect, tmp_path, runner):
     for s in sets:
         args += ["--set", s]
     assert_clean_failure(runner.invoke(app, args), expect, results)
+
+
+# --- every numeric field is checked from its declaration (harness.configtools.meta) -----------
+
+from harness.config import RunConfig  # noqa: E402
+from harness.configtools import check_declared, declared_fields, field_defaults  # noqa: E402
+
+NUMERIC = {
+    path: (tp, md) for path, (tp, md) in declared_fields(RunConfig).items() if tp in (int, float)
+}
+
+
+def test_every_numeric_field_declares_its_range_and_its_default_fits():
+    assert len(NUMERIC) > 40  # the walk reaches nested and optional sub-configs
+    defaults = field_defaults(RunConfig)
+    for path, (tp, md) in NUMERIC.items():
+        assert md.get("help"), path
+        if tp is int:  # bound every integer, or 10**23 overflows mid-run
+            assert md.get("ge", md.get("gt")) is not None, f"{path}: no lower bound"
+            assert md.get("le", md.get("lt")) is not None, f"{path}: no upper bound"
+        if defaults[path] is not None:
+            check_declared(defaults[path], md, path)  # raises if a default is out of range
+
+
+def _bad_values(tp, md):
+    """Values every numeric field must refuse: NaN and overflow for all; ±inf for floats unless
+    the field documents what inf means; the value just past each declared bound."""
+    out = [".nan"] if tp is float else ["100000000000000000000000", "1.5"]
+    if tp is float and not md.get("inf"):
+        out += [".inf", "-.inf", "1e400"]
+    for key in ("ge", "gt"):
+        if md.get(key) is not None:
+            out.append(str(md[key] - 1) if tp is int else str(md[key] - 0.5))
+            if key == "gt":
+                out.append(str(md[key]))
+    for key in ("le", "lt"):
+        if md.get(key) is not None:
+            out.append(str(md[key] + 1) if tp is int else str(md[key] + 0.5))
+            if key == "lt":
+                out.append(str(md[key]))
+    return out
+
+
+@pytest.mark.parametrize("path", sorted(NUMERIC))
+def test_every_numeric_field_refuses_out_of_range_values_on_the_command_line(
+    path, tmp_path, runner
+):
+    tp, md = NUMERIC[path]
+    results = tmp_path / "results"
+    for value in _bad_values(tp, md):
+        r = runner.invoke(app, ["run", "--set", f"{path}={value}", "--results-dir", str(results)])
+        assert_clean_failure(r, f"--set {path}={value}: must be ", results)
+        assert not results.exists()
+
+
+def test_inf_is_accepted_only_where_the_field_says_what_it_means(tmp_path):
+    from harness.config import build_run_config
+
+    cfg = build_run_config({"ppo": {"reward_clip": float("inf")}})
+    assert cfg.ppo.reward_clip == float("inf")
+    assert "(.inf = no clipping)" in field_help_line("ppo.reward_clip")
+
+
+def field_help_line(path):
+    from harness.configtools import ConfigError
+
+    try:
+        check_declared(float("nan"), NUMERIC[path][1], path)
+    except ConfigError as err:
+        return str(err)
+    raise AssertionError("NaN accepted")
