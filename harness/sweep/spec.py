@@ -178,19 +178,21 @@ class StudySpec:
     def run_config(
         self,
         overrides: Mapping[str, Any],
-        seed: int,
+        seed: int | None,
         *,
         device: str | None = None,
         threads: int | None = None,
     ) -> RunConfig:
         """Base + ``overrides`` (dotted paths) + seed and steps, on a deep copy, validated.
+        ``seed=None`` keeps the base's seed (an exported configuration).
 
         ``device`` (a worker's device) wins over the config's; ``threads`` applies only where
         the config leaves it unset, so a study's results do not depend on which worker ran
         them.  Raises ``ConfigError`` for a point the config rejects."""
         from harness.config import apply_overrides, build_run_config
 
-        data = apply_overrides(dict(self.base), {**overrides, "seed": seed, "steps": self.steps})
+        fixed = {"steps": self.steps} if seed is None else {"seed": seed, "steps": self.steps}
+        data = apply_overrides(dict(self.base), {**overrides, **fixed})
         if device:
             data["device"] = device
         if not data.get("threads") and threads:

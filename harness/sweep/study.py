@@ -205,19 +205,18 @@ def study_counts(study: Any, spec: StudySpec | None) -> StudyCounts:
 
 @dataclass(frozen=True)
 class BestPoint:
-    """The best configuration a study found: a grid's best cell by mean metric over its
-    finished seeds, or a search's best trial (the first of the Pareto front)."""
+    """The best configuration a study found: a grid's top cell in the report's ranking (IQM of
+    the metric over its seeds), or a search's best trial (the first of the Pareto front)."""
 
     label: str  # the cell's label, or "trial N"
     overrides: dict[str, Any]  # dotted run-config path -> value, on top of the spec's base
-    value: float  # mean ranking metric (grid) or first objective (search)
+    value: float  # IQM of the ranking metric (grid) or the first objective (search)
     seeds: int  # runs the value averages
 
 
 def best_point(study: Any, spec: StudySpec) -> BestPoint | None:
     """None when no trial has finished yet.  ``spec.run_config(best.overrides, seed)`` rebuilds
     the winning configuration."""
-    import math
 
     from optuna.trial import TrialState
 
@@ -234,16 +233,17 @@ def best_point(study: Any, spec: StudySpec) -> BestPoint | None:
             value=float(top.values[0]),
             seeds=int(top.user_attrs.get("seeds_run", len(spec.seeds))),
         )
-    values: dict[str, list[float]] = {}
-    for t in complete:
-        key = trial_key(t)
-        if key is not None and key[0] in spec.cells and t.value is not None:
-            values.setdefault(key[0], []).append(float(t.value))
-    finite = {c: [v for v in vs if math.isfinite(v)] for c, vs in values.items()}
-    means = {c: sum(vs) / len(vs) for c, vs in finite.items() if vs}
-    if not means:
+    # A grid's best cell is the report's: top of the ranking by the IQM of the metric.
+    from harness.report import ranking
+    from harness.sweep.results import load_study_data
+
+    rows = [r for r in ranking(load_study_data(study, None), n_boot=200) if r.n_used]
+    if not rows:
         return None
-    cell = max(means, key=lambda c: sign * means[c])
+    top = rows[0]
     return BestPoint(
-        label=cell, overrides=dict(spec.cells[cell]), value=means[cell], seeds=len(finite[cell])
+        label=top.label,
+        overrides=dict(spec.cells[top.label]),
+        value=top.iqm.point,
+        seeds=top.n_used,
     )
