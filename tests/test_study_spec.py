@@ -145,7 +145,7 @@ def test_search_study_status_report_and_best_point(tmp_path: Path) -> None:
     assert spec.run_config(best.overrides, 0).ppo.eps_clip == study.best_params["ppo.eps_clip"]
 
 
-def test_grid_best_point_is_the_best_cell_mean(tmp_path: Path) -> None:
+def test_grid_best_point_is_the_top_of_the_ranking(tmp_path: Path) -> None:
     spec = StudySpec.from_experiment(load_experiment(SMOKE))
     study = optuna.create_study(direction="maximize")
     for cell, seed, value in [
@@ -157,6 +157,8 @@ def test_grid_best_point_is_the_best_cell_mean(tmp_path: Path) -> None:
         t = study.ask()
         t.set_user_attr("cell", cell)
         t.set_user_attr("seed", seed)
+        t.set_user_attr("outcome", "completed")
+        t.set_user_attr("summary", json.dumps({"final/reward": value}))
         study.tell(t, value)
     study.set_user_attr(SPEC_ATTR, spec.to_json())
     best = best_point(study, load_study_spec(study))
