@@ -335,6 +335,10 @@ class MemoryTracker:
         with self._lock:
             self.experiment_tags.setdefault(experiment, {}).update(prepared)
 
+    def get_experiment_tags(self, experiment: str) -> dict[str, str]:
+        with self._lock:
+            return dict(self.experiment_tags.get(experiment, {}))
+
     def _run(self, run_id: str) -> MemoryRun:
         try:
             return self.runs[run_id]

@@ -94,6 +94,16 @@ def test_start_run_records_name_parent_and_tags(tracker: Tracker, experiment: st
     assert tracker.get_run(parent).parent_run_id is None
 
 
+def test_experiment_tags_are_set_redacted_and_overwritten(
+    tracker: Tracker, experiment: str
+) -> None:
+    tracker.set_experiment_tags(experiment, {"mlflow.note.content": "first", "k": SECRET_URL})
+    tracker.set_experiment_tags(experiment, {"mlflow.note.content": "second"})
+    tags = tracker.get_experiment_tags(experiment)  # type: ignore[attr-defined]
+    assert tags["mlflow.note.content"] == "second"
+    assert tags["k"] == redact_url(SECRET_URL) and "s3cret" not in tags["k"]
+
+
 def test_params_are_flattened_stringified_truncated(tracker: Tracker, experiment: str) -> None:
     run_id = tracker.start_run(experiment=experiment, run_name="r")
     many = {f"k{i}": i for i in range(150)}  # more than one 100-param batch
