@@ -21,9 +21,10 @@ from harness.configtools import (
     parse_override,
     set_path,
 )
-from harness.models import TinyModelConfig
+from harness.models import ModelOptions, TinyModelConfig
 from harness.ppo.loss import RejectionSampling, validate_clip_options
 from harness.ppo.normalization import NormConfig
+from harness.ppo.objectives import OBJECTIVE_OPTIONS, validate_objective
 
 
 def _h(text: str) -> dict[str, str]:
@@ -75,6 +76,68 @@ class PPOActorConfig:
     loss_agg_mode: Literal[
         "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
     ] = field(default="token-mean", metadata=_h("How per-token losses become one number."))
+    policy_loss: Literal["ppo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov"] = field(
+        default="ppo",
+        metadata=_h(
+            "Policy objective: ppo (PPO-clip, clip-higher, dual clip, GSPO), cispo (MiniMax-M1), "
+            "sapo (soft gate), gmpo (geometric mean), clip_cov / kl_cov (arXiv 2505.22617)."
+        ),
+    )
+    cispo_ratio_max: float = field(
+        default=5.0,
+        metadata=_h(
+            "CISPO: absolute cap on the IS weight sg(r) (TRL's epsilon_high under loss_type "
+            "'cispo'; 5.0 as TRL recommends after ScaleRL, arXiv 2510.13786)."
+        ),
+    )
+    cispo_ratio_min: float | None = field(
+        default=None,
+        metadata=_h(
+            "CISPO: floor on the IS weight (MiniMax-M1's 1 - eps_low^IS); null = none, as in TRL."
+        ),
+    )
+    sapo_temperature_pos: float = field(
+        default=1.0,
+        metadata=_h("SAPO: gate temperature where A > 0 (TRL default 1.0, arXiv 2511.20347)."),
+    )
+    sapo_temperature_neg: float = field(
+        default=1.05,
+        metadata=_h("SAPO: gate temperature where A <= 0 (TRL default 1.05, arXiv 2511.20347)."),
+    )
+    gmpo_log_clip: float = field(
+        default=0.4,
+        metadata=_h(
+            "GMPO: token log-ratio clipped to [-eps, eps_hi] (arXiv 2507.20673 uses 0.4; verl "
+            "reuses clip_ratio)."
+        ),
+    )
+    gmpo_log_clip_higher: float | None = field(
+        default=None, metadata=_h("GMPO: upper log-space bound eps_hi; null = gmpo_log_clip.")
+    )
+    clip_cov_ratio: float = field(
+        default=2e-4,
+        metadata=_h(
+            "Clip-Cov: share of valid tokens whose gradient is detached (paper/verl 2e-4; "
+            "0 = plain PPO-clip)."
+        ),
+    )
+    clip_cov_lb: float = field(
+        default=1.0, metadata=_h("Clip-Cov: candidates have covariance > this (verl default 1).")
+    )
+    clip_cov_ub: float = field(
+        default=5.0, metadata=_h("Clip-Cov: candidates have covariance < this (verl default 5).")
+    )
+    kl_cov_ratio: float = field(
+        default=2e-4,
+        metadata=_h(
+            "KL-Cov: share of valid tokens, largest covariance first, given the KL penalty "
+            "(paper/verl 2e-4; 0 = unclipped policy gradient)."
+        ),
+    )
+    kl_cov_coef: float = field(
+        default=1.0,
+        metadata=_h("KL-Cov: coefficient of the |log-ratio| penalty (verl ppo_kl_coef, 1)."),
+    )
     ppo_n_minibatches: int = field(
         default=4, metadata=_h("Optimizer steps per PPO update (token-balanced split).")
     )
@@ -111,6 +174,11 @@ class PPOActorConfig:
             self.rejection_sampling,
             self.importance_sampling_level,
             self.loss_agg_mode,
+        )
+        validate_objective(
+            self.policy_loss,
+            self.importance_sampling_level,
+            **{name: getattr(self, name) for name in OBJECTIVE_OPTIONS},
         )
         if self.ppo_n_minibatches < 1:
             raise ValueError(f"ppo_n_minibatches must be >= 1; got {self.ppo_n_minibatches}")
@@ -150,6 +218,20 @@ class RolloutConfig:
         default=0,
         metadata=_h("Sample with the policy as it was k updates ago (emulates async RL)."),
     )
+    chat_template: str = field(
+        default="none",
+        metadata=_h(
+            "none = prompts as is; auto = the tokenizer's chat template when it has one (one "
+            "user turn + generation prompt); or a path to a Jinja template file."
+        ),
+    )
+    max_prompt_tokens: int | None = field(
+        default=None,
+        metadata=_h(
+            "Keep only the last N tokens of longer prompts (null = never truncate; a prompt "
+            "+ max_new_tokens past the model's positions is then a config error)."
+        ),
+    )
 
     def __post_init__(self) -> None:
         for name in ("prompts_per_step", "n_samples", "max_new_tokens"):
@@ -159,6 +241,14 @@ class RolloutConfig:
             raise ValueError(f"staleness must be >= 0; got {self.staleness}")
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}")
+        if self.chat_template not in ("auto", "none") and not Path(self.chat_template).is_file():
+            raise ValueError(
+                f"chat_template: file {self.chat_template!r} not found (use auto, none or a path)"
+            )
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
+            raise ValueError(
+                f"max_prompt_tokens must be >= 1 or null; got {self.max_prompt_tokens}"
+            )
 
 
 @dataclass
@@ -238,6 +328,13 @@ class RunConfig:
         default="tiny", metadata=_h("'tiny' or a local Hugging Face model directory.")
     )
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig, metadata=_h("Tiny model shape."))
+    model_options: ModelOptions = field(
+        default_factory=ModelOptions,
+        metadata=_h(
+            "How the model is loaded and run: dtype, attn_implementation, trust_remote_code, "
+            "gradient_checkpointing, lora."
+        ),
+    )
     task: str = field(
         default="reverse",
         metadata=_h("reverse | add | sort | mixed-scale | jsonl:PATH | python:module:function."),
@@ -252,8 +349,18 @@ class RunConfig:
     )
     eval: EvalConfig = field(default_factory=EvalConfig, metadata=_h("Held-out evaluation."))
     device: str = field(default="cpu", metadata=_h("auto | cpu | cuda | cuda:N."))
-    bf16: bool = field(default=False, metadata=_h("bf16 autocast (CUDA only)."))
+    bf16: bool = field(
+        default=False,
+        metadata=_h("Shorthand for model_options.dtype=bfloat16 (autocast, CPU and CUDA)."),
+    )
     threads: int = field(default=0, metadata=_h("torch CPU threads (0 = leave torch's default)."))
+    trainer: Literal["harness", "trl"] = field(
+        default="harness",
+        metadata=_h(
+            "Who trains the cell: the harness's PPO loop or TRL's GRPOTrainer (options mapped "
+            "as in the README's TRL table; what TRL cannot express is an error)."
+        ),
+    )
     diverge_after: int = field(
         default=3,
         metadata=_h(
@@ -270,6 +377,8 @@ class RunConfig:
             raise ValueError(f"threads must be >= 0; got {self.threads}")
         if self.diverge_after < 1:
             raise ValueError(f"diverge_after must be >= 1; got {self.diverge_after}")
+        if self.bf16:
+            self.model_options.dtype = "bfloat16"
         dev = self.device
         if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N; got {dev!r}")
@@ -278,6 +387,13 @@ class RunConfig:
                 f"model: directory {self.model!r} does not exist "
                 "(use 'tiny' or a local Hugging Face model directory)"
             )
+        if self.trainer == "trl":
+            from harness.trainers.trl_map import trl_problems
+
+            problems = trl_problems(self)
+            if problems:
+                where, why = problems[0]
+                raise ValueError(f"{where}: not expressible with trainer: trl ({why})")
         for name, norm in (("adv_norm", self.ppo.adv_norm), ("reward_norm", self.ppo.reward_norm)):
             if norm is not None and norm.uses_groups and name == "reward_norm":
                 # The loop passes the real group sizes; a fixed group_size must agree with them.
@@ -353,10 +469,16 @@ def validate_task(cfg: RunConfig) -> None:
     from harness.tasks import get_task
 
     try:
-        get_task(cfg.task, **cfg.task_options)
+        task = get_task(cfg.task, **cfg.task_options)
     except (ValueError, TypeError) as err:
         msg = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ConfigError(msg if msg.startswith("task") else f"task: {msg}") from None
+    from harness.limits import check_lengths
+
+    try:
+        check_lengths(cfg, task)
+    except ValueError as err:
+        raise ConfigError(str(err).splitlines()[0]) from None
 
 
 def load_run_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:

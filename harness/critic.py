@@ -1,7 +1,9 @@
 """The optional critic: a value model for GAE, and AReaL's clipped value loss.
 
 AReaL trains the critic as a separate engine (``PPOCriticConfig``); here it is a copy of the
-policy's transformer trunk with a scalar head, trained after each actor update.
+policy's transformer trunk (any architecture: its ``base_model``) with a scalar head, trained
+after each actor update. Under LoRA the copy keeps the adapters and their trainability (the
+copied base stays frozen), so the critic trains adapters + head.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import copy
 
 import torch
 
+from harness.models import base_model
 from harness.rollout import position_ids
 
 
@@ -53,10 +56,8 @@ class ValueModel(torch.nn.Module):
 
     def __init__(self, policy: torch.nn.Module) -> None:
         super().__init__()
-        base = getattr(policy, "model", None)
-        if base is None:
-            raise ValueError("the critic needs a causal LM with a `.model` trunk (e.g. Llama)")
-        self.trunk = copy.deepcopy(base)
+        # The model's own trunk whatever it is called (.model, .transformer, .gpt_neox, ...).
+        self.trunk = copy.deepcopy(base_model(policy))
         hidden = int(policy.config.hidden_size)  # type: ignore[union-attr,arg-type]
         self.head = torch.nn.Linear(hidden, 1)
         torch.nn.init.zeros_(self.head.weight)

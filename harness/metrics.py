@@ -28,6 +28,13 @@ STEP_METRICS: dict[str, str] = {
     "policy/clipfrac_low": "Fraction of valid tokens clipped at the lower bound (A<0, r<1−ε).",
     "policy/clipfrac_high": "Fraction of valid tokens clipped at the upper bound (A>0, r>1+ε_hi).",
     "policy/dual_clipfrac": "Fraction of valid tokens where the dual clip c·|A| binds (only possible for A<0).",
+    "policy/silenced_frac": "Fraction of valid tokens whose policy gradient the objective (ppo.policy_loss) zeroed: PPO/Clip-Cov clip and dual clip, Clip-Cov's detached tokens, GMPO's log-space clip; 0 for CISPO, SAPO, KL-Cov.",
+    "policy/reweighted_frac": "Fraction of valid tokens the objective kept but re-weighted: CISPO IS weight capped, SAPO gate weight below 0.5, KL-Cov penalised tokens; 0 for PPO, Clip-Cov, GMPO.",
+    "policy/gate_mean": "Mean per-token gate/weight of the objective: CISPO the capped IS weight, SAPO the gradient weight 4σ(1−σ) (1 = unclipped), GMPO the clipped sequence ratio (cispo/sapo/gmpo only).",
+    "policy/cov_selected": "Tokens selected by the covariance rule per optimizer step: detached (clip_cov) or KL-penalised (kl_cov).",
+    "policy/cov_candidates": "Clip-Cov: tokens per optimizer step inside the covariance band (clip_cov_lb, clip_cov_ub) and not already clipped, from which the selection is drawn.",
+    "policy/cov_threshold": "Covariance threshold of the selection: the smallest covariance among selected tokens (KL-Cov: the top-k cut-off), mean over optimizer steps that selected any.",
+    "policy/cov_penalty_kl": "KL-Cov: mean |log π_θ − log π_prox| on the penalised tokens.",
     "policy/loss": "Mean PPO loss over the step's optimizer steps (including the entropy bonus).",
     "policy/behave_weight_mean": "Mean behaviour importance weight w = π_prox/π_behave after capping/masking (weighting on).",
     "policy/behave_weight_min": "Smallest behaviour weight.",
@@ -62,6 +69,17 @@ STEP_METRICS: dict[str, str] = {
 }
 
 _KNOWN = frozenset(STEP_METRICS)
+
+# Logged only under the ppo.policy_loss objectives that define them.
+OBJECTIVE_METRICS = frozenset(
+    {
+        "policy/gate_mean",
+        "policy/cov_selected",
+        "policy/cov_candidates",
+        "policy/cov_threshold",
+        "policy/cov_penalty_kl",
+    }
+)
 
 
 def check_names(metrics: dict[str, float]) -> None:

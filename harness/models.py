@@ -17,9 +17,13 @@ cache) never have to reason about shared storage.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 import torch
 from tokenizers import Tokenizer, decoders, models
@@ -100,6 +104,177 @@ class TinyModelConfig:
             )
 
 
+@dataclass
+class LoraOptions:
+    """LoRA adapters through ``peft`` (the optional ``harness[lora]`` extra)."""
+
+    r: int = field(default=8, metadata={"help": "Adapter rank."})
+    alpha: int = field(default=16, metadata={"help": "LoRA scaling numerator (scale = alpha / r)."})
+    dropout: float = field(
+        default=0.0,
+        metadata={
+            "help": "Dropout on the adapter input, live in the update's forward only (sampling, "
+            "recompute and reference run without it); keep 0 for ratio = 1 on fresh data."
+        },
+    )
+    target_modules: list[str] = field(
+        default_factory=lambda: ["all-linear"],
+        metadata={
+            "help": "Module names to adapt, e.g. [q_proj, v_proj]; [all-linear] = every "
+            "linear layer except the output head."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.r < 1:
+            raise ValueError(f"lora.r must be >= 1; got {self.r}")
+        if not self.alpha > 0:
+            raise ValueError(f"lora.alpha must be > 0; got {self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora.dropout must be in [0, 1); got {self.dropout}")
+        if not self.target_modules or not all(
+            isinstance(t, str) and t for t in self.target_modules
+        ):
+            raise ValueError("lora.target_modules must be a non-empty list of module names")
+
+
+@dataclass
+class ModelOptions:
+    """How the policy is loaded and run (any model spec; some options only matter for HF dirs).
+
+    Precision: ``bfloat16`` runs every forward (sampler, recompute, reference, update, critic)
+    under ``torch.autocast(bfloat16)`` on the model's device, CPU included, while the weights
+    and AdamW state stay float32 (the master copy). Why autocast rather than bf16 weights: the
+    same context wraps all passes, so sampled and recomputed log-probs come from the same
+    bf16 matmuls, and small Adam updates are not lost to bf16 rounding of the weights.
+    """
+
+    dtype: Literal["float32", "bfloat16"] = field(
+        default="float32",
+        metadata={
+            "help": "Compute precision of every forward pass: float32, or bfloat16 autocast "
+            "with float32 master weights (CPU and CUDA)."
+        },
+    )
+    attn_implementation: Literal["sdpa", "eager"] = field(
+        default="sdpa",
+        metadata={
+            "help": "Attention kernel of a loaded HF model (sdpa falls back to eager, with a "
+            "warning, for architectures without an SDPA kernel, e.g. Gemma2)."
+        },
+    )
+    trust_remote_code: bool = field(
+        default=False,
+        metadata={
+            "help": "Run Python code shipped in the model directory (false by default: "
+            "a directory with custom modeling code is refused unless you set this)."
+        },
+    )
+    gradient_checkpointing: bool = field(
+        default=False,
+        metadata={"help": "Recompute activations in the backward pass (less memory, ~30% slower)."},
+    )
+    lora: LoraOptions | None = field(
+        default=None,
+        metadata={
+            "help": "LoRA adapters {r, alpha, dropout, target_modules}; null = full fine-tune."
+        },
+    )
+
+
+def disable_dropout(model: torch.nn.Module) -> int:
+    """Set every dropout probability in ``model`` to 0; returns how many settings changed.
+
+    Why: PPO compares log-probs of the same weights in different passes (sampling, recompute,
+    update); live dropout makes them differ (GPT-2 with 0.1: ratio in [0.86, 1.26] where it must
+    be 1). verl and OpenRLHF zero dropout for the same reason. Covers ``nn.Dropout`` modules,
+    float attributes named like ``*dropout*``/``*pdrop*``/``layerdrop`` on modules (attention
+    modules read them at forward time) and on the config (and its sub-configs). LoRA dropout
+    layers added later by ``peft`` are not touched.
+    """
+    changed = 0
+
+    def is_drop(name: str) -> bool:
+        n = name.lower()
+        return "dropout" in n or "pdrop" in n or n == "layerdrop"
+
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.Dropout) and mod.p != 0.0:
+            mod.p = 0.0
+            changed += 1
+        for name, value in list(vars(mod).items()):
+            if is_drop(name) and isinstance(value, float) and value != 0.0:
+                setattr(mod, name, 0.0)
+                changed += 1
+    configs = [getattr(model, "config", None)]
+    while configs:
+        c = configs.pop()
+        if c is None:
+            continue
+        for name, value in list(vars(c).items()):
+            if is_drop(name) and isinstance(value, float) and value != 0.0:
+                setattr(c, name, 0.0)
+                changed += 1
+            elif hasattr(value, "to_dict") and hasattr(value, "model_type"):
+                configs.append(value)
+    return changed
+
+
+def autocast_dtype(dtype: str) -> torch.dtype | None:
+    """``"bfloat16"`` -> ``torch.bfloat16`` (autocast on); ``"float32"`` -> None (autocast off)."""
+    return torch.bfloat16 if dtype == "bfloat16" else None
+
+
+@contextlib.contextmanager
+def precision(device: torch.device | str, dtype: torch.dtype | None) -> Iterator[None]:
+    """The one precision context of every forward pass: autocast to ``dtype`` or explicitly off.
+
+    Explicitly off (not just absent) so an outer autocast can never leak into a float32 run.
+    """
+    dev_type = torch.device(device).type
+    with torch.autocast(
+        device_type=dev_type, dtype=dtype or torch.bfloat16, enabled=dtype is not None
+    ):
+        yield
+
+
+def max_positions(config: Any) -> int | None:
+    """The longest sequence a model config supports (prompt + completion), None if unstated."""
+    for name in ("n_positions", "max_position_embeddings", "max_sequence_length", "seq_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Every id that ends a completion: the tokenizer's EOS plus ``generation_config.eos_token_id``
+    (an int or a list: instruct models stop on several, e.g. ``<|im_end|>`` and ``<|endoftext|>``).
+    """
+    ids: list[int] = []
+    gen = getattr(model, "generation_config", None)
+    cand = [tokenizer.eos_token_id, getattr(gen, "eos_token_id", None)]
+    for c in cand:
+        for i in c if isinstance(c, (list, tuple)) else [c]:
+            if isinstance(i, int) and i not in ids:
+                ids.append(i)
+    return ids
+
+
+def base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformer trunk of a causal LM, whatever its attribute name (``.model`` for Llama,
+    ``.transformer`` for GPT-2, ``.gpt_neox`` for GPT-NeoX); unwraps a ``peft`` model first."""
+    get_base = getattr(model, "get_base_model", None)
+    if callable(get_base):
+        model = get_base()
+    trunk = getattr(model, "base_model", None)
+    if not isinstance(trunk, torch.nn.Module) or trunk is model:
+        raise ValueError(
+            f"the critic needs a causal LM with a transformer trunk; {type(model).__name__} has none"
+        )
+    return trunk
+
+
 def build_model(
     tokenizer: PreTrainedTokenizerBase, cfg: TinyModelConfig | None = None, seed: int = 0
 ) -> LlamaForCausalLM:
@@ -131,7 +306,8 @@ def build_model(
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
-    model.eval()  # no dropout anywhere: sampling and training must see the same function
+    model.eval()
+    disable_dropout(model)  # no dropout anywhere: sampling and training see the same function
     return model
 
 
@@ -163,7 +339,9 @@ def _missing_dir_error(spec: str) -> ValueError:
     )
 
 
-def load_tokenizer(spec: str = "tiny") -> PreTrainedTokenizerBase:
+def load_tokenizer(
+    spec: str = "tiny", *, trust_remote_code: bool = False
+) -> PreTrainedTokenizerBase:
     """The tokenizer for ``spec``: the built-in character tokenizer, or the directory's own one.
 
     A loaded tokenizer without a pad token pads with EOS; padding is always on the left.
@@ -172,7 +350,9 @@ def load_tokenizer(spec: str = "tiny") -> PreTrainedTokenizerBase:
         return build_tokenizer()
     if not Path(spec).is_dir():
         raise _missing_dir_error(spec)
-    tok = AutoTokenizer.from_pretrained(spec, local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(
+        spec, local_files_only=True, trust_remote_code=trust_remote_code
+    )
     if tok.pad_token is None:
         if tok.eos_token is None:
             raise ValueError(f"model: tokenizer in '{spec}' has neither a pad nor an eos token")
@@ -188,20 +368,41 @@ def load_model(
     seed: int = 0,
     device: str | torch.device = "cpu",
     tiny: TinyModelConfig | None = None,
+    options: ModelOptions | None = None,
 ) -> PreTrainedModel:
-    """The model for ``spec`` on ``device``, in eval mode (dropout off), float32 weights.
+    """The model for ``spec`` on ``device``, in eval mode, every dropout zeroed, float32 weights.
 
     ``tiny`` only shapes the ``"tiny"`` model; ``seed`` only seeds its random initialisation.
+    ``options`` picks the attention kernel and ``trust_remote_code`` of a directory; LoRA and
+    gradient checkpointing are applied by :func:`prepare_for_training`.
     """
+    opts = options or ModelOptions()
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     if spec == "tiny":
         model: PreTrainedModel = build_model(tokenizer, tiny, seed=seed)
     else:
         if not Path(spec).is_dir():
             raise _missing_dir_error(spec)
-        model = AutoModelForCausalLM.from_pretrained(
-            spec, local_files_only=True, dtype=torch.float32
-        )
+        kw: dict[str, Any] = {
+            "local_files_only": True,
+            "dtype": torch.float32,
+            "trust_remote_code": opts.trust_remote_code,
+        }
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                spec, attn_implementation=opts.attn_implementation, **kw
+            )
+        except ValueError as err:
+            # Some architectures (Gemma2: logit soft-capping) have no SDPA kernel in transformers.
+            if opts.attn_implementation != "sdpa" or "attention implementation" not in str(err):
+                raise
+            warnings.warn(
+                f"model: {spec} does not support attn_implementation=sdpa; using eager",
+                UserWarning,
+                stacklevel=2,
+            )
+            model = AutoModelForCausalLM.from_pretrained(spec, attn_implementation="eager", **kw)
+        disable_dropout(model)
         if model.config.pad_token_id is None:
             model.config.pad_token_id = tokenizer.pad_token_id
         if model.generation_config is not None and model.generation_config.pad_token_id is None:
@@ -216,6 +417,7 @@ def load_model_and_tokenizer(
     seed: int = 0,
     device: str | torch.device = "cpu",
     tiny: TinyModelConfig | None = None,
+    options: ModelOptions | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``"tiny"`` (built in code) or a local Hugging Face causal-LM directory -> (model, tokenizer).
 
@@ -223,8 +425,9 @@ def load_model_and_tokenizer(
     """
     if spec != "tiny" and not Path(spec).is_dir():
         raise _missing_dir_error(spec)
-    tokenizer = load_tokenizer(spec)
-    model = load_model(spec, tokenizer, seed=seed, device=device, tiny=tiny)
+    opts = options or ModelOptions()
+    tokenizer = load_tokenizer(spec, trust_remote_code=opts.trust_remote_code)
+    model = load_model(spec, tokenizer, seed=seed, device=device, tiny=tiny, options=opts)
     return model, tokenizer
 
 
@@ -252,6 +455,14 @@ def model_fingerprint(spec: str, tiny: TinyModelConfig | None = None) -> dict[st
 
 __all__ = [
     "CHARS",
+    "LoraOptions",
+    "ModelOptions",
+    "autocast_dtype",
+    "base_model",
+    "disable_dropout",
+    "eos_ids",
+    "max_positions",
+    "precision",
     "SPECIAL_TOKENS",
     "TinyModelConfig",
     "build_model",

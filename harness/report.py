@@ -33,7 +33,7 @@ from typing import Any, Literal
 import numpy as np
 from rich.table import Table
 
-from harness import stats
+from harness import report_progress, stats
 from harness.report_plots import (
     PlotFile,
     plot_clip_fractions,
@@ -578,12 +578,17 @@ def conclusion(rows: Sequence[CellRow], data: StudyData) -> list[str]:
     if not usable:
         return ["No cell has a usable score yet: nothing can be concluded."]
     best = usable[0]
+    base = next((r for r in rows if r.is_baseline), None)
+    # Where the runs ended against where they started: a ranking alone would hide a grid in
+    # which every cell ends below its warm start.
+    progress = report_progress.conclusion_lines(
+        data, [r.label for r in rows], base.label if base else None, code=_code
+    )
     out = [
         f"**{_code(best.label)} ranks first** by the IQM of {_code(data.metric)} ({better} is "
         f"better): {fmt_interval(best.iqm)} over {best.n_used} scored runs "
         f"({best.n_diverged}/{best.n_seeds} diverged)."
     ]
-    base = next((r for r in rows if r.is_baseline), None)
     if base is None:
         if len(usable) > 1:
             second = usable[1]
@@ -593,7 +598,7 @@ def conclusion(rows: Sequence[CellRow], data: StudyData) -> list[str]:
                 f"{_code(second.label)} ({fmt_interval(second.iqm)})"
                 + ("." if sep else ": these seeds cannot tell the two apart.")
             )
-        return out
+        return out + progress
     if best.label == base.label:
         out.append(f"The baseline ranks first: no cell has a {better} IQM.")
     elif math.isfinite(base.iqm.point):
@@ -642,7 +647,7 @@ def conclusion(rows: Sequence[CellRow], data: StudyData) -> list[str]:
             f"Clipping is inert in {', '.join(_code(c) for c in inert)}: these results say "
             "nothing about the clip settings."
         )
-    return out
+    return out + progress
 
 
 # --------------------------------------------------------------------------------------------
@@ -948,11 +953,13 @@ SUMMARY_COLUMNS = (
     ("final/reward", "final reward"),
     ("best/reward", "best reward"),
     ("final/eval_accuracy", "eval acc"),
+    ("start/eval_reward", "start eval reward"),
+    ("final/eval_reward", "final eval reward"),
     ("stability/entropy_ratio", "entropy end/start"),
     ("stability/max_approx_kl", "max KL"),
     ("stability/kl_spikes", "KL spikes"),
     ("stability/grad_norm_spikes", "grad-norm spikes"),
-    ("stability/frac_high_clip", "high-clip steps"),
+    ("stability/mean_clipfrac", "clip frac (mean)"),
     ("stability/max_drawdown", "max drawdown"),
 )
 
@@ -976,7 +983,9 @@ def _summary_section(doc: _Doc, data: StudyData) -> None:
     doc.para(
         "Mean over each cell's completed and diverged runs of the run-level summaries defined in "
         "docs/stability.md (start reward = mean of the first 10 steps; entropy end/start < 1 "
-        "means the policy sharpened; spikes are counts per run)."
+        "means the policy sharpened; spikes are steps per run above 5× the run's own running "
+        "median, so a KL that is high throughout is not a spike; clip frac = mean "
+        "policy/clipfrac)."
     )
     header, rows = summary_table(data)
     doc.table(header, rows, code_col=0)

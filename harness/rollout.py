@@ -99,8 +99,10 @@ class _HFDecoder:
         n_rows, self.width = prompt_mask.shape
         self.mask = prompt_mask.new_ones(n_rows, self.width + max_new_tokens)
         self.mask[:, : self.width] = prompt_mask
-        # transformers 5 renamed ``past_key_values`` to ``cache``; pass whichever forward takes.
-        params = inspect.signature(model.forward).parameters
+        # transformers 5 renamed ``past_key_values`` to ``cache``; pass whichever forward takes
+        # (a peft wrapper forwards **kwargs, so look at the model it wraps).
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]
+        params = inspect.signature(inner.forward).parameters
         self.cache_kw = "cache" if "cache" in params else "past_key_values"
         self.prefill_kw: dict[str, Any] = (
             {"logits_to_keep": 1} if "logits_to_keep" in params else {}
@@ -283,7 +285,7 @@ def _generate(
     temperature: float,
     top_p: float,
     greedy: bool,
-    eos_id: int,
+    eos: torch.Tensor,
     pad_id: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The sampling loop: ``[N, T]`` tokens (pad after EOS) and their behaviour log-probs."""
@@ -316,7 +318,7 @@ def _generate(
         tok = tok.squeeze_(-1)
         tokens[:, t] = torch.where(alive, tok, pad_id)
         logps[:, t] = torch.where(alive, lp, 0.0)
-        alive &= tok != eos_id
+        alive &= ~torch.isin(tok, eos)
         steps = t + 1
         if t + 1 == max_new_tokens or not bool(alive.any()):
             break
@@ -338,6 +340,10 @@ def sample(
     top_p: float = 1.0,
     greedy: bool = False,
     backend: str = "auto",
+    eos_token_ids: list[int] | None = None,
+    max_prompt_tokens: int | None = None,
+    max_positions: int | None = None,
+    chat_template: str | None = None,
 ) -> RolloutBatch:
     """Sample ``n_samples`` completions per prompt with a hand-written KV-cache loop.
 
@@ -347,6 +353,13 @@ def sample(
     rows are done or after ``max_new_tokens``. ``backend``: ``"auto"`` uses the functional Llama
     decoder when it applies and the model's own forward otherwise; ``"hf"`` forces the latter,
     ``"fast"`` insists on the former.
+
+    ``eos_token_ids``: every id that ends a completion (default: the model's
+    :func:`harness.models.eos_ids`). ``max_prompt_tokens``: keep only the last that many tokens of
+    a longer prompt (None = never truncate). ``max_positions``: a row needing more than that many
+    positions (prompt + ``max_new_tokens``) raises ``ValueError`` before any forward pass.
+    ``chat_template``: a Jinja template each prompt is rendered with first (one user turn; see
+    :mod:`harness.prompting`).
     """
     if n_samples < 1 or max_new_tokens < 1:
         raise ValueError("sample: n_samples and max_new_tokens must be >= 1")
@@ -360,12 +373,23 @@ def sample(
     if backend == "fast" and not fast:
         raise ValueError(f"sample: no fast decoder for {type(model).__name__}; use backend='auto'")
     device = next(model.parameters()).device
-    eos_id = tokenizer.eos_token_id
+    if eos_token_ids is None:
+        from harness.models import eos_ids
+
+        eos_token_ids = eos_ids(model, tokenizer)
+    eos_id = eos_token_ids[0]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
-    enc = tokenizer(prompts, padding=True, return_tensors="pt")
+    enc = encode_prompts(tokenizer, prompts, max_prompt_tokens, chat_template)
     prompt_ids = enc["input_ids"].to(device).repeat_interleave(n_samples, dim=0)
     prompt_mask = enc["attention_mask"].to(device).repeat_interleave(n_samples, dim=0)
     n_rows, width = prompt_ids.shape
+    longest = int(prompt_mask.sum(-1).max())
+    if max_positions is not None and longest + max_new_tokens > max_positions:
+        raise ValueError(
+            f"rollout: a prompt of {longest} tokens + max_new_tokens {max_new_tokens} exceeds "
+            f"the model's {max_positions} positions (set rollout.max_prompt_tokens)"
+        )
+    eos = torch.tensor(eos_token_ids, dtype=torch.long, device=device)
 
     tokens, logps = _generate(
         model,
@@ -377,12 +401,12 @@ def sample(
         temperature=temperature,
         top_p=top_p,
         greedy=greedy,
-        eos_id=eos_id,
+        eos=eos,
         pad_id=pad_id,
     )
     # Everything below runs outside inference mode: the batch's tensors are ordinary tensors
     # that the training forward pass may use under autograd. A generated slot is real up to and including the first EOS.
-    is_eos = tokens == eos_id
+    is_eos = torch.isin(tokens, eos)
     after_eos = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
     gen_mask = (~after_eos).to(prompt_mask.dtype)
     response_lens = gen_mask.sum(-1)
@@ -399,6 +423,28 @@ def sample(
         group_sizes=[n_samples] * len(prompts),
         prompt_width=width,
     )
+
+
+def encode_prompts(
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    max_prompt_tokens: int | None = None,
+    chat_template: str | None = None,
+) -> dict[str, torch.Tensor]:
+    """Left-padded prompt ids and mask; with ``max_prompt_tokens`` each prompt keeps only its
+    last that many tokens (the end of a prompt is the question being asked). With a
+    ``chat_template`` the prompts are rendered first and tokenized without added specials."""
+    from harness.prompting import apply_chat_template
+
+    texts = apply_chat_template(tokenizer, prompts, chat_template)
+    special = chat_template is None
+    if max_prompt_tokens is None:
+        return dict(tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=special))
+    ids = [
+        row[-max_prompt_tokens:]
+        for row in tokenizer(texts, add_special_tokens=special)["input_ids"]
+    ]
+    return dict(tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt"))
 
 
 def _decode(
@@ -460,17 +506,25 @@ class StalenessRing:
     Snapshots are detached clones on the model's device.
     """
 
-    def __init__(self, k: int) -> None:
+    def __init__(self, k: int, *, trainable_only: bool = False) -> None:
         if k < 0:
             raise ValueError(f"staleness must be >= 0; got {k}")
         self.k = k
+        # Under LoRA only the adapters change: snapshot those, not the frozen base.
+        self.trainable_only = trainable_only
         self._ring: collections.deque[dict[str, torch.Tensor]] = collections.deque(maxlen=k + 1)
 
     def push(self, model: torch.nn.Module) -> None:
         if self.k == 0:
             return
         with torch.no_grad():
-            self._ring.append({n: t.detach().clone() for n, t in model.state_dict().items()})
+            if self.trainable_only:
+                snap = {
+                    n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad
+                }
+            else:
+                snap = {n: t.detach().clone() for n, t in model.state_dict().items()}
+            self._ring.append(snap)
 
     def behaviour_state(self) -> dict[str, torch.Tensor] | None:
         """The oldest kept snapshot, or None when k == 0 or nothing was pushed yet."""
@@ -482,4 +536,11 @@ class StalenessRing:
         return max(len(self._ring) - 1, 0)
 
 
-__all__ = ["RolloutBatch", "StalenessRing", "forward_logprobs", "position_ids", "sample"]
+__all__ = [
+    "RolloutBatch",
+    "StalenessRing",
+    "encode_prompts",
+    "forward_logprobs",
+    "position_ids",
+    "sample",
+]

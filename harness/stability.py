@@ -42,7 +42,9 @@ RUN_SUMMARY_KEYS: tuple[str, ...] = (
     "stability/max_approx_kl",
     "stability/mean_approx_kl",
     "stability/kl_spikes",
+    "stability/kl_over_threshold",
     "stability/grad_norm_spikes",
+    "stability/mean_clipfrac",
     "stability/frac_high_clip",
     "stability/entropy_ratio",
     "stability/nonfinite_events",
@@ -78,16 +80,19 @@ def _logged(history: Mapping[str, ArrayLike], key: str) -> tuple[np.ndarray, np.
     return steps, a[steps]
 
 
-def _running_median_spikes(values: np.ndarray, factor: float, window: int) -> np.ndarray:
-    """Mask of v_j > factor × median(v over the up-to-``window`` previous values).
+def _running_median_spikes(
+    values: np.ndarray, factor: float, window: int, floor: float = 0.0
+) -> np.ndarray:
+    """Mask of v_j > factor × median(v over the up-to-``window`` previous values) and v_j > floor.
 
     Tested only from the MIN_SPIKE_HISTORY-th value on; a running median <= 0 never flags (any
-    positive value would otherwise be a "spike").
+    positive value would otherwise be a "spike").  ``floor`` keeps float noise (a KL of 1e-12
+    against a median of 1e-13) from counting.
     """
     spike = np.zeros(values.size, dtype=bool)
     for j in range(MIN_SPIKE_HISTORY, values.size):
         med = float(np.median(values[max(0, j - window) : j]))
-        spike[j] = med > 0.0 and values[j] > factor * med
+        spike[j] = med > 0.0 and values[j] > factor * med and values[j] > floor
     return spike
 
 
@@ -148,8 +153,9 @@ def summarize_run(
     last_k: int = 10,
     reward_threshold: float | None = None,
     collapse_fraction: float = 0.5,
-    kl_spike: float = 0.1,
-    kl_spike_factor: float | None = None,
+    kl_spike_factor: float = 5.0,
+    kl_spike_floor: float = 1e-4,
+    kl_threshold: float = 0.1,
     grad_spike_factor: float = 5.0,
     spike_window: int = 50,
     clipfrac_threshold: float = 0.2,
@@ -175,13 +181,16 @@ def summarize_run(
     * ``final/eval_accuracy``: last logged ``eval/accuracy``.
     * ``stability/max_approx_kl``, ``stability/mean_approx_kl``: max and mean of |approx_kl| over
       logged steps (magnitude, because ``policy/approx_kl`` may be a signed log-ratio, k1).
-    * ``stability/kl_spikes``: steps with |kl_t| > ``kl_spike``, or (when ``kl_spike_factor`` is
-      set) |kl_t| > kl_spike_factor × running median of |kl|.
+    * ``stability/kl_spikes``: steps with |kl_t| > ``kl_spike_factor`` × running median of |kl| and
+      |kl_t| > ``kl_spike_floor``: spikes relative to the run's own KL scale.
+    * ``stability/kl_over_threshold``: steps with |kl_t| > ``kl_threshold`` (absolute; saturates in
+      runs whose KL sits above the threshold throughout, which is why spikes are relative).
     * ``stability/grad_norm_spikes``: steps with g_t > ``grad_spike_factor`` × running median of g.
       A running median is the median of the up to ``spike_window`` previous logged values; it is
       only tested with >= 3 of them and only when positive.
+    * ``stability/mean_clipfrac``: mean of ``policy/clipfrac`` over logged steps.
     * ``stability/frac_high_clip``: fraction of logged steps with ``policy/clipfrac`` >
-      ``clipfrac_threshold``.
+      ``clipfrac_threshold`` (absolute; 0 in most CPU-scale runs, see docs/stability.md).
     * ``stability/entropy_ratio``: mean of the last ``last_k`` logged entropies / mean of the first
       ``last_k`` (NaN if the first mean is 0).
     * ``stability/nonfinite_events``, ``stability/skipped_steps``: sums of the per-step counts
@@ -203,10 +212,9 @@ def summarize_run(
         mag = np.abs(kl)
         out["stability/max_approx_kl"] = float(mag.max())
         out["stability/mean_approx_kl"] = float(mag.mean())
-        spike = mag > kl_spike
-        if kl_spike_factor is not None:
-            spike |= _running_median_spikes(mag, kl_spike_factor, spike_window)
-        out["stability/kl_spikes"] = float(np.count_nonzero(spike))
+        spikes = _running_median_spikes(mag, kl_spike_factor, spike_window, kl_spike_floor)
+        out["stability/kl_spikes"] = float(np.count_nonzero(spikes))
+        out["stability/kl_over_threshold"] = float(np.count_nonzero(mag > kl_threshold))
 
     _, g = _logged(history, GRAD_NORM)
     if g.size:
@@ -215,6 +223,7 @@ def summarize_run(
 
     _, c = _logged(history, CLIPFRAC)
     if c.size:
+        out["stability/mean_clipfrac"] = float(np.mean(c))
         out["stability/frac_high_clip"] = float(np.mean(c > clipfrac_threshold))
 
     _, h = _logged(history, ENTROPY)

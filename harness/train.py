@@ -14,6 +14,7 @@ Metric names are defined once in ``harness/metrics.py``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import random
@@ -29,9 +30,18 @@ import torch
 from harness.config import RunConfig
 from harness.configtools import to_dict
 from harness.critic import ValueModel, explained_variance, value_loss
+from harness.lora import is_lora, prepare_for_training, reference_off, swapped_in
 from harness.metrics import check_names
-from harness.models import load_model_and_tokenizer, resolve_device
+from harness.models import autocast_dtype as precision_dtype
+from harness.models import (
+    eos_ids,
+    load_model_and_tokenizer,
+    max_positions,
+    precision,
+    resolve_device,
+)
 from harness.ppo.actor import PPOActor, minibatch_indices
+from harness.prompting import resolve_chat_template
 from harness.rollout import StalenessRing, forward_logprobs, sample
 from harness.stability import summarize_run
 from harness.tasks import get_task
@@ -83,8 +93,11 @@ def _lr_lambda(cfg: RunConfig, total_updates: int) -> Callable[[int], float]:
     return f
 
 
-def evaluate(model, tokenizer, task, examples, *, max_new_tokens: int, device) -> dict[str, float]:
-    """Greedy completions on held-out prompts: mean reward and exact-match accuracy."""
+def evaluate(
+    model, tokenizer, task, examples, *, max_new_tokens: int, device, **sample_kw: Any
+) -> dict[str, float]:
+    """Greedy completions on held-out prompts: mean reward and exact-match accuracy.
+    ``sample_kw`` (EOS ids, prompt truncation, position limit) go to :func:`sample`."""
     gen = torch.Generator(device=device).manual_seed(0)
     was_training = model.training
     model.eval()
@@ -96,6 +109,7 @@ def evaluate(model, tokenizer, task, examples, *, max_new_tokens: int, device) -
         max_new_tokens=max_new_tokens,
         generator=gen,
         greedy=True,
+        **sample_kw,
     )
     model.train(was_training)
     scores = [task.score(e, c) for e, c in zip(examples, batch.completions, strict=True)]
@@ -119,12 +133,21 @@ def run(
     random.seed(cfg.seed)
     device = resolve_device(cfg.device)
     task = get_task(cfg.task, **cfg.task_options)
-    autocast_dtype = torch.bfloat16 if (cfg.bf16 and device.type == "cuda") else None
+    # One precision for sampler, recompute, reference, update and critic (models.ModelOptions).
+    amp = precision_dtype(cfg.model_options.dtype)
 
     # ---- models: policy (optionally warm-started), frozen reference, behaviour copy, critic
     model, tokenizer = load_model_and_tokenizer(
-        cfg.model, seed=cfg.seed, device=str(device), tiny=cfg.tiny
+        cfg.model, seed=cfg.seed, device=str(device), tiny=cfg.tiny, options=cfg.model_options
     )
+    model = prepare_for_training(model, cfg.model_options)  # gradient checkpointing, LoRA
+    lora = is_lora(model)
+    sample_kw: dict[str, Any] = {
+        "eos_token_ids": eos_ids(model, tokenizer),
+        "max_prompt_tokens": cfg.rollout.max_prompt_tokens,
+        "max_positions": max_positions(model.config),
+        "chat_template": resolve_chat_template(cfg.rollout.chat_template, tokenizer),
+    }
     tags: dict[str, str] = {}
     if cfg.warm_start.steps > 0:
         from harness.warmstart import cached_warm_start
@@ -140,25 +163,41 @@ def run(
             lr=cfg.warm_start.lr,
             seed=cfg.seed,
             cache_dir=Path(results_dir) / "warmstart",
-            key_parts={"tiny": to_dict(cfg.tiny), "task_options": cfg.task_options},
+            chat_template=sample_kw["chat_template"],
+            key_parts={
+                "tiny": to_dict(cfg.tiny),
+                "task_options": cfg.task_options,
+                # LoRA rank/targets, checkpointing and precision change what training produces.
+                "model_options": to_dict(cfg.model_options),
+            },
         )
         tags["warm_start.cache_key"] = str(info.get("key", ""))
-    model.train()
-    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.ppo.kl_ctl > 0 else None
-    ring = StalenessRing(cfg.rollout.staleness)
+    # Eval mode except inside the update (PPOActor.ppo_update switches to train mode there, which
+    # gradient checkpointing needs). Every dropout is zeroed at load time, so the mode changes
+    # nothing else; LoRA's own dropout, if configured, is live in the update only.
+    model.eval()
+    # KL reference: a frozen full copy, or under LoRA the same model with adapters disabled.
+    kl_on = cfg.ppo.kl_ctl > 0
+    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if kl_on and not lora else None
+    # Behaviour policy k updates stale: a full copy, or under LoRA old adapters swapped in.
+    ring = StalenessRing(cfg.rollout.staleness, trainable_only=lora)
     behaviour_model = (
-        copy.deepcopy(model).eval().requires_grad_(False) if cfg.rollout.staleness else None
+        copy.deepcopy(model).eval().requires_grad_(False)
+        if cfg.rollout.staleness and not lora
+        else None
     )
     ring.push(model)
 
     critic = critic_opt = None
     if cfg.critic.enabled:
-        critic = ValueModel(model).to(device)
-        critic_opt = torch.optim.AdamW(critic.parameters(), lr=cfg.critic.lr)
+        critic = ValueModel(model).to(device).eval()
+        critic_opt = torch.optim.AdamW(
+            [p for p in critic.parameters() if p.requires_grad], lr=cfg.critic.lr
+        )
 
     o = cfg.optim
     optimizer = torch.optim.AdamW(
-        model.parameters(),
+        [p for p in model.parameters() if p.requires_grad],  # the adapters only, under LoRA
         lr=o.lr,
         betas=(o.beta1, o.beta2),
         weight_decay=o.weight_decay,
@@ -172,7 +211,8 @@ def run(
         optimizer,
         scheduler=scheduler,
         grad_clip=o.grad_clip,
-        autocast_dtype=autocast_dtype,
+        autocast_dtype=amp,
+        generator=torch.Generator().manual_seed(cfg.seed),
     )
 
     inert = clip_is_inert(cfg)
@@ -192,6 +232,12 @@ def run(
     max_new = cfg.rollout.max_new_tokens
     history: dict[str, list[float]] = {}
     status, reason, steps_done, bad_steps = "completed", "", 0, 0
+    # The warm-started policy on the same held-out prompts as every later eval, before any
+    # update: the start that final/eval_reward is compared with (greedy, own generator, so the
+    # training RNG streams are untouched).
+    start_eval = evaluate(
+        model, tokenizer, task, eval_examples, max_new_tokens=max_new, device=device
+    )
 
     def record(step: int, metrics: dict[str, float]) -> None:
         for k, v in metrics.items():
@@ -212,20 +258,26 @@ def run(
             # 1. Rollout: the behaviour policy is the policy as it was `staleness` updates ago.
             examples = task.sample(rng, cfg.rollout.prompts_per_step)
             policy_for_sampling = model
-            if behaviour_model is not None and ring.behaviour_state() is not None:
-                behaviour_model.load_state_dict(ring.behaviour_state())
+            stale = ring.behaviour_state()
+            swap: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+            if behaviour_model is not None and stale is not None:
+                behaviour_model.load_state_dict(stale)
                 policy_for_sampling = behaviour_model
+            elif lora and stale is not None:
+                swap = swapped_in(model, stale)
             try:
-                rb = sample(
-                    policy_for_sampling,
-                    tokenizer,
-                    [e.prompt for e in examples],
-                    n_samples=cfg.rollout.n_samples,
-                    max_new_tokens=max_new,
-                    temperature=cfg.ppo.temperature,
-                    top_p=cfg.rollout.top_p,
-                    generator=gen,
-                )
+                with swap, precision(device, amp):
+                    rb = sample(
+                        policy_for_sampling,
+                        tokenizer,
+                        [e.prompt for e in examples],
+                        n_samples=cfg.rollout.n_samples,
+                        max_new_tokens=max_new,
+                        temperature=cfg.ppo.temperature,
+                        top_p=cfg.rollout.top_p,
+                        generator=gen,
+                        **sample_kw,
+                    )
             except RuntimeError as err:  # multinomial on NaN/inf probabilities
                 raise Diverged(
                     step, f"non-finite probabilities while sampling ({str(err).splitlines()[0]})"
@@ -247,11 +299,15 @@ def run(
                 "group_sizes": rb.group_sizes,
                 "truncated": rb.truncated,
             }
-            with torch.no_grad():
-                if ref_model is not None:
-                    batch["ref_logprobs"] = forward_logprobs(
-                        ref_model, rb.input_ids, rb.attention_mask, temperature=cfg.ppo.temperature
-                    )[0]
+            with torch.no_grad(), precision(device, amp):
+                if kl_on:
+                    with reference_off(model) if lora else contextlib.nullcontext():
+                        batch["ref_logprobs"] = forward_logprobs(
+                            ref_model if ref_model is not None else model,
+                            rb.input_ids,
+                            rb.attention_mask,
+                            temperature=cfg.ppo.temperature,
+                        )[0]
                 if critic is not None:
                     batch["values"] = critic(rb.input_ids, rb.attention_mask)
 
@@ -268,7 +324,8 @@ def run(
                     raise
                 raise Diverged(step, f"the update overflowed ({msg})") from None
             if critic is not None:
-                stats.update(_critic_update(critic, critic_opt, batch, cfg))
+                with precision(device, amp):
+                    stats.update(_critic_update(critic, critic_opt, batch, cfg))
             t_update = time.perf_counter() - t1
             if not _params_finite(model):
                 raise Diverged(step, "non-finite policy parameters after the update")
@@ -284,9 +341,7 @@ def run(
             metrics = {
                 "objective/reward": float(rewards.mean()),
                 "objective/reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
-                "objective/kl": float(batch["kl"][m].mean())
-                if ref_model is not None and m.any()
-                else 0.0,
+                "objective/kl": float(batch["kl"][m].mean()) if kl_on and m.any() else 0.0,
                 "advantages/mean": float(adv.mean()) if adv.numel() else 0.0,
                 "advantages/std": float(adv.std()) if adv.numel() > 1 else 0.0,
                 "advantages/abs_max": float(adv.abs().max()) if adv.numel() else 0.0,
@@ -295,7 +350,7 @@ def run(
                 "rollout/zero_std_groups": float(
                     (groups.max(1).values == groups.min(1).values).float().mean()
                 ),
-                "rollout/staleness": float(ring.lag if behaviour_model is not None else 0),
+                "rollout/staleness": float(ring.lag if cfg.rollout.staleness else 0),
                 "optim/lr": float(scheduler.get_last_lr()[0]),
                 "perf/step_time": step_time,
                 "perf/rollout_time": t_rollout,
@@ -305,11 +360,18 @@ def run(
             }
             is_last = step == cfg.steps - 1
             if is_last or (cfg.eval.every and (step + 1) % cfg.eval.every == 0):
-                metrics.update(
-                    evaluate(
-                        model, tokenizer, task, eval_examples, max_new_tokens=max_new, device=device
+                with precision(device, amp):
+                    metrics.update(
+                        evaluate(
+                            model,
+                            tokenizer,
+                            task,
+                            eval_examples,
+                            max_new_tokens=max_new,
+                            device=device,
+                            **sample_kw,
+                        )
                     )
-                )
             check_names(metrics)
             record(step, metrics)
             steps_done = step + 1
@@ -329,6 +391,10 @@ def run(
     )
     first = [v for v in history.get("objective/reward", [])[:10] if math.isfinite(v)]
     summary["start/reward"] = sum(first) / len(first) if first else math.nan
+    summary["start/eval_reward"] = start_eval["eval/reward"]
+    summary["start/eval_accuracy"] = start_eval["eval/accuracy"]
+    evals = [v for v in history.get("eval/reward", []) if math.isfinite(v)]
+    summary["final/eval_reward"] = evals[-1] if evals else math.nan
     return RunResult(
         status=status,
         reason=reason,

@@ -47,7 +47,10 @@ def harness_version() -> str:
 
 
 def _encode_batch(
-    tokenizer: PreTrainedTokenizerBase, pairs: list[tuple[str, str]], device: torch.device
+    tokenizer: PreTrainedTokenizerBase,
+    pairs: list[tuple[str, str]],
+    device: torch.device,
+    chat_template: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Left-padded ``prompt + completion + EOS`` ids, attention mask and completion mask.
 
@@ -55,7 +58,10 @@ def _encode_batch(
     tokens), the completion without special tokens, so the model learns the very token sequence
     it will later be asked to generate.
     """
-    prompts = tokenizer([p for p, _ in pairs])["input_ids"]
+    from harness.prompting import apply_chat_template
+
+    texts = apply_chat_template(tokenizer, [p for p, _ in pairs], chat_template)
+    prompts = tokenizer(texts, add_special_tokens=chat_template is None)["input_ids"]
     completions = tokenizer([c for _, c in pairs], add_special_tokens=False)["input_ids"]
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
@@ -81,6 +87,7 @@ def warm_start(
     batch_size: int,
     lr: float,
     seed: int,
+    chat_template: str | None = None,
 ) -> dict[str, float]:
     """Train ``model`` in place with AdamW on ``task`` demonstrations; returns first/last loss.
 
@@ -99,7 +106,7 @@ def warm_start(
     for _ in range(steps):
         examples = task.sample(rng, batch_size)
         pairs = [(ex.prompt, task.demonstration(ex)) for ex in examples]
-        ids, attn, target = _encode_batch(tokenizer, pairs, device)
+        ids, attn, target = _encode_batch(tokenizer, pairs, device, chat_template)
         logp, _ = forward_logprobs(model, ids, attn)
         loss = -(logp * target).sum() / target.sum()
         opt.zero_grad(set_to_none=True)
@@ -142,6 +149,7 @@ def cached_warm_start(
     seed: int,
     cache_dir: Path | str,
     key_parts: dict[str, Any] | None = None,
+    chat_template: str | None = None,
 ) -> tuple[PreTrainedModel, dict[str, Any]]:
     """Warm-start ``model`` in place, or load the weights a previous call saved for the same key.
 
@@ -168,6 +176,8 @@ def cached_warm_start(
         "seed": seed,
         "extra": key_parts or {},
     }
+    if chat_template is not None:  # keys of template-free runs stay what they were
+        parts["chat_template"] = chat_template
     key = cache_key(parts)
     root = Path(cache_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -187,7 +197,14 @@ def cached_warm_start(
         if weights.exists():
             return model, from_cache()
         result = warm_start(
-            model, tokenizer, task, steps=steps, batch_size=batch_size, lr=lr, seed=seed
+            model,
+            tokenizer,
+            task,
+            steps=steps,
+            batch_size=batch_size,
+            lr=lr,
+            seed=seed,
+            chat_template=chat_template,
         )
         tmp = root / f".{key}.{os.getpid()}.tmp"
         meta_tmp = root / f".{key}.{os.getpid()}.json.tmp"

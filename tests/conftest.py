@@ -43,3 +43,16 @@ def tmp_results(tmp_path: Path) -> Path:
     results = tmp_path / "results"
     results.mkdir()
     return results
+
+
+@pytest.fixture(scope="session")
+def hf_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Local model directories of seven architectures (see tests/hf_archs.py), built once."""
+    try:
+        from tests.hf_archs import ARCHS, build_bpe_tokenizer, save_arch
+    except ImportError:
+        from hf_archs import ARCHS, build_bpe_tokenizer, save_arch  # type: ignore[no-redef]
+
+    root = tmp_path_factory.mktemp("hf_models")
+    tok = build_bpe_tokenizer()
+    return {name: save_arch(name, root, tok) for name in ARCHS}

@@ -16,7 +16,11 @@ from harness.ppo import NormConfig, RejectionSampling, gae, normalize, ppo_actor
 
 
 def naive_normalize(x, mask, mean_level, loo, std_level, unbiased, eps, groups):
-    """x: list of rows (lists); mask same; groups: list of row-index lists."""
+    """x: list of rows (lists); mask same; groups: list of row-index lists (AReaL main, §4.2).
+
+    A scope is a list of rows; "singleton" means a group of one row (AReaL tests the slice's row
+    count), whatever its number of tokens or valid entries.
+    """
     B = len(x)
     rows_of = {"batch": [list(range(B))], "group": groups}
 
@@ -25,6 +29,9 @@ def naive_normalize(x, mask, mean_level, loo, std_level, unbiased, eps, groups):
             if i in g:
                 return g
         raise AssertionError
+
+    def one_row_group(level, i):
+        return level == "group" and len(scope(level, i)) == 1
 
     mu = [[0.0] * len(x[i]) for i in range(B)]
     if mean_level is not None:
@@ -36,8 +43,10 @@ def naive_normalize(x, mask, mean_level, loo, std_level, unbiased, eps, groups):
             for j in range(len(x[i])):
                 if not loo:
                     mu[i][j] = s / n if n > 0 else 0.0
+                elif one_row_group(mean_level, i):
+                    mu[i][j] = x[i][j]  # main: a singleton is its own baseline
                 elif n <= 1:
-                    mu[i][j] = x[i][j] if mean_level == "group" else 0.0
+                    mu[i][j] = 0.0
                 elif mask[i][j]:
                     mu[i][j] = (s - x[i][j]) / (n - 1)
                 else:
@@ -46,7 +55,7 @@ def naive_normalize(x, mask, mean_level, loo, std_level, unbiased, eps, groups):
     for i in range(B):
         for j in range(len(x[i])):
             if not mask[i][j]:
-                continue
+                continue  # c = (x − μ)·M = 0 on masked entries, whatever the levels
             c = x[i][j] - mu[i][j]
             if std_level is None:
                 out[i][j] = c
@@ -56,7 +65,10 @@ def naive_normalize(x, mask, mean_level, loo, std_level, unbiased, eps, groups):
             n = len(dev)
             ss = sum(d * d for d in dev)
             if unbiased:
-                sd = math.sqrt(ss / (n - 1)) if n > 1 else 1.0
+                if one_row_group(std_level, i) or n <= 1:
+                    sd = 1.0
+                else:
+                    sd = math.sqrt(ss / (n - 1))
             else:
                 sd = math.sqrt(ss / n) if n > 0 else 1.0
             out[i][j] = c / (sd + eps)
@@ -168,8 +180,6 @@ def test_normalize_matches_naive(case):
         expected = torch.tensor(
             naive_normalize(x, mask, mean_level, loo, std_level, unbiased, 1e-5, groups)
         )
-        if mean_level is None and std_level is None:
-            expected = xt
     import warnings
 
     with warnings.catch_warnings():
@@ -287,3 +297,171 @@ def test_gae_long_sequences_no_underflow(gamma_lam):
     torch.testing.assert_close(
         adv, torch.tensor(expected, dtype=torch.float64), rtol=1e-8, atol=1e-9
     )
+
+
+# ---------------------------------------------------------------- §4 edge rules, hand-derived
+# Each case: (x, mask or None, NormConfig, group_sizes, expected), expected derived by hand from
+# ppo-semantics.md §4.2 (AReaL main).  Both normalize() and the naive loop must give it.
+
+E = 1e-5  # default eps
+NORM_RULES = {
+    # one-row group + leave-one-out: μ = x by ROW count, so a 3-token row is all 0 too
+    # (rows 1-2: μ_j = (39 − x_j)/5 over their 6 tokens, e.g. 4 → 4 − 7 = −3)
+    "singleton-loo-2d": (
+        [[1.0, 2, 3], [4, 5, 6], [7, 8, 9]],
+        None,
+        NormConfig("group", True, None),
+        [1, 2],
+        [[0.0, 0, 0], [-3.0, -1.8, -0.6], [0.6, 1.8, 3.0]],
+    ),
+    # group of 2 rows with one valid entry + leave-one-out: μ ≡ 0, the value passes through
+    "loo-one-valid-entry": (
+        [3.0, 5.0, 1.0, 2.0],
+        [True, False, True, True],
+        NormConfig("group", True, None),
+        [2, 2],
+        [3.0, 0.0, -1.0, 1.0],
+    ),
+    # one-row group, unbiased group std: σ = 1 even though the row has 3 tokens ([1,3,5] → c =
+    # [−2, 0, 2], token std would be 2); the 2-row group is normal (μ = 2, c = ±1, σ = sqrt(4/3))
+    "singleton-unbiased-std-2d": (
+        [[1.0, 3, 5], [1, 1, 1], [3, 3, 3]],
+        None,
+        NormConfig("group", False, "group", True),
+        [1, 2],
+        [
+            [-2 / (1 + E), 0.0, 2 / (1 + E)],
+            [-1 / (math.sqrt(6 / 5) + E)] * 3,
+            [1 / (math.sqrt(6 / 5) + E)] * 3,
+        ],
+    ),
+    # one-row group, biased std: σ = |x − μ| with μ the batch mean 3.5 → −2.5/(2.5 + eps)
+    "singleton-biased-std": (
+        [1.0, 2.0, 4.0, 7.0],
+        None,
+        NormConfig("batch", False, "group", False),
+        [1, 3],
+        [-2.5 / (2.5 + E)] + [d / (math.sqrt(14.75 / 3) + E) for d in (-1.5, 0.5, 3.5)],
+    ),
+    # one-row group, leave-one-out and biased std: c = 0 and σ = 0, so 0/(0 + eps) = 0
+    "singleton-loo-biased-std": (
+        [4.0, 1.0, 3.0],
+        None,
+        NormConfig("group", True, "group", False),
+        [1, 2],
+        [0.0, -2 / (2 + E), 2 / (2 + E)],
+    ),
+    # both levels None: c = (x − 0)·M, σ = 1, eps = 0 → masked entries are 0, valid pass through
+    "none-none-masked": (
+        [[1.0, 2.0], [3.0, 4.0]],
+        [[True, False], [True, True]],
+        NormConfig(None, False, None),
+        None,
+        [[1.0, 0.0], [3.0, 4.0]],
+    ),
+    "none-none-unmasked": (
+        [[1.0, -2.0], [3.0, 4.0]],
+        None,
+        NormConfig(None, False, None),
+        None,
+        [[1.0, -2.0], [3.0, 4.0]],
+    ),
+    # batch leave-one-out with a single valid entry: μ ≡ 0
+    "batch-loo-single-valid": (
+        [5.0, 9.0],
+        [True, False],
+        NormConfig("batch", True, None),
+        None,
+        [5.0, 0.0],
+    ),
+}
+
+
+def _rows(v):
+    return [r if isinstance(r, list) else [r] for r in v]
+
+
+@pytest.mark.parametrize("name", sorted(NORM_RULES))
+def test_normalization_rules_golden_and_naive_agree(name):
+    x, mask, cfg, sizes, expected = NORM_RULES[name]
+    xt = torch.tensor(x, dtype=torch.float32)
+    mt = None if mask is None else torch.tensor(mask)
+    got = normalize(xt, cfg, mt, group_sizes=sizes)
+    torch.testing.assert_close(
+        got, torch.tensor(expected, dtype=torch.float32), rtol=1e-6, atol=1e-6
+    )
+    B = len(x)
+    groups, start = [], 0
+    for s in sizes or [B]:
+        groups.append(list(range(start, start + s)))
+        start += s
+    m = _rows(mask) if mask is not None else [[True] * len(r) for r in _rows(x)]
+    naive = naive_normalize(
+        _rows(x),
+        m,
+        cfg.mean_level,
+        cfg.mean_leave1out,
+        cfg.std_level,
+        cfg.std_unbiased,
+        cfg.eps,
+        groups,
+    )
+    torch.testing.assert_close(
+        torch.tensor(naive, dtype=torch.float32).reshape(xt.shape),
+        torch.tensor(expected, dtype=torch.float32),
+        rtol=1e-6,
+        atol=1e-6,
+    )
+
+
+# §9 normalization table and §8 unit values (AReaL's own outputs): the naive loop agrees too.
+R8 = [1.0, 0, 0, 0, 1, 1, 1, 1]
+SPEC_TABLE = [
+    (
+        R8,
+        ("group", False, "group", True),
+        [4, 4],
+        [1.49997, -0.49999, -0.49999, -0.49999, 0, 0, 0, 0],
+    ),
+    (R8, ("group", False, "group", False), [4, 4], [1.73201] + [-0.57734] * 3 + [0] * 4),
+    (R8, ("group", True, None, True), [4, 4], [1, -1 / 3, -1 / 3, -1 / 3, 0, 0, 0, 0]),
+    (R8, ("group", False, "batch", True), [4, 4], [2.29122] + [-0.76374] * 3 + [0] * 4),
+    (
+        [1.0, 0, 0, 1, 1, 0, 1],
+        ("group", False, "group", True),
+        [4, 3],
+        [0.86601, -0.86601, -0.86601, 0.86601, 0.57734, -1.15468, 0.57734],
+    ),
+    ([1.0, 2, 3, 4], ("batch", True, None, True), None, [-2, -2 / 3, 2 / 3, 2]),
+    ([10.0, 20, 30], ("batch", True, None, True), None, [-15.0, 0.0, 15.0]),
+    ([7.0], ("batch", True, None, True), None, [7.0]),
+    ([1.0, 2, 3, 4], ("group", True, "group", True), [1, 1, 1, 1], [0.0, 0.0, 0.0, 0.0]),
+]
+
+
+@pytest.mark.parametrize("case", range(len(SPEC_TABLE)))
+def test_naive_reference_reproduces_spec_tables(case):
+    x, (ml, loo, sl, unb), sizes, expected = SPEC_TABLE[case]
+    groups, start = [], 0
+    for s in sizes or [len(x)]:
+        groups.append(list(range(start, start + s)))
+        start += s
+    naive = naive_normalize([[v] for v in x], [[True]] * len(x), ml, loo, sl, unb, 1e-5, groups)
+    assert [r[0] for r in naive] == pytest.approx(expected, abs=2e-5)
+    got = normalize(torch.tensor(x), NormConfig(ml, loo, sl, unb), group_sizes=sizes)
+    assert got.tolist() == pytest.approx(expected, abs=2e-5)
+
+
+def test_group_statistics_stay_float64_unlike_areals_float32_buffer():
+    """Deviation: AReaL main rounds a group mean to x's dtype before centring, an absolute error
+    of up to half a float32 ulp of μ; with a large common offset that is most of the signal."""
+    x = torch.tensor([1e4, 1e4 + 2**-9, 1e4 + 2 * 2**-9, 1e4 + 4 * 2**-9])  # exact in float32
+    cfg = NormConfig("group", False, None)
+    got = normalize(x, cfg, group_sizes=[4])
+    exact = [(-7 / 4) * 2**-9, (-3 / 4) * 2**-9, (1 / 4) * 2**-9, (9 / 4) * 2**-9]
+    assert got.tolist() == pytest.approx(exact, rel=1e-6)
+    mu32 = x.double().mean().float()  # AReaL's float32 group buffer
+    areal = (x - mu32).tolist()
+    assert (
+        max(abs(a - e) for a, e in zip(areal, exact, strict=True)) > 1e-4
+    )  # what the deviation avoids

@@ -78,14 +78,36 @@ def test_eval_and_kl():
     mags = [0.01, 0.02, 0.5, 0.03, 0.2, 0.01]
     assert out["stability/max_approx_kl"] == pytest.approx(0.5)
     assert out["stability/mean_approx_kl"] == pytest.approx(sum(mags) / 6)
-    assert out["stability/kl_spikes"] == 2.0  # |kl| > 0.1: 0.5 and 0.2
+    assert out["stability/kl_over_threshold"] == 2.0  # absolute |kl| > 0.1: 0.5 and 0.2
+    assert summarize_run(HISTORY, kl_threshold=0.3)["stability/kl_over_threshold"] == 1.0
 
 
-def test_kl_relative_spikes():
+def test_kl_spikes_are_relative_to_the_run():
     # |kl| logged: .01 .02 .5 .03 .2 .01; tested from the 4th value on:
     # .03 vs 5*median(.01,.02,.5)=.1 no; .2 vs 5*.025 yes; .01 vs 5*.03 no
-    out = summarize_run(HISTORY, kl_spike=1.0, kl_spike_factor=5.0)
+    out = summarize_run(HISTORY)
     assert out["stability/kl_spikes"] == 1.0
+    assert summarize_run(HISTORY, kl_spike_factor=1.5)["stability/kl_spikes"] == 1.0  # .03<.0375
+    assert summarize_run(HISTORY, kl_spike_factor=1.1)["stability/kl_spikes"] == 2.0  # .03>.0275
+
+
+def test_kl_spikes_do_not_saturate_when_kl_is_high_throughout():
+    # The default experiment's failure: |kl| between 0.2 and 0.9 at every step.  The absolute
+    # count says 100 of 100; relative to the run's own median only the two real bursts count.
+    rng = np.random.default_rng(0)
+    kl = 0.3 + 0.1 * rng.random(100)
+    kl[[40, 70]] = [3.0, 2.5]
+    out = summarize_run({"policy/approx_kl": kl})
+    assert out["stability/kl_over_threshold"] == 100.0
+    assert out["stability/kl_spikes"] == 2.0
+
+
+def test_kl_spikes_ignore_float_noise_and_zero_kl():
+    # Inert clipping: KL is float noise around 1e-12; on-policy single updates: exactly 0.
+    noise = {"policy/approx_kl": [1e-13, 2e-13, 1e-13, 4e-12, 1e-13, 3e-12]}
+    assert summarize_run(noise)["stability/kl_spikes"] == 0.0
+    assert summarize_run(noise, kl_spike_floor=0.0)["stability/kl_spikes"] == 2.0
+    assert summarize_run({"policy/approx_kl": [0.0] * 5 + [0.5]})["stability/kl_spikes"] == 0.0
 
 
 def test_grad_norm_spikes():
@@ -101,6 +123,8 @@ def test_grad_norm_spikes():
 def test_clip_entropy_counts():
     out = summarize_run(HISTORY, last_k=2)
     assert out["stability/frac_high_clip"] == pytest.approx(0.5)  # .3, .5 of 4; .2 is not > .2
+    assert out["stability/mean_clipfrac"] == pytest.approx((0.1 + 0.3 + 0.2 + 0.5) / 4)
+    assert summarize_run(HISTORY, clipfrac_threshold=0.25)["stability/frac_high_clip"] == 0.5
     assert out["stability/entropy_ratio"] == pytest.approx(((1.0 + 0.5) / 2) / ((2.0 + 1.8) / 2))
     assert out["stability/nonfinite_events"] == 3.0
     assert out["stability/skipped_steps"] == 2.0

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from harness.config import build_run_config
-from harness.metrics import STEP_METRICS
+from harness.metrics import OBJECTIVE_METRICS, STEP_METRICS
 from harness.tracked import tracked_run
 from harness.tracking import MemoryTracker
 from harness.train import clip_is_inert, run
@@ -94,7 +94,7 @@ def test_every_step_metric_reaches_the_tracker(tmp_path):
     run_ = tracker.runs[rid]
     assert run_.status == "FINISHED"
     logged = set(run_.metrics)
-    missing = set(STEP_METRICS) - logged
+    missing = set(STEP_METRICS) - logged - OBJECTIVE_METRICS  # those: test_objectives_train.py
     assert not missing, missing
     assert run_.params["ppo.kl_ctl"] == "0.05" and "config.yaml" in run_.artifacts
     assert math.isfinite(tracker.get_metric_history(rid, "final/reward")[-1][1])
@@ -163,3 +163,17 @@ def test_reward_rises_on_reverse_with_the_default_config(tmp_path):
     r = res.history["objective/reward"]
     first, last = sum(r[:20]) / 20, sum(r[-20:]) / 20
     assert last > first + 0.03, (first, last)
+
+
+def test_start_eval_is_the_policy_before_any_update(tmp_path):
+    """start/eval_reward is the warm-started policy's greedy eval before step 0: with lr 0 the
+    policy never moves, so the last eval equals it; final/eval_reward is the last logged eval."""
+    still = run(cfg(steps=2, **{"optim.lr": 1e-12, "warm_start.steps": 5}), results_dir=tmp_path)
+    s = still.summary
+    assert 0.0 <= s["start/eval_reward"] <= 1.0 and 0.0 <= s["start/eval_accuracy"] <= 1.0
+    assert s["final/eval_reward"] == still.history["eval/reward"][-1]
+    assert s["final/eval_reward"] == pytest.approx(s["start/eval_reward"], abs=1e-12)
+    moved = run(cfg(steps=2, **{"optim.lr": 0.5, "warm_start.steps": 5}), results_dir=tmp_path)
+    assert moved.summary["start/eval_reward"] == s["start/eval_reward"]  # same warm start
+    evals = [v for v in moved.history["eval/reward"] if math.isfinite(v)]
+    assert moved.summary["final/eval_reward"] == evals[-1]

@@ -12,6 +12,14 @@ from harness.ppo.loss import (
     ppo_actor_loss,
 )
 from harness.ppo.normalization import NormConfig, normalize
+from harness.ppo.objectives import (
+    POLICY_LOSSES,
+    cispo_loss,
+    clip_cov_loss,
+    gmpo_loss,
+    kl_cov_loss,
+    sapo_loss,
+)
 
 
 def __getattr__(name: str):
@@ -31,11 +39,17 @@ __all__ = [
     "BEHAVE_MODES",
     "LOSS_AGG_MODES",
     "NormConfig",
+    "POLICY_LOSSES",
     "PPOActor",
     "PPOActorConfig",
     "PPOConfig",
     "RejectionSampling",
     "behaviour_weights",
+    "cispo_loss",
+    "clip_cov_loss",
+    "gmpo_loss",
+    "kl_cov_loss",
+    "sapo_loss",
     "gae",
     "kl_estimate",
     "normalize",

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from harness.ppo.advantages import gae, kl_estimate, shape_rewards
-from harness.ppo.loss import ppo_actor_loss
 from harness.ppo.normalization import normalize
+from harness.ppo.objectives import objective_loss
 
 if TYPE_CHECKING:
     from harness.config import PPOActorConfig
@@ -80,6 +80,7 @@ class PPOActor:
         grad_clip: float | None = 1.0,
         logprob_fn: LogprobFn | None = None,
         autocast_dtype: torch.dtype | None = None,
+        generator: torch.Generator | None = None,
     ) -> None:
         self.config = config
         self.model = model
@@ -88,6 +89,8 @@ class PPOActor:
         self.grad_clip = grad_clip
         self.autocast_dtype = autocast_dtype
         self._logprob_fn = logprob_fn
+        # Clip-Cov's random draw; the training loop seeds it from the run seed (determinism).
+        self.generator = generator if generator is not None else torch.Generator().manual_seed(0)
 
     # ------------------------------------------------------------------ log-probs
     def compute_logp(
@@ -103,10 +106,13 @@ class PPOActor:
             from harness.rollout import forward_logprobs
 
             fn = forward_logprobs
-        ctx = (
-            torch.autocast(device_type="cuda", dtype=self.autocast_dtype)
-            if self.autocast_dtype is not None
-            else torch.autocast(device_type="cpu", enabled=False)
+        # The same precision context as the sampler (harness.models.precision): autocast to
+        # ``autocast_dtype`` on the model's device, or explicitly off.
+        dev = next(self.model.parameters()).device.type
+        ctx = torch.autocast(
+            device_type=dev,
+            dtype=self.autocast_dtype or torch.bfloat16,
+            enabled=self.autocast_dtype is not None,
         )
         with ctx:
             logp, ent = fn(
@@ -216,20 +222,14 @@ class PPOActor:
                 batch, with_entropy=cfg.entropy_coef > 0 or self.model is not None
             )
         m = batch["mask"]
-        loss, stats = ppo_actor_loss(
+        loss, stats = objective_loss(
+            cfg,
             logprobs,
             batch["prox_logprobs"],
             batch["old_logprobs"],
             batch["advantages"],
             m,
-            eps_clip=cfg.eps_clip,
-            eps_clip_higher=cfg.eps_clip_higher,
-            c_clip=cfg.c_clip,
-            behave_imp_weight_mode=cfg.behave_imp_weight_mode,
-            behave_imp_weight_cap=cfg.behave_imp_weight_cap,
-            rejection_sampling=cfg.rejection_sampling,
-            importance_sampling_level=cfg.importance_sampling_level,
-            loss_agg_mode=cfg.loss_agg_mode,
+            generator=self.generator,
         )
         stats["policy_loss"] = loss.detach()
         if entropy is not None:
@@ -254,7 +254,19 @@ class PPOActor:
         counts = m_all.sum(dim=1).tolist()
         bins = [b for b in minibatch_indices([int(c) for c in counts], cfg.ppo_n_minibatches) if b]
         acc = _StatsAccumulator()
+        was_training = self.model.training
+        # Train mode for the update only (gradient checkpointing needs it); the caller zeroes
+        # dropout at load time (harness.models.disable_dropout), so the function is unchanged.
         self.model.train()
+        try:
+            self._update_epochs(batch, bins, acc)
+        finally:
+            self.model.train(was_training)
+        return acc.result()
+
+    def _update_epochs(self, batch: dict[str, Any], bins: list[list[int]], acc: Any) -> None:
+        assert self.model is not None and self.optimizer is not None
+        cfg = self.config
         for _epoch in range(cfg.ppo_epochs):
             for idx in bins:
                 mb = _select_rows(batch, idx)
@@ -281,7 +293,6 @@ class PPOActor:
                 if self.scheduler is not None:
                     self.scheduler.step()
                 acc.add(mb, stats, float(loss.detach()), grad_norm)
-        return acc.result()
 
 
 def _select_rows(batch: dict[str, Any], idx: list[int]) -> dict[str, Any]:
@@ -312,6 +323,9 @@ class _StatsAccumulator:
         self.nonfinite = 0
         self.filtered: list[float] = []
         self.n_behave = 0
+        self.n_gate = 0
+        # Covariance objectives: per optimizer step (count, candidates, threshold, penalty |δ|).
+        self.cov: dict[str, list[float]] = {}
 
     def add_skipped(self, grad_norm: float) -> None:
         self.skipped += 1
@@ -337,6 +351,16 @@ class _StatsAccumulator:
         self._put("approx_kl", torch.expm1(log_ratio) - log_ratio)  # k3 = (r − 1) − log r
         for key in ("clip_mask", "clip_low_mask", "clip_high_mask", "dual_clip_mask"):
             self._put(key, stats[key][m].double())
+        silenced = stats.get("silenced_mask", stats["clip_mask"] | stats["dual_clip_mask"])
+        self._put("silenced", silenced[m].double())
+        if "reweighted_mask" in stats:
+            self._put("reweighted", stats["reweighted_mask"][m].double())
+        if "gate" in stats:
+            self._put("gate", stats["gate"][m].double())
+            self.n_gate += n
+        for key in ("cov_selected", "cov_candidates", "cov_threshold", "cov_penalty_kl"):
+            if key in stats:
+                self.cov.setdefault(key, []).append(float(stats[key]))
         if "entropy" in stats:
             self._put("entropy", stats["entropy"][m])
         self._put("advantages", mb["advantages"][m])
@@ -375,6 +399,16 @@ class _StatsAccumulator:
             "stability/nonfinite_count": float(self.nonfinite),
             "stability/optimizer_steps": float(len(self.grad_norms)),
         }
+        out["policy/silenced_frac"] = mean("silenced")
+        # PPO-clip re-weights nothing: 0 rather than a missing value, so objectives line up.
+        reweighted = mean("reweighted") if "reweighted" in self.sums else 0.0
+        out["policy/reweighted_frac"] = reweighted if self.n_tok else nan
+        if self.n_gate:
+            out["policy/gate_mean"] = self.sums["gate"] / self.n_gate
+        for key, values in self.cov.items():
+            finite = [v for v in values if math.isfinite(v)]
+            # the threshold exists only in updates that selected a token
+            out[f"policy/{key}"] = sum(finite) / len(finite) if finite else nan
         if self.n_behave:
             s, s2 = self.sums["behave_w"], self.sums["behave_w_sq"]
             out.update(

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -259,6 +260,162 @@ def _check_shapes(**tensors: torch.Tensor) -> None:
         raise ValueError(f"shape mismatch: {shapes}")
 
 
+@dataclass
+class PolicyInputs:
+    """What every policy objective starts from (built by ``prepare_policy_inputs``).
+
+    ``m`` the loss mask, ``m_loss`` the mask the loss sums over (narrowed by rejection sampling),
+    ``n0`` = max(Σm, 1), ``prox`` / ``adv`` detached (``adv`` replaced by the sequence mean at
+    sequence level), ``log_ratio`` = ℓθ − ℓp (with gradient), ``ratio`` r on m (0 elsewhere; the
+    GSPO sequence ratio at sequence level), ``w`` the behaviour weight or None, ``filtered`` its
+    filtered fraction, ``old`` the behaviour log-probs.
+    """
+
+    logprobs: torch.Tensor
+    m: torch.Tensor
+    m_loss: torch.Tensor
+    n0: int
+    prox: torch.Tensor
+    old: torch.Tensor
+    adv: torch.Tensor
+    log_ratio: torch.Tensor
+    ratio: torch.Tensor
+    w: torch.Tensor | None
+    filtered: float
+
+    @property
+    def zero(self) -> torch.Tensor:
+        return torch.zeros((), dtype=self.logprobs.dtype, device=self.logprobs.device)
+
+
+def prepare_policy_inputs(
+    logprobs: torch.Tensor,
+    proximal_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    behave_imp_weight_mode: str = "disabled",
+    behave_imp_weight_cap: float | None = None,
+    rejection_sampling: RejectionSampling | None = None,
+    importance_sampling_level: str = "token",
+) -> PolicyInputs:
+    """Behaviour weights (§2.4/§2.5) and the policy ratio (token, or GSPO's sequence ratio) of
+    [B, T] inputs — the part shared by ``ppo_actor_loss`` and the objectives in ``objectives.py``."""
+    m = loss_mask.bool()
+    n0 = max(int(m.sum()), 1)
+    prox = proximal_logprobs.detach()
+    adv = advantages.detach()
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+
+    # Behaviour weight (rejection sampling or the legacy modes).
+    rs = rejection_sampling
+    legacy = False
+    if rs is None and behave_imp_weight_mode != "disabled":
+        rs = legacy_to_rejection_sampling(behave_imp_weight_mode, behave_imp_weight_cap)
+        legacy = True
+    w: torch.Tensor | None = None
+    filtered = 0.0
+    m_loss = m
+    if rs is not None:
+        m_rs, w, filtered = behaviour_weights(prox, old_logprobs, m, rs)
+        # Legacy modes keep the original mask; the weight is already 0 on dropped tokens.
+        m_loss = m if legacy else m_rs
+
+    log_ratio = logprobs - prox
+    if importance_sampling_level == "token":
+        ratio = torch.where(m, torch.exp(log_ratio), zero)
+    else:
+        n_i = m_loss.sum(dim=1, keepdim=True).clamp(min=1)
+        seq_log_ratio = torch.where(m_loss, log_ratio, zero).sum(dim=1, keepdim=True) / n_i
+        ratio = torch.where(m_loss, torch.exp(seq_log_ratio).expand_as(log_ratio), zero)
+        seq_adv = (
+            torch.where(m_loss, adv, torch.zeros((), dtype=adv.dtype)).sum(dim=1, keepdim=True)
+            / n_i
+        )
+        adv = torch.where(m_loss, seq_adv.expand_as(adv), torch.zeros((), dtype=adv.dtype))
+    return PolicyInputs(
+        logprobs=logprobs,
+        m=m,
+        m_loss=m_loss,
+        n0=n0,
+        prox=prox,
+        old=old_logprobs,
+        adv=adv,
+        log_ratio=log_ratio,
+        ratio=ratio,
+        w=w,
+        filtered=filtered,
+    )
+
+
+def behaviour_weighted(pg: torch.Tensor, p: PolicyInputs) -> torch.Tensor:
+    """L·w when behaviour weighting is on (applied after every clip, as AReaL does)."""
+    return pg * p.w if p.w is not None else pg
+
+
+def aggregate(pg: torch.Tensor, p: PolicyInputs, loss_agg_mode: str) -> torch.Tensor:
+    """Mask and ``loss_agg_mode`` (see ``ppo_actor_loss``): weighted per-token L → loss."""
+    contrib = torch.where(p.m_loss, pg, p.zero)
+    m = p.m
+    if loss_agg_mode == "token-mean":
+        return contrib.sum() / p.n0
+    nonempty = m.any(dim=1)
+    n_seq = max(int(nonempty.sum()), 1)
+    per_seq = contrib.sum(dim=1)
+    if loss_agg_mode == "seq-mean-token-mean":
+        per_seq = per_seq / m.sum(dim=1).clamp(min=1)
+        return per_seq.sum() / n_seq
+    if loss_agg_mode == "seq-mean-token-sum":
+        return per_seq.sum() / n_seq
+    return per_seq.sum() / (n_seq * m.shape[1])  # seq-mean-token-sum-norm
+
+
+def base_stats(
+    p: PolicyInputs,
+    pg: torch.Tensor,
+    clip_mask: torch.Tensor,
+    dual_clip_mask: torch.Tensor,
+) -> dict[str, torch.Tensor | float]:
+    """The per-token stats contract every objective returns (see ``ppo_actor_loss``)."""
+    stat_mask = p.m  # main: the clip statistics use the pre-filter mask (#1572)
+    adv = p.adv
+    stats: dict[str, torch.Tensor | float] = {
+        "loss": pg.detach(),
+        "importance_weight": p.ratio.detach(),
+        "approx_kl": p.log_ratio.detach(),
+        "clip_mask": clip_mask & stat_mask,
+        "clip_low_mask": clip_mask & stat_mask & (adv < 0),
+        "clip_high_mask": clip_mask & stat_mask & (adv > 0),
+        "dual_clip_mask": dual_clip_mask & stat_mask,
+    }
+    if p.w is not None:
+        w = p.w
+        behave_mask = (w > 0) & p.m_loss
+        stats["behave_imp_weight"] = w
+        stats["behave_mask"] = behave_mask
+        stats["behave_approx_kl"] = torch.where(
+            behave_mask,
+            (p.prox - p.old.detach()).float(),
+            torch.zeros((), dtype=torch.float32),
+        )
+        stats["filtered_fraction"] = p.filtered
+    return stats
+
+
+def one_row(
+    fn: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor | float]]],
+    *xs: torch.Tensor,
+    **kw: Any,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+    """Run a [B, T] objective on one [T] sequence; per-token stats come back as [T]."""
+    loss, row_stats = fn(*(x[None] for x in xs), **kw)
+    return loss, {
+        k: (v[0] if isinstance(v, torch.Tensor) and v.dim() == 2 else v)
+        for k, v in row_stats.items()
+    }
+
+
 def ppo_actor_loss(
     logprobs: torch.Tensor,
     proximal_logprobs: torch.Tensor,
@@ -326,62 +483,45 @@ def ppo_actor_loss(
         advantages=advantages,
         loss_mask=loss_mask,
     )
+    kw = dict(
+        eps_clip=eps_clip,
+        eps_clip_higher=eps_clip_higher,
+        c_clip=c_clip,
+        behave_imp_weight_mode=behave_imp_weight_mode,
+        behave_imp_weight_cap=behave_imp_weight_cap,
+        rejection_sampling=rejection_sampling,
+        importance_sampling_level=importance_sampling_level,
+        loss_agg_mode=loss_agg_mode,
+    )
     if logprobs.dim() == 1:
-        loss, row_stats = ppo_actor_loss(
-            logprobs[None],
-            proximal_logprobs[None],
-            old_logprobs[None],
-            advantages[None],
-            loss_mask[None],
-            eps_clip=eps_clip,
-            eps_clip_higher=eps_clip_higher,
-            c_clip=c_clip,
-            behave_imp_weight_mode=behave_imp_weight_mode,
-            behave_imp_weight_cap=behave_imp_weight_cap,
-            rejection_sampling=rejection_sampling,
-            importance_sampling_level=importance_sampling_level,
-            loss_agg_mode=loss_agg_mode,
+        return one_row(
+            ppo_actor_loss, logprobs, proximal_logprobs, old_logprobs, advantages, loss_mask, **kw
         )
-        return loss, {
-            k: (v[0] if isinstance(v, torch.Tensor) and v.dim() == 2 else v)
-            for k, v in row_stats.items()
-        }
     if logprobs.dim() != 2:
         raise ValueError(f"expected [B, T] or [T] tensors; got {tuple(logprobs.shape)}")
 
-    m = loss_mask.bool()
-    n0 = max(int(m.sum()), 1)
-    prox = proximal_logprobs.detach()
-    adv = advantages.detach()
-    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    p = prepare_policy_inputs(
+        logprobs,
+        proximal_logprobs,
+        old_logprobs,
+        advantages,
+        loss_mask,
+        behave_imp_weight_mode=behave_imp_weight_mode,
+        behave_imp_weight_cap=behave_imp_weight_cap,
+        rejection_sampling=rejection_sampling,
+        importance_sampling_level=importance_sampling_level,
+    )
+    pg, clip_mask, dual_clip_mask = ppo_clip_terms(p, eps_clip, eps_clip_higher, c_clip)
+    pg = behaviour_weighted(pg, p)
+    loss = aggregate(pg, p, loss_agg_mode)
+    return loss, base_stats(p, pg, clip_mask, dual_clip_mask)
 
-    # Behaviour weight (rejection sampling or the legacy modes).
-    rs = rejection_sampling
-    legacy = False
-    if rs is None and behave_imp_weight_mode != "disabled":
-        rs = legacy_to_rejection_sampling(behave_imp_weight_mode, behave_imp_weight_cap)
-        legacy = True
-    w: torch.Tensor | None = None
-    filtered = 0.0
-    m_loss = m
-    if rs is not None:
-        m_rs, w, filtered = behaviour_weights(prox, old_logprobs, m, rs)
-        # Legacy modes keep the original mask; the weight is already 0 on dropped tokens.
-        m_loss = m if legacy else m_rs
 
-    log_ratio = logprobs - prox
-    if importance_sampling_level == "token":
-        ratio = torch.where(m, torch.exp(log_ratio), zero)
-    else:
-        n_i = m_loss.sum(dim=1, keepdim=True).clamp(min=1)
-        seq_log_ratio = torch.where(m_loss, log_ratio, zero).sum(dim=1, keepdim=True) / n_i
-        ratio = torch.where(m_loss, torch.exp(seq_log_ratio).expand_as(log_ratio), zero)
-        seq_adv = (
-            torch.where(m_loss, adv, torch.zeros((), dtype=adv.dtype)).sum(dim=1, keepdim=True)
-            / n_i
-        )
-        adv = torch.where(m_loss, seq_adv.expand_as(adv), torch.zeros((), dtype=adv.dtype))
-
+def ppo_clip_terms(
+    p: PolicyInputs, eps_clip: float, eps_clip_higher: float | None, c_clip: float | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token PPO-clip loss L (before the behaviour weight), clip_mask and dual_clip_mask."""
+    adv, ratio = p.adv, p.ratio
     eps_hi = eps_clip if eps_clip_higher is None else eps_clip_higher
     clipped_ratio = ratio.clamp(1.0 - eps_clip, 1.0 + eps_hi)
     pg1 = -adv * ratio
@@ -393,43 +533,5 @@ def ppo_actor_loss(
         dual_clip_mask = pg3.detach() < pg.detach()
         pg = torch.minimum(pg, pg3)
     else:
-        dual_clip_mask = torch.zeros_like(m)
-    if w is not None:
-        pg = pg * w
-
-    contrib = torch.where(m_loss, pg, zero)
-    if loss_agg_mode == "token-mean":
-        loss = contrib.sum() / n0
-    else:
-        nonempty = m.any(dim=1)
-        n_seq = max(int(nonempty.sum()), 1)
-        per_seq = contrib.sum(dim=1)
-        if loss_agg_mode == "seq-mean-token-mean":
-            per_seq = per_seq / m.sum(dim=1).clamp(min=1)
-            loss = per_seq.sum() / n_seq
-        elif loss_agg_mode == "seq-mean-token-sum":
-            loss = per_seq.sum() / n_seq
-        else:  # seq-mean-token-sum-norm
-            loss = per_seq.sum() / (n_seq * m.shape[1])
-
-    stat_mask = m  # main: the clip statistics use the pre-filter mask (#1572)
-    stats: dict[str, torch.Tensor | float] = {
-        "loss": pg.detach(),
-        "importance_weight": ratio.detach(),
-        "approx_kl": log_ratio.detach(),
-        "clip_mask": clip_mask & stat_mask,
-        "clip_low_mask": clip_mask & stat_mask & (adv < 0),
-        "clip_high_mask": clip_mask & stat_mask & (adv > 0),
-        "dual_clip_mask": dual_clip_mask & stat_mask,
-    }
-    if w is not None:
-        behave_mask = (w > 0) & m_loss
-        stats["behave_imp_weight"] = w
-        stats["behave_mask"] = behave_mask
-        stats["behave_approx_kl"] = torch.where(
-            behave_mask,
-            (prox - old_logprobs.detach()).float(),
-            torch.zeros((), dtype=torch.float32),
-        )
-        stats["filtered_fraction"] = filtered
-    return loss, stats
+        dual_clip_mask = torch.zeros_like(p.m)
+    return pg, clip_mask, dual_clip_mask

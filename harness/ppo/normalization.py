@@ -1,32 +1,50 @@
 """Advantage / reward normalization: AReaL's ``NormConfig`` and ``Normalization`` as pure functions.
 
 Source: AReaL ``areal/api/cli_args.py`` (``NormConfig``) and ``areal/utils/data.py``
-(``Normalization.__call__``), main branch semantics; ``ppo-semantics.md`` §4.
+(``Normalization.__call__``, ``_compute_mean``, ``_compute_std``), main branch semantics;
+``ppo-semantics.md`` §4, checked line by line against §4.2, the §8 unit values and the §9 table.
 
-For each statistics scope (the whole batch, or a group of consecutive rows) with validity mask M:
+A *scope* is the whole batch, or one group of consecutive rows (``group_sizes``, else fixed slices
+of ``group_size`` rows).  Within a scope, with validity mask M (all ones without a mask):
 
     S = Σ M·x,  n = Σ M
-    mean       μ = S / n                                    (0 when n = 0)
-    leave-1-out μ_j = (S − x_j) / max(n − M_j, 1)           (valid j; invalid j get S / n)
-    centred    c = (x − μ)·M
-    std        σ = sqrt(Σ c² / (n − 1))  (unbiased; σ = 1 when n ≤ 1)
-               σ = sqrt(Σ c² / n)        (biased;   σ = 1 when n = 0)
-    output     y = c / (σ + eps)        (std_level None: σ = 1 and eps = 0)
+    mean          μ = S / n                                 (μ = 0 when n = 0)
+    leave-1-out   μ_j = (S − x_j) / max(n − M_j, 1) for valid j, S / n for invalid j;
+                  μ ≡ 0 when n ≤ 1 (batch scope, or a group of several rows with ≤ 1 valid entry)
+    singleton     a group of ONE ROW with leave-one-out has no peer: μ = x, so the output is 0
+                  (main; v1.0.4 used μ = 0 and let the raw value through).  "One row" counts rows,
+                  not valid entries, so a one-row group of T tokens is also all 0.
+    None          μ = 0
+    centred       c = (x − μ)·M
+    std           σ = sqrt(Σ c² / (n − 1))  unbiased; σ = 1 when n ≤ 1, and σ = 1 for a one-row
+                                            group whatever its number of tokens
+                  σ = sqrt(Σ c² / n)        biased;   σ = 1 when n = 0 (so a singleton gets
+                                            σ = |x − μ|: 0 when μ = x, and 0/(0 + eps) = 0)
+                  None: σ = 1 and eps = 0
+    output        y = c / (σ + eps), float32  (eps is added to the std, not the variance)
 
-The std is taken about whatever μ the mean level produced (so "group mean, batch std" — LitePPO —
-pools deviations from the group means over the batch).  Statistics run in float64 and the result is
-float32, as in AReaL.
+So with both levels None the output is x·M: masked entries are 0 like everywhere else, valid ones
+pass through.  If Σ M = 0 over the whole batch, x is returned unchanged.  The std is taken about
+whatever μ the mean level produced (so "group mean, batch std", LitePPO, pools deviations from the
+group means over the batch; leave-one-out pools deviations from the per-element means, quirk Q6).
+With eps = 0 a zero-variance scope gives 0/0 = NaN, exactly as in AReaL (the default eps avoids it).
 
-Deviations from AReaL, on purpose:
+Deviations from AReaL main, on purpose (each has a test in tests/test_ppo_golden.py):
 
 * Masked-out entries are *selected away* (``torch.where``), never multiplied by 0, so a NaN or inf
-  in a padding slot cannot poison the statistics (AReaL issue #1347).
+  in a padding slot cannot poison the statistics (AReaL issue #1347).  Identical for finite input.
 * A fixed ``group_size`` that does not divide the batch raises ``ValueError`` instead of silently
   dividing the leftover rows by ``eps`` (AReaL quirk Q4: ``[1, 3, 5]`` with groups of 2 gives
   ``500000.0`` for the last entry there).
-* Group-level centering with singleton groups and no leave-one-out sets every output to 0; this
-  emits a ``UserWarning``.
-* No ``torch.distributed`` all-reduce: the harness trains in one process per run.
+* Every statistic stays in float64 until the final cast.  AReaL writes group-level μ and σ into a
+  buffer of x's dtype and centres in that dtype (float32 for float32 input), while batch-level
+  ones stay float64; the difference is float32 rounding (≤ 1e-6 relative).
+* The mask is read as boolean; AReaL also accepts fractional mask weights.
+* No ``torch.distributed`` all-reduce of the batch statistics: the harness trains in one process
+  per run.
+
+Group-level centering with singleton groups and no leave-one-out sets every output to 0; this
+emits a ``UserWarning`` (main warns in ``PPOActorConfig`` for reward_norm with group_size 1).
 """
 
 from __future__ import annotations
@@ -155,7 +173,7 @@ def normalize(
         raise ValueError(f"loss_mask shape {tuple(loss_mask.shape)} != x shape {tuple(x.shape)}")
     if x.dim() == 0:
         raise ValueError("normalize needs at least one dimension (rows)")
-    if cfg.mean_level is None and cfg.std_level is None:
+    if cfg.mean_level is None and cfg.std_level is None and loss_mask is None:
         return x.to(torch.float32).clone()
 
     valid = torch.ones_like(x, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
@@ -166,9 +184,12 @@ def normalize(
 
     gid: torch.Tensor | None = None
     n_groups = 0
+    one_row = torch.zeros_like(valid)  # entries of a group that has exactly one row
     if cfg.uses_groups:
         gid = _group_ids(x.shape[0], cfg, group_sizes)
         n_groups = int(gid.max()) + 1 if gid.numel() else 0
+        rows = torch.bincount(gid, minlength=n_groups)
+        one_row = (rows[gid] == 1).reshape((-1,) + (1,) * (x.dim() - 1)).expand_as(valid)
 
     # ---- mean ----
     mean_scope = gid if cfg.mean_level == "group" else None
@@ -190,10 +211,11 @@ def normalize(
                 )
         else:
             loo = torch.where(valid, (s - xv) / (n - m).clamp(min=1), plain)
-            # Degenerate scope (n <= 1): batch level centres by 0 (value passes through),
-            # group level (AReaL main) centres a singleton by itself, so it comes out 0.
-            degenerate = xv if cfg.mean_level == "group" else torch.zeros_like(xv)
-            mu = torch.where(n > 1, loo, degenerate)
+            # A scope with at most one valid entry has nobody to leave out: AReaL centres it by 0.
+            mu = torch.where(n > 1, loo, torch.zeros((), dtype=torch.float64))
+            if cfg.mean_level == "group":
+                # ...except a one-row group, which main centres by itself (output 0), by row count.
+                mu = torch.where(one_row, xv, mu)
 
     centred = torch.where(valid, xv - mu, torch.zeros((), dtype=torch.float64))
 
@@ -208,6 +230,8 @@ def normalize(
         n = _scope_sum(m, std_scope, n_groups)
         if cfg.std_unbiased:
             sigma = torch.where(n > 1, torch.sqrt(ss / (n - 1).clamp(min=1)), torch.ones_like(ss))
+            if cfg.std_level == "group":  # a one-row group gets σ = 1 whatever its token count
+                sigma = torch.where(one_row, torch.ones_like(sigma), sigma)
         else:
             sigma = torch.where(n > 0, torch.sqrt(ss / n.clamp(min=1)), torch.ones_like(ss))
 
