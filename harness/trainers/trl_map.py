@@ -179,12 +179,40 @@ TRL_MAPPING: tuple[MapRow, ...] = (
         "seed", "seed", "approx", "same model init, prompts and warm start; TRL's own sampler RNG"
     ),
     MapRow("steps", "max_steps", "exact", "max_steps = steps × ppo_n_minibatches × ppo_epochs"),
-    MapRow("bf16", "bf16", "exact", "CUDA only (pass-through)"),
+    MapRow(
+        "model_options.dtype (bf16)",
+        "bf16",
+        "approx",
+        "bfloat16 autocast with float32 master weights (pass-through); HF autocasts TRL's "
+        "training forward, the harness also its sampler",
+    ),
+    MapRow(
+        "model_options.gradient_checkpointing",
+        "gradient_checkpointing",
+        "exact",
+        "pass-through (applied before the warm start, as the harness loop does)",
+    ),
+    MapRow(
+        "model_options.lora",
+        "(peft model)",
+        "exact",
+        "the harness wraps the model with the same peft LoRA before the warm start; TRL trains "
+        "the adapters it is handed (no peft_config needed)",
+    ),
+    MapRow(
+        "-", "use_vllm", "none", "the harness config has no vLLM field; TRL runs use_vllm=False"
+    ),
+    MapRow("rollout.max_prompt_tokens", "-", "none", "TRL 1.16 has no prompt truncation; use null"),
+    MapRow("rollout.chat_template", "-", "must", "none (plain-text prompts) only"),
     MapRow("device", "use_cpu", "exact", "cpu → use_cpu = true; cuda → the accelerator's device"),
 )
 
 # TRL's fixed group/batch std epsilon (``advantages / (std_rewards + 1e-4)``).
 TRL_STD_EPS = 1e-4
+
+
+def _model_opt(cfg: Any, name: str, default: Any) -> Any:
+    return getattr(getattr(cfg, "model_options", None), name, default)
 
 
 def _policy_loss(cfg: Any) -> str:
@@ -246,6 +274,10 @@ def trl_problems(cfg: Any) -> list[tuple[str, str]]:
         out.append(("ppo.loss_agg_mode", "TRL's sapo loss is seq-mean-token-mean only"))
     elif pl not in ("ppo", "cispo", "sapo"):
         out.append(("ppo.policy_loss", f"TRL has no loss_type for {pl!r} (ppo, cispo, sapo)"))
+    if getattr(r, "max_prompt_tokens", None) is not None:
+        out.append(
+            ("rollout.max_prompt_tokens", "TRL 1.16's GRPOTrainer does not truncate prompts")
+        )
     if r.n_samples < 2:
         out.append(("rollout.n_samples", "TRL's GRPOTrainer needs at least 2 samples per prompt"))
     batch = r.prompts_per_step * r.n_samples
@@ -286,25 +318,24 @@ _LOSS_TYPE = {
 _SCHEDULE = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
 
 
-def grpo_kwargs(cfg: Any) -> dict[str, Any]:
-    """The algorithm's ``GRPOConfig`` keyword arguments for ``cfg`` (raises ``ValueError`` naming
-    the first inexpressible option)."""
+def grpo_kwargs(cfg: Any, *, strict: bool = True) -> dict[str, Any]:
+    """The algorithm's ``GRPOConfig`` keyword arguments for ``cfg``.  ``strict``: raise
+    ``ValueError`` naming the first inexpressible option; otherwise leave out what TRL cannot say
+    (``harness export`` names it in a comment)."""
     problems = trl_problems(cfg)
-    if problems:
+    if problems and strict:
         field, reason = problems[0]
         raise ValueError(f"{field}: not expressible with trainer: trl ({reason})")
     p, r, o = cfg.ppo, cfg.rollout, cfg.optim
     batch = r.prompts_per_step * r.n_samples
     pl = _policy_loss(cfg)
     loss_type = _LOSS_TYPE[p.loss_agg_mode] if pl == "ppo" else pl
-    norm = p.reward_norm
-    scale = {"group": "group", "batch": "batch", None: "none"}[norm.std_level]
+    bad = {field.split(".")[1] if "." in field else field for field, _ in problems}
     kw: dict[str, Any] = {
         "epsilon": p.eps_clip,
         "epsilon_high": p.eps_clip if p.eps_clip_higher is None else p.eps_clip_higher,
         "importance_sampling_level": p.importance_sampling_level,
         "loss_type": loss_type,
-        "scale_rewards": scale,
         "num_iterations": p.ppo_epochs,
         "steps_per_generation": p.ppo_n_minibatches,
         "per_device_train_batch_size": batch // p.ppo_n_minibatches,
@@ -325,10 +356,21 @@ def grpo_kwargs(cfg: Any) -> dict[str, Any]:
         "max_grad_norm": o.grad_clip if o.grad_clip is not None else 0.0,
         "max_steps": cfg.steps * p.ppo_n_minibatches * p.ppo_epochs,
         "seed": cfg.seed,
-        "bf16": bool(cfg.bf16 and cfg.device != "cpu"),
+        # GPU-side options the harness config has (pass-throughs): bf16 autocast with float32
+        # master weights is HF's bf16=True; gradient checkpointing is applied to the model
+        # before the warm start (as in the harness loop) and named here for TRL's own setup.
+        "bf16": _model_opt(cfg, "dtype", "float32") == "bfloat16",
+        "gradient_checkpointing": bool(_model_opt(cfg, "gradient_checkpointing", False)),
     }
-    if p.c_clip is not None:
+    norm = p.reward_norm
+    if norm is not None and "reward_norm" not in bad:
+        kw["scale_rewards"] = {"group": "group", "batch": "batch", None: "none"}[norm.std_level]
+    if p.c_clip is not None and "c_clip" not in bad:
         kw["delta"] = p.c_clip
+    if "policy_loss" in bad:
+        del kw["loss_type"]
+    if "ppo_n_minibatches" in bad:  # uneven split: one optimizer step per generation batch
+        kw["steps_per_generation"], kw["per_device_train_batch_size"] = 1, batch
     if pl == "cispo":
         # TRL's cispo caps the IS weight itself at epsilon_high (ScaleRL's ε_max).
         kw["epsilon_high"] = p.cispo_ratio_max
