@@ -26,10 +26,12 @@ test-gpu: $(STAMP)
 ablate: $(STAMP)
 	$(VENV)/bin/harness ablate experiments/default.yaml --workers 2
 
-# The five reproductions of published results (results/findings/), one after another.
-FINDINGS := inert-clip dual-clip clip-higher norm staleness
+# The reproductions of published results (results/findings/), one after another.
+FINDINGS := experiments/findings/inert-clip.yaml experiments/findings/dual-clip.yaml \
+	experiments/findings/clip-higher.yaml experiments/findings/norm.yaml \
+	experiments/findings/staleness.yaml experiments/losses.yaml
 findings: $(STAMP)
-	for f in $(FINDINGS); do $(VENV)/bin/harness ablate experiments/findings/$$f.yaml --workers 2 --results-dir results/findings || exit $$?; done
+	for f in $(FINDINGS); do $(VENV)/bin/harness ablate $$f --workers 2 --results-dir results/findings || exit $$?; done
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check harness tests benchmarks

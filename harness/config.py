@@ -18,6 +18,7 @@ import yaml
 from harness.configtools import (
     ConfigError,
     from_dict,
+    meta,
     parse_override,
     set_path,
 )
@@ -26,9 +27,10 @@ from harness.ppo.loss import RejectionSampling, validate_clip_options
 from harness.ppo.normalization import NormConfig
 from harness.ppo.objectives import OBJECTIVE_OPTIONS, validate_objective
 
-
-def _h(text: str) -> dict[str, str]:
-    return {"help": text}
+# Field metadata: help text plus the declared range (see harness.configtools.meta); every numeric
+# field is range- and finiteness-checked from these declarations when a config is built.
+_h = meta
+BIG = 10_000_000  # upper bound of step-like counts: far beyond any CPU/GPU run, far below overflow
 
 
 @dataclass
@@ -36,13 +38,14 @@ class PPOActorConfig:
     """PPO actor options (AReaL's ``PPOActorConfig`` names; the brief's API)."""
 
     eps_clip: float = field(
-        default=0.2, metadata=_h("Lower clip ε: ratio clipped to [1-ε, 1+ε_hi].")
+        default=0.2, metadata=_h("Lower clip ε: ratio clipped to [1-ε, 1+ε_hi].", gt=0)
     )
     eps_clip_higher: float | None = field(
-        default=None, metadata=_h("Upper clip ε_hi (DAPO clip-higher); null = eps_clip.")
+        default=None, metadata=_h("Upper clip ε_hi (DAPO clip-higher); null = eps_clip.", ge=0)
     )
     c_clip: float | None = field(
-        default=None, metadata=_h("Dual clip: caps the loss at c·|A| where A < 0; must be > 1.")
+        default=None,
+        metadata=_h("Dual clip: caps the loss at c·|A| where A < 0; must be > 1.", gt=1),
     )
     behave_imp_weight_mode: Literal[
         "disabled", "token_mask", "token_truncate", "sequence_mask", "sequence_truncate"
@@ -53,7 +56,7 @@ class PPOActorConfig:
         ),
     )
     behave_imp_weight_cap: float | None = field(
-        default=None, metadata=_h("Cap for the behaviour weight (> 1); null = no bound.")
+        default=None, metadata=_h("Cap for the behaviour weight (> 1); null = no bound.", gt=1)
     )
     rejection_sampling: RejectionSampling | None = field(
         default=None,
@@ -87,38 +90,48 @@ class PPOActorConfig:
         default=5.0,
         metadata=_h(
             "CISPO: absolute cap on the IS weight sg(r) (TRL's epsilon_high under loss_type "
-            "'cispo'; 5.0 as TRL recommends after ScaleRL, arXiv 2510.13786)."
+            "'cispo'; 5.0 as TRL recommends after ScaleRL, arXiv 2510.13786).",
+            gt=1,
         ),
     )
     cispo_ratio_min: float | None = field(
         default=None,
         metadata=_h(
-            "CISPO: floor on the IS weight (MiniMax-M1's 1 - eps_low^IS); null = none, as in TRL."
+            "CISPO: floor on the IS weight (MiniMax-M1's 1 - eps_low^IS); null = none, as in TRL.",
+            ge=0,
+            lt=1,
         ),
     )
     sapo_temperature_pos: float = field(
         default=1.0,
-        metadata=_h("SAPO: gate temperature where A > 0 (TRL default 1.0, arXiv 2511.20347)."),
+        metadata=_h(
+            "SAPO: gate temperature where A > 0 (TRL default 1.0, arXiv 2511.20347).", gt=0
+        ),
     )
     sapo_temperature_neg: float = field(
         default=1.05,
-        metadata=_h("SAPO: gate temperature where A <= 0 (TRL default 1.05, arXiv 2511.20347)."),
+        metadata=_h(
+            "SAPO: gate temperature where A <= 0 (TRL default 1.05, arXiv 2511.20347).", gt=0
+        ),
     )
     gmpo_log_clip: float = field(
         default=0.4,
         metadata=_h(
             "GMPO: token log-ratio clipped to [-eps, eps_hi] (arXiv 2507.20673 uses 0.4; verl "
-            "reuses clip_ratio)."
+            "reuses clip_ratio).",
+            gt=0,
         ),
     )
     gmpo_log_clip_higher: float | None = field(
-        default=None, metadata=_h("GMPO: upper log-space bound eps_hi; null = gmpo_log_clip.")
+        default=None, metadata=_h("GMPO: upper log-space bound eps_hi; null = gmpo_log_clip.", gt=0)
     )
     clip_cov_ratio: float = field(
         default=2e-4,
         metadata=_h(
             "Clip-Cov: share of valid tokens whose gradient is detached (paper/verl 2e-4; "
-            "0 = plain PPO-clip)."
+            "0 = plain PPO-clip).",
+            ge=0,
+            le=1,
         ),
     )
     clip_cov_lb: float = field(
@@ -131,17 +144,22 @@ class PPOActorConfig:
         default=2e-4,
         metadata=_h(
             "KL-Cov: share of valid tokens, largest covariance first, given the KL penalty "
-            "(paper/verl 2e-4; 0 = unclipped policy gradient)."
+            "(paper/verl 2e-4; 0 = unclipped policy gradient).",
+            ge=0,
+            le=1,
         ),
     )
     kl_cov_coef: float = field(
         default=1.0,
-        metadata=_h("KL-Cov: coefficient of the |log-ratio| penalty (verl ppo_kl_coef, 1)."),
+        metadata=_h("KL-Cov: coefficient of the |log-ratio| penalty (verl ppo_kl_coef, 1).", ge=0),
     )
     ppo_n_minibatches: int = field(
-        default=4, metadata=_h("Optimizer steps per PPO update (token-balanced split).")
+        default=4,
+        metadata=_h("Optimizer steps per PPO update (token-balanced split).", ge=1, le=10_000),
     )
-    ppo_epochs: int = field(default=1, metadata=_h("Passes over the batch per update."))
+    ppo_epochs: int = field(
+        default=1, metadata=_h("Passes over the batch per update.", ge=1, le=10_000)
+    )
     adv_norm: NormConfig | None = field(
         default=None, metadata=_h("Normalization of token advantages (masked); null = none.")
     )
@@ -151,17 +169,21 @@ class PPOActorConfig:
     )
     kl_ctl: float = field(
         default=0.0,
-        metadata=_h("KL-in-reward coefficient against a frozen reference copy (0 = no reference)."),
+        metadata=_h(
+            "KL-in-reward coefficient against a frozen reference copy (0 = no reference).", ge=0
+        ),
     )
     kl_estimator: Literal["k1", "k2", "k3"] = field(default="k1", metadata=_h("KL estimator."))
-    discount: float = field(default=1.0, metadata=_h("GAE γ."))
-    gae_lambda: float = field(default=1.0, metadata=_h("GAE λ."))
+    discount: float = field(default=1.0, metadata=_h("GAE γ.", ge=0, le=1))
+    gae_lambda: float = field(default=1.0, metadata=_h("GAE λ.", ge=0, le=1))
     reward_scaling: float = field(default=1.0, metadata=_h("R ← (R + bias)·scaling."))
     reward_bias: float = field(default=0.0, metadata=_h("Added to R before scaling."))
-    reward_clip: float = field(default=20.0, metadata=_h("R clipped to ±reward_clip."))
+    reward_clip: float = field(
+        default=20.0, metadata=_h("R clipped to ±reward_clip.", gt=0, inf="no clipping")
+    )
     entropy_coef: float = field(default=0.0, metadata=_h("Entropy bonus coefficient."))
     temperature: float = field(
-        default=1.0, metadata=_h("Sampling temperature; training log-probs use the same.")
+        default=1.0, metadata=_h("Sampling temperature; training log-probs use the same.", gt=0)
     )
 
     def __post_init__(self) -> None:
@@ -180,20 +202,6 @@ class PPOActorConfig:
             self.importance_sampling_level,
             **{name: getattr(self, name) for name in OBJECTIVE_OPTIONS},
         )
-        if self.ppo_n_minibatches < 1:
-            raise ValueError(f"ppo_n_minibatches must be >= 1; got {self.ppo_n_minibatches}")
-        if self.ppo_epochs < 1:
-            raise ValueError(f"ppo_epochs must be >= 1; got {self.ppo_epochs}")
-        if self.kl_ctl < 0:
-            raise ValueError(f"kl_ctl must be >= 0; got {self.kl_ctl}")
-        if not (0.0 <= self.discount <= 1.0):
-            raise ValueError(f"discount must be in [0, 1]; got {self.discount}")
-        if not (0.0 <= self.gae_lambda <= 1.0):
-            raise ValueError(f"gae_lambda must be in [0, 1]; got {self.gae_lambda}")
-        if self.reward_clip <= 0:
-            raise ValueError(f"reward_clip must be > 0; got {self.reward_clip}")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0; got {self.temperature}")
         weighting = self.behave_imp_weight_mode != "disabled" or self.rejection_sampling is not None
         if weighting and not self.use_decoupled_loss:
             warnings.warn(
@@ -210,13 +218,21 @@ PPOConfig = PPOActorConfig
 
 @dataclass
 class RolloutConfig:
-    prompts_per_step: int = field(default=8, metadata=_h("Prompts sampled per training step."))
-    n_samples: int = field(default=4, metadata=_h("Completions per prompt (the group)."))
-    max_new_tokens: int = field(default=12, metadata=_h("Longest completion."))
-    top_p: float = field(default=1.0, metadata=_h("Nucleus sampling threshold (1 = off)."))
+    prompts_per_step: int = field(
+        default=8, metadata=_h("Prompts sampled per training step.", ge=1, le=100_000)
+    )
+    n_samples: int = field(
+        default=4, metadata=_h("Completions per prompt (the group).", ge=1, le=10_000)
+    )
+    max_new_tokens: int = field(default=12, metadata=_h("Longest completion.", ge=1, le=100_000))
+    top_p: float = field(
+        default=1.0, metadata=_h("Nucleus sampling threshold (1 = off).", gt=0, le=1)
+    )
     staleness: int = field(
         default=0,
-        metadata=_h("Sample with the policy as it was k updates ago (emulates async RL)."),
+        metadata=_h(
+            "Sample with the policy as it was k updates ago (emulates async RL).", ge=0, le=10_000
+        ),
     )
     chat_template: str = field(
         default="none",
@@ -229,49 +245,34 @@ class RolloutConfig:
         default=None,
         metadata=_h(
             "Keep only the last N tokens of longer prompts (null = never truncate; a prompt "
-            "+ max_new_tokens past the model's positions is then a config error)."
+            "+ max_new_tokens past the model's positions is then a config error).",
+            ge=1,
+            le=1_048_576,
         ),
     )
 
     def __post_init__(self) -> None:
-        for name in ("prompts_per_step", "n_samples", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
-        if self.staleness < 0:
-            raise ValueError(f"staleness must be >= 0; got {self.staleness}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}")
         if self.chat_template not in ("auto", "none") and not Path(self.chat_template).is_file():
             raise ValueError(
                 f"chat_template: file {self.chat_template!r} not found (use auto, none or a path)"
-            )
-        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
-            raise ValueError(
-                f"max_prompt_tokens must be >= 1 or null; got {self.max_prompt_tokens}"
             )
 
 
 @dataclass
 class OptimConfig:
-    lr: float = field(default=3e-4, metadata=_h("AdamW learning rate of the policy."))
-    weight_decay: float = field(default=0.0, metadata=_h("AdamW weight decay."))
-    beta1: float = field(default=0.9, metadata=_h("AdamW β1."))
-    beta2: float = field(default=0.999, metadata=_h("AdamW β2."))
+    lr: float = field(default=3e-4, metadata=_h("AdamW learning rate of the policy.", gt=0))
+    weight_decay: float = field(default=0.0, metadata=_h("AdamW weight decay.", ge=0))
+    beta1: float = field(default=0.9, metadata=_h("AdamW β1.", ge=0, lt=1))
+    beta2: float = field(default=0.999, metadata=_h("AdamW β2.", ge=0, lt=1))
     schedule: Literal["constant", "linear", "cosine"] = field(
         default="constant", metadata=_h("Learning-rate schedule over the run.")
     )
-    warmup_steps: int = field(default=0, metadata=_h("Linear warm-up, in optimizer steps."))
-    grad_clip: float | None = field(
-        default=1.0, metadata=_h("Clip the gradient norm to this (null = no clipping).")
+    warmup_steps: int = field(
+        default=0, metadata=_h("Linear warm-up, in optimizer steps.", ge=0, le=BIG)
     )
-
-    def __post_init__(self) -> None:
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0; got {self.lr}")
-        if self.grad_clip is not None and not self.grad_clip > 0:
-            raise ValueError(f"grad_clip must be > 0 or null; got {self.grad_clip}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0; got {self.warmup_steps}")
+    grad_clip: float | None = field(
+        default=1.0, metadata=_h("Clip the gradient norm to this (null = no clipping).", gt=0)
+    )
 
 
 @dataclass
@@ -279,51 +280,41 @@ class CriticConfig:
     enabled: bool = field(
         default=False, metadata=_h("Train a value model for GAE (PPO); off = critic-free.")
     )
-    lr: float = field(default=1e-3, metadata=_h("Critic learning rate."))
+    lr: float = field(default=1e-3, metadata=_h("Critic learning rate.", gt=0))
     value_clip: float | None = field(
-        default=0.5, metadata=_h("Value clipping ε_v around the old values (null = off).")
+        default=0.5, metadata=_h("Value clipping ε_v around the old values (null = off).", gt=0)
     )
-
-    def __post_init__(self) -> None:
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0; got {self.lr}")
 
 
 @dataclass
 class WarmStartConfig:
     steps: int = field(
-        default=0, metadata=_h("Supervised steps on demonstrations before RL (0 = off).")
+        default=0,
+        metadata=_h("Supervised steps on demonstrations before RL (0 = off).", ge=0, le=BIG),
     )
-    lr: float = field(default=3e-3, metadata=_h("Warm-start learning rate."))
-    batch_size: int = field(default=32, metadata=_h("Warm-start batch size."))
-
-    def __post_init__(self) -> None:
-        if self.steps < 0:
-            raise ValueError(f"steps must be >= 0; got {self.steps}")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1; got {self.batch_size}")
+    lr: float = field(default=3e-3, metadata=_h("Warm-start learning rate.", gt=0))
+    batch_size: int = field(default=32, metadata=_h("Warm-start batch size.", ge=1, le=100_000))
 
 
 @dataclass
 class EvalConfig:
     every: int = field(
-        default=25, metadata=_h("Greedy evaluation every N steps (0 = only at the end).")
+        default=25,
+        metadata=_h("Greedy evaluation every N steps (0 = only at the end).", ge=0, le=BIG),
     )
-    n_prompts: int = field(default=64, metadata=_h("Held-out prompts per evaluation."))
-
-    def __post_init__(self) -> None:
-        if self.every < 0:
-            raise ValueError(f"every must be >= 0; got {self.every}")
-        if self.n_prompts < 1:
-            raise ValueError(f"n_prompts must be >= 1; got {self.n_prompts}")
+    n_prompts: int = field(
+        default=64, metadata=_h("Held-out prompts per evaluation.", ge=1, le=100_000)
+    )
 
 
 @dataclass
 class RunConfig:
     """One PPO training run."""
 
-    seed: int = field(default=0, metadata=_h("Seed of model init, prompts and sampling."))
-    steps: int = field(default=200, metadata=_h("Training steps (rollout + update)."))
+    seed: int = field(
+        default=0, metadata=_h("Seed of model init, prompts and sampling.", ge=0, le=2**32 - 1)
+    )
+    steps: int = field(default=200, metadata=_h("Training steps (rollout + update).", ge=1, le=BIG))
     model: str = field(
         default="tiny", metadata=_h("'tiny' or a local Hugging Face model directory.")
     )
@@ -353,23 +344,26 @@ class RunConfig:
         default=False,
         metadata=_h("Shorthand for model_options.dtype=bfloat16 (autocast, CPU and CUDA)."),
     )
-    threads: int = field(default=0, metadata=_h("torch CPU threads (0 = leave torch's default)."))
+    threads: int = field(
+        default=0, metadata=_h("torch CPU threads (0 = leave torch's default).", ge=0, le=1024)
+    )
+    trainer: Literal["harness", "trl"] = field(
+        default="harness",
+        metadata=_h(
+            "Who trains the cell: the harness's PPO loop or TRL's GRPOTrainer (options mapped "
+            "as in the README's TRL table; what TRL cannot express is an error)."
+        ),
+    )
     diverge_after: int = field(
         default=3,
         metadata=_h(
-            "Consecutive steps whose every update was non-finite before a run counts as diverged."
+            "Consecutive steps whose every update was non-finite before a run counts as diverged.",
+            ge=1,
+            le=BIG,
         ),
     )
 
     def __post_init__(self) -> None:
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0; got {self.seed}")
-        if self.steps < 1:
-            raise ValueError(f"steps must be >= 1; got {self.steps}")
-        if self.threads < 0:
-            raise ValueError(f"threads must be >= 0; got {self.threads}")
-        if self.diverge_after < 1:
-            raise ValueError(f"diverge_after must be >= 1; got {self.diverge_after}")
         if self.bf16:
             self.model_options.dtype = "bfloat16"
         dev = self.device
@@ -380,6 +374,13 @@ class RunConfig:
                 f"model: directory {self.model!r} does not exist "
                 "(use 'tiny' or a local Hugging Face model directory)"
             )
+        if self.trainer == "trl":
+            from harness.trainers.trl_map import trl_problems
+
+            problems = trl_problems(self)
+            if problems:
+                where, why = problems[0]
+                raise ValueError(f"{where}: not expressible with trainer: trl ({why})")
         for name, norm in (("adv_norm", self.ppo.adv_norm), ("reward_norm", self.ppo.reward_norm)):
             if norm is not None and norm.uses_groups and name == "reward_norm":
                 # The loop passes the real group sizes; a fixed group_size must agree with them.
@@ -401,12 +402,57 @@ def resolve_alias(path: str) -> str:
     return path
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last
+    one silently, so ``steps:`` written twice would quietly change a run)."""
+
+
+def _no_duplicate_keys(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+        try:
+            hash(key)
+        except TypeError:
+            continue  # the base constructor reports unhashable keys itself
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"duplicate key {key!r} (first on line {seen[key] + 1})",
+                key_node.start_mark,
+            )
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+    _no_duplicate_keys,  # type: ignore[arg-type]
+)
+
+
+def parse_yaml_text(text: str) -> Any:
+    """YAML (safe subset) with duplicate keys refused; raises ``yaml.YAMLError``."""
+    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{path}: file not found")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"{path}: is not a UTF-8 text file (byte {err.start}); expected a YAML file"
+        ) from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot be read ({err.strerror})") from None
+    if "\x00" in text:
+        raise ConfigError(f"{path}: holds NUL bytes (a binary file?); expected a YAML file")
+    try:
+        data = parse_yaml_text(text) or {}
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -468,13 +514,35 @@ def validate_task(cfg: RunConfig) -> None:
 
 
 def load_run_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+    """File < ``--set`` overrides → validated RunConfig.  A problem in the file names the file; a
+    problem in an override names the ``--set`` flag that caused it (not the file)."""
     data = load_yaml(path) if path is not None else {}
     try:
-        cfg = build_run_config(data, overrides)
-        validate_task(cfg)
-        return cfg
+        build_run_config(data)
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}" if path else str(err)) from None
+    parsed = [(text, parse_override(text)) for text in overrides or []]
+    for text, (key, value) in parsed:
+        try:
+            build_run_config(data, {key: value})
+        except ConfigError as err:
+            raise ConfigError(
+                f"--set {text}: {_strip_path(str(err), resolve_alias(key))}"
+            ) from None
+    try:
+        cfg = build_run_config(data, dict(kv for _, kv in parsed))
+    except ConfigError as err:
+        raise ConfigError(f"--set: {err}" if parsed else str(err)) from None
+    try:
+        validate_task(cfg)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}" if path and not parsed else str(err)) from None
+    return cfg
+
+
+def _strip_path(message: str, key: str) -> str:
+    """'ppo.eps_clip: must be > 0' → 'must be > 0' when the flag already names ppo.eps_clip."""
+    return message[len(key) + 2 :] if message.startswith(key + ": ") else message
 
 
 __all__ = [

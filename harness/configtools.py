@@ -1,15 +1,31 @@
 """Typed dataclass trees from plain dicts (YAML), with strict validation and dotted overrides.
 
-Every config in the harness is a dataclass whose fields carry ``metadata={"help": ...}``.  This
-module turns a nested dict into such a tree, checking every key and type once, and reports the
-first problem as a ``ConfigError`` whose message is one line naming the dotted path and what is
-allowed.  The CLI turns ``ConfigError`` into exit code 2.
+Every config in the harness is a dataclass whose fields carry ``metadata=meta(help, ...)``: the
+help string and, for numbers, the allowed range.  This module turns a nested dict into such a
+tree, checking every key, type, range and finiteness once, from those declarations, and reports
+the first problem as a ``ConfigError`` whose message is one line naming the dotted path and what
+is allowed.  The CLI turns ``ConfigError`` into exit code 2.
+
+Declaring a field (the one scheme for every config field)::
+
+    steps: int = field(default=200, metadata=meta("Training steps.", ge=1, le=10_000_000))
+    lr: float = field(default=3e-4, metadata=meta("Learning rate.", gt=0))
+    clip: float = field(default=20.0, metadata=meta("Clip to ±clip.", gt=0, inf="no clipping"))
+
+``ge``/``gt``/``le``/``lt`` bound the value (inclusive / exclusive).  A float must be finite
+unless ``inf=`` says what infinity means for that field; NaN is never accepted.  Every int field
+declares both bounds (tests/test_bad_input.py walks the tree and checks that it does), so that a
+value such as 10**23 is refused up front instead of overflowing mid-run.  A plain
+``metadata={"help": ..., "ge": 0}`` dict works the same way.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import math
+import operator
+import re
 import types
 import typing
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
@@ -21,6 +37,93 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A bad configuration value; ``str(err)`` is one line naming the field and what is allowed."""
+
+
+BOUND_KEYS = ("ge", "gt", "le", "lt")
+_OPS = {"ge": operator.ge, "gt": operator.gt, "le": operator.le, "lt": operator.lt}
+_META_KEYS = {"help", "inf", *BOUND_KEYS}
+
+
+def meta(
+    help: str,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    inf: str | None = None,
+) -> dict[str, Any]:
+    """Field metadata: the help string shown by ``harness fields`` and the allowed range.
+
+    ``inf`` (floats only) allows an infinite value and says what it means, e.g. ``"no clipping"``.
+    """
+    if ge is not None and gt is not None or le is not None and lt is not None:
+        raise TypeError("give at most one lower (ge/gt) and one upper (le/lt) bound")
+    out: dict[str, Any] = {"help": help}
+    for key, value in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt), ("inf", inf)):
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def _num(x: float) -> str:
+    return f"{x:g}" if isinstance(x, float) else f"{x:_}"
+
+
+def describe_range(md: Any, is_int: bool) -> str:
+    """'an integer in [1, 10_000_000]', 'a finite number > 0', 'a number in (0, 1]' ..."""
+    lo = next(((k, md[k]) for k in ("ge", "gt") if md.get(k) is not None), None)
+    hi = next(((k, md[k]) for k in ("le", "lt") if md.get(k) is not None), None)
+    what = "an integer" if is_int else ("a number" if md.get("inf") else "a finite number")
+    if lo and hi:
+        left = "[" if lo[0] == "ge" else "("
+        right = "]" if hi[0] == "le" else ")"
+        text = f"{what} in {left}{_num(lo[1])}, {_num(hi[1])}{right}"
+    elif lo:
+        text = f"{what} {'>=' if lo[0] == 'ge' else '>'} {_num(lo[1])}"
+    elif hi:
+        text = f"{what} {'<=' if hi[0] == 'le' else '<'} {_num(hi[1])}"
+    else:
+        text = what
+    if md.get("inf"):
+        text += f" (.inf = {md['inf']})"
+    return text
+
+
+def check_declared(value: Any, md: Any, path: str) -> None:
+    """Check a converted number against its field's declared range and finiteness."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    unknown = set(md) - _META_KEYS
+    if unknown:  # a typo in a declaration must not silently disable a bound
+        raise TypeError(f"{path}: unknown metadata key(s) {sorted(unknown)}")
+    is_int = isinstance(value, int)
+    # NaN compares False with everything, so it must be refused before the bounds are tried.
+    finite_ok = not math.isnan(value) and (math.isfinite(value) or bool(md.get("inf")))
+    if not finite_ok or not all(_OPS[k](value, md[k]) for k in BOUND_KEYS if md.get(k) is not None):
+        raise ConfigError(f"{path}: must be {describe_range(md, is_int)}; got {value!r}")
+
+
+NAME_MAX = 100
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def check_name(value: Any, where: str) -> str:
+    """A study / experiment name: it becomes a directory under the results dir, so it is one
+    path component of at most 100 letters, digits, '-', '_', '.', starting with a letter or a
+    digit (no '/', no '..', no absolute path, no name the filesystem refuses as too long)."""
+    if isinstance(value, str) and len(value) <= NAME_MAX and _NAME_RE.fullmatch(value):
+        return value
+    shown = (
+        repr(value) if not isinstance(value, str) or len(value) <= 40 else repr(value[:40] + "...")
+    )
+    length = (
+        f" ({len(value)} characters)" if isinstance(value, str) and len(value) > NAME_MAX else ""
+    )
+    raise ConfigError(
+        f"{where}: must be 1-{NAME_MAX} letters, digits, '-', '_' or '.', starting with a letter "
+        f"or digit; got {shown}{length}"
+    )
 
 
 def _type_name(tp: Any) -> str:
@@ -65,8 +168,8 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
                 return _convert(value, arg, path)
             except ConfigError as err:
                 errors.append(err)
-        if len(errors) == 1:
-            raise errors[0]
+        if len(errors) == 1 and not str(errors[0]).startswith(f"{path}: must be "):
+            raise errors[0]  # a problem inside a sub-config: its own path says where
         raise ConfigError(f"{path}: must be {_type_name(tp)}; got {value!r}")
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):  # type: ignore[arg-type]
@@ -119,6 +222,7 @@ def from_dict(cls: type[T], data: dict[str, Any], path: str = "") -> T:
             allowed = ", ".join(sorted(fields))
             raise ConfigError(f"{where}: unknown key (allowed here: {allowed})")
         kwargs[key] = _convert(value, hints[key], where)
+        check_declared(kwargs[key], fields[key].metadata, where)
     try:
         return cls(**kwargs)
     except ConfigError:
@@ -228,6 +332,21 @@ def field_defaults(cls: type) -> dict[str, Any]:
                 out[f"{f.name}.{k}"] = v
         else:
             out[f.name] = getattr(instance, f.name)
+    return out
+
+
+def declared_fields(cls: type) -> dict[str, tuple[Any, Any]]:
+    """Flattened dotted path → (type, metadata) for every leaf field of a config tree (what the
+    generic checks read; tests walk it to make sure every number declares its range)."""
+    out: dict[str, tuple[Any, Any]] = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        tp = _strip_optional(hints[f.name])
+        if dataclasses.is_dataclass(tp):
+            for k, v in declared_fields(tp).items():  # type: ignore[arg-type]
+                out[f"{f.name}.{k}"] = v
+        else:
+            out[f.name] = (tp, f.metadata)
     return out
 
 

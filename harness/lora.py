@@ -63,7 +63,11 @@ def prepare_for_training(model: Any, options: ModelOptions) -> Any:
             raise ValueError(
                 f"model_options.gradient_checkpointing: {type(model).__name__} does not support it"
             )
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     if options.lora is not None:
         model = apply_lora(model, options.lora)
     return model

@@ -81,16 +81,32 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 class TinyModelConfig:
     """Shape of the tiny Llama policy (defaults: ~0.4M parameters, fast on one CPU core)."""
 
-    hidden_size: int = field(default=128, metadata={"help": "Width of the residual stream."})
-    num_layers: int = field(default=2, metadata={"help": "Number of transformer blocks."})
+    # Bounds (ge/le) are checked by harness.configtools when a config is built from YAML.
+    hidden_size: int = field(
+        default=128, metadata={"help": "Width of the residual stream.", "ge": 1, "le": 65_536}
+    )
+    num_layers: int = field(
+        default=2, metadata={"help": "Number of transformer blocks.", "ge": 1, "le": 1024}
+    )
     num_heads: int = field(
-        default=4, metadata={"help": "Attention heads per block (must divide hidden_size)."}
+        default=4,
+        metadata={
+            "help": "Attention heads per block (must divide hidden_size).",
+            "ge": 1,
+            "le": 1024,
+        },
     )
     intermediate_size: int = field(
-        default=256, metadata={"help": "Hidden width of each block's SwiGLU MLP."}
+        default=256,
+        metadata={"help": "Hidden width of each block's SwiGLU MLP.", "ge": 1, "le": 262_144},
     )
     max_position_embeddings: int = field(
-        default=512, metadata={"help": "Longest prompt + completion the RoPE tables cover."}
+        default=512,
+        metadata={
+            "help": "Longest prompt + completion the RoPE tables cover.",
+            "ge": 1,
+            "le": 1_048_576,
+        },
     )
 
     def __post_init__(self) -> None:
@@ -108,13 +124,18 @@ class TinyModelConfig:
 class LoraOptions:
     """LoRA adapters through ``peft`` (the optional ``harness[lora]`` extra)."""
 
-    r: int = field(default=8, metadata={"help": "Adapter rank."})
-    alpha: int = field(default=16, metadata={"help": "LoRA scaling numerator (scale = alpha / r)."})
+    r: int = field(default=8, metadata={"help": "Adapter rank.", "ge": 1, "le": 65_536})
+    alpha: int = field(
+        default=16,
+        metadata={"help": "LoRA scaling numerator (scale = alpha / r).", "ge": 1, "le": 1_000_000},
+    )
     dropout: float = field(
         default=0.0,
         metadata={
             "help": "Dropout on the adapter input, live in the update's forward only (sampling, "
-            "recompute and reference run without it); keep 0 for ratio = 1 on fresh data."
+            "recompute and reference run without it); keep 0 for ratio = 1 on fresh data.",
+            "ge": 0,
+            "lt": 1,
         },
     )
     target_modules: list[str] = field(

@@ -6,7 +6,8 @@ Why not ``model.generate``: for a 2-layer model the per-token cost is Python ove
 objects on every step. The loop below does one forward for the prompts and one per new token,
 samples with an explicit ``torch.Generator`` (so a run's sampling stream is reproducible and
 independent of the global RNG), and stops as soon as every row has emitted EOS. For a plain
-``LlamaForCausalLM`` (the tiny model) each step goes through :class:`_LlamaDecoder`, a
+``LlamaForCausalLM`` (the tiny model), ``Qwen2ForCausalLM`` or ``MistralForCausalLM`` (no sliding
+window) each step goes through :class:`_LlamaDecoder`, a
 functional replay of the same weights over preallocated KV buffers (about 2x faster per token
 than calling the HF module); any other causal LM goes through its own ``forward`` with a
 ``DynamicCache``. Both paths sample identical tokens for the same generator (tested).
@@ -44,8 +45,16 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    LlamaForCausalLM,
+    MistralForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2ForCausalLM,
+)
 from transformers.cache_utils import DynamicCache
+
+from harness.logprobs import selected_logprobs
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -137,11 +146,22 @@ class _HFDecoder:
 _STATIC_ROPE = ("default", "linear", "llama3")
 
 
+# Architectures whose decoder layer is Llama's, module for module (RMSNorm -> attention with
+# RoPE -> RMSNorm -> SwiGLU; Qwen2 adds q/k/v biases, which _joined carries). Gemma is not: it
+# scales embeddings, offsets norm weights and (Gemma2) soft-caps logits.
+_FAST_TYPES = (LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM)
+
+
 def _fast_path_ok(model: PreTrainedModel) -> bool:
     """Whether :class:`_LlamaDecoder` computes exactly what ``model.forward`` computes."""
-    if type(model) is not LlamaForCausalLM:  # subclasses may change forward
+    if type(model) not in _FAST_TYPES:  # exact types: subclasses may change forward
         return False
     cfg = model.config
+    # Sliding-window attention (Mistral v0.1, Qwen2 with use_sliding_window) masks differently.
+    if getattr(cfg, "sliding_window", None) is not None and type(model) is MistralForCausalLM:
+        return False
+    if any(getattr(layer.self_attn, "sliding_window", None) for layer in model.model.layers):
+        return False
     rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     return (
@@ -482,17 +502,16 @@ def forward_logprobs(
         position_ids=position_ids(attention_mask),
         use_cache=False,
     )
-    logits = out.logits[:, :-1, :].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    tok_lp = logp_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    # Chunked log-softmax (harness.logprobs): no float32 [B, L, V] copy. The whole logits tensor
+    # goes in (a free reshape; slicing off the last position first would copy it), with each
+    # position's target being the next token; the last position's value is dropped.
+    targets = torch.roll(input_ids, shifts=-1, dims=1)
+    tok_lp, ent = selected_logprobs(
+        out.logits, targets, temperature=temperature, with_entropy=with_entropy
+    )
     pad = tok_lp.new_zeros(input_ids.shape[0], 1)
-    logprobs = torch.cat([pad, tok_lp], dim=1)
-    entropy = None
-    if with_entropy:
-        ent = -(logp_all.exp() * logp_all).sum(-1)
-        entropy = torch.cat([pad, ent], dim=1)
+    logprobs = torch.cat([pad, tok_lp[:, :-1]], dim=1)
+    entropy = torch.cat([pad, ent[:, :-1]], dim=1) if ent is not None else None
     return logprobs, entropy
 
 

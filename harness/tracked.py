@@ -14,7 +14,8 @@ from harness.config import RunConfig
 from harness.configtools import flatten, to_dict
 from harness.provenance import provenance_tags
 from harness.tracking import RunStatus, Tracker
-from harness.train import RunResult, run
+from harness.train import RunResult
+from harness.trainers import train
 
 
 def start_tracked_run(
@@ -90,7 +91,7 @@ def tracked_run(
             on_step(step, metrics)
 
     try:
-        result = run(cfg, on_metrics=on_metrics, should_stop=should_stop, results_dir=results_dir)
+        result = train(cfg, on_metrics=on_metrics, should_stop=should_stop, results_dir=results_dir)
     except BaseException as err:
         tracker.set_tags(
             rid, {"run.status": "failed", "run.reason": f"{type(err).__name__}: {err}"[:500]}

@@ -185,3 +185,32 @@ def test_bfloat16_runs_on_cpu_with_one_precision(arch, hf_dirs, tmp_path):
     same = (lp_bf - rb.logprobs)[m].abs().max().item()
     mixed = (lp_32 - rb.logprobs)[m].abs().max().item()
     assert same < 0.05 and mixed > same
+
+
+@pytest.mark.parametrize("arch", ("qwen2", "mistral"))
+def test_fast_decoder_covers_qwen2_and_mistral_exactly(arch, hf_dirs):
+    model, tok = load_model_and_tokenizer(str(hf_dirs[arch]))
+    runs = {}
+    for backend in ("fast", "hf"):
+        gen = torch.Generator().manual_seed(3)
+        runs[backend] = sample(
+            model, tok, PROMPTS, n_samples=3, max_new_tokens=10, generator=gen, backend=backend
+        )
+    a, b = runs["fast"], runs["hf"]
+    assert torch.equal(a.input_ids, b.input_ids)
+    assert torch.allclose(a.logprobs, b.logprobs, atol=1e-5)
+    lp, _ = forward_logprobs(model, a.input_ids, a.attention_mask)
+    m = a.loss_mask.bool()
+    assert (lp - a.logprobs)[m].abs().max().item() < 1e-4
+    model.model.layers[0].self_attn.sliding_window = 4  # a sliding window masks differently
+    with pytest.raises(ValueError, match="no fast decoder"):
+        sample(model, tok, PROMPTS, n_samples=1, max_new_tokens=2,
+               generator=torch.Generator(), backend="fast")  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", ("gpt2", "gemma2", "phi", "gpt_neox", "opt"))
+def test_other_architectures_refuse_the_fast_decoder(arch, hf_dirs):
+    model, tok = load_model_and_tokenizer(str(hf_dirs[arch]))
+    with pytest.raises(ValueError, match="no fast decoder"):
+        sample(model, tok, PROMPTS, n_samples=1, max_new_tokens=2,
+               generator=torch.Generator(), backend="fast")  # fmt: skip

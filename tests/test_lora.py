@@ -119,8 +119,9 @@ def test_lora_run_end_to_end_with_kl_staleness_and_critic(hf_dirs, tmp_path):
     res = run(cfg, results_dir=tmp_path)
     assert res.status == "completed", res.reason
     h = res.history
-    assert h["objective/kl"][0] == 0.0  # fresh adapters: policy == reference
-    assert h["objective/kl"][-1] != 0.0  # after updates the adapters moved away from the base
+    # Fresh adapters: policy == reference (up to sampler-vs-forward rounding).
+    assert abs(h["objective/kl"][0]) < 1e-6
+    assert abs(h["objective/kl"][-1]) > 1e-4  # after updates the adapters moved off the base
     assert h["rollout/staleness"] == [1.0, 1.0, 1.0]  # same accounting as a full copy
 
 

@@ -579,3 +579,29 @@ def test_sequence_level_means_nothing_for_sequence_or_covariance_objectives(obje
         validate_objective(objective, "sequence")
     validate_objective("cispo", "sequence")
     validate_objective("sapo", "sequence")
+
+
+@given(
+    st.integers(1, 3),
+    st.integers(1, 5),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from(["cispo", "sapo"]),
+    st.sampled_from(AGGS),
+)
+def test_sequence_level_equals_token_level_when_ratios_agree(B, Tn, seed, name, agg):
+    # GSPO's sequence ratio is the geometric mean of the token ratios: with one ratio and one
+    # advantage per sequence the two levels must give the same loss and gradient.
+    g = torch.Generator().manual_seed(seed)
+    lp = -torch.rand(B, Tn, generator=g, dtype=torch.float64) * 4
+    lt = lp + torch.randn(B, 1, generator=g, dtype=torch.float64) * 0.7
+    adv = (torch.randn(B, 1, generator=g, dtype=torch.float64) * 2).expand(B, Tn).clone()
+    mask = torch.rand(B, Tn, generator=g) < 0.8
+    kw = {"ratio_max": 1.5} if name == "cispo" else {}
+    tok, g_tok, _ = grad_of(FNS[name], lt, lp, adv, mask, loss_agg_mode=agg, **kw)
+    seq, g_seq, _ = grad_of(
+        FNS[name], lt, lp, adv, mask, loss_agg_mode=agg, importance_sampling_level="sequence", **kw
+    )
+    assert seq.item() == pytest.approx(tok.item(), rel=1e-9, abs=1e-12)
+    # each token's loss depends on its sequence's mean log-ratio, whose gradient 1/n is shared by
+    # the n identical token losses: per-token gradients agree as well
+    torch.testing.assert_close(g_seq, g_tok, rtol=1e-9, atol=1e-12)

@@ -114,7 +114,10 @@ def test_actor_default_objective_is_ppo_actor_loss():
             {"ppo.policy_loss": "gmpo", "ppo.importance_sampling_level": "sequence"},
             "importance_sampling_level 'sequence' means nothing under policy_loss 'gmpo'",
         ),
-        ({"ppo.policy_loss": "cispo", "ppo.cispo_ratio_max": 0.5}, "cispo_ratio_max must be > 1"),
+        (
+            {"ppo.policy_loss": "cispo", "ppo.cispo_ratio_max": 0.5},
+            "cispo_ratio_max: must be a finite number > 1",
+        ),
     ],
 )
 def test_meaningless_options_are_config_errors(over, msg):

@@ -85,12 +85,16 @@ class NormConfig:
     std_unbiased: bool = field(
         default=True, metadata={"help": "Bessel-corrected (n-1) standard deviation."}
     )
-    eps: float = field(default=1e-5, metadata={"help": "Added to the std (not the variance)."})
+    eps: float = field(
+        default=1e-5, metadata={"help": "Added to the std (not the variance).", "ge": 0}
+    )
     group_size: int = field(
         default=1,
         metadata={
             "help": "Rows per group when no explicit group sizes are passed (the training loop "
-            "passes the real per-prompt sizes)."
+            "passes the real per-prompt sizes).",
+            "ge": 1,
+            "le": 10_000,
         },
     )
 
