@@ -956,6 +956,7 @@ SUMMARY_COLUMNS = (
     ("start/eval_reward", "start eval reward"),
     ("final/eval_reward", "final eval reward"),
     ("stability/entropy_ratio", "entropy end/start"),
+    ("stability/mean_approx_kl", "mean KL"),
     ("stability/max_approx_kl", "max KL"),
     ("stability/kl_spikes", "KL spikes"),
     ("stability/grad_norm_spikes", "grad-norm spikes"),
