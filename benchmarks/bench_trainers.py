@@ -93,6 +93,66 @@ def curves(seeds: int, threads: int, results_dir: str, jobs: int) -> dict[str, d
     return res
 
 
+def curve_tables(ch: dict, ct: dict, seeds: int) -> str:
+    rows = "\n".join(
+        f"| {25 * (i + 1)} | {x:.3f} | {y:.3f} |"
+        for i, (x, y) in enumerate(zip(ch["eval/reward"], ct["eval/reward"], strict=True))
+    )
+    wins = "\n".join(
+        f"| {25 * i}–{25 * i + 24} | {x:.3f} | {y:.3f} |"
+        for i, (x, y) in enumerate(zip(ch["objective/reward"], ct["objective/reward"], strict=True))
+    )
+    return f"""**Learning curves**, {seeds} seed(s) per trainer (same warm start and prompts), mean over seeds.
+
+Held-out greedy reward (`eval/reward`, 64 prompts):
+
+| step | harness | TRL |
+|---|---|---|
+{rows}
+
+Sampled reward (`objective/reward`, mean of each 25-step window):
+
+| steps | harness | TRL |
+|---|---|---|
+{wins}
+"""
+
+
+def curves_from_study(study: str, results_dir: str) -> str:
+    """Mean curves per trainer from a finished study whose grid has a ``trainer`` axis."""
+    import optuna
+
+    from harness.sweep.results import load_study_data
+    from harness.sweep.storage import make_storage
+    from harness.tracking import make_tracker
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    st = optuna.load_study(study_name=study, storage=make_storage(None, Path(results_dir)))
+    data = load_study_data(st, make_tracker(None, Path(results_dir)))
+    by: dict[str, dict[str, list[list[float]]]] = {}
+    for r in data.runs:
+        if r.status != "completed":
+            continue
+        t = data.cells[r.cell]["trainer"]
+        d = by.setdefault(t, {"eval/reward": [], "objective/reward": []})
+        d["eval/reward"].append([v for v in r.history["eval/reward"] if math.isfinite(v)])
+        rw = r.history["objective/reward"]
+        d["objective/reward"].append(
+            [statistics.mean(rw[i : i + 25]) for i in range(0, len(rw), 25)]
+        )
+    mean = {
+        t: {k: [statistics.mean(c) for c in zip(*v, strict=True)] for k, v in d.items()}
+        for t, d in by.items()
+    }
+    n = min(len(d["eval/reward"]) for d in by.values())
+    head = (
+        f"Learning curves from study `{study}` (`experiments/findings/trl-vs-harness.yaml`: "
+        f"run-default's model, task, batch and warm start, 4 minibatches × 2 epochs at lr 1e-3, "
+        f"no adv_norm), {n} completed seeds per trainer.\n\n"
+    )
+    return head + curve_tables(mean["harness"], mean["trl"], n).split("\n", 1)[1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20)
@@ -100,6 +160,14 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=1, help="processes for the learning curves")
+    ap.add_argument("--no-curves", action="store_true", help="per-step time only")
+    ap.add_argument(
+        "--curves-from-study",
+        metavar="STUDY",
+        help="take the learning curves from a finished study of both trainers (its MLflow "
+        "histories under --results-dir) instead of training run-default again",
+    )
+    ap.add_argument("--results-dir", default="results/findings")
     ap.add_argument("--no-record", action="store_true")
     a = ap.parse_args()
     warnings.filterwarnings("ignore")
@@ -113,22 +181,29 @@ def main() -> None:
         f"(generation {t_roll * 1e3:.0f}) | harness/TRL {h / t:.2f}",
         flush=True,
     )
-    with tempfile.TemporaryDirectory() as d:
-        both = curves(a.seeds, a.threads, d, a.jobs)
-    ch, ct = both["harness"], both["trl"]
+    curve_text = ""
+    if a.curves_from_study:
+        curve_text = curves_from_study(a.curves_from_study, a.results_dir)
+    elif not a.no_curves:
+        with tempfile.TemporaryDirectory() as d:
+            both = curves(a.seeds, a.threads, d, a.jobs)
+        curve_text = curve_tables(both["harness"], both["trl"], a.seeds)
     wall = time.perf_counter() - t0
     load1 = os.getloadavg()[0]
-    evals = [25 * (i + 1) for i in range(len(ch["eval/reward"]))]
-    rows = "\n".join(
-        f"| {s} | {x:.3f} | {y:.3f} |"
-        for s, x, y in zip(evals, ch["eval/reward"], ct["eval/reward"], strict=True)
+    print(curve_text)
+    cmd = (
+        f"`.venv/bin/python benchmarks/bench_trainers.py --steps {a.steps} --warmup {a.warmup} "
+        f"--threads {a.threads}"
+        + (
+            f" --curves-from-study {a.curves_from_study} --results-dir {a.results_dir}"
+            if a.curves_from_study
+            else " --no-curves"
+            if a.no_curves
+            else f" --seeds {a.seeds} --jobs {a.jobs}"
+        )
+        + "`"
     )
-    wins = "\n".join(
-        f"| {25 * i}–{25 * i + 24} | {x:.3f} | {y:.3f} |"
-        for i, (x, y) in enumerate(zip(ch["objective/reward"], ct["objective/reward"], strict=True))
-    )
-    print(rows + "\n" + wins)
-    body = f"""Command: `.venv/bin/python benchmarks/bench_trainers.py --steps {a.steps} --seeds {a.seeds} --threads {a.threads} --jobs {a.jobs}` ({wall:.0f} s; 1-min load average {load0:.1f} before, {load1:.1f} after — the 2 cores were shared with other work, so read ratios, not absolute times).
+    body = f"""Command: {cmd} ({wall:.0f} s; 1-min load average {load0:.1f} before, {load1:.1f} after — the 2 cores were shared with other work, so read the ratio, not the absolute times).
 
 **Per-step time** (same cell: run-default's 16 prompts × 8 samples, 10 new tokens, 4 minibatches, GRPO
 normalization, no adv_norm; median of each trainer's own `perf/step_time` over steps {a.warmup}–{a.steps - 1}, evaluation excluded):
@@ -138,20 +213,7 @@ normalization, no adv_norm; median of each trainer's own `perf/step_time` over s
 | harness (`trainer: harness`) | {h * 1e3:.0f} | {h_roll * 1e3:.0f} | {h / t:.2f} |
 | TRL GRPOTrainer (`trainer: trl`) | {t * 1e3:.0f} | {t_roll * 1e3:.0f} | 1 |
 
-**Learning curves** on `experiments/run-default.yaml` with `ppo.adv_norm: null` (TRL cannot express it),
-{a.seeds} seeds per trainer (same warm start and prompts), mean over seeds.
-
-Held-out greedy reward (`eval/reward`, 64 prompts):
-
-| step | harness | TRL |
-|---|---|---|
-{rows}
-
-Sampled reward (`objective/reward`, mean of each 25-step window):
-
-| steps | harness | TRL |
-|---|---|---|
-{wins}
+{curve_text}
 """
     if not a.no_record:
         record(SECTION, body)

@@ -161,7 +161,12 @@ TRL_MAPPING: tuple[MapRow, ...] = (
     MapRow("rollout.top_p", "top_p", "exact", "nucleus threshold; top_k = 0 (off) as the harness"),
     MapRow("optim.lr", "learning_rate", "exact", "AdamW learning rate"),
     MapRow("optim.beta1 / beta2", "adam_beta1 / adam_beta2", "exact", "AdamW betas"),
-    MapRow("optim.weight_decay", "weight_decay", "exact", "AdamW weight decay"),
+    MapRow(
+        "optim.weight_decay",
+        "weight_decay",
+        "approx",
+        "AdamW weight decay; HF exempts biases and norm weights, the harness decays all",
+    ),
     MapRow(
         "optim.schedule",
         "lr_scheduler_type",
@@ -206,6 +211,22 @@ TRL_MAPPING: tuple[MapRow, ...] = (
     MapRow("rollout.chat_template", "-", "must", "none (plain-text prompts) only"),
     MapRow("device", "use_cpu", "exact", "cpu → use_cpu = true; cuda → the accelerator's device"),
 )
+
+# TRL's per-optimizer-step log key → (harness key, how one step's cycle of logs combines).
+# Keys TRL does not log (policy/approx_kl, ratio stats, ...) stay absent (NaN) for TRL runs.
+TRL_METRICS: dict[str, tuple[str, str]] = {
+    "entropy": ("policy/entropy", "mean"),
+    "clip_ratio/low_mean": ("policy/clipfrac_low", "mean"),
+    "clip_ratio/high_mean": ("policy/clipfrac_high", "mean"),
+    "clip_ratio/region_mean": ("policy/clipfrac", "mean"),
+    "cispo_clip_ratio": ("policy/clipfrac_high", "mean"),
+    "loss": ("policy/loss", "mean"),  # HF's training loss: the policy loss (+ entropy term)
+    "grad_norm": ("stability/grad_norm", "mean"),
+    "learning_rate": ("optim/lr", "last"),
+    "completions/mean_length": ("rollout/response_length", "mean"),
+    "completions/clipped_ratio": ("rollout/truncated_frac", "mean"),
+}
+
 
 # TRL's fixed group/batch std epsilon (``advantages / (std_rewards + 1e-4)``).
 TRL_STD_EPS = 1e-4
@@ -306,6 +327,8 @@ def approximations(cfg: Any) -> list[str]:
         out.append("dr_grpo divides by max_completion_length (harness: padded minibatch width)")
     if p.entropy_coef:
         out.append("entropy bonus averaged per micro-batch")
+    if cfg.optim.weight_decay:
+        out.append("weight decay skips biases and norm weights (HF)")
     return out
 
 

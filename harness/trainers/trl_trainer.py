@@ -35,21 +35,7 @@ from harness.ppo.advantages import shape_rewards
 from harness.prompting import resolve_chat_template
 from harness.stability import summarize_run
 from harness.tasks import get_task
-from harness.trainers.trl_map import approximations, grpo_kwargs
-
-# TRL log key → (harness key, how a cycle's values combine: mean | max | last).
-TRL_METRICS: dict[str, tuple[str, str]] = {
-    "entropy": ("policy/entropy", "mean"),
-    "clip_ratio/low_mean": ("policy/clipfrac_low", "mean"),
-    "clip_ratio/high_mean": ("policy/clipfrac_high", "mean"),
-    "clip_ratio/region_mean": ("policy/clipfrac", "mean"),
-    "cispo_clip_ratio": ("policy/clipfrac_high", "mean"),
-    "loss": ("policy/loss", "mean"),  # HF's training loss: the policy loss (+ entropy term)
-    "grad_norm": ("stability/grad_norm", "mean"),
-    "learning_rate": ("optim/lr", "last"),
-    "completions/mean_length": ("rollout/response_length", "mean"),
-    "completions/clipped_ratio": ("rollout/truncated_frac", "mean"),
-}
+from harness.trainers.trl_map import TRL_METRICS, approximations, grpo_kwargs
 
 
 def _combine(values: list[float], how: str) -> float:
