@@ -91,8 +91,8 @@ TrackingUri = Annotated[
     typer.Option(
         "--tracking-uri",
         envvar="HARNESS_TRACKING_URI",
-        show_envvar=False,
-        help="MLflow tracking URI (default sqlite:///RESULTS/mlflow.db; http(s)://host:port for a server).",
+        help="MLflow tracking URI (default sqlite:///RESULTS/mlflow.db; http(s)://host:port for a server). "
+        "Also read from $HARNESS_TRACKING_URI, which keeps a password out of the process list.",
     ),
 ]
 
@@ -167,8 +167,8 @@ Storage = Annotated[
     typer.Option(
         "--storage",
         envvar="HARNESS_STORAGE",
-        show_envvar=False,
-        help="Optuna storage: journal file under RESULTS (default), sqlite:///PATH or postgresql://USER:PASS@HOST:PORT/DB (or $HARNESS_STORAGE, which keeps a password off the command line).",
+        help="Optuna storage: journal file under RESULTS (default), sqlite:///PATH or postgresql://USER:PASS@HOST:PORT/DB. "
+        "Also read from $HARNESS_STORAGE, which keeps a password out of the process list.",
     ),
 ]
 
@@ -367,6 +367,12 @@ def _check_store_urls(storage: str | None, tracking_uri: str | None) -> None:
                 f"--tracking-uri: scheme {scheme or redact_url(tracking_uri)!r} is not supported "
                 "(use sqlite:///PATH, http(s)://HOST:PORT or postgresql://...)"
             )
+        from harness.tracking import check_http_credentials
+
+        try:
+            check_http_credentials(tracking_uri)
+        except ValueError as error:
+            raise ConfigError(f"--{error}".replace("--tracking_uri", "--tracking-uri", 1)) from None
 
 
 def _workers_and_devices(workers: int, devices: str | None) -> tuple[int, list[str] | None]:

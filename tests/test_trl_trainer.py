@@ -302,6 +302,57 @@ def test_trl_honours_should_stop_and_reaches_the_tracker(tmp_path):
     assert run.params["trainer"] == "trl" and run.tags["trainer"] == "trl"
 
 
+def test_both_trainers_share_one_warm_start(tmp_path):
+    over = {"warm_start.steps": 10, "steps": 1}
+    h = train(cfg(trainer="harness", **over), results_dir=tmp_path)
+    t = train(cfg(**over), results_dir=tmp_path)
+    assert h.tags["warm_start.cache_key"] == t.tags["warm_start.cache_key"] != ""
+    entries = {f.name.split(".")[0] for f in (tmp_path / "warmstart").iterdir()}
+    assert entries == {h.tags["warm_start.cache_key"]}
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"model_options.dtype": "bfloat16"},
+        {"model_options.gradient_checkpointing": True},
+        {"model_options.lora": {"r": 4}},
+    ],
+    ids=["bf16", "grad-ckpt", "lora"],
+)
+def test_model_options_pass_through_on_cpu(over, tmp_path):
+    c = cfg(**over, steps=2)
+    kw = grpo_kwargs(c)
+    assert kw["bf16"] == ("model_options.dtype" in over)
+    assert kw["gradient_checkpointing"] == ("model_options.gradient_checkpointing" in over)
+    res = train(c, results_dir=tmp_path)
+    assert res.status == "completed" and res.steps_done == 2, res.reason
+    assert all(math.isfinite(v) for v in res.history["policy/entropy"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "over",
+    [{}, {"model_options.dtype": "bfloat16"}, {"model_options.lora": {"r": 8}}],
+    ids=["fp32", "bf16", "lora"],
+)
+def test_trl_trains_on_cuda(over, tmp_path):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    c = cfg(**over, device="cuda", steps=3, **{"warm_start.steps": 20})
+    res = train(c, results_dir=tmp_path)
+    assert res.status == "completed" and res.steps_done == 3, res.reason
+    assert all(math.isfinite(v) for v in res.history["policy/entropy"])
+    assert 0.0 <= res.summary["final/eval_accuracy"] <= 1.0
+    h = train(
+        cfg(**over, device="cuda", steps=1, trainer="harness", **{"warm_start.steps": 20}),
+        results_dir=tmp_path,
+    )
+    assert h.tags["warm_start.cache_key"] == res.tags["warm_start.cache_key"]
+
+
 # ---------------------------------------------------------------- sweeps
 
 

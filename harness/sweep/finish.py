@@ -41,16 +41,19 @@ def finish_study(
     expected = spec.expected_trials
     finished = sum(1 for r in data.runs if r.status in ("completed", "diverged"))
     console = wide_console()
+    parent = spec.parent_run_id
     if finished:
         rows = ranking(data)
         console.print(render_ranking_table(rows, data))
-    parent = spec.parent_run_id
+        if parent:
+            _label_in_mlflow(tracker, spec, parent, rows)
     if write_report and finished:
         out_dir = results_dir / study.study_name
         files = build_report(data, out_dir)
         console.print(f"report: {files.markdown} and {files.html}")
         if parent:
-            tracker.log_artifact(parent, files.markdown, "report")
+            # Only the HTML: MLflow shows markdown as plain text, so the report's images would
+            # appear as literal `![...](plots/...)`; the HTML embeds them and MLflow renders it.
             tracker.log_artifact(parent, files.html, "report")
             for png in files.pngs:
                 tracker.log_artifact(parent, png, "report/plots")
@@ -61,6 +64,19 @@ def finish_study(
             tracker.end_run(parent, "FINISHED" if complete else "KILLED")
     tracker.flush()
     return complete
+
+
+def _label_in_mlflow(tracker: Any, spec: StudySpec, parent: str, rows: Any) -> None:
+    """The experiment's description and saved cell view; the ranking on the parent run."""
+    from harness.sweep.mlflow_view import experiment_tags, ranking_metrics, ranking_note
+
+    tracker.set_experiment_tags(
+        spec.experiment, experiment_tags(spec.description, spec.metric, spec.direction)
+    )
+    tracker.log_metrics(parent, ranking_metrics(rows), step=0)
+    tracker.set_tags(
+        parent, {"mlflow.note.content": ranking_note(rows, spec.metric, spec.description)}
+    )
 
 
 def _fmt_point(point: dict[str, Any]) -> str:

@@ -107,6 +107,7 @@ class StudySpec:
     direction: str  # maximize | minimize
     axes: Mapping[str, list[Any]] = field(default_factory=dict)  # grid only
     cells: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # label -> overrides
+    choices: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # label -> axis -> value
     baseline: str | None = None
     search: SearchPlan | None = None  # search only
     tracking_uri: str | None = None  # password-redacted; workers pass their own when needed
@@ -163,6 +164,7 @@ class StudySpec:
             direction=direction,
             axes={} if search else dict(spec.axes),
             cells={} if search else {c.label: dict(c.overrides) for c in spec.cells},
+            choices={} if search else {c.label: dict(c.choice) for c in spec.cells},
             baseline=None if search else spec.baseline,
             search=search,
             tracking_uri=redact_url(tracking_uri) if tracking_uri else None,
@@ -275,6 +277,7 @@ class StudySpec:
             direction=d.get("direction") or first[1] or "maximize",
             axes=d.get("axes") or {},
             cells=d.get("cells") or {},
+            choices=d.get("choices") or {},
             baseline=d.get("baseline"),
             search=search,
             tracking_uri=d.get("tracking_uri"),

@@ -77,6 +77,10 @@ def open_study(
             )
         )
         study.set_user_attr(HASH_ATTR, spec.grid_hash)
+    if spec.kind == "grid":
+        from harness.sweep.dashboard import name_objective
+
+        name_objective(study, spec.metric)  # optuna-dashboard shows the metric, not "Objective 0"
 
     parent = study.user_attrs.get(PARENT_ATTR)
     if parent:

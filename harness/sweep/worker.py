@@ -23,7 +23,6 @@ the dead worker's MLflow child run as KILLED, so no run is ever left RUNNING.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
@@ -163,6 +162,9 @@ def run_grid_trial(t: _Trial) -> str:
 
     attrs = with_retries(lambda: frozen_trial(t.study, t.trial)).user_attrs
     cell, seed = attrs["cell"], int(attrs["seed"])
+    from harness.sweep.dashboard import label_trial, summary_attrs
+
+    label_trial(t.study, t.trial, t.spec, cell, seed)  # params for optuna-dashboard
     with heartbeat(t.study, t.trial):
         key = {"ablation.cell": cell, "seed": str(seed)}
         _end_orphaned_runs(t.tracker, t.spec, t.study.study_name, key)
@@ -184,7 +186,7 @@ def run_grid_trial(t: _Trial) -> str:
         "outcome": outcome,
         "reason": result.reason,
         "run_id": rid,
-        "summary": json.dumps(summary),
+        **summary_attrs(summary),  # one attribute each, not a JSON blob (optuna-dashboard)
         "inert_clip": result.inert_clip,
         "wall_time": time.time() - t0,
     }.items():
