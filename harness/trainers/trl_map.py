@@ -246,6 +246,21 @@ def trl_problems(cfg: Any) -> list[tuple[str, str]]:
         out.append(("ppo.loss_agg_mode", "TRL's sapo loss is seq-mean-token-mean only"))
     elif pl not in ("ppo", "cispo", "sapo"):
         out.append(("ppo.policy_loss", f"TRL has no loss_type for {pl!r} (ppo, cispo, sapo)"))
+    # Real-model options (issue 10) are wired into the harness loop only; refuse, never ignore.
+    mo = getattr(cfg, "model_options", None)
+    if mo is not None:
+        if mo.lora is not None:
+            out.append(("model_options.lora", "LoRA is in the harness loop only"))
+        if mo.dtype != "float32":
+            out.append(
+                ("model_options.dtype", "bf16 autocast is in the harness loop only; use float32")
+            )
+        if mo.gradient_checkpointing:
+            out.append(("model_options.gradient_checkpointing", "in the harness loop only"))
+    if getattr(r, "chat_template", "none") != "none":
+        out.append(("rollout.chat_template", "in the harness loop only; use none"))
+    if getattr(r, "max_prompt_tokens", None) is not None:
+        out.append(("rollout.max_prompt_tokens", "in the harness loop only; use null"))
     if r.n_samples < 2:
         out.append(("rollout.n_samples", "TRL's GRPOTrainer needs at least 2 samples per prompt"))
     batch = r.prompts_per_step * r.n_samples

@@ -85,8 +85,8 @@ def run_trl(
     random.seed(cfg.seed)
     device = resolve_device(cfg.device)
     task = get_task(cfg.task, **cfg.task_options)
-    model, tokenizer = load_model_and_tokenizer(
-        cfg.model, seed=cfg.seed, device=str(device), tiny=cfg.tiny
+    model, tokenizer = load_model_and_tokenizer(  # dropout zeroed, attn kernel, remote code
+        cfg.model, seed=cfg.seed, device=str(device), tiny=cfg.tiny, options=cfg.model_options
     )
     tags: dict[str, str] = {"trainer": "trl", "inert_clip": "false"}
     if cfg.warm_start.steps > 0:
