@@ -55,9 +55,14 @@ def test_mlflow_view_groups_runs_by_cell(served: Served, tmp_path):  # noqa: F81
         keep(shot)
 
         browser.goto(url + "&compareRunsMode=CHART")
-        text = browser.wait_for_text("Group: c_clip=3", "final/reward", "objective/reward")
-        # let the charts draw before the picture is taken
-        time.sleep(4)
+        # chart sections are named after the metric prefixes (objective/..., final/...)
+        browser.wait_for_text("Group: c_clip=3", "Add chart", "objective", "final")
+        browser.evaluate(
+            "[...document.querySelectorAll('span,div,h3')]"
+            ".find(e => e.childElementCount === 0 && e.textContent.trim() === 'objective')"
+            "?.scrollIntoView()"
+        )
+        time.sleep(6)  # let the charts draw before the picture is taken
         shot = tmp_path / "mlflow_charts_by_cell.png"
         browser.screenshot(shot)
         keep(shot)
