@@ -3,15 +3,58 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
+from typer.core import TyperGroup
+
+try:  # typer >= 0.22 vendors click; its usage errors are typer._click's, not click's
+    from typer._click import exceptions as _click_exc
+except ImportError:  # pragma: no cover
+    from click import exceptions as _click_exc  # type: ignore[no-redef]
+
+
+class _OneLineUsageErrors(TyperGroup):
+    """Usage errors (``--workers abc``, an unknown option, a missing argument) as the harness's
+    one line on stderr with exit code 2, instead of click's multi-line usage box."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        with _usage_errors_one_line():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:
+        with _usage_errors_one_line():
+            return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def _usage_errors_one_line() -> Iterator[None]:
+    try:
+        yield
+    except _click_exc.NoArgsIsHelpError:
+        raise  # bare `harness`/`harness ablate`: the help text is the answer
+    except _click_exc.UsageError as err:
+        msg = " ".join(err.format_message().split())
+        if msg.startswith("Invalid value for "):
+            # "Invalid value for '--workers': 'abc' is not a valid integer." → "--workers: ..."
+            name, _, rest = msg[len("Invalid value for ") :].partition(": ")
+            for kind in ("integer", "number", "boolean"):
+                if f"valid {kind}" in rest:
+                    rest = f"must be {'a' if kind != 'integer' else 'an'} {kind}"
+            msg = f"{name.strip(chr(39))}: {rest}"
+        msg = msg.rstrip(".")
+        where = f" (see `{err.ctx.command_path} --help`)" if err.ctx is not None else ""
+        typer.echo(f"error: {msg}{where}", err=True)
+        raise typer.Exit(2) from None
+
 
 app = typer.Typer(
+    cls=_OneLineUsageErrors,
     help="Ablation harness for PPO fine-tuning of language models: which clipping and "
     "normalization settings keep a PPO run stable?",
     no_args_is_help=True,
@@ -28,8 +71,10 @@ def _root() -> None:
     import logging
     import os
 
+    from harness.fsutil import restrict_umask
     from harness.perf import tune_malloc
 
+    restrict_umask()  # nothing the harness writes is group/world-writable, whatever the umask
     tune_malloc()
     # Library chatter (MLflow's schema migrations, Optuna's "study created") is not for users.
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
@@ -44,7 +89,9 @@ TrackingUri = Annotated[
     str | None,
     typer.Option(
         "--tracking-uri",
-        help="MLflow tracking URI (default sqlite:///RESULTS/mlflow.db; http(s)://host:port for a server).",
+        envvar="HARNESS_TRACKING_URI",
+        help="MLflow tracking URI (default sqlite:///RESULTS/mlflow.db; http(s)://host:port for a server). "
+        "Also read from $HARNESS_TRACKING_URI, which keeps a password out of the process list.",
     ),
 ]
 
@@ -88,27 +135,28 @@ def run_cmd(
 ) -> None:
     """Train one PPO policy, log it to MLflow and print a final summary."""
     from harness.config import load_run_config
-    from harness.configtools import ConfigError
-    from harness.fsutil import ensure_results_dir
 
     cfg = load_run_config(config, set_ or [])
-    try:
-        ensure_results_dir(results_dir)
-        from harness.tracking import make_tracker
-
-        tracker = make_tracker(tracking_uri, results_dir)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    _check_devices([cfg.device], "device")
+    _check_store_urls(None, tracking_uri)
+    _probe_remote(None, tracking_uri)
+    tracker = _tracker(tracking_uri, results_dir)
 
     from harness.console import run_with_progress
+    from harness.tasks.base import RewardError
 
-    result, rid = run_with_progress(
-        cfg,
-        tracker,
-        experiment=experiment,
-        run_name=run_name or f"{cfg.task}-seed{cfg.seed}",
-        results_dir=results_dir,
-    )
+    try:
+        result, rid = run_with_progress(
+            cfg,
+            tracker,
+            experiment=experiment,
+            run_name=run_name or f"{cfg.task}-seed{cfg.seed}",
+            results_dir=results_dir,
+        )
+    except RewardError as err:
+        # The MLflow run is already ended FAILED with this reason (harness.tracked): a run
+        # failure, not bad input, so exit 1 with the reason and no traceback.
+        fail(f"run FAILED: {err}", code=1)
     if result.status != "completed":
         sys.exit(1)
 
@@ -117,24 +165,113 @@ Storage = Annotated[
     str | None,
     typer.Option(
         "--storage",
-        help="Optuna storage: journal file under RESULTS (default), sqlite:///PATH or postgresql://USER:PASS@HOST:PORT/DB.",
+        envvar="HARNESS_STORAGE",
+        help="Optuna storage: journal file under RESULTS (default), sqlite:///PATH or postgresql://USER:PASS@HOST:PORT/DB. "
+        "Also read from $HARNESS_STORAGE, which keeps a password out of the process list.",
     ),
 ]
 
 
-def _stores(storage: str | None, tracking_uri: str | None, results_dir: Path) -> tuple[Any, Any]:
-    """Open the Optuna storage and the tracker; any problem is a one-line ConfigError."""
+def _probe_remote(storage: str | None, tracking_uri: str | None) -> None:
+    """Connect to a PostgreSQL storage / a remote tracking store before anything is created
+    locally, so that an unreachable server leaves no results dir, journal or mlflow.db behind."""
+    from urllib.parse import urlsplit
+
+    from harness.configtools import ConfigError
+    from harness.redact import redact_url
+
+    if storage not in (None, "journal") and urlsplit(storage).scheme.startswith("postgresql"):
+        from harness.sweep.storage import database_connect_error
+
+        reason = database_connect_error(storage)
+        if reason is not None:
+            raise ConfigError(f"storage: cannot connect to {redact_url(storage)} ({reason})")
+    if tracking_uri not in (None, "memory"):
+        scheme = urlsplit(tracking_uri).scheme.split("+", 1)[0]
+        if scheme != "sqlite":
+            from harness.tracking import _probe
+
+            reason = _probe(tracking_uri, scheme)
+            if reason is not None:
+                raise ConfigError(
+                    f"tracking_uri: cannot connect to {redact_url(tracking_uri)} ({reason})"
+                )
+
+
+def _tracker(tracking_uri: str | None, results_dir: Path) -> Any:
     from harness.configtools import ConfigError
     from harness.fsutil import ensure_results_dir
 
     ensure_results_dir(results_dir)
     try:
-        from harness.sweep.storage import make_storage
         from harness.tracking import make_tracker
 
-        return make_storage(storage, results_dir), make_tracker(tracking_uri, results_dir)
+        return make_tracker(tracking_uri, results_dir, check=False)  # probed by _probe_remote
     except ValueError as err:
         raise ConfigError(str(err).splitlines()[0]) from None
+
+
+def _stores(storage: str | None, tracking_uri: str | None, results_dir: Path) -> tuple[Any, Any]:
+    """Open the Optuna storage and the tracker; any problem is a one-line ConfigError.  Remote
+    stores are probed before the results dir or any local store is created."""
+    from harness.configtools import ConfigError
+    from harness.fsutil import ensure_results_dir
+
+    _check_store_urls(storage, tracking_uri)
+    _probe_remote(storage, tracking_uri)
+    ensure_results_dir(results_dir)
+    try:
+        from harness.sweep.storage import make_storage
+
+        optuna_storage = make_storage(storage, results_dir)
+    except ValueError as err:
+        raise ConfigError(str(err).splitlines()[0]) from None
+    return optuna_storage, _tracker(tracking_uri, results_dir)
+
+
+def _existing_storage(storage: str | None, results_dir: Path, study: str | None) -> Any:
+    """The Optuna storage for a read-only command (status, report, worker): a journal or SQLite
+    file that does not exist is never created; ``None`` when there is no storage (and no study
+    was asked for)."""
+    from harness.configtools import ConfigError
+
+    _check_store_urls(storage, None)
+    local: Path | None = None
+    if storage in (None, "journal"):
+        from harness.sweep.storage import JOURNAL_FILE
+
+        local = results_dir / JOURNAL_FILE
+    elif storage.startswith("sqlite:///"):
+        local = Path(storage[len("sqlite:///") :])
+    if local is not None and not local.is_file():
+        if study is not None:
+            raise ConfigError(
+                f"study: no study named {study!r} (no Optuna storage at {local}; "
+                "check --results-dir / --storage)"
+            )
+        return None
+    _probe_remote(storage, None)
+    try:
+        from harness.sweep.storage import make_storage
+
+        return make_storage(storage, results_dir)
+    except ValueError as err:
+        raise ConfigError(str(err).splitlines()[0]) from None
+
+
+def _check_devices(devices: list[str], where: str) -> None:
+    """A device this machine does not have is a config error up front, not N failed trials."""
+    if all(d.strip().lower() == "cpu" for d in devices):
+        return  # no torch import for the common case
+    from harness.configtools import ConfigError
+    from harness.models import resolve_device
+
+    for d in devices:
+        try:
+            resolve_device(d)
+        except ValueError as err:
+            msg = str(err).splitlines()[0]
+            raise ConfigError(msg.replace("device:", f"{where}:", 1)) from None
 
 
 def _check_store_urls(storage: str | None, tracking_uri: str | None) -> None:
@@ -158,6 +295,12 @@ def _check_store_urls(storage: str | None, tracking_uri: str | None) -> None:
                 f"--tracking-uri: scheme {scheme or redact_url(tracking_uri)!r} is not supported "
                 "(use sqlite:///PATH, http(s)://HOST:PORT or postgresql://...)"
             )
+        from harness.tracking import check_http_credentials
+
+        try:
+            check_http_credentials(tracking_uri)
+        except ValueError as error:
+            raise ConfigError(f"--{error}".replace("--tracking_uri", "--tracking-uri", 1)) from None
 
 
 def _workers_and_devices(workers: int, devices: str | None) -> tuple[int, list[str] | None]:
@@ -174,6 +317,19 @@ def _workers_and_devices(workers: int, devices: str | None) -> tuple[int, list[s
         if not (d in ("cpu", "cuda") or (d.startswith("cuda:") and d[5:].isdigit())):
             raise ConfigError(f"--devices: {d!r} is not cpu, cuda or cuda:N")
     return (len(device_list) if workers == 1 else workers), device_list
+
+
+def _devices_to_check(spec: Any, device_list: list[str] | None) -> tuple[list[str], str]:
+    """The devices local workers will use: --devices, else every device the cells ask for."""
+    if device_list:
+        return device_list, "--devices"
+    from harness.config import build_run_config
+
+    found = {str(build_run_config(spec.base).device)}
+    for cell in getattr(spec, "cells", None) or []:
+        if "device" in cell.overrides:
+            found.add(str(cell.overrides["device"]))
+    return sorted(found), "device"
 
 
 def _command_line() -> str:
@@ -243,7 +399,7 @@ def ablate_cmd(
     ] = True,
 ) -> None:
     """Run every (cell, seed) of an ablation grid; resumable; ends with a ranking and a report."""
-    from harness.configtools import ConfigError
+    from harness.configtools import ConfigError, check_name
     from harness.experiment import load_experiment
 
     workers, device_list = _workers_and_devices(workers, devices)
@@ -252,12 +408,14 @@ def ablate_cmd(
     spec = load_experiment(experiment_file)
     if spec.search is not None:
         raise ConfigError(f"{experiment_file}: has a search section; run it with `harness search`")
+    if study_name is not None:
+        check_name(study_name, "--study-name")
     if dry_run:
         from harness.sweep.display import print_grid
 
         print_grid(spec)
         return
-    _check_store_urls(storage, tracking_uri)
+    _check_devices(*_devices_to_check(spec, device_list))
     optuna_storage, tracker = _stores(storage, tracking_uri, results_dir)
 
     from harness.sweep.ablate import enqueue_missing, open_study, run_local_workers
@@ -324,7 +482,7 @@ def search_cmd(
     results_dir: ResultsDir = Path("results"),
 ) -> None:
     """TPE (or two-objective) search; seeds inside each trial; median/Wilcoxon pruning; resumable."""
-    from harness.configtools import ConfigError
+    from harness.configtools import ConfigError, check_name
     from harness.experiment import load_experiment
 
     workers, device_list = _workers_and_devices(workers, devices)
@@ -333,7 +491,9 @@ def search_cmd(
         raise ConfigError(
             f"{experiment_file}: has no search section; run a grid with `harness ablate`"
         )
-    _check_store_urls(storage, tracking_uri)
+    if study_name is not None:
+        check_name(study_name, "--study-name")
+    _check_devices(*_devices_to_check(spec, device_list))
     optuna_storage, tracker = _stores(storage, tracking_uri, results_dir)
     from harness.sweep.search import finish_search, open_search_study, run_search_workers
 
@@ -384,8 +544,12 @@ def worker_cmd(
 
     from harness.configtools import ConfigError
 
+    if not 0 <= threads <= 1024:
+        raise ConfigError(f"--threads: must be an integer in [0, 1024]; got {threads}")
+    if device is not None:
+        _check_devices([device], "--device")
     _check_store_urls(storage, tracking_uri)
-    optuna_storage, _ = _stores(storage, tracking_uri, results_dir)
+    optuna_storage = _existing_storage(storage, results_dir, study)
     import optuna
 
     try:
@@ -394,6 +558,8 @@ def worker_cmd(
         raise ConfigError(
             f"--study: no study named {study!r} in this storage (see `harness status`)"
         ) from None
+    _probe_remote(None, tracking_uri)
+    _tracker(tracking_uri, results_dir)  # fails now, not in every trial, if it cannot be opened
     from harness.sweep.worker import WorkerOptions, worker_loop
 
     stop = threading.Event()
@@ -430,15 +596,10 @@ def status_cmd(
     results_dir: ResultsDir = Path("results"),
 ) -> None:
     """Done / running / waiting / failed trials per study."""
-    _check_store_urls(storage, None)
-    from harness.configtools import ConfigError
-
-    try:
-        from harness.sweep.storage import make_storage
-
-        st = make_storage(storage, results_dir)
-    except ValueError as err:
-        raise ConfigError(str(err).splitlines()[0]) from None
+    st = _existing_storage(storage, results_dir, study)
+    if st is None:
+        typer.echo(f"no studies yet (no Optuna storage under {results_dir})", err=True)
+        return
     from harness.sweep.display import print_status
 
     print_status(st, study)
@@ -457,18 +618,21 @@ def report_cmd(
 
     import optuna
 
-    from harness.configtools import ConfigError
+    from harness.configtools import ConfigError, check_name
     from harness.sweep.finish import finish_study
     from harness.sweep.worker import SPEC_ATTR
 
+    check_name(study, "study")  # the report goes to RESULTS/<study>/
     _check_store_urls(storage, tracking_uri)
-    optuna_storage, tracker = _stores(storage, tracking_uri, results_dir)
+    optuna_storage = _existing_storage(storage, results_dir, study)
     try:
         st = optuna.load_study(study_name=study, storage=optuna_storage)
     except KeyError:
         raise ConfigError(f"study: no study named {study!r} (see `harness status`)") from None
     if SPEC_ATTR not in st.user_attrs:
         raise ConfigError(f"study: {study!r} was not made by `harness ablate`")
+    _probe_remote(None, tracking_uri)
+    tracker = _tracker(tracking_uri, results_dir)
     payload = json.loads(st.user_attrs[SPEC_ATTR])
     finish_study(
         st,

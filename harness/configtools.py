@@ -25,6 +25,7 @@ import copy
 import dataclasses
 import math
 import operator
+import re
 import types
 import typing
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
@@ -101,6 +102,28 @@ def check_declared(value: Any, md: Any, path: str) -> None:
     finite_ok = not math.isnan(value) and (math.isfinite(value) or bool(md.get("inf")))
     if not finite_ok or not all(_OPS[k](value, md[k]) for k in BOUND_KEYS if md.get(k) is not None):
         raise ConfigError(f"{path}: must be {describe_range(md, is_int)}; got {value!r}")
+
+
+NAME_MAX = 100
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def check_name(value: Any, where: str) -> str:
+    """A study / experiment name: it becomes a directory under the results dir, so it is one
+    path component of at most 100 letters, digits, '-', '_', '.', starting with a letter or a
+    digit (no '/', no '..', no absolute path, no name the filesystem refuses as too long)."""
+    if isinstance(value, str) and len(value) <= NAME_MAX and _NAME_RE.fullmatch(value):
+        return value
+    shown = (
+        repr(value) if not isinstance(value, str) or len(value) <= 40 else repr(value[:40] + "...")
+    )
+    length = (
+        f" ({len(value)} characters)" if isinstance(value, str) and len(value) > NAME_MAX else ""
+    )
+    raise ConfigError(
+        f"{where}: must be 1-{NAME_MAX} letters, digits, '-', '_' or '.', starting with a letter "
+        f"or digit; got {shown}{length}"
+    )
 
 
 def _type_name(tp: Any) -> str:

@@ -37,8 +37,16 @@ from harness.config import (
     resolve_alias,
     validate_task,
 )
-from harness.configtools import ConfigError, is_config_path, to_dict
+from harness.configtools import (
+    ConfigError,
+    check_declared,
+    check_name,
+    declared_fields,
+    is_config_path,
+    to_dict,
+)
 
+MAX_SEEDS = 10_000
 TOP_KEYS = {
     "name",
     "description",
@@ -51,7 +59,6 @@ TOP_KEYS = {
     "direction",
     "search",
 }
-METRIC_PREFIXES = ("final/", "best/", "stability/")
 
 
 @dataclass(frozen=True)
@@ -147,6 +154,25 @@ def _err(file: str, key: str, msg: str) -> ConfigError:
     return ConfigError(f"{file}: {key}: {msg}")
 
 
+def _check_metric(file: str, key: str, metric: Any) -> str:
+    """A ranking/search metric must be a key every run summary has (docs/stability.md), else
+    every trial trains and then fails for want of its value."""
+    from difflib import get_close_matches
+
+    from harness.stability import OBJECTIVE_KEYS
+
+    if isinstance(metric, str) and metric in OBJECTIVE_KEYS:
+        return metric
+    close = get_close_matches(str(metric), OBJECTIVE_KEYS, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise _err(
+        file,
+        key,
+        f"{metric!r} is not a run-summary key ({hint}see docs/stability.md; e.g. final/reward, "
+        "best/reward, final/eval_accuracy, stability/max_drawdown)",
+    )
+
+
 def _check_overrides(
     file: str, where: str, overrides: dict[str, Any], base: dict[str, Any]
 ) -> None:
@@ -181,13 +207,7 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
     unknown = sorted(set(raw) - TOP_KEYS)
     if unknown:
         raise _err(file, unknown[0], f"unknown key (allowed: {', '.join(sorted(TOP_KEYS))})")
-    name = raw.get("name")
-    if not isinstance(name, str) or not name or not all(c.isalnum() or c in "-_." for c in name):
-        raise _err(
-            file,
-            "name",
-            f"must be a non-empty string of letters, digits, '-', '_', '.'; got {name!r}",
-        )
+    name = check_name(raw.get("name"), f"{file}: name")
     description = raw.get("description", "")
     if not isinstance(description, str):
         raise _err(file, "description", "must be a string")
@@ -213,13 +233,22 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
         raise _err(file, "base", str(err)) from None
 
     steps = raw.get("steps", base_cfg.steps)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+    if isinstance(steps, bool) or not isinstance(steps, int):
         raise _err(file, "steps", f"must be an integer >= 1; got {steps!r}")
-    seeds_raw = raw.get("seeds", 1)
+    declared = declared_fields(RunConfig)
+    try:  # the same declared range as the run config's own steps / seed fields
+        check_declared(steps, declared["steps"][1], f"{file}: steps")
+        if isinstance(seeds_raw := raw.get("seeds", 1), list):
+            for i, s in enumerate(seeds_raw):
+                check_declared(s, declared["seed"][1], f"{file}: seeds[{i}]")
+    except ConfigError as err:
+        raise ConfigError(str(err)) from None
     if isinstance(seeds_raw, int) and not isinstance(seeds_raw, bool):
-        if seeds_raw < 1:
+        if not 1 <= seeds_raw <= MAX_SEEDS:
             raise _err(
-                file, "seeds", f"must be a count >= 1 or a list of seeds >= 0; got {seeds_raw}"
+                file,
+                "seeds",
+                f"must be a count in [1, {MAX_SEEDS}] or a list of seeds >= 0; got {seeds_raw}",
             )
         seeds = list(range(seeds_raw))
     elif (
@@ -240,12 +269,7 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
         )
 
     metric = raw.get("metric", "final/reward")
-    if not isinstance(metric, str) or not metric.startswith(METRIC_PREFIXES):
-        raise _err(
-            file,
-            "metric",
-            f"must be a run-summary key starting with {', '.join(METRIC_PREFIXES)}; got {metric!r}",
-        )
+    metric = _check_metric(file, "metric", metric)
     direction = raw.get("direction", "maximize")
     if direction not in ("maximize", "minimize"):
         raise _err(file, "direction", f"must be 'maximize' or 'minimize'; got {direction!r}")
@@ -383,8 +407,8 @@ def _parse_search(
             file, f"search.{unknown[0]}", f"unknown key (allowed: {', '.join(sorted(allowed))})"
         )
     n_trials = raw.get("n_trials")
-    if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
-        raise _err(file, "search.n_trials", f"must be an integer >= 1; got {n_trials!r}")
+    if isinstance(n_trials, bool) or not isinstance(n_trials, int) or not 1 <= n_trials <= 100_000:
+        raise _err(file, "search.n_trials", f"must be an integer in [1, 100_000]; got {n_trials!r}")
     params_raw = raw.get("params")
     if not isinstance(params_raw, dict) or not params_raw:
         raise _err(file, "search.params", "must be a non-empty mapping of config path -> range")
@@ -426,7 +450,23 @@ def _parse_search(
                 raise _err(file, f"{where}.log", "must be true/false, and log ranges need low > 0")
             for v in (low, high):
                 _check_overrides(file, where, {full: v}, base)
-            params.append(SearchParam(full, t, low=low, high=high, log=log, step=spec.get("step")))
+            step = spec.get("step")
+            if step is not None:
+                step_num = (int,) if t == "int" else (int, float)
+                if (
+                    isinstance(step, bool)
+                    or not isinstance(step, step_num)
+                    or not 0 < step <= high - low
+                ):
+                    kind = "an integer" if t == "int" else "a number"
+                    raise _err(
+                        file,
+                        f"{where}.step",
+                        f"must be {kind} in (0, high - low = {high - low:g}] or null; got {step!r}",
+                    )
+                if log:
+                    raise _err(file, f"{where}.step", "cannot be combined with log: true")
+            params.append(SearchParam(full, t, low=low, high=high, log=log, step=step))
     objectives_raw = raw.get("objectives", [{"metric": metric, "direction": direction}])
     if not isinstance(objectives_raw, list) or not 1 <= len(objectives_raw) <= 2:
         raise _err(file, "search.objectives", "must be a list of one or two {metric, direction}")
@@ -439,12 +479,7 @@ def _parse_search(
                 "must be {metric: KEY, direction: maximize|minimize}",
             )
         m, d = o.get("metric"), o.get("direction", "maximize")
-        if not isinstance(m, str) or not m.startswith(METRIC_PREFIXES):
-            raise _err(
-                file,
-                f"search.objectives[{i}].metric",
-                f"must start with {', '.join(METRIC_PREFIXES)}; got {m!r}",
-            )
+        m = _check_metric(file, f"search.objectives[{i}].metric", m)
         if d not in ("maximize", "minimize"):
             raise _err(
                 file,
@@ -458,8 +493,10 @@ def _parse_search(
     if len(objectives) > 1 and pruner != "none":
         pruner = "none"  # Optuna cannot prune multi-objective studies
     seed = raw.get("sampler_seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise _err(file, "search.sampler_seed", f"must be an integer >= 0; got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= 2**32 - 1:
+        raise _err(
+            file, "search.sampler_seed", f"must be an integer in [0, 2**32 - 1]; got {seed!r}"
+        )
     return SearchSpec(
         n_trials=n_trials, params=params, objectives=objectives, pruner=pruner, sampler_seed=seed
     )

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from numpy.typing import ArrayLike
 
-__all__ = ["RUN_SUMMARY_KEYS", "summarize_run"]
+__all__ = ["OBJECTIVE_KEYS", "RUN_SUMMARY_KEYS", "summarize_run"]
 
 REWARD = "objective/reward"
 EVAL_ACCURACY = "eval/accuracy"
@@ -51,6 +51,16 @@ RUN_SUMMARY_KEYS: tuple[str, ...] = (
     "stability/skipped_steps",
     "stability/diverged",
     "stability/diverged_step",
+)
+
+#: Every key of a run's summary (what an experiment's ``metric:`` or a search objective may
+#: name): :data:`RUN_SUMMARY_KEYS` plus what the training loop adds around them.
+OBJECTIVE_KEYS: tuple[str, ...] = (
+    *RUN_SUMMARY_KEYS,
+    "final/eval_reward",
+    "start/reward",
+    "start/eval_reward",
+    "start/eval_accuracy",
 )
 
 #: A running-median spike test needs at least this many earlier finite values.

@@ -98,11 +98,14 @@ CASES = {
         exp(base=with_base(model="/nonexistent/model")),
         "model: directory '/nonexistent/model' does not exist",
     ),
-    "negative-seed": (exp(seeds=[0, -1]), "seeds must be >= 0"),
-    "zero-seeds": (exp(seeds=0), "seeds: must be a count >= 1"),
+    "negative-seed": (
+        exp(seeds=[0, -1]),
+        "seeds[1]: must be an integer in [0, 4_294_967_295]; got -1",
+    ),
+    "zero-seeds": (exp(seeds=0), "seeds: must be a count in [1, 10000]"),
     "seeds-wrong-type": (exp(seeds="three"), "seeds: must be a count"),
-    "zero-steps": (exp(steps=0), "steps: must be an integer >= 1"),
-    "bad-metric": (exp(metric="reward"), "metric: must be a run-summary key"),
+    "zero-steps": (exp(steps=0), "steps: must be an integer in [1, 10_000_000]; got 0"),
+    "bad-metric": (exp(metric="reward"), "metric: 'reward' is not a run-summary key"),
     "bad-direction": (exp(direction="up"), "direction: must be 'maximize' or 'minimize'"),
     "variant-clash": (
         exp(grid={"ppo.eps_clip": [0.2], "variant": {"a": {"ppo.eps_clip": 0.3}}}),
@@ -128,7 +131,65 @@ CASES = {
         ),
         "not both",
     ),
-    "missing-name": (exp(name=None), "name: must be a non-empty string"),
+    "missing-name": (exp(name=None), "name: must be 1-100 letters, digits"),
+    "metric-typo": (exp(metric="final/rewrd"), "did you mean 'final/reward'"),
+    "metric-unknown-stability-key": (exp(metric="stability/wobble"), "not a run-summary key"),
+    "steps-overflow": (exp(steps=10**23), "steps: must be an integer in [1, 10_000_000]"),
+    "steps-float": (exp(steps=1.0e23), "steps: must be an integer"),
+    "seeds-huge-count": (exp(seeds=10**9), "seeds: must be a count in [1, 10000]"),
+    "seed-overflow": (exp(seeds=[0, 2**40]), "seeds[1]: must be an integer in [0, 4_294_967_295]"),
+    "eps-clip-inf": (
+        exp(grid={"ppo.eps_clip": [float("inf")]}),
+        "grid.ppo.eps_clip: value inf rejected: must be a finite number > 0",
+    ),
+    "eps-clip-higher-nan": (
+        exp(grid={"ppo.eps_clip_higher": [float("nan")]}),
+        "grid.ppo.eps_clip_higher: value nan rejected: must be a finite number >= 0",
+    ),
+    "base-lr-nan": (exp(base=with_base(**{"optim.lr": float("nan")})), "base: optim.lr: must be"),
+    "search-step-abc": (
+        exp(
+            grid=None,
+            search={
+                "n_trials": 2,
+                "params": {
+                    "ppo.eps_clip": {"type": "float", "low": 0.1, "high": 0.3, "step": "abc"}
+                },
+            },
+        ),
+        "search.params.ppo.eps_clip.step: must be a number in (0, high - low = 0.2]",
+    ),
+    "search-choice-bad-not-doubled": (
+        exp(
+            grid=None,
+            search={
+                "n_trials": 2,
+                "params": {"ppo.c_clip": {"type": "categorical", "choices": [0.5, 3.0]}},
+            },
+        ),
+        "search.params.ppo.c_clip: value 0.5 rejected: must be a finite number > 1",
+    ),
+    "search-objective-typo": (
+        exp(
+            grid=None,
+            search={
+                "n_trials": 2,
+                "params": {"ppo.eps_clip": {"type": "float", "low": 0.1, "high": 0.3}},
+                "objectives": [{"metric": "best/rewrd", "direction": "maximize"}],
+            },
+        ),
+        "search.objectives[0].metric: 'best/rewrd' is not a run-summary key (did you mean",
+    ),
+    "search-low-nan": (
+        exp(
+            grid=None,
+            search={
+                "n_trials": 2,
+                "params": {"ppo.eps_clip": {"type": "float", "low": float("nan"), "high": 0.3}},
+            },
+        ),
+        "search.params.ppo.eps_clip",
+    ),
     "negative-staleness": (
         exp(grid={"rollout.staleness": [-1]}),
         "rollout.staleness: value -1 rejected: must be an integer in [0, 10_000]",
@@ -161,8 +222,37 @@ def test_bad_experiment_file(case, tmp_path, runner):
     f = tmp_path / "bad.yaml"
     f.write_text(yaml.safe_dump(doc))
     results = tmp_path / "results"
-    result = runner.invoke(app, ["ablate", str(f), "--results-dir", str(results)])
+    command = "search" if "search" in doc and "grid" not in doc else "ablate"
+    result = runner.invoke(app, [command, str(f), "--results-dir", str(results)])
     assert_clean_failure(result, expect, results)
+    assert not results.exists()
+    assert ".ppo.c_clip.ppo.c_clip" not in result.output  # a path is never repeated
+
+
+def test_duplicate_keys_are_refused(tmp_path, runner):
+    f = tmp_path / "dup.yaml"
+    f.write_text(
+        "name: dup\nbase: {task: reverse}\ngrid: {ppo.eps_clip: [0.1]}\nsteps: 2\nsteps: 500\n"
+    )
+    r = runner.invoke(app, ["ablate", str(f), "--results-dir", str(tmp_path / "r")])
+    assert_clean_failure(r, "duplicate key 'steps' (first on line 4)", tmp_path / "r")
+    g = tmp_path / "dup-run.yaml"
+    g.write_text("ppo:\n  eps_clip: 0.1\n  eps_clip: 0.3\n")
+    r = runner.invoke(app, ["run", str(g), "--results-dir", str(tmp_path / "r")])
+    assert_clean_failure(r, "duplicate key 'eps_clip'", tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    "content", [bytes(range(256)) * 4, b"\x89PNG\r\n\x1a\n\x00\x00", b"name: x\x00\n"]
+)
+def test_binary_experiment_file_is_one_line(content, tmp_path, runner):
+    f = tmp_path / "exp.yaml"
+    f.write_bytes(content)
+    for cmd in ("ablate", "run"):
+        r = runner.invoke(app, [cmd, str(f), "--results-dir", str(tmp_path / "r")])
+        assert_clean_failure(r, "expected a YAML file", tmp_path / "r")
+    assert not (tmp_path / "r").exists()
 
 
 def test_malformed_jsonl_task(tmp_path, runner):
@@ -308,3 +398,136 @@ def field_help_line(path):
     except ConfigError as err:
         return str(err)
     raise AssertionError("NaN accepted")
+
+
+# --- command lines: names, usage errors, devices, read-only commands, stores ------------------
+
+
+def assert_nothing_written(root: Path, before: set) -> None:
+    after = {p.relative_to(root) for p in root.rglob("*")}
+    assert after == before, sorted(map(str, after - before))
+
+
+def snapshot(root: Path) -> set:
+    return {p.relative_to(root) for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (["--workers", "abc"], "--workers: must be an integer"),
+        (["--max-retries", "x"], "--max-retries: must be an integer"),
+        (["--wrkers", "2"], "No such option: --wrkers"),
+        (["--study-name", "../../escaped"], "--study-name: must be 1-100 letters"),
+        (["--study-name", "/tmp/escaped"], "--study-name: must be 1-100 letters"),
+        (["--study-name", ".."], "--study-name: must be 1-100 letters"),
+        (["--study-name", "x" * 500], "(500 characters)"),
+        (["--devices", "cuda:99"], "--devices: 'cuda:99' requested but"),
+        (["--tracking-uri", "http://127.0.0.1:9/"], "tracking_uri: cannot connect to"),
+    ],
+)
+def test_bad_ablate_command_lines_write_nothing(args, expect, tmp_path, runner):
+    results = tmp_path / "results"
+    before = snapshot(tmp_path)
+    r = runner.invoke(
+        app, ["ablate", "experiments/smoke.yaml", "--results-dir", str(results), *args]
+    )
+    assert_clean_failure(r, expect, results)
+    assert_nothing_written(tmp_path, before)
+    assert "Usage:" not in r.output and "╭" not in r.output
+
+
+def test_search_refuses_a_traversing_study_name(tmp_path, runner):
+    r = runner.invoke(
+        app,
+        [
+            "search",
+            "experiments/search.yaml",
+            "--study-name",
+            "../up",
+            "--results-dir",
+            str(tmp_path / "r"),
+        ],
+    )
+    assert_clean_failure(r, "--study-name: must be 1-100 letters", tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("name", ["..", "../escaped", "a/b", "x" * 500, ".hidden", ""])
+def test_experiment_names_that_are_not_one_safe_path_component(name, tmp_path, runner):
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(exp(name=name)))
+    r = runner.invoke(app, ["ablate", str(f), "--results-dir", str(tmp_path / "r")])
+    assert_clean_failure(r, "name: must be 1-100 letters", tmp_path / "r")
+
+
+def test_run_on_a_missing_gpu_is_one_line(tmp_path, runner):
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() > 99:  # pragma: no cover
+        pytest.skip("this machine has a cuda:99")
+    before = snapshot(tmp_path)
+    r = runner.invoke(app, ["run", "--set", "device=cuda:99", "--results-dir", str(tmp_path / "r")])
+    assert_clean_failure(r, "device: 'cuda:99' requested but", tmp_path / "r")
+    assert_nothing_written(tmp_path, before)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status", "nosuch"],
+        ["report", "nosuch"],
+        ["worker", "--study", "nosuch"],
+        ["status", "nosuch", "--storage", "sqlite:///{tmp}/optuna.db"],
+        ["report", "nosuch", "--storage", "sqlite:///{tmp}/optuna.db"],
+    ],
+)
+def test_read_only_commands_on_a_missing_study_create_nothing(args, tmp_path, runner):
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    before = snapshot(tmp_path)
+    r = runner.invoke(app, [*args, "--results-dir", str(tmp_path / "results")])
+    assert_clean_failure(r, "no study named 'nosuch'", tmp_path / "results")
+    assert_nothing_written(tmp_path, before)
+
+
+def test_status_with_no_storage_yet_creates_nothing(tmp_path, runner):
+    r = runner.invoke(app, ["status", "--results-dir", str(tmp_path / "results")])
+    assert r.exit_code == 0 and "no studies yet" in r.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_report_on_a_missing_study_in_an_existing_journal_opens_no_tracker(tmp_path, runner):
+    import optuna
+
+    from harness.sweep.storage import make_storage
+
+    results = tmp_path / "results"
+    optuna.create_study(study_name="other", storage=make_storage(None, results))
+    before = snapshot(tmp_path)
+    for args in (["report", "nosuch"], ["worker", "--study", "nosuch"]):
+        r = runner.invoke(app, [*args, "--results-dir", str(results)])
+        assert r.exit_code == 2 and "no study named 'nosuch'" in r.output, r.output
+        assert_nothing_written(tmp_path, before)  # no mlflow.db, no lock files
+
+
+def test_report_refuses_a_traversing_study_argument(tmp_path, runner):
+    r = runner.invoke(app, ["report", "../../x", "--results-dir", str(tmp_path / "r")])
+    assert_clean_failure(r, "study: must be 1-100 letters", tmp_path / "r")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unreachable_postgres_storage_creates_nothing(tmp_path, runner):
+    before = snapshot(tmp_path)
+    r = runner.invoke(
+        app,
+        [
+            "ablate",
+            "experiments/smoke.yaml",
+            "--results-dir",
+            str(tmp_path / "results"),
+            "--storage",
+            "postgresql://u:pw@127.0.0.1:1/db",
+        ],
+    )
+    assert_clean_failure(r, "storage: cannot connect to", tmp_path / "results")
+    assert_nothing_written(tmp_path, before)

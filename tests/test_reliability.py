@@ -94,9 +94,134 @@ def test_checkpoints_are_never_unpickled():
     assert "safetensors" in (ROOT / "harness" / "warmstart.py").read_text()
 
 
-def test_nothing_in_results_is_world_writable(tmp_path):
-    results = tmp_path / "results"
-    r = CliRunner().invoke(app, ["ablate", "experiments/smoke.yaml", "--results-dir", str(results)])
+def test_nothing_in_results_is_world_writable_even_under_umask_000(tmp_path):
+    """A smoke sweep under umask 000 (common in containers) into a results dir that is a symlink
+    to a shared sticky directory: nothing it creates is group/world-writable, and the shared
+    directory, which the harness did not create, keeps its mode (drwxrwxrwt)."""
+    import os
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    link = tmp_path / "results-link"
+    link.symlink_to(shared)
+    results = link / "sub" / "results"  # two levels the harness creates
+    old = os.umask(0)
+    try:
+        r = CliRunner().invoke(
+            app, ["ablate", "experiments/smoke.yaml", "--results-dir", str(results)]
+        )
+    finally:
+        os.umask(old)
     assert r.exit_code == 0, r.output
-    offenders = [p for p in [results, *results.rglob("*")] if p.stat().st_mode & stat.S_IWOTH]
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+    created = list(shared.rglob("*"))
+    assert len(created) > 10  # journal, mlflow.db, artifacts, report, plots
+    offenders = [p for p in created if p.stat().st_mode & (stat.S_IWOTH | stat.S_IWGRP)]
     assert not offenders, offenders
+    assert stat.S_IMODE((shared / "sub").stat().st_mode) == 0o755
+
+
+def test_a_bad_command_never_changes_the_mode_of_a_shared_directory(tmp_path):
+    import os
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    link = tmp_path / "link"
+    link.symlink_to(shared)
+    for target in (shared, link):
+        r = CliRunner().invoke(
+            app,
+            ["ablate", "experiments/smoke.yaml", "--workers", "0", "--results-dir", str(target)],
+        )
+        assert r.exit_code == 2
+        r = CliRunner().invoke(app, ["report", "nosuch", "--results-dir", str(target)])
+        assert r.exit_code == 2
+        from harness.fsutil import ensure_results_dir
+
+        ensure_results_dir(target)  # a usable existing dir: checked, never chmod-ed
+        assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+    assert list(shared.iterdir()) == []
+
+
+REWARDS = """
+def examples():
+    return [{"prompt": f"{i}=", "answer": str(i)} for i in range(40)]
+
+def raises(prompt, completion, answer):
+    return 1 / 0
+
+def text(prompt, completion, answer):
+    return "high"
+
+def nan(prompt, completion, answer):
+    return float("nan")
+
+def good(prompt, completion, answer):
+    return float(completion == answer)
+"""
+
+SMALL = [
+    "--set", "steps=2", "--set", "rollout.prompts_per_step=2", "--set", "rollout.n_samples=2",
+    "--set", "rollout.max_new_tokens=3", "--set", "eval.every=0", "--set", "eval.n_prompts=2",
+    "--set", "tiny.hidden_size=16", "--set", "tiny.num_layers=1", "--set", "tiny.num_heads=2",
+    "--set", "tiny.intermediate_size=16",
+]  # fmt: skip
+
+
+def test_bad_reward_code_in_a_run_is_a_failed_run_with_its_reason(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    module = tmp_path / "rewards.py"
+    module.write_text(REWARDS)
+    results = tmp_path / "results"
+    expect = {
+        "raises": "raised ZeroDivisionError: division by zero",
+        "text": "returned 'high', not a number",
+        "nan": "returned nan, not a finite number",
+    }
+    for func, reason in expect.items():
+        r = CliRunner().invoke(
+            app,
+            ["run", "--set", f"task=python:{module}:{func}", *SMALL, "--results-dir", str(results)],
+        )
+        assert r.exit_code == 1, r.output
+        err = [ln for ln in r.stderr.splitlines() if ln.strip()]  # the progress line, then ours
+        assert err[-1].startswith("error: run FAILED: task 'python:"), err
+        assert reason in err[-1] and "Traceback" not in r.output
+    client = MlflowClient(f"sqlite:///{results / 'mlflow.db'}")
+    runs = client.search_runs(client.get_experiment_by_name("harness-run").experiment_id)
+    assert len(runs) == 3 and {run.info.status for run in runs} == {"FAILED"}
+    reasons = sorted(run.data.tags["run.reason"] for run in runs)
+    for reason in expect.values():
+        assert sum(reason in r for r in reasons) == 1, reasons
+
+
+def test_bad_reward_code_in_a_sweep_fails_its_trials_with_the_reason(tmp_path):
+    module = tmp_path / "rewards.py"
+    module.write_text(REWARDS)
+    doc = yaml.safe_load((ROOT / "experiments" / "smoke.yaml").read_text())
+    doc.update(
+        name="badreward",
+        grid={"task": [f"python:{module}:good", f"python:{module}:raises"]},
+        seeds=1,
+        steps=2,
+    )
+    doc.pop("baseline")
+    exp = tmp_path / "badreward.yaml"
+    exp.write_text(yaml.safe_dump(doc))
+    results = tmp_path / "results"
+    r = CliRunner().invoke(app, ["ablate", str(exp), "--results-dir", str(results)])
+    assert "Traceback" not in r.output
+
+    import optuna
+
+    from harness.sweep.storage import make_storage
+
+    trials = optuna.load_study(study_name="badreward", storage=make_storage(None, results)).trials
+    by_task = {t.user_attrs["cell"].split(":")[-1]: t for t in trials}
+    assert by_task["good"].state.name == "COMPLETE"
+    bad = by_task["raises"]
+    assert bad.state.name == "FAIL" and bad.user_attrs["outcome"] == "error"
+    assert "raised ZeroDivisionError: division by zero" in bad.user_attrs["reason"]

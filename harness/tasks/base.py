@@ -29,6 +29,12 @@ class Example:
     group: str = ""
 
 
+class RewardError(ValueError):
+    """User reward code failed while a run was scoring completions (it raised, or returned
+    something that is not a finite number).  The run ends FAILED with this message as its
+    reason; it is not bad input (the config was valid), so it is not exit code 2."""
+
+
 @runtime_checkable
 class Task(Protocol):
     """A verifiable reward task.
@@ -107,6 +113,7 @@ def position_credit(answer: str, completion: str) -> float:
 __all__ = [
     "HOLDOUT_MODULUS",
     "Example",
+    "RewardError",
     "Task",
     "draw_keys",
     "is_held_out",

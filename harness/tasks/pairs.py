@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from harness.tasks.base import Example, stable_hash
+from harness.tasks.base import Example, RewardError, stable_hash
 
 
 def numeric_or_exact_match(answer: str, completion: str) -> float:
@@ -222,13 +222,23 @@ def python_task(spec: str, target: str, *, eval_fraction: float = 0.1) -> PairTa
     code = _file_digest(source) if source and Path(source).is_file() else ""
 
     def scorer(ex: Example, completion: str) -> float:
-        value = func(ex.prompt, completion, ex.answer)
+        where = (
+            f"task '{spec}': {func_name}(prompt={ex.prompt[:40]!r}, completion={completion[:40]!r})"
+        )
         try:
-            return float(value)
+            value = func(ex.prompt, completion, ex.answer)
+        except Exception as exc:  # user code: any failure ends the run FAILED with this reason
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise RewardError(f"{where} raised {type(exc).__name__}: {first}"[:500]) from exc
+        if isinstance(value, (str, bytes)) or value is None:
+            raise RewardError(f"{where} returned {value!r:.60}, not a number")
+        try:
+            number = float(value)
         except (TypeError, ValueError):
-            raise ValueError(
-                f"task '{spec}': {func_name} returned {value!r}, not a number"
-            ) from None
+            raise RewardError(f"{where} returned {value!r:.60}, not a number") from None
+        if not math.isfinite(number):
+            raise RewardError(f"{where} returned {number}, not a finite number")
+        return number
 
     return PairTask(
         spec, examples, scorer, eval_fraction=eval_fraction, fingerprint=f"{code}:{data}"
