@@ -121,4 +121,3 @@ def test_eager_and_sdpa_kernels_agree(hf_dirs):
     assert torch.allclose(out[0].logprobs, out[1].logprobs, atol=1e-5)
     with pytest.raises(ConfigError, match="attn_implementation"):
         build_run_config({"model_options": {"attn_implementation": "flash"}})
-
