@@ -128,15 +128,17 @@ def curves_from_study(study: str, results_dir: str) -> str:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     st = optuna.load_study(study_name=study, storage=make_storage(None, Path(results_dir)))
-    data = load_study_data(st, make_tracker(None, Path(results_dir)))
+    tracker = make_tracker(None, Path(results_dir))
+    data = load_study_data(st, tracker)
     by: dict[str, dict[str, list[list[float]]]] = {}
     for r in data.runs:
-        if r.status != "completed":
+        if r.status != "completed" or r.run_id is None:
             continue
         t = data.cells[r.cell]["trainer"]
         d = by.setdefault(t, {"eval/reward": [], "objective/reward": []})
-        d["eval/reward"].append([v for v in r.history["eval/reward"] if math.isfinite(v)])
-        rw = r.history["objective/reward"]
+        evals = sorted(tracker.get_metric_history(r.run_id, "eval/reward"))
+        d["eval/reward"].append([v for _, v in evals])
+        rw = [v for _, v in sorted(tracker.get_metric_history(r.run_id, "objective/reward"))]
         d["objective/reward"].append(
             [statistics.mean(rw[i : i + 25]) for i in range(0, len(rw), 25)]
         )

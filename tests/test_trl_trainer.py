@@ -246,6 +246,8 @@ def test_trl_trains_every_builtin_task_in_the_harness_vocabulary(task, tmp_path)
     assert "eval/reward" in seen[1][1] and "eval/reward" in seen[2][1]
     assert "eval/reward" not in seen[0][1]
     assert res.summary["final/eval_accuracy"] == pytest.approx(seen[-1][1]["eval/accuracy"])
+    assert res.summary["final/eval_reward"] == pytest.approx(seen[-1][1]["eval/reward"])
+    assert 0.0 <= res.summary["start/eval_reward"] <= 1.0
     rewards = [m["objective/reward"] for _, m in seen]
     assert res.summary["final/reward_auc"] == pytest.approx(sum(rewards) / 3)
     assert res.tags["trainer"] == "trl"

@@ -184,6 +184,17 @@ def run_trl(
     rs = _State()
     history: dict[str, list[float]] = {}
     eval_examples = task.eval_examples(cfg.eval.n_prompts)
+    # The start that final/eval_reward is compared with, as in the harness loop: the warm-started
+    # policy, greedy, on the same held-out prompts, before any update.
+    start_eval = evaluate(
+        model,
+        tokenizer,
+        task,
+        eval_examples,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        device=device,
+        **sample_kw,
+    )
 
     def record(step: int, metrics: dict[str, float]) -> None:
         for k, v in metrics.items():
@@ -324,6 +335,10 @@ def run_trl(
     summary = summarize_run(history, smooth=5, diverged_step=rs.diverged_step)
     first = [v for v in history.get("objective/reward", [])[:10] if math.isfinite(v)]
     summary["start/reward"] = sum(first) / len(first) if first else math.nan
+    summary["start/eval_reward"] = start_eval["eval/reward"]
+    summary["start/eval_accuracy"] = start_eval["eval/accuracy"]
+    evals = [v for v in history.get("eval/reward", []) if math.isfinite(v)]
+    summary["final/eval_reward"] = evals[-1] if evals else math.nan
     return RunResult(
         status=rs.status,
         reason=rs.reason,
