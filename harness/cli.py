@@ -89,7 +89,9 @@ TrackingUri = Annotated[
     str | None,
     typer.Option(
         "--tracking-uri",
-        help="MLflow tracking URI (default sqlite:///RESULTS/mlflow.db; http(s)://host:port for a server).",
+        envvar="HARNESS_TRACKING_URI",
+        help="MLflow tracking URI (default sqlite:///RESULTS/mlflow.db; http(s)://host:port for a server). "
+        "Also read from $HARNESS_TRACKING_URI, which keeps a password out of the process list.",
     ),
 ]
 
@@ -163,7 +165,9 @@ Storage = Annotated[
     str | None,
     typer.Option(
         "--storage",
-        help="Optuna storage: journal file under RESULTS (default), sqlite:///PATH or postgresql://USER:PASS@HOST:PORT/DB.",
+        envvar="HARNESS_STORAGE",
+        help="Optuna storage: journal file under RESULTS (default), sqlite:///PATH or postgresql://USER:PASS@HOST:PORT/DB. "
+        "Also read from $HARNESS_STORAGE, which keeps a password out of the process list.",
     ),
 ]
 
@@ -291,6 +295,12 @@ def _check_store_urls(storage: str | None, tracking_uri: str | None) -> None:
                 f"--tracking-uri: scheme {scheme or redact_url(tracking_uri)!r} is not supported "
                 "(use sqlite:///PATH, http(s)://HOST:PORT or postgresql://...)"
             )
+        from harness.tracking import check_http_credentials
+
+        try:
+            check_http_credentials(tracking_uri)
+        except ValueError as error:
+            raise ConfigError(f"--{error}".replace("--tracking_uri", "--tracking-uri", 1)) from None
     for flag, url in (("--storage", storage), ("--tracking-uri", tracking_uri)):
         if url is not None and url.startswith("sqlite:///"):
             _check_sqlite_path(flag, url[len("sqlite:///") :])

@@ -101,7 +101,39 @@ def markdown() -> str:
         "|---|---|",
     ]
     lines += [f"| `{k}` | {v} |" for k, v in STEP_METRICS.items()]
+    lines += _trl_section()
     return "\n".join(lines) + "\n"
+
+
+def _trl_section() -> list[str]:
+    """How ``trainer: trl`` fills the same keys from TRL's logs (data in ``trl_map.TRL_METRICS``)."""
+    from harness.trainers.trl_map import TRL_METRICS
+
+    how = {"mean": "mean over the step's optimizer steps", "last": "last optimizer step"}
+    lines = [
+        "",
+        "## `trainer: trl`",
+        "",
+        "A TRL run logs the same keys, once per harness step (one generation cycle of "
+        "`ppo_n_minibatches × ppo_epochs` optimizer steps). From TRL's own logs:",
+        "",
+        "| TRL `GRPOTrainer` log key | harness key | combined as |",
+        "|---|---|---|",
+    ]
+    lines += [f"| `{t}` | `{k}` | {how.get(c, c)} |" for t, (k, c) in TRL_METRICS.items()]
+    lines += [
+        "",
+        "Computed by the harness where TRL computes them (its reward function and "
+        "`_generate_and_score_completions`): `objective/reward`, `objective/reward_std`, "
+        "`rollout/zero_std_groups` (raw task scores), `advantages/*` (token-weighted over the "
+        "completion mask), `perf/*`, `stability/grad_norm_max`, `stability/optimizer_steps`, "
+        "`stability/nonfinite_count`, `eval/*` (the same greedy evaluation). `objective/kl` and "
+        "`rollout/staleness` are 0 (TRL runs have no reference in the reward and no lag); "
+        "`stability/skipped_updates` is 0 (HF's Trainer steps even on a non-finite loss). Not "
+        "logged by TRL, so absent: `policy/approx_kl*`, `policy/ratio_*`, `policy/dual_clipfrac`, "
+        "`policy/behave_*`, `critic/*`.",
+    ]
+    return lines
 
 
 if __name__ == "__main__":

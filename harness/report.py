@@ -667,6 +667,7 @@ th{background:#f3f3f3;text-align:left}
 tr:nth-child(even) td{background:#fafafa}
 td.num{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
 code{background:#f2f2f2;padding:0 .25em;border-radius:3px;font-size:.92em}
+td.label code{white-space:nowrap;font-size:1em}
 pre{background:#f6f6f6;padding:.6em;overflow-x:auto;border-radius:4px}
 figure{margin:1em 0}
 figure img{max-width:100%;height:auto;border:1px solid #eee}
@@ -676,15 +677,21 @@ margin:.3em 0;list-style:none}
 ul.conclusion li{margin:.25em 0}
 """
 
-_INLINE_CODE = re.compile(r"`([^`]+)`")
 _BOLD = re.compile(r"\*\*(.+?)\*\*")
+_ITALIC = re.compile(r"(?<![\w*])\*(?=\S)([^*]+?)(?<=\S)\*(?![\w*])")
 
 
 def _inline_html(text: str) -> str:
-    """Escape text for HTML, then render the two inline marks the report uses: `code`, **bold**."""
-    out = html.escape(text, quote=True)
-    out = _INLINE_CODE.sub(r"<code>\1</code>", out)
-    return _BOLD.sub(r"<strong>\1</strong>", out)
+    """Escape text for HTML, then render the inline marks the report uses: `code`, **bold**,
+    *italic* (code spans first, so a `*` inside code stays literal)."""
+    parts = re.split(r"(`[^`]+`)", html.escape(text, quote=True))
+    out = []
+    for part in parts:
+        if part.startswith("`") and part.endswith("`") and len(part) > 1:
+            out.append(f"<code>{part[1:-1]}</code>")
+        else:
+            out.append(_ITALIC.sub(r"<em>\1</em>", _BOLD.sub(r"<strong>\1</strong>", part)))
+    return "".join(out)
 
 
 def _md_cell(text: str) -> str:
@@ -737,6 +744,7 @@ class _Doc:
             for j, c in enumerate(r):
                 inner = f"<code>{html.escape(c)}</code>" if j == code_col and c else _inline_html(c)
                 cls = ' class="num"' if c and j != code_col and _NUMERIC.match(c) else ""
+                cls = ' class="label"' if j == code_col else cls  # a cell label: one line
                 tds.append(f"<td{cls}>{inner}</td>")
             body.append("<tr>" + "".join(tds) + "</tr>")
         self.html.append(
@@ -948,6 +956,7 @@ SUMMARY_COLUMNS = (
     ("start/eval_reward", "start eval reward"),
     ("final/eval_reward", "final eval reward"),
     ("stability/entropy_ratio", "entropy end/start"),
+    ("stability/mean_approx_kl", "mean KL"),
     ("stability/max_approx_kl", "max KL"),
     ("stability/kl_spikes", "KL spikes"),
     ("stability/grad_norm_spikes", "grad-norm spikes"),
@@ -1012,7 +1021,10 @@ def _fit_section(doc: _Doc, fits: Sequence[CurveFitRow]) -> None:
 def _fixed_section(doc: _Doc, data: StudyData) -> None:
     doc.heading(2, "What was held fixed")
     varied = _varied_keys(data)
-    flat = [(k, _value_str(v)) for k, v in _flatten(data.base_config).items() if k not in varied]
+    base = _flatten(data.base_config)
+    if "steps" in base:  # every run used the study's steps, not the base config's
+        base["steps"] = data.steps
+    flat = [(k, _value_str(v)) for k, v in base.items() if k not in varied]
     doc.para(
         "The base configuration every cell starts from, flattened; keys a cell overrides "
         f"({', '.join(_code(k) for k in sorted(varied)) or 'none'}) are listed under "

@@ -48,7 +48,10 @@ def finish_tracked_run(tracker: Tracker, rid: str, result: RunResult) -> None:
     final = {k: v for k, v in result.summary.items() if isinstance(v, float) and math.isfinite(v)}
     final["final/steps_done"] = float(result.steps_done)
     final["final/wall_time"] = result.wall_time
-    tracker.log_metrics(rid, final, step=max(result.steps_done - 1, 0))
+    # Run-level values, logged once at step 0 as MLflow's own summaries are: the runs table
+    # lists them as columns and the chart view compares them as bars (at the last step they
+    # charted as lone dots on a line chart).
+    tracker.log_metrics(rid, final, step=0)
     tags = {**result.tags, "run.status": result.status}
     if result.reason:
         tags["run.reason"] = result.reason

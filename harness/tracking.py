@@ -144,6 +144,10 @@ class Tracker(Protocol):
         """Return the run's status, params and tags (flushes first)."""
         ...
 
+    def set_experiment_tags(self, experiment: str, tags: Mapping[str, Any]) -> None:
+        """Set tags on the experiment (created if missing): its description, saved UI views."""
+        ...
+
 
 # --------------------------------------------------------------------------------------------
 # Shared preparation: both backends must accept and reject exactly the same inputs.
@@ -232,6 +236,7 @@ class MemoryTracker:
 
     def __init__(self) -> None:
         self.runs: dict[str, MemoryRun] = {}
+        self.experiment_tags: dict[str, dict[str, str]] = {}
         self._lock = threading.Lock()
 
     def start_run(
@@ -324,6 +329,15 @@ class MemoryTracker:
                 dict(run.params),
                 dict(run.tags),
             )
+
+    def set_experiment_tags(self, experiment: str, tags: Mapping[str, Any]) -> None:
+        prepared = _prepare_tags(tags)
+        with self._lock:
+            self.experiment_tags.setdefault(experiment, {}).update(prepared)
+
+    def get_experiment_tags(self, experiment: str) -> dict[str, str]:
+        with self._lock:
+            return dict(self.experiment_tags.get(experiment, {}))
 
     def _run(self, run_id: str) -> MemoryRun:
         try:
@@ -508,6 +522,16 @@ class MlflowTracker:
     def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
         self._call(self._client.log_text, run_id, redact_text(text), artifact_file)
 
+    def set_experiment_tags(self, experiment: str, tags: Mapping[str, Any]) -> None:
+        experiment_id = self._experiment_id(experiment)
+        for key, value in _prepare_tags(tags).items():
+            self._call(self._client.set_experiment_tag, experiment_id, key, value)
+
+    def get_experiment_tags(self, experiment: str) -> dict[str, str]:
+        """The experiment's tags (empty if it does not exist)."""
+        exp = self._call(self._client.get_experiment_by_name, experiment)
+        return dict(exp.tags) if exp is not None else {}
+
     # -- metrics ------------------------------------------------------------------------------
 
     def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int) -> None:
@@ -678,6 +702,7 @@ def make_tracker(
             f"tracking_uri: scheme '{shown}' is not supported "
             "(use sqlite:///PATH, http(s)://HOST:PORT, postgresql://...)"
         )
+    check_http_credentials(uri)
     if check and scheme != "sqlite":
         reason = _probe(uri, scheme)
         if reason is not None:
@@ -687,8 +712,41 @@ def make_tracker(
     return MlflowTracker(uri, **kwargs)
 
 
+CREDENTIAL_ENV = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+
+
+def check_http_credentials(uri: str) -> None:
+    """Refuse ``http(s)://user:pass@host``: MLflow's REST client (urllib/requests) cannot log in
+    with credentials in the URL, and a URL is printed, logged and seen in process lists.
+    MLflow's own environment variables carry them instead.
+
+    Raises:
+        ValueError: naming the variables to use, with the password redacted.
+    """
+    parts = urlsplit(uri)
+    if parts.scheme in ("http", "https") and (parts.username or parts.password):
+        raise ValueError(
+            f"tracking_uri: {redact_url(uri)} has credentials in the URL, which MLflow cannot use; "
+            f"give the URL without them and set {CREDENTIAL_ENV[0]} and {CREDENTIAL_ENV[1]} "
+            "(or MLFLOW_TRACKING_TOKEN) in the environment"
+        )
+
+
+def _auth_headers() -> dict[str, str]:
+    """The Authorization header MLflow's client sends, from the same environment variables."""
+    import base64
+
+    user, password = (os.environ.get(k) for k in CREDENTIAL_ENV)
+    if user and password:
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        return {"Authorization": f"Basic {token}"}
+    if os.environ.get("MLFLOW_TRACKING_TOKEN"):
+        return {"Authorization": f"Bearer {os.environ['MLFLOW_TRACKING_TOKEN']}"}
+    return {}
+
+
 def _probe(uri: str, scheme: str, timeout: float = 5.0) -> str | None:
-    """Return why the store at ``uri`` cannot be reached, or None if it answers."""
+    """Return why the store at ``uri`` cannot be reached or refuses us, or None if it answers."""
     if scheme == "postgresql":
         from harness.sweep.storage import database_connect_error
 
@@ -696,14 +754,33 @@ def _probe(uri: str, scheme: str, timeout: float = 5.0) -> str | None:
     import urllib.error
     import urllib.request
 
+    base = uri.rstrip("/")
     try:
-        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout):
-            return None
+        with urllib.request.urlopen(f"{base}/health", timeout=timeout):
+            pass
     except urllib.error.HTTPError as error:  # it answered, so it is reachable
-        return None if error.code < 500 else f"HTTP {error.code}"
+        if error.code >= 500:
+            return f"HTTP {error.code}"
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
         return redact_text(str(reason))
+    # /health needs no login; an API call does, on a server with authentication.
+    request = urllib.request.Request(
+        f"{base}/api/2.0/mlflow/experiments/search?max_results=1", headers=_auth_headers()
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout):
+            return None
+    except urllib.error.HTTPError as error:
+        if error.code in (401, 403):
+            given = "were refused" if _auth_headers() else "are required"
+            return (
+                f"HTTP {error.code}: credentials {given}; set {CREDENTIAL_ENV[0]} and "
+                f"{CREDENTIAL_ENV[1]}"
+            )
+        return None  # an old or unusual server: MLflow's own client will say more
+    except (urllib.error.URLError, OSError) as error:
+        return redact_text(str(getattr(error, "reason", error)))
 
 
 __all__ = [

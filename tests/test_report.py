@@ -490,3 +490,9 @@ def test_summary_columns_vary_across_cells(study: StudyData) -> None:
         by["baseline"][col["entropy end/start"]]
     )
     assert "high-clip steps" not in header  # absolute clip>0.2 count: 0 in most CPU-scale runs
+    # The KL level (what separated the default cells: median |KL| 0.17 clipped vs 1.15 unclipped,
+    # with no 5x departures in either) is its own column.
+    # baseline: kl 0.01, 20x at 1.2 steps per run of 60 -> 0.01 * (1 + 19 * 1.2 / 60) = 0.0138
+    assert float(by["baseline"][col["mean KL"]]) == pytest.approx(0.0138, rel=0.05)
+    assert float(by["c_clip=3"][col["mean KL"]]) == pytest.approx(0.01, rel=0.05)
+    assert by["minibatches=1"][col["mean KL"]] == "0"

@@ -94,6 +94,16 @@ def test_start_run_records_name_parent_and_tags(tracker: Tracker, experiment: st
     assert tracker.get_run(parent).parent_run_id is None
 
 
+def test_experiment_tags_are_set_redacted_and_overwritten(
+    tracker: Tracker, experiment: str
+) -> None:
+    tracker.set_experiment_tags(experiment, {"mlflow.note.content": "first", "k": SECRET_URL})
+    tracker.set_experiment_tags(experiment, {"mlflow.note.content": "second"})
+    tags = tracker.get_experiment_tags(experiment)  # type: ignore[attr-defined]
+    assert tags["mlflow.note.content"] == "second"
+    assert tags["k"] == redact_url(SECRET_URL) and "s3cret" not in tags["k"]
+
+
 def test_params_are_flattened_stringified_truncated(tracker: Tracker, experiment: str) -> None:
     run_id = tracker.start_run(experiment=experiment, run_name="r")
     many = {f"k{i}": i for i in range(150)}  # more than one 100-param batch
@@ -350,15 +360,22 @@ def test_make_tracker_rejects_other_schemes(uri: str, scheme: str, tmp_results: 
 
 
 @pytest.mark.parametrize(
-    "uri", ["postgresql://alice:s3cret-pw@127.0.0.1:1/db", "http://alice:s3cret-pw@127.0.0.1:1"]
+    ("uri", "expected"),
+    [
+        ("postgresql://alice:s3cret-pw@127.0.0.1:1/db", r"cannot connect to .*alice:\*\*\*@"),
+        ("http://127.0.0.1:1", r"cannot connect to http://127.0.0.1:1 "),
+        # urllib cannot log in with credentials in the URL: MLflow's variables carry them
+        (
+            "http://alice:s3cret-pw@127.0.0.1:1",
+            r"http://alice:\*\*\*@.*set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD",
+        ),
+    ],
 )
 def test_make_tracker_unreachable_store_fails_fast_and_redacted(
-    uri: str, tmp_results: Path
+    uri: str, expected: str, tmp_results: Path
 ) -> None:
     began = time.perf_counter()
-    with pytest.raises(
-        ValueError, match=r"tracking_uri: cannot connect to .*alice:\*\*\*@"
-    ) as error:
+    with pytest.raises(ValueError, match=r"^tracking_uri: " + expected) as error:
         make_tracker(uri, tmp_results)
     assert "s3cret-pw" not in str(error.value)
     assert time.perf_counter() - began < 6

@@ -246,6 +246,8 @@ def test_trl_trains_every_builtin_task_in_the_harness_vocabulary(task, tmp_path)
     assert "eval/reward" in seen[1][1] and "eval/reward" in seen[2][1]
     assert "eval/reward" not in seen[0][1]
     assert res.summary["final/eval_accuracy"] == pytest.approx(seen[-1][1]["eval/accuracy"])
+    assert res.summary["final/eval_reward"] == pytest.approx(seen[-1][1]["eval/reward"])
+    assert 0.0 <= res.summary["start/eval_reward"] <= 1.0
     rewards = [m["objective/reward"] for _, m in seen]
     assert res.summary["final/reward_auc"] == pytest.approx(sum(rewards) / 3)
     assert res.tags["trainer"] == "trl"
@@ -300,6 +302,57 @@ def test_trl_honours_should_stop_and_reaches_the_tracker(tmp_path):
     assert run.status == "KILLED"
     assert [s for s, _ in run.metrics["objective/reward"]] == [0, 1]
     assert run.params["trainer"] == "trl" and run.tags["trainer"] == "trl"
+
+
+def test_both_trainers_share_one_warm_start(tmp_path):
+    over = {"warm_start.steps": 10, "steps": 1}
+    h = train(cfg(trainer="harness", **over), results_dir=tmp_path)
+    t = train(cfg(**over), results_dir=tmp_path)
+    assert h.tags["warm_start.cache_key"] == t.tags["warm_start.cache_key"] != ""
+    entries = {f.name.split(".")[0] for f in (tmp_path / "warmstart").iterdir()}
+    assert entries == {h.tags["warm_start.cache_key"]}
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"model_options.dtype": "bfloat16"},
+        {"model_options.gradient_checkpointing": True},
+        {"model_options.lora": {"r": 4}},
+    ],
+    ids=["bf16", "grad-ckpt", "lora"],
+)
+def test_model_options_pass_through_on_cpu(over, tmp_path):
+    c = cfg(**over, steps=2)
+    kw = grpo_kwargs(c)
+    assert kw["bf16"] == ("model_options.dtype" in over)
+    assert kw["gradient_checkpointing"] == ("model_options.gradient_checkpointing" in over)
+    res = train(c, results_dir=tmp_path)
+    assert res.status == "completed" and res.steps_done == 2, res.reason
+    assert all(math.isfinite(v) for v in res.history["policy/entropy"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "over",
+    [{}, {"model_options.dtype": "bfloat16"}, {"model_options.lora": {"r": 8}}],
+    ids=["fp32", "bf16", "lora"],
+)
+def test_trl_trains_on_cuda(over, tmp_path):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    c = cfg(**over, device="cuda", steps=3, **{"warm_start.steps": 20})
+    res = train(c, results_dir=tmp_path)
+    assert res.status == "completed" and res.steps_done == 3, res.reason
+    assert all(math.isfinite(v) for v in res.history["policy/entropy"])
+    assert 0.0 <= res.summary["final/eval_accuracy"] <= 1.0
+    h = train(
+        cfg(**over, device="cuda", steps=1, trainer="harness", **{"warm_start.steps": 20}),
+        results_dir=tmp_path,
+    )
+    assert h.tags["warm_start.cache_key"] == res.tags["warm_start.cache_key"]
 
 
 # ---------------------------------------------------------------- sweeps

@@ -45,6 +45,7 @@ def spec_payload(
         "base": resolved_base(spec),
         "axes": spec.axes,
         "cells": {c.label: c.overrides for c in spec.cells},
+        "choices": {c.label: c.choice for c in spec.cells},  # axis -> value, for trial params
         "seeds": spec.seeds,
         "steps": spec.steps,
         "metric": spec.metric,
@@ -100,6 +101,9 @@ def open_study(
         )
         study.set_user_attr(HASH_ATTR, grid_hash)
     payload = spec_payload(spec, tracking_uri=tracking_uri, max_retries=max_retries)
+    from harness.sweep.dashboard import name_objective
+
+    name_objective(study, spec.metric)
 
     # One MLflow parent run per study; a resume reuses it.
     parent = study.user_attrs.get(PARENT_ATTR)

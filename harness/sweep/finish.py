@@ -27,16 +27,19 @@ def finish_study(
     expected = len(payload["cells"]) * len(payload["seeds"])
     finished = sum(1 for r in data.runs if r.status in ("completed", "diverged"))
     console = wide_console()
+    parent = payload.get("parent_run_id")
     if finished:
         rows = ranking(data)
         console.print(render_ranking_table(rows, data))
-    parent = payload.get("parent_run_id")
+        if parent:
+            _label_in_mlflow(tracker, payload, parent, rows)
     if write_report and finished:
         out_dir = results_dir / study.study_name
         files = build_report(data, out_dir)
         console.print(f"report: {files.markdown} and {files.html}")
         if parent:
-            tracker.log_artifact(parent, files.markdown, "report")
+            # Only the HTML: MLflow shows markdown as plain text, so the report's images would
+            # appear as literal `![...](plots/...)`; the HTML embeds them and MLflow renders it.
             tracker.log_artifact(parent, files.html, "report")
             for png in files.pngs:
                 tracker.log_artifact(parent, png, "report/plots")
@@ -47,3 +50,16 @@ def finish_study(
             tracker.end_run(parent, "FINISHED" if complete else "KILLED")
     tracker.flush()
     return complete
+
+
+def _label_in_mlflow(tracker: Any, payload: dict[str, Any], parent: str, rows: Any) -> None:
+    """The experiment's description and saved cell view; the ranking on the parent run."""
+    from harness.sweep.mlflow_view import experiment_tags, ranking_metrics, ranking_note
+
+    description = str(payload.get("description") or "")
+    metric, direction = payload["metric"], payload.get("direction", "maximize")
+    tracker.set_experiment_tags(
+        payload["experiment"], experiment_tags(description, metric, direction)
+    )
+    tracker.log_metrics(parent, ranking_metrics(rows), step=0)
+    tracker.set_tags(parent, {"mlflow.note.content": ranking_note(rows, metric, description)})

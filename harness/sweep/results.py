@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from harness.studydata import RunData, StudyData
+from harness.sweep.dashboard import summary_from_attrs
 from harness.sweep.worker import SPEC_ATTR
 
 # Step metrics the report plots (one tracker query per run and key).
@@ -72,7 +73,7 @@ def load_study_data(study: Any, tracker: Any | None, *, command: str = "") -> St
         ),
     ):
         ua = t.user_attrs
-        summary = json.loads(ua.get("summary", "{}"))
+        summary = summary_from_attrs(ua)
         run_id = ua.get("run_id")
         history = _history(tracker, run_id, steps) if (tracker is not None and run_id) else {}
         wall = float(ua.get("wall_time", math.nan))

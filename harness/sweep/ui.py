@@ -1,27 +1,75 @@
-"""`harness ui`: the MLflow UI and optuna-dashboard for this project's stores, on 127.0.0.1."""
+"""`harness ui`: the MLflow UI and optuna-dashboard for this project's stores, on 127.0.0.1.
+
+Secrets never go on a command line. A store URL may carry a password
+(``postgresql://user:PASS@host/db``), and every local user can read any process's argv in
+``/proc/<pid>/cmdline``; the environment (``/proc/<pid>/environ``) is readable by the owner
+only. So the MLflow server gets its store through ``MLFLOW_BACKEND_STORE_URI`` (an option
+``mlflow server`` reads from the environment) and optuna-dashboard is started through
+:func:`serve_dashboard` (``python -m harness.sweep.ui``), which reads the storage from
+``HARNESS_DASHBOARD_STORAGE`` and pins ``postgresql://`` to the installed psycopg2 driver (plain
+``optuna-dashboard postgresql://...`` dies with "Failed to import DB access module" under
+SQLAlchemy 2.1, whose default PostgreSQL driver is psycopg 3).
+
+The servers run in their own sessions and are stopped, whole process groups, on every exit
+path: normal return, Ctrl-C, SIGTERM, SIGHUP, an exception; and, if ``harness ui`` itself is
+SIGKILLed, the kernel sends each server SIGTERM (``PR_SET_PDEATHSIG``).
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from harness.redact import redact_url
 
+STORAGE_ENV = "HARNESS_DASHBOARD_STORAGE"
+# MLflow 3 starts a job runner and 7 huey consumers unless told not to: 13 processes and about
+# 2.7 GB, against 2 processes and about 490 MB with job execution off (measured on 3.17).
+MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+# The MLflow 3 UI opens an experiment in its GenAI view (traces) unless asked for the
+# "Model training" one, where runs, grouping and charts live.
+ML_VIEW = "workflowType=machine_learning"
+START_TIMEOUT_S = 180
 
-def _commands(
+
+@dataclass
+class Server:
+    """One server to start: its argv holds no secret; ``env`` (added to ours) may."""
+
+    name: str
+    argv: list[str]
+    url: str
+    env: dict[str, str] = field(default_factory=dict)
+
+    def shown(self) -> str:
+        """The command as printed: environment first, any password redacted."""
+        env = " ".join(f"{k}={redact_url(v)}" for k, v in self.env.items())
+        return f"{env} {' '.join(self.argv)}".strip()
+
+
+def _servers(
     host: str,
     port: int,
     dashboard_port: int,
     storage: str | None,
     tracking_uri: str | None,
     results_dir: Path,
-) -> list[tuple[str, list[str]]]:
-    from harness.sweep.storage import JOURNAL_FILE
+) -> list[Server]:
+    from harness.sweep.storage import JOURNAL_FILE, sqlalchemy_url
     from harness.tracking import default_tracking_uri
 
     uri = tracking_uri or default_tracking_uri(results_dir)
@@ -31,19 +79,17 @@ def _commands(
         if (bindir / "mlflow").exists()
         else (shutil.which("mlflow") or "mlflow")
     )
-    cmds: list[tuple[str, list[str]]] = []
+    servers: list[Server] = []
     if uri.startswith(("http://", "https://")):
         typer.echo(f"MLflow tracking server already at {redact_url(uri)}: open it in a browser")
     else:
-        # `mlflow server --workers 1`: the default starts many processes (~3 GB).
-        cmds.append(
-            (
+        # `--workers 1`: the default starts 4 uvicorn workers for a UI that one person reads.
+        servers.append(
+            Server(
                 "mlflow",
                 [
                     mlflow_bin,
                     "server",
-                    "--backend-store-uri",
-                    uri,
                     "--host",
                     host,
                     "--port",
@@ -53,21 +99,31 @@ def _commands(
                     "--default-artifact-root",
                     str((results_dir / "mlartifacts").resolve()),
                 ],
+                f"http://{host}:{port}",
+                {"MLFLOW_BACKEND_STORE_URI": sqlalchemy_url(uri), **MLFLOW_SERVER_ENV},
             )
         )
-    dash_bin = (
-        str(bindir / "optuna-dashboard")
-        if (bindir / "optuna-dashboard").exists()
-        else shutil.which("optuna-dashboard")
-    )
     store = storage or str((results_dir / JOURNAL_FILE).resolve())
-    if dash_bin:
-        cmds.append(
-            ("optuna-dashboard", [dash_bin, store, "--host", host, "--port", str(dashboard_port)])
+    if importlib.util.find_spec("optuna_dashboard") is not None:
+        servers.append(
+            Server(
+                "optuna-dashboard",
+                [
+                    sys.executable,
+                    "-m",
+                    "harness.sweep.ui",
+                    "--host",
+                    host,
+                    "--port",
+                    str(dashboard_port),
+                ],
+                f"http://{host}:{dashboard_port}",
+                {STORAGE_ENV: store},
+            )
         )
     else:
         typer.echo("optuna-dashboard is not installed (pip install optuna-dashboard) — skipping it")
-    return cmds
+    return servers
 
 
 def ui(
@@ -80,26 +136,185 @@ def ui(
     tracking_uri: str | None,
     results_dir: Path,
 ) -> None:
-    cmds = _commands(host, port, dashboard_port, storage, tracking_uri, results_dir)
-    for name, argv in cmds:
-        typer.echo(f"{name}: " + " ".join(redact_url(a) if "://" in a else a for a in argv))
+    servers = _servers(host, port, dashboard_port, storage, tracking_uri, results_dir)
+    for s in servers:
+        typer.echo(f"{s.name}: {s.shown()}")
     if not start:
+        for s in servers:
+            if s.name == "mlflow":
+                typer.echo(f"then open {s.url}/#/experiments?{ML_VIEW} (the runs view)")
         return
-    procs = [subprocess.Popen(argv) for _, argv in cmds]
-    typer.echo(
-        f"MLflow UI: http://{host}:{port}   optuna-dashboard: http://{host}:{dashboard_port}   (Ctrl-C stops both)"
-    )
+    names = " and ".join(s.name for s in servers)
+    typer.echo(f"starting {names}, this can take a minute...")
+    with _running(servers) as procs:
+        for s, p in zip(servers, procs, strict=True):
+            if _wait_ready(s, p):
+                for line in _landing_urls(s):
+                    typer.echo(f"{s.name}: {line}")
+        typer.echo("Ctrl-C stops both")
+        _supervise(servers, procs)
+
+
+def _landing_urls(server: Server) -> list[str]:
+    """The pages to open: each experiment's runs (MLflow) or each study (optuna-dashboard)."""
+    if server.name != "mlflow":
+        return [f"{server.url}/dashboard"]
     try:
-        while all(p.poll() is None for p in procs):
+        req = urllib.request.Request(
+            f"{server.url}/api/2.0/mlflow/experiments/search",
+            data=json.dumps({"max_results": 100}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            experiments = json.loads(r.read()).get("experiments", [])
+    except (OSError, ValueError):
+        experiments = []
+    from harness.sweep.mlflow_view import VIEW_KEY
+
+    urls = []
+    for e in experiments:
+        if e.get("name") == "Default":
+            continue
+        tags = {t["key"]: t.get("value") for t in e.get("tags", [])}
+        view = VIEW_KEY if f"mlflow.sharedViewState.{VIEW_KEY}" in tags else None
+        urls.append(f"{experiment_url(server.url, e['experiment_id'], view)}   ({e['name']})")
+    return urls or [f"{server.url}/#/experiments?{ML_VIEW}"]
+
+
+def experiment_url(base: str, experiment_id: str, view: str | None = None) -> str:
+    """The MLflow 3 page of an experiment's runs (not its GenAI traces view); with ``view``, the
+    saved view of that name (a sweep's: children grouped by cell, its metric as a column)."""
+    url = f"{base}/#/experiments/{experiment_id}/runs?{ML_VIEW}"
+    return f"{url}&viewStateShareKey={view}" if view else url
+
+
+def _wait_ready(server: Server, proc: subprocess.Popen[bytes]) -> bool:
+    """Wait until the server answers HTTP; False if it exited or never answered."""
+    probe = f"{server.url}/health" if server.name == "mlflow" else f"{server.url}/api/studies"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(probe, timeout=2):
+                return True
+        except OSError:
             time.sleep(0.5)
-    except KeyboardInterrupt:
+    return False
+
+
+def _supervise(servers: list[Server], procs: list[subprocess.Popen[bytes]]) -> None:
+    """Run until every server has exited; one that dies does not take the other down."""
+    reported: set[int] = set()
+    while True:
+        for i, (s, p) in enumerate(zip(servers, procs, strict=True)):
+            code = p.poll()
+            if code is not None and i not in reported:
+                reported.add(i)
+                typer.echo(f"{s.name} exited with code {code}", err=True)
+        if len(reported) == len(procs):
+            return
+        time.sleep(0.5)
+
+
+class _Stop(Exception):
+    """Raised in the main thread by SIGTERM/SIGHUP so that the servers are stopped."""
+
+
+@contextmanager
+def _running(servers: list[Server]) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Start the servers; stop them (process groups) however the block is left."""
+
+    def stop_signal(signum: int, frame: Any) -> None:
+        raise _Stop(signum)
+
+    old = {sig: signal.signal(sig, stop_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for s in servers:
+            procs.append(
+                subprocess.Popen(
+                    s.argv,
+                    env={**os.environ, **s.env},
+                    start_new_session=True,  # its own group: stopped whole, not by our Ctrl-C
+                    preexec_fn=_die_with_parent,
+                )
+            )
+        yield procs
+    except (KeyboardInterrupt, _Stop):
         pass
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        # Further signals must not interrupt the cleanup itself.
+        for sig in old:
+            signal.signal(sig, signal.SIG_IGN)
+        _stop_all(procs)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _stop_all(procs: list[subprocess.Popen[bytes]], grace: float = 10.0) -> None:
+    for p in procs:
+        _signal_group(p, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        # Workers the server forked may outlive it; the group goes in any case.
+        _signal_group(p, signal.SIGKILL)
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _signal_group(p: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        os.killpg(p.pid, sig)  # start_new_session made the server its group's leader
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when ``harness ui`` dies, even by SIGKILL."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+        except (OSError, AttributeError):
+            pass
+
+
+def serve_dashboard(host: str, port: int) -> None:
+    """optuna-dashboard over the storage named in ``$HARNESS_DASHBOARD_STORAGE``.
+
+    A journal file path, ``sqlite:///PATH`` or ``postgresql://...`` (pinned to psycopg2).
+    """
+    import optuna
+    import optuna_dashboard
+
+    from harness.sweep.storage import sqlalchemy_url
+
+    url = os.environ.get(STORAGE_ENV, "")
+    if not url:
+        raise SystemExit(f"{STORAGE_ENV} is not set")
+    storage: optuna.storages.BaseStorage
+    if "://" in url:
+        storage = optuna.storages.RDBStorage(sqlalchemy_url(url))
+    else:
+        from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
+
+        backend = JournalFileBackend(url, lock_obj=JournalFileSymlinkLock(url))
+        storage = optuna.storages.JournalStorage(backend)
+    optuna_dashboard.run_server(storage, host=host, port=port)
+
+
+if __name__ == "__main__":  # pragma: no cover - run by `harness ui --start`
+    import argparse
+
+    parser = argparse.ArgumentParser(description="optuna-dashboard over $" + STORAGE_ENV)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    args = parser.parse_args()
+    serve_dashboard(args.host, args.port)

@@ -98,6 +98,9 @@ def run_trial(
 
     attrs = with_retries(lambda: study._storage.get_trial(trial._trial_id)).user_attrs
     cell, seed = attrs["cell"], int(attrs["seed"])
+    from harness.sweep.dashboard import label_trial, summary_attrs
+
+    label_trial(study, trial._trial_id, spec_dict, cell, seed)  # params for optuna-dashboard
     overrides = spec_dict["cells"][cell]
     data = apply_overrides(
         spec_dict["base"], {**overrides, "seed": seed, "steps": spec_dict["steps"]}
@@ -177,7 +180,8 @@ def run_trial(
         trial.set_user_attr("outcome", outcome)
         trial.set_user_attr("reason", result.reason)
         trial.set_user_attr("run_id", rid)
-        trial.set_user_attr("summary", json.dumps(summary))
+        for key, val in summary_attrs(summary).items():  # one attribute each, not a JSON blob
+            trial.set_user_attr(key, val)
         trial.set_user_attr("inert_clip", result.inert_clip)
         trial.set_user_attr("wall_time", time.time() - t0)
         if outcome == "completed" and math.isfinite(value):

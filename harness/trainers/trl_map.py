@@ -161,7 +161,12 @@ TRL_MAPPING: tuple[MapRow, ...] = (
     MapRow("rollout.top_p", "top_p", "exact", "nucleus threshold; top_k = 0 (off) as the harness"),
     MapRow("optim.lr", "learning_rate", "exact", "AdamW learning rate"),
     MapRow("optim.beta1 / beta2", "adam_beta1 / adam_beta2", "exact", "AdamW betas"),
-    MapRow("optim.weight_decay", "weight_decay", "exact", "AdamW weight decay"),
+    MapRow(
+        "optim.weight_decay",
+        "weight_decay",
+        "approx",
+        "AdamW weight decay; HF exempts biases and norm weights, the harness decays all",
+    ),
     MapRow(
         "optim.schedule",
         "lr_scheduler_type",
@@ -179,12 +184,56 @@ TRL_MAPPING: tuple[MapRow, ...] = (
         "seed", "seed", "approx", "same model init, prompts and warm start; TRL's own sampler RNG"
     ),
     MapRow("steps", "max_steps", "exact", "max_steps = steps × ppo_n_minibatches × ppo_epochs"),
-    MapRow("bf16", "bf16", "exact", "CUDA only (pass-through)"),
+    MapRow(
+        "model_options.dtype (bf16)",
+        "bf16",
+        "approx",
+        "bfloat16 autocast with float32 master weights (pass-through); HF autocasts TRL's "
+        "training forward, the harness also its sampler",
+    ),
+    MapRow(
+        "model_options.gradient_checkpointing",
+        "gradient_checkpointing",
+        "exact",
+        "pass-through (applied before the warm start, as the harness loop does)",
+    ),
+    MapRow(
+        "model_options.lora",
+        "(peft model)",
+        "exact",
+        "the harness wraps the model with the same peft LoRA before the warm start; TRL trains "
+        "the adapters it is handed (no peft_config needed)",
+    ),
+    MapRow(
+        "-", "use_vllm", "none", "the harness config has no vLLM field; TRL runs use_vllm=False"
+    ),
+    MapRow("rollout.max_prompt_tokens", "-", "none", "TRL 1.16 has no prompt truncation; use null"),
+    MapRow("rollout.chat_template", "-", "must", "none (plain-text prompts) only"),
     MapRow("device", "use_cpu", "exact", "cpu → use_cpu = true; cuda → the accelerator's device"),
 )
 
+# TRL's per-optimizer-step log key → (harness key, how one step's cycle of logs combines).
+# Keys TRL does not log (policy/approx_kl, ratio stats, ...) stay absent (NaN) for TRL runs.
+TRL_METRICS: dict[str, tuple[str, str]] = {
+    "entropy": ("policy/entropy", "mean"),
+    "clip_ratio/low_mean": ("policy/clipfrac_low", "mean"),
+    "clip_ratio/high_mean": ("policy/clipfrac_high", "mean"),
+    "clip_ratio/region_mean": ("policy/clipfrac", "mean"),
+    "cispo_clip_ratio": ("policy/clipfrac_high", "mean"),
+    "loss": ("policy/loss", "mean"),  # HF's training loss: the policy loss (+ entropy term)
+    "grad_norm": ("stability/grad_norm", "mean"),
+    "learning_rate": ("optim/lr", "last"),
+    "completions/mean_length": ("rollout/response_length", "mean"),
+    "completions/clipped_ratio": ("rollout/truncated_frac", "mean"),
+}
+
+
 # TRL's fixed group/batch std epsilon (``advantages / (std_rewards + 1e-4)``).
 TRL_STD_EPS = 1e-4
+
+
+def _model_opt(cfg: Any, name: str, default: Any) -> Any:
+    return getattr(getattr(cfg, "model_options", None), name, default)
 
 
 def _policy_loss(cfg: Any) -> str:
@@ -246,6 +295,10 @@ def trl_problems(cfg: Any) -> list[tuple[str, str]]:
         out.append(("ppo.loss_agg_mode", "TRL's sapo loss is seq-mean-token-mean only"))
     elif pl not in ("ppo", "cispo", "sapo"):
         out.append(("ppo.policy_loss", f"TRL has no loss_type for {pl!r} (ppo, cispo, sapo)"))
+    if getattr(r, "max_prompt_tokens", None) is not None:
+        out.append(
+            ("rollout.max_prompt_tokens", "TRL 1.16's GRPOTrainer does not truncate prompts")
+        )
     if r.n_samples < 2:
         out.append(("rollout.n_samples", "TRL's GRPOTrainer needs at least 2 samples per prompt"))
     batch = r.prompts_per_step * r.n_samples
@@ -274,6 +327,8 @@ def approximations(cfg: Any) -> list[str]:
         out.append("dr_grpo divides by max_completion_length (harness: padded minibatch width)")
     if p.entropy_coef:
         out.append("entropy bonus averaged per micro-batch")
+    if cfg.optim.weight_decay:
+        out.append("weight decay skips biases and norm weights (HF)")
     return out
 
 
@@ -324,7 +379,11 @@ def grpo_kwargs(cfg: Any, *, strict: bool = True) -> dict[str, Any]:
         "max_grad_norm": o.grad_clip if o.grad_clip is not None else 0.0,
         "max_steps": cfg.steps * p.ppo_n_minibatches * p.ppo_epochs,
         "seed": cfg.seed,
-        "bf16": bool(cfg.bf16 and cfg.device != "cpu"),
+        # GPU-side options the harness config has (pass-throughs): bf16 autocast with float32
+        # master weights is HF's bf16=True; gradient checkpointing is applied to the model
+        # before the warm start (as in the harness loop) and named here for TRL's own setup.
+        "bf16": _model_opt(cfg, "dtype", "float32") == "bfloat16",
+        "gradient_checkpointing": bool(_model_opt(cfg, "gradient_checkpointing", False)),
     }
     norm = p.reward_norm
     if norm is not None and "reward_norm" not in bad:

@@ -28,26 +28,14 @@ import torch
 
 from harness.config import RunConfig
 from harness.configtools import to_dict
+from harness.lora import prepare_for_training
 from harness.metrics import check_names
-from harness.models import load_model_and_tokenizer, resolve_device
+from harness.models import eos_ids, load_model_and_tokenizer, max_positions, resolve_device
 from harness.ppo.advantages import shape_rewards
+from harness.prompting import resolve_chat_template
 from harness.stability import summarize_run
 from harness.tasks import get_task
-from harness.trainers.trl_map import approximations, grpo_kwargs
-
-# TRL log key → (harness key, how a cycle's values combine: mean | max | last).
-TRL_METRICS: dict[str, tuple[str, str]] = {
-    "entropy": ("policy/entropy", "mean"),
-    "clip_ratio/low_mean": ("policy/clipfrac_low", "mean"),
-    "clip_ratio/high_mean": ("policy/clipfrac_high", "mean"),
-    "clip_ratio/region_mean": ("policy/clipfrac", "mean"),
-    "cispo_clip_ratio": ("policy/clipfrac_high", "mean"),
-    "loss": ("policy/loss", "mean"),  # HF's training loss: the policy loss (+ entropy term)
-    "grad_norm": ("stability/grad_norm", "mean"),
-    "learning_rate": ("optim/lr", "last"),
-    "completions/mean_length": ("rollout/response_length", "mean"),
-    "completions/clipped_ratio": ("rollout/truncated_frac", "mean"),
-}
+from harness.trainers.trl_map import TRL_METRICS, approximations, grpo_kwargs
 
 
 def _combine(values: list[float], how: str) -> float:
@@ -86,8 +74,20 @@ def run_trl(
     device = resolve_device(cfg.device)
     task = get_task(cfg.task, **cfg.task_options)
     model, tokenizer = load_model_and_tokenizer(
-        cfg.model, seed=cfg.seed, device=str(device), tiny=cfg.tiny
+        cfg.model, seed=cfg.seed, device=str(device), tiny=cfg.tiny, options=cfg.model_options
     )
+    # Gradient checkpointing and LoRA exactly as the harness loop applies them, so the warm start
+    # (and its cache entry) is the same; TRL then trains the (peft) model it is handed.
+    model = prepare_for_training(model, cfg.model_options)
+    template = resolve_chat_template(cfg.rollout.chat_template, tokenizer)
+    if template is not None:
+        raise ValueError(
+            "rollout.chat_template: trainer trl feeds the task's prompts as plain text; use none"
+        )
+    sample_kw: dict[str, Any] = {
+        "eos_token_ids": eos_ids(model, tokenizer),
+        "max_positions": max_positions(model.config),
+    }
     tags: dict[str, str] = {"trainer": "trl", "inert_clip": "false"}
     if cfg.warm_start.steps > 0:
         from harness.warmstart import cached_warm_start
@@ -103,7 +103,13 @@ def run_trl(
             lr=cfg.warm_start.lr,
             seed=cfg.seed,
             cache_dir=Path(results_dir) / "warmstart",
-            key_parts={"tiny": to_dict(cfg.tiny), "task_options": cfg.task_options},
+            chat_template=None,
+            # The same key parts as harness.train.run: both trainers share one cache entry.
+            key_parts={
+                "tiny": to_dict(cfg.tiny),
+                "task_options": cfg.task_options,
+                "model_options": to_dict(cfg.model_options),
+            },
         )
         tags["warm_start.cache_key"] = str(info.get("key", ""))
     approx = approximations(cfg)
@@ -178,6 +184,17 @@ def run_trl(
     rs = _State()
     history: dict[str, list[float]] = {}
     eval_examples = task.eval_examples(cfg.eval.n_prompts)
+    # The start that final/eval_reward is compared with, as in the harness loop: the warm-started
+    # policy, greedy, on the same held-out prompts, before any update.
+    start_eval = evaluate(
+        model,
+        tokenizer,
+        task,
+        eval_examples,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        device=device,
+        **sample_kw,
+    )
 
     def record(step: int, metrics: dict[str, float]) -> None:
         for k, v in metrics.items():
@@ -193,9 +210,9 @@ def run_trl(
         step = rs.step
         if not _params_finite(trainer_model):
             raise Diverged(step, "non-finite policy parameters after the update")
-        now = time.perf_counter()
-        step_time = now - rs.t_cycle
-        rs.t_cycle = now
+        # The step's time runs from the end of the previous cycle's bookkeeping (evaluation
+        # excluded, as in the harness loop) to TRL's log of its last optimizer step.
+        step_time = time.perf_counter() - rs.t_cycle
         metrics: dict[str, float] = {}
         for trl_key, (key, how) in TRL_METRICS.items():
             vals = [lg[trl_key] for lg in rs.logs if lg.get(trl_key) is not None]
@@ -246,10 +263,12 @@ def run_trl(
                     eval_examples,
                     max_new_tokens=cfg.rollout.max_new_tokens,
                     device=device,
+                    **sample_kw,
                 )
             )
         check_names(metrics)
         record(step, metrics)
+        rs.t_cycle = time.perf_counter()
         rs.step = step + 1
         rs.bad_steps = rs.bad_steps + 1 if rs_logs_n and nonfinite == rs_logs_n else 0
         if rs.bad_steps >= cfg.diverge_after:
@@ -293,7 +312,6 @@ def run_trl(
             shuffle_dataset=False,
             disable_tqdm=True,
             dataloader_num_workers=0,
-            gradient_checkpointing=False,
             **kwargs,
         )
         trainer = _Trainer(
@@ -317,6 +335,10 @@ def run_trl(
     summary = summarize_run(history, smooth=5, diverged_step=rs.diverged_step)
     first = [v for v in history.get("objective/reward", [])[:10] if math.isfinite(v)]
     summary["start/reward"] = sum(first) / len(first) if first else math.nan
+    summary["start/eval_reward"] = start_eval["eval/reward"]
+    summary["start/eval_accuracy"] = start_eval["eval/accuracy"]
+    evals = [v for v in history.get("eval/reward", []) if math.isfinite(v)]
+    summary["final/eval_reward"] = evals[-1] if evals else math.nan
     return RunResult(
         status=rs.status,
         reason=rs.reason,
