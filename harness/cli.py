@@ -7,6 +7,7 @@ import contextlib
 import functools
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -172,6 +173,77 @@ Storage = Annotated[
 ]
 
 
+LauncherOpt = Annotated[
+    str,
+    typer.Option(
+        "--launcher",
+        help="Where workers run: local (processes on this machine) or ray (tasks on a Ray cluster; pip install 'harness[ray]').",
+    ),
+]
+RayAddress = Annotated[
+    str | None,
+    typer.Option(
+        "--ray-address",
+        help="Ray cluster to join (e.g. HEAD:6379 or auto; default: start Ray on this machine).",
+    ),
+]
+GpusPerWorker = Annotated[
+    float, typer.Option("--gpus-per-worker", help="Ray: GPUs reserved for each worker.")
+]
+CpusPerWorker = Annotated[
+    float, typer.Option("--cpus-per-worker", help="Ray: CPUs reserved for each worker.")
+]
+SharedFs = Annotated[
+    bool,
+    typer.Option(
+        "--shared-fs",
+        help="Ray: RESULTS (journal, SQLite) is on a filesystem every node mounts.",
+    ),
+]
+
+
+@dataclass(frozen=True)
+class LaunchChoice:
+    """--launcher and its resources, validated before any store is opened."""
+
+    name: str = "local"
+    ray_address: str | None = None
+    gpus: float = 0.0
+    cpus: float = 1.0
+
+
+def _launch_choice(
+    launcher: str,
+    ray_address: str | None,
+    gpus: float,
+    cpus: float,
+    shared_fs: bool,
+    storage: str | None,
+    tracking_uri: str | None,
+) -> LaunchChoice:
+    import math
+
+    from harness.configtools import ConfigError
+
+    if launcher not in ("local", "ray"):
+        raise ConfigError(f"--launcher: must be local or ray; got {launcher!r}")
+    for flag, v in (("--gpus-per-worker", gpus), ("--cpus-per-worker", cpus)):
+        if not math.isfinite(v) or v < 0:
+            raise ConfigError(f"{flag}: must be a number >= 0; got {v}")
+    if launcher == "local":
+        if ray_address is not None or gpus or cpus != 1.0 or shared_fs:
+            raise ConfigError(
+                "--ray-address, --gpus-per-worker, --cpus-per-worker and --shared-fs need "
+                "--launcher ray"
+            )
+        return LaunchChoice()
+    from harness.sweep.ray_launcher import check_shareable, import_ray
+
+    import_ray()
+    check_shareable(storage, tracking_uri, address=ray_address, shared_fs=shared_fs)
+    return LaunchChoice("ray", ray_address, gpus, cpus)
+
+
 def _probe_remote(storage: str | None, tracking_uri: str | None) -> None:
     """Connect to a PostgreSQL storage / a remote tracking store before anything is created
     locally, so that an unreachable server leaves no results dir, journal or mlflow.db behind."""
@@ -181,7 +253,7 @@ def _probe_remote(storage: str | None, tracking_uri: str | None) -> None:
     from harness.redact import redact_url
 
     if storage not in (None, "journal") and urlsplit(storage).scheme.startswith("postgresql"):
-        from harness.sweep.storage import database_connect_error
+        from harness.db import database_connect_error
 
         reason = database_connect_error(storage)
         if reason is not None:
@@ -419,6 +491,11 @@ def ablate_cmd(
     report: Annotated[
         bool, typer.Option("--report/--no-report", help="Write the report at the end.")
     ] = True,
+    launcher: LauncherOpt = "local",
+    ray_address: RayAddress = None,
+    gpus_per_worker: GpusPerWorker = 0.0,
+    cpus_per_worker: CpusPerWorker = 1.0,
+    shared_fs: SharedFs = False,
 ) -> None:
     """Run every (cell, seed) of an ablation grid; resumable; ends with a ranking and a report."""
     from harness.configtools import ConfigError, check_name
@@ -438,13 +515,15 @@ def ablate_cmd(
         print_grid(spec)
         return
     _check_devices(*_devices_to_check(spec, device_list))
+    choice = _launch_choice(
+        launcher, ray_address, gpus_per_worker, cpus_per_worker, shared_fs, storage, tracking_uri
+    )
     optuna_storage, tracker = _stores(storage, tracking_uri, results_dir)
 
-    from harness.sweep.ablate import enqueue_missing, open_study, run_local_workers
-    from harness.sweep.worker import WorkerOptions
+    from harness.sweep.study import enqueue_missing, open_study
 
     command = _command_line()
-    study, payload = open_study(
+    study, study_spec = open_study(
         spec,
         storage=optuna_storage,
         tracker=tracker,
@@ -453,37 +532,75 @@ def ablate_cmd(
         max_retries=max_retries,
         command=command,
     )
-    enqueued, done = enqueue_missing(study, spec)
+    enqueued, done = enqueue_missing(study, study_spec)
     typer.echo(
         f"study {study.study_name!r}: {spec.n_trials} trials ({len(spec.cells)} cells x "
         f"{len(spec.seeds)} seeds), {done} already done, {enqueued} enqueued; "
         f"{workers} worker(s)",
         err=True,
     )
+    _run_sweep(
+        study,
+        study_spec,
+        tracker,
+        storage=storage,
+        tracking_uri=tracking_uri,
+        results_dir=results_dir,
+        workers=workers,
+        device_list=device_list,
+        done=done,
+        fail_fast=fail_fast,
+        command=command,
+        report=report,
+        choice=choice,
+    )
+
+
+def _run_sweep(
+    study: Any,
+    spec: Any,
+    tracker: Any,
+    *,
+    storage: str | None,
+    tracking_uri: str | None,
+    results_dir: Path,
+    workers: int,
+    device_list: list[str] | None,
+    done: int,
+    command: str,
+    fail_fast: bool = False,
+    report: bool = True,
+    choice: LaunchChoice = LaunchChoice(),
+) -> None:
+    """Run the workers of an opened study (grid or search), then finish it: the one path of
+    `ablate` and `search`."""
+    from harness.sweep.finish import finish_study
+    from harness.sweep.launch import Resources, make_launcher, run_workers
+    from harness.sweep.worker import WorkerOptions
+
     opts = WorkerOptions(
         study=study.study_name,
         storage=storage,
         results_dir=results_dir,
         tracking_uri=tracking_uri,
-        threads=0,
+        threads=1,  # one torch thread per run: results must not depend on the worker count
     )
-    counts = run_local_workers(
+    counts = run_workers(
+        make_launcher(choice.name, ray_address=choice.ray_address),
         workers,
         opts,
-        devices=device_list,
-        total=spec.n_trials,
+        resources=Resources(devices=tuple(device_list or ()), gpus=choice.gpus, cpus=choice.cpus),
+        total=spec.expected_trials,
         done_before=done,
         fail_fast=fail_fast,
     )
-    from harness.sweep.finish import finish_study
-
     finished = finish_study(
-        study, tracker, payload, command=command, results_dir=results_dir, write_report=report
+        study, tracker, spec, command=command, results_dir=results_dir, write_report=report
     )
     if counts.get("interrupted_by_user"):
         typer.echo("interrupted: run the same command again to resume", err=True)
         raise typer.Exit(130)
-    if not finished:
+    if not finished and spec.kind == "grid":
         raise typer.Exit(1)
 
 
@@ -502,6 +619,11 @@ def search_cmd(
     storage: Storage = None,
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("results"),
+    launcher: LauncherOpt = "local",
+    ray_address: RayAddress = None,
+    gpus_per_worker: GpusPerWorker = 0.0,
+    cpus_per_worker: CpusPerWorker = 1.0,
+    shared_fs: SharedFs = False,
 ) -> None:
     """TPE (or two-objective) search; seeds inside each trial; median/Wilcoxon pruning; resumable."""
     from harness.configtools import ConfigError, check_name
@@ -516,33 +638,39 @@ def search_cmd(
     if study_name is not None:
         check_name(study_name, "--study-name")
     _check_devices(*_devices_to_check(spec, device_list))
+    choice = _launch_choice(
+        launcher, ray_address, gpus_per_worker, cpus_per_worker, shared_fs, storage, tracking_uri
+    )
     optuna_storage, tracker = _stores(storage, tracking_uri, results_dir)
-    from harness.sweep.search import finish_search, open_search_study, run_search_workers
+    from harness.sweep.study import enqueue_missing, open_study
 
-    study, payload = open_search_study(
+    command = _command_line()
+    study, study_spec = open_study(
         spec,
         storage=optuna_storage,
         tracker=tracker,
         study_name=study_name,
-        command=_command_line(),
+        tracking_uri=tracking_uri,
+        command=command,
     )
+    _, done = enqueue_missing(study, study_spec)
     typer.echo(
         f"study {study.study_name!r}: up to {spec.search.n_trials} trials x {len(spec.seeds)} seeds, {workers} worker(s)",
         err=True,
     )
-    interrupted = run_search_workers(
-        spec,
-        study.study_name,
-        n_workers=workers,
-        storage_url=storage,
+    _run_sweep(
+        study,
+        study_spec,
+        tracker,
+        storage=storage,
         tracking_uri=tracking_uri,
         results_dir=results_dir,
-        devices=device_list,
+        workers=workers,
+        device_list=device_list,
+        done=done,
+        command=command,
+        choice=choice,
     )
-    finish_search(study, tracker, payload)
-    if interrupted:
-        typer.echo("interrupted: run the same command again to resume", err=True)
-        raise typer.Exit(130)
 
 
 @app.command("worker")
@@ -559,12 +687,18 @@ def worker_cmd(
     wait: Annotated[
         bool, typer.Option("--wait/--exit-when-idle", help="Keep polling for new trials.")
     ] = False,
+    worker_id: Annotated[int, typer.Option("--worker-id", hidden=True)] = 0,
+    events: Annotated[str, typer.Option("--events", hidden=True)] = "text",
 ) -> None:
     """Join a running study (from another machine or GPU) and work through its waiting trials."""
+    import json
     import signal as _signal
     import threading
 
     from harness.configtools import ConfigError
+
+    if events not in ("text", "jsonl"):
+        raise ConfigError(f"--events: must be text or jsonl; got {events!r}")
 
     if not 0 <= threads <= 1024:
         raise ConfigError(f"--threads: must be an integer in [0, 1024]; got {threads}")
@@ -589,7 +723,10 @@ def worker_cmd(
     _signal.signal(_signal.SIGINT, lambda *_: stop.set())
 
     def emit(e: dict[str, Any]) -> None:
-        if e["event"] == "done":
+        if events == "jsonl":  # for a launcher that reads this worker's progress
+            sys.stdout.write(json.dumps(e, default=str) + "\n")
+            sys.stdout.flush()
+        elif e["event"] == "done":
             typer.echo(
                 f"{e['cell']} seed={e['seed']}: {e['outcome']} {e.get('reason') or ''}", err=True
             )
@@ -602,6 +739,7 @@ def worker_cmd(
             tracking_uri=tracking_uri,
             device=device,
             threads=threads,
+            worker_id=worker_id,
             exit_when_idle=not wait,
         ),
         emit=emit,
@@ -635,14 +773,13 @@ def report_cmd(
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("results"),
 ) -> None:
-    """Write results/<study>/report.md and report.html and attach them to the parent MLflow run."""
-    import json
-
+    """Write results/<study>/report.md (and report.html for a grid) and attach them to the parent
+    MLflow run."""
     import optuna
 
     from harness.configtools import ConfigError, check_name
     from harness.sweep.finish import finish_study
-    from harness.sweep.worker import SPEC_ATTR
+    from harness.sweep.spec import COMMAND_ATTR, load_study_spec
 
     check_name(study, "study")  # the report goes to RESULTS/<study>/
     _check_store_urls(storage, tracking_uri)
@@ -651,16 +788,14 @@ def report_cmd(
         st = optuna.load_study(study_name=study, storage=optuna_storage)
     except KeyError:
         raise ConfigError(f"study: no study named {study!r} (see `harness status`)") from None
-    if SPEC_ATTR not in st.user_attrs:
-        raise ConfigError(f"study: {study!r} was not made by `harness ablate`")
+    spec = load_study_spec(st)
     _probe_remote(None, tracking_uri)
     tracker = _tracker(tracking_uri, results_dir)
-    payload = json.loads(st.user_attrs[SPEC_ATTR])
     finish_study(
         st,
         tracker,
-        payload,
-        command=st.user_attrs.get("harness.command", _command_line()),
+        spec,
+        command=st.user_attrs.get(COMMAND_ATTR, _command_line()),
         results_dir=results_dir,
         write_report=True,
         end_parent=False,
@@ -686,10 +821,10 @@ def export_cmd(
     results_dir: ResultsDir = Path("results"),
 ) -> None:
     """Print one cell's settings as TRL GRPOConfig kwargs, verl Hydra overrides or AReaL YAML."""
-    from harness.config import apply_overrides, build_run_config
     from harness.configtools import ConfigError
     from harness.experiment import load_experiment
     from harness.export import TARGETS, best_cell, export_cell, resolve_cell
+    from harness.sweep.spec import StudySpec, load_study_spec
 
     if to not in TARGETS:
         raise ConfigError(f"--to must be one of {', '.join(TARGETS)}; got {to!r}")
@@ -699,11 +834,7 @@ def export_cmd(
     if spec.search is not None:
         raise ConfigError(f"{file}: export needs a grid experiment (this one is a search)")
     if best:
-        import json
-
         import optuna
-
-        from harness.sweep.worker import SPEC_ATTR
 
         _check_store_urls(storage, None)
         name = study_name or spec.name
@@ -716,15 +847,14 @@ def export_cmd(
             st = optuna.load_study(study_name=name, storage=make_storage(storage, results_dir))
         except KeyError:
             raise ConfigError(f"--best: no study named {name!r} (see `harness status`)") from None
-        payload = json.loads(st.user_attrs[SPEC_ATTR])
-        label = best_cell(payload, st)
-        overrides = payload["cells"][label]
-        base, steps = payload["base"], payload["steps"]
+        study_spec = load_study_spec(st)
+        label = best_cell(study_spec, st)
+        overrides = dict(study_spec.cells[label])
     else:
         assert cell is not None
         label, overrides = resolve_cell(spec, cell)
-        base, steps = spec.base, spec.steps
-    cfg = build_run_config(apply_overrides(base, {**overrides, "steps": steps}))
+        study_spec = StudySpec.from_experiment(spec)
+    cfg = study_spec.run_config(overrides, seed=None)
     typer.echo(f"# harness cell {label!r} of {file} for {to}")
     typer.echo(export_cell(cfg, to), nl=False)
 

@@ -121,10 +121,6 @@ class ExperimentSpec:
         blob = json.dumps(payload, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
-    def run_config(self, cell_overrides: dict[str, Any], seed: int) -> RunConfig:
-        data = apply_overrides(self.base, {**cell_overrides, "seed": seed, "steps": self.steps})
-        return build_run_config(data)
-
 
 def _fmt_value(v: Any) -> str:
     if isinstance(v, float):

@@ -10,13 +10,16 @@ Only settings of the algorithm and its budget are exported (not paths, devices o
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from harness.config import RunConfig
 from harness.configtools import to_dict
 from harness.trainers.trl_map import approximations, grpo_kwargs, trl_problems
+
+if TYPE_CHECKING:
+    from harness.sweep.spec import StudySpec
 
 TARGETS = ("trl", "verl", "areal")
 
@@ -284,7 +287,7 @@ def resolve_cell(spec: Any, text: str) -> tuple[str, dict[str, Any]]:
     return matches[0].label, dict(matches[0].overrides)
 
 
-def best_cell(spec_dict: dict[str, Any], study: Any) -> str:
+def best_cell(spec: StudySpec, study: Any) -> str:
     """The top cell of a finished study by the report's own ranking (IQM of the metric)."""
     from harness.configtools import ConfigError
     from harness.report import ranking

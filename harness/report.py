@@ -43,7 +43,7 @@ from harness.report_plots import (
     step_matrix,
 )
 from harness.stats import Interval
-from harness.studydata import RunData, StudyData
+from harness.studydata import CellRow, RunData, StudyData
 
 __all__ = [
     "CellRow",
@@ -134,43 +134,6 @@ def _code(text: str) -> str:
 # --------------------------------------------------------------------------------------------
 # Ranking
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CellRow:
-    """One cell of the ranking: interval estimates always next to seeds and failures.
-
-    ``scores`` holds, per run of the cell (``data.runs_of(label)`` order), the value the
-    statistics used: the run's ``data.metric``, the imputed worst value for a diverged run (under
-    ``diverged="worst"``), NaN for a run that was left out (failed, unfinished, excluded diverged,
-    or no finite metric).  ``n_used`` counts the finite ones.  ``p_improve`` is None for the
-    baseline itself and when the study has no baseline.
-    """
-
-    label: str
-    overrides: dict[str, Any]
-    is_baseline: bool
-    n_seeds: int
-    n_completed: int
-    n_diverged: int
-    n_failed: int
-    n_unfinished: int
-    n_used: int
-    iqm: Interval
-    mean: Interval
-    median: float
-    p_improve: Interval | None
-    collapse_rate: float
-    n_collapsed: int
-    final_kl: float
-    clipfrac_low: float
-    clipfrac_high: float
-    dual_clipfrac: float
-    inert_clip: bool
-    scores: tuple[float, ...]
-    diverged_reasons: tuple[str, ...] = ()
-    failed_reasons: tuple[str, ...] = ()
-    n_missing_metric: int = 0  # completed runs whose summary lacks a finite data.metric
 
 
 def _metric_value(run: RunData, metric: str) -> float:

@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from matplotlib import colormaps
@@ -27,10 +27,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from harness import stats
-from harness.studydata import RunData, StudyData
-
-if TYPE_CHECKING:
-    from harness.report import CellRow
+from harness.studydata import CellRow, RunData, StudyData
 
 __all__ = [
     "DPI",

@@ -9,7 +9,10 @@ fixtures.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:  # a plain module: the stats (SciPy) are not imported to read a study
+    from harness.stats import Interval
 
 RunStatus = Literal["completed", "diverged", "failed", "running", "waiting"]
 
@@ -56,3 +59,40 @@ class StudyData:
 
     def runs_of(self, cell: str) -> list[RunData]:
         return [r for r in self.runs if r.cell == cell]
+
+
+@dataclass(frozen=True)
+class CellRow:
+    """One cell of the ranking: interval estimates always next to seeds and failures.
+
+    ``scores`` holds, per run of the cell (``data.runs_of(label)`` order), the value the
+    statistics used: the run's ``data.metric``, the imputed worst value for a diverged run (under
+    ``diverged="worst"``), NaN for a run that was left out (failed, unfinished, excluded diverged,
+    or no finite metric).  ``n_used`` counts the finite ones.  ``p_improve`` is None for the
+    baseline itself and when the study has no baseline.
+    """
+
+    label: str
+    overrides: dict[str, Any]
+    is_baseline: bool
+    n_seeds: int
+    n_completed: int
+    n_diverged: int
+    n_failed: int
+    n_unfinished: int
+    n_used: int
+    iqm: Interval
+    mean: Interval
+    median: float
+    p_improve: Interval | None
+    collapse_rate: float
+    n_collapsed: int
+    final_kl: float
+    clipfrac_low: float
+    clipfrac_high: float
+    dual_clipfrac: float
+    inert_clip: bool
+    scores: tuple[float, ...]
+    diverged_reasons: tuple[str, ...] = ()
+    failed_reasons: tuple[str, ...] = ()
+    n_missing_metric: int = 0  # completed runs whose summary lacks a finite data.metric

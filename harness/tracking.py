@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
-import random
 import threading
 import time
 import uuid
@@ -46,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 from urllib.parse import urlsplit
 
+from harness.db import database_connect_error, is_transient_db_error, sqlalchemy_url, with_retries
 from harness.redact import redact_text, redact_url
 
 if TYPE_CHECKING:
@@ -419,8 +419,6 @@ class MlflowTracker:
         self.batches_sent = 0  # log_batch calls made for metrics; for tests and benchmarks
         self.retried_calls = 0  # transient errors absorbed by retrying
         if tracking_uri.startswith("postgresql://"):
-            from harness.sweep.storage import sqlalchemy_url
-
             tracking_uri = sqlalchemy_url(tracking_uri)
         self.client_uri = tracking_uri  # what MlflowClient (and `mlflow ui`) must be given
         self._lock = threading.RLock()
@@ -611,15 +609,18 @@ class MlflowTracker:
 
     def _call(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         """Call ``fn``, retrying transient errors with jittered exponential backoff."""
-        for attempt in range(self.retries):
-            try:
-                return fn(*args, **kwargs)
-            except Exception as error:
-                if attempt == self.retries - 1 or not _is_transient(error, self.client_uri):
-                    raise
-                self.retried_calls += 1
-                time.sleep(min(0.1 * 2**attempt, 5.0) * (0.5 + random.random()))
-        raise AssertionError("unreachable")
+
+        def counted(error: BaseException) -> None:
+            self.retried_calls += 1
+
+        return with_retries(
+            lambda: fn(*args, **kwargs),
+            attempts=self.retries,
+            base_delay=0.1,
+            max_delay=5.0,
+            retry_on=lambda error: _is_transient(error, self.client_uri),
+            on_retry=counted,
+        )
 
 
 def _is_transient(error: BaseException, uri: str) -> bool:
@@ -627,8 +628,6 @@ def _is_transient(error: BaseException, uri: str) -> bool:
         return True
     if not uri.startswith(("postgresql", "mysql")):
         return False
-    from harness.sweep.storage import is_transient_db_error
-
     return is_transient_db_error(error)
 
 
@@ -748,8 +747,6 @@ def _auth_headers() -> dict[str, str]:
 def _probe(uri: str, scheme: str, timeout: float = 5.0) -> str | None:
     """Return why the store at ``uri`` cannot be reached or refuses us, or None if it answers."""
     if scheme == "postgresql":
-        from harness.sweep.storage import database_connect_error
-
         return database_connect_error(uri, timeout=timeout)
     import urllib.error
     import urllib.request

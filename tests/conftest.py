@@ -46,6 +46,34 @@ def tmp_results(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def ray_head() -> Iterator[str]:
+    """The address of a private Ray head (loopback, 2 CPUs) for the session; stopped at the end."""
+    pytest.importorskip("ray")
+    try:
+        from tests.ray_head import PrivateRayHead
+    except ImportError:
+        from ray_head import PrivateRayHead  # type: ignore[no-redef]
+    import os
+
+    old_auth = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # the drivers in this process, as for the head
+    head = PrivateRayHead(num_cpus=2)
+    head.start()
+    try:
+        yield head.address
+    finally:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+        head.stop()
+        if old_auth is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = old_auth
+
+
+@pytest.fixture(scope="session")
 def hf_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Local model directories of seven architectures (see tests/hf_archs.py), built once."""
     try:

@@ -23,7 +23,7 @@ from harness.config import (
 )
 from harness.configtools import deep_merge, flatten, to_dict
 from harness.experiment import load_experiment
-from harness.sweep.ablate import resolved_base
+from harness.sweep.spec import StudySpec
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID_FILES = sorted(
@@ -66,15 +66,19 @@ def test_every_cell_is_base_plus_its_own_overrides(path: Path) -> None:
     spec = load_experiment(path)
     # Loading validates every cell; the base it keeps is the file's base, untouched.
     assert spec.base == expand_aliases(raw["base"])
-    payload_base = resolved_base(spec)
+    study_spec = StudySpec.from_experiment(spec)
+    payload_base = dict(study_spec.base)
     assert payload_base == to_dict(build_run_config(expand_aliases(raw["base"])))
+    # What a worker builds: from the spec as stored on the study (JSON round trip).
+    stored_spec = StudySpec.from_json(study_spec.to_json())
+    assert stored_spec == study_spec
     for cell in spec.cells:
         want = _reference(raw, cell.choice, seed=3, steps=spec.steps)
-        got = to_dict(spec.run_config(cell.overrides, 3))
+        got = to_dict(study_spec.cell_config(cell.label, 3))
         assert got == want, cell.label
-        # What a worker builds from the stored (fully resolved) base is the same config.
-        stored = apply_overrides(payload_base, {**cell.overrides, "seed": 3, "steps": spec.steps})
-        assert to_dict(build_run_config(stored)) == want, cell.label
+        assert to_dict(stored_spec.cell_config(cell.label, 3)) == want, cell.label
+        # Building a cell leaves the spec untouched (configs are built on deep copies).
+        assert dict(stored_spec.base) == payload_base, cell.label
         # Differs from the base only in keys the cell names (and seed/steps).
         diff = {
             k
@@ -111,7 +115,8 @@ def test_cell_configs_do_not_depend_on_cell_order(path: Path, tmp_path: Path) ->
     assert len(by_choice) == len(a.cells)
     for cell in a.cells:
         twin = by_choice[tuple(sorted(cell.choice.items(), key=str))]
-        assert to_dict(a.run_config(cell.overrides, 0)) == to_dict(b.run_config(twin.overrides, 0))
+        sa, sb = StudySpec.from_experiment(a), StudySpec.from_experiment(b)
+        assert to_dict(sa.cell_config(cell.label, 0)) == to_dict(sb.cell_config(twin.label, 0))
     assert a.base == b.base
 
 
@@ -137,7 +142,7 @@ def test_variant_key_does_not_leak_into_sibling_cells(tmp_path: Path) -> None:
     )
     spec = load_experiment(f)
     naive = next(c for c in spec.cells if c.label.endswith("naive"))
-    cfg = spec.run_config(naive.overrides, 0)
+    cfg = StudySpec.from_experiment(spec).cell_config(naive.label, 0)
     assert cfg.ppo.behave_imp_weight_mode == "disabled"
     assert cfg.ppo.behave_imp_weight_cap is None
     assert "behave_imp_weight_mode" not in spec.base.get("ppo", {})

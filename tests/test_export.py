@@ -12,6 +12,7 @@ from harness.cli import app
 from harness.config import build_run_config
 from harness.experiment import load_experiment
 from harness.export import export_areal, export_trl, export_verl
+from harness.sweep.spec import StudySpec
 
 ROOT = Path(__file__).resolve().parent.parent
 GROUP = {"mean_level": "group", "std_level": "group"}
@@ -47,8 +48,7 @@ def test_every_shipped_cell_exports_to_a_valid_grpo_config(path, label, tmp_path
     assert out.startswith(f"# harness cell {label!r}")
     args = grpo_config_from(out, tmp_path)
     spec = load_experiment(path)
-    cell = next(c for c in spec.cells if c.label == label)
-    cfg = spec.run_config(cell.overrides, 0)
+    cfg = StudySpec.from_experiment(spec).cell_config(label, 0)
     assert args.epsilon == cfg.ppo.eps_clip
     assert args.num_generations == cfg.rollout.n_samples
     assert args.generation_batch_size == cfg.rollout.prompts_per_step * cfg.rollout.n_samples

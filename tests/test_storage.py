@@ -21,17 +21,14 @@ from optuna.exceptions import StorageInternalError
 from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.trial import TrialState
 
-from harness.sweep.storage import (
+from harness.db import is_transient_db_error, sqlalchemy_url, with_retries
+from harness.sweep.optuna_adapter import (
     HEARTBEAT_ATTR,
-    JOURNAL_FILE,
     claim_waiting_trial,
     fail_stale_trials,
     heartbeat,
-    is_transient_db_error,
-    make_storage,
-    sqlalchemy_url,
-    with_retries,
 )
+from harness.sweep.storage import JOURNAL_FILE, make_storage
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -368,4 +365,4 @@ def test_postgresql_restart_mid_sweep_loses_nothing(
     _check_each_cell_complete_once(study, expected)
     assert len(study.trials) == len(expected)
     assert time.monotonic() - began < 60
-    assert "storage unavailable" in caplog.text, "the outage was not hit"
+    assert "database unavailable" in caplog.text, "the outage was not hit"

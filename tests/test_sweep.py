@@ -177,6 +177,19 @@ def _wait_for_running(
     raise AssertionError("no trial started")
 
 
+def _wait_for_child_run(results: Path, experiment: str, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            _, runs = mlflow_runs(results, experiment)
+            if any(r.data.tags.get("harness.role") == "child" for r in runs):
+                return
+        except Exception:
+            pass
+        time.sleep(0.5)
+    raise AssertionError("no child run started")
+
+
 @pytest.mark.parametrize("backend", ["journal", "postgresql"])
 def test_killed_worker_trial_is_retried_and_its_run_ends_killed(tmp_path, backend, request):
     storage = None
@@ -190,6 +203,7 @@ def test_killed_worker_trial_is_retried_and_its_run_ends_killed(tmp_path, backen
     results = tmp_path / "results"
     proc = _start_ablate(exp, results, storage=extra)
     _wait_for_running(results, "killed", storage=storage)
+    _wait_for_child_run(results, "killed")  # MLflow's first call can take seconds under load
     time.sleep(1)
     os.killpg(proc.pid, signal.SIGKILL)  # coordinator and worker, mid-trial
     proc.wait()

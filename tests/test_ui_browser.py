@@ -67,6 +67,17 @@ def test_mlflow_view_groups_runs_by_cell(served: Served, tmp_path):  # noqa: F81
         browser.screenshot(shot)
         keep(shot)
 
+        # run-level summaries (final/*) are single values: one bar per cell
+        browser.evaluate(
+            "[...document.querySelectorAll('span,div,h3')]"
+            ".find(e => e.childElementCount === 0 && e.textContent.trim() === 'final')"
+            "?.scrollIntoView()"
+        )
+        time.sleep(6)
+        shot = tmp_path / "mlflow_summary_bars_by_cell.png"
+        browser.screenshot(shot)
+        keep(shot)
+
 
 def test_optuna_dashboard_study_page_shows_params(served: Served, tmp_path):  # noqa: F811
     studies = get(f"{served.dashboard}/api/studies")["study_summaries"]

@@ -15,7 +15,10 @@ is left as it is. User attributes and trial states are untouched.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness.sweep.spec import StudySpec
 
 
 def param_value(value: Any) -> str | int | float:
@@ -27,15 +30,15 @@ def param_value(value: Any) -> str | int | float:
     return value
 
 
-def cell_choice(spec: dict[str, Any], cell: str) -> dict[str, Any]:
-    """Axis -> value for ``cell``: from the payload's ``choices``, else rebuilt from overrides."""
-    choices = spec.get("choices") or {}
-    if cell in choices:
-        return dict(choices[cell])
-    overrides = spec["cells"].get(cell, {})
+def cell_choice(spec: StudySpec, cell: str) -> dict[str, Any]:
+    """Axis -> value for ``cell``: from the spec's ``choices``, else rebuilt from overrides
+    (studies made before ``choices`` was stored)."""
+    if cell in spec.choices:
+        return dict(spec.choices[cell])
+    overrides = spec.cells.get(cell, {})
     tokens = set(cell.split())
     out: dict[str, Any] = {}
-    for axis, values in spec.get("axes", {}).items():
+    for axis, values in spec.axes.items():
         if axis == "variant":
             out[axis] = next((v for v in values if f"variant={v}" in tokens), cell)
         elif axis in overrides:
@@ -43,34 +46,36 @@ def cell_choice(spec: dict[str, Any], cell: str) -> dict[str, Any]:
     return out
 
 
-def trial_params(spec: dict[str, Any], cell: str, seed: int) -> dict[str, tuple[Any, Any]]:
+def trial_params(spec: StudySpec, cell: str, seed: int) -> dict[str, tuple[Any, Any]]:
     """Param name -> (value, distribution) for one (cell, seed) trial of a grid study."""
     from optuna.distributions import CategoricalDistribution
 
     params: dict[str, tuple[Any, Any]] = {}
     choice = cell_choice(spec, cell)
-    for axis, values in spec.get("axes", {}).items():
+    for axis, values in spec.axes.items():
         if axis not in choice:
             continue
         choices = list(dict.fromkeys(param_value(v) for v in values))
         params[axis] = (param_value(choice[axis]), CategoricalDistribution(choices))
-    seeds = [int(s) for s in spec.get("seeds", [seed])]
+    seeds = [int(s) for s in spec.seeds]
     params["seed"] = (int(seed), CategoricalDistribution(sorted(set(seeds) | {int(seed)})))
     return params
 
 
-def label_trial(study: Any, trial_id: int, spec: dict[str, Any], cell: str, seed: int) -> None:
+def label_trial(study: Any, trial: Any, spec: StudySpec, cell: str, seed: int) -> None:
     """Record the trial's cell axes and seed as params (those it does not have yet)."""
-    from harness.sweep.storage import with_retries
+    from harness.db import with_retries
+    from harness.sweep.optuna_adapter import frozen_trial, storage_of, trial_id
 
-    storage = study._storage
-    have = with_retries(lambda: storage.get_trial(trial_id)).params
+    storage = storage_of(study)
+    tid = trial_id(trial)
+    have = with_retries(lambda: frozen_trial(study, trial)).params
     for name, (value, dist) in trial_params(spec, cell, seed).items():
         if name in have or value not in dist.choices:
             continue
         internal = dist.to_internal_repr(value)
         with_retries(
-            lambda n=name, i=internal, d=dist: storage.set_trial_param(trial_id, n, i, d)  # type: ignore[misc]
+            lambda n=name, i=internal, d=dist: storage.set_trial_param(tid, n, i, d)  # type: ignore[misc]
         )
 
 
@@ -98,7 +103,7 @@ def name_objective(study: Any, metric: str) -> None:
 
     import optuna
 
-    from harness.sweep.storage import with_retries
+    from harness.db import with_retries
 
     with warnings.catch_warnings():  # experimental since Optuna 3.2, stable in use since
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

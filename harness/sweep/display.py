@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from harness.experiment import ExperimentSpec
+from harness.sweep.spec import has_study_spec, load_study_spec
+from harness.sweep.study import study_counts
 
 
 def wide_console() -> Console:
@@ -56,34 +57,22 @@ def print_status(storage: Any, study_name: str | None) -> None:
         "running",
         "waiting",
         "failed",
-        "total (cells x seeds)",
+        "total",
     ):
         table.add_column(col, justify="right" if col != "study" else "left")
     for name in names:
         if study_name is not None and name != study_name:
             continue
         study = optuna.load_study(study_name=name, storage=storage)
-        states: Counter[str] = Counter()
-        latest: dict[tuple[Any, Any], Any] = {}
-        for t in study.get_trials(deepcopy=False):
-            key = (t.user_attrs.get("cell"), t.user_attrs.get("seed"))
-            latest[key] = t
-        for t in latest.values():
-            s = t.state.name
-            if s == "FAIL" and t.user_attrs.get("outcome") == "diverged":
-                s = "DIVERGED"
-            states[s] += 1
-        import json
-
-        spec = json.loads(study.user_attrs.get("harness.spec", "{}"))
-        total = len(spec.get("cells", {})) * len(spec.get("seeds", [])) if spec else len(latest)
+        spec = load_study_spec(study) if has_study_spec(study) else None
+        c = study_counts(study, spec)
         table.add_row(
             name,
-            str(states["COMPLETE"]),
-            str(states["DIVERGED"]),
-            str(states["RUNNING"]),
-            str(states["WAITING"]),
-            str(states["FAIL"]),
-            str(total),
+            str(c.done),
+            str(c.diverged),
+            str(c.running),
+            str(c.waiting),
+            str(c.failed),
+            str(c.total),
         )
     console.print(table)

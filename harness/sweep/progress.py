@@ -72,8 +72,14 @@ class SweepProgress:
         elif kind == "done":
             row["state"] = e["outcome"]
             self.outcomes[e["outcome"]] = self.outcomes.get(e["outcome"], 0) + 1
-            if e["outcome"] in ("completed", "diverged"):
+            if e["outcome"] in ("completed", "diverged", "pruned"):
                 self.bar.advance(self.task)
+            if "values" in e:  # a search point: its mean objectives and parameters
+                values = ", ".join(f"{v:.4g}" for v in e["values"])
+                point = " ".join(
+                    f"{k.split('.')[-1]}={_fmt(v)}" for k, v in e.get("point", {}).items()
+                )
+                self.console.print(f"trial {e['trial']}: {e['outcome']} {values}  {point}")
             info = ", ".join(f"{k} {v}" for k, v in self.outcomes.items() if v)
             self.bar.update(self.task, info=info)
         elif kind == "exit":
@@ -81,3 +87,7 @@ class SweepProgress:
         elif kind == "crash":
             row["state"] = f"crashed: {e.get('reason', '')[:60]}"
         self.live.update(self._render())
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
 from harness.studydata import RunData, StudyData
 from harness.sweep.dashboard import summary_from_attrs
-from harness.sweep.worker import SPEC_ATTR
+from harness.sweep.spec import load_study_spec
 
 # Step metrics the report plots (one tracker query per run and key).
 HISTORY_KEYS = (
@@ -42,9 +41,10 @@ def _history(tracker: Any, run_id: str, steps: int) -> dict[str, list[float]]:
 def load_study_data(study: Any, tracker: Any | None, *, command: str = "") -> StudyData:
     from optuna.trial import TrialState
 
-    spec = json.loads(study.user_attrs[SPEC_ATTR])
-    steps = int(spec["steps"])
-    base_task = spec["base"].get("task", "reverse")
+    spec = load_study_spec(study)
+    steps = spec.steps
+    cells = list(spec.cells)
+    base_task = spec.base.get("task", "reverse")
     # The newest trial per (cell, seed) decides its status: finished ones win over retries.
     best: dict[tuple[str, int], Any] = {}
     rank = {"completed": 4, "diverged": 3, "running": 2, "waiting": 1, "failed": 0}
@@ -68,7 +68,7 @@ def load_study_data(study: Any, tracker: Any | None, *, command: str = "") -> St
     for (cell, seed), t in sorted(
         best.items(),
         key=lambda kv: (
-            list(spec["cells"]).index(kv[0][0]) if kv[0][0] in spec["cells"] else 1e9,
+            cells.index(kv[0][0]) if kv[0][0] in spec.cells else 1e9,
             kv[0][1],
         ),
     ):
@@ -79,7 +79,7 @@ def load_study_data(study: Any, tracker: Any | None, *, command: str = "") -> St
         wall = float(ua.get("wall_time", math.nan))
         if math.isfinite(wall):
             total_wall += wall
-        overrides = spec["cells"].get(cell, {})
+        overrides = spec.cells.get(cell, {})
         runs.append(
             RunData(
                 cell=cell,
@@ -96,18 +96,18 @@ def load_study_data(study: Any, tracker: Any | None, *, command: str = "") -> St
         )
     return StudyData(
         study=study.study_name,
-        experiment=spec["experiment"],
-        description=spec.get("description", ""),
-        base_config=spec["base"],
-        axes=spec["axes"],
-        cells=spec["cells"],
-        baseline=spec.get("baseline"),
-        metric=spec["metric"],
-        direction=spec["direction"],
-        seeds=list(spec["seeds"]),
+        experiment=spec.experiment,
+        description=spec.description,
+        base_config=dict(spec.base),
+        axes={k: list(v) for k, v in spec.axes.items()},
+        cells={k: dict(v) for k, v in spec.cells.items()},
+        baseline=spec.baseline,
+        metric=spec.metric,
+        direction=spec.direction,  # type: ignore[arg-type]
+        seeds=list(spec.seeds),
         steps=steps,
         runs=runs,
         wall_time=total_wall,
-        parent_run_id=spec.get("parent_run_id"),
+        parent_run_id=spec.parent_run_id,
         command=command,
     )

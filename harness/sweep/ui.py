@@ -69,7 +69,8 @@ def _servers(
     tracking_uri: str | None,
     results_dir: Path,
 ) -> list[Server]:
-    from harness.sweep.storage import JOURNAL_FILE, sqlalchemy_url
+    from harness.db import sqlalchemy_url
+    from harness.sweep.storage import JOURNAL_FILE
     from harness.tracking import default_tracking_uri
 
     uri = tracking_uri or default_tracking_uri(results_dir)
@@ -294,7 +295,7 @@ def serve_dashboard(host: str, port: int) -> None:
     import optuna
     import optuna_dashboard
 
-    from harness.sweep.storage import sqlalchemy_url
+    from harness.db import sqlalchemy_url
 
     url = os.environ.get(STORAGE_ENV, "")
     if not url:

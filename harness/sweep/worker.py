@@ -1,226 +1,332 @@
-"""The sweep worker: claim a waiting (cell, seed) trial, train it, record it, repeat.
+"""The sweep worker: take a trial of the study, train it, record it, repeat — for grids and
+searches alike, under any launcher (local processes, Ray tasks, ``harness worker`` by hand).
 
-Every (cell, seed) of a grid is one enqueued Optuna trial.  A worker never asks the sampler for
-a new trial; it claims WAITING trials atomically (``claim_waiting_trial``), beats a heartbeat
-while it trains, and tells the trial COMPLETE (value = the experiment's metric) or FAIL with an
-``outcome`` user attribute:
+Grid.  Every (cell, seed) is one enqueued Optuna trial.  The worker never asks the sampler for a
+new trial; it claims WAITING trials atomically (``claim_waiting_trial``).
+Search.  The worker asks the study's TPE sampler for a point (``study.ask``, which takes a
+WAITING retry first) and trains every seed of the experiment at it, reporting the running mean
+after each seed so that the pruner can stop a point whose first seeds already lag.
+
+Either way the worker beats a heartbeat while it trains and tells the trial COMPLETE (the
+metric) or FAIL/PRUNED with an ``outcome`` user attribute:
 
     completed    the run finished (COMPLETE)
     diverged     the run's numbers stopped being finite — a result, never re-run (FAIL)
-    error        an exception in the run (FAIL; the coordinator may retry it)
+    pruned       a search point stopped early by the pruner, or one the config rejects (PRUNED)
+    error        an exception in the run (FAIL; a grid may retry it, see ``max_retries``)
     interrupted  the worker was asked to stop; re-running the sweep resumes it (FAIL)
 
-A trial whose worker died (SIGKILL, power loss) is found stale by the heartbeat and re-enqueued
-by the storage's stale-trial callback; the worker that picks up the copy first ends the dead
-worker's MLflow child run as KILLED, so no run is ever left RUNNING.
+A trial whose worker died (SIGKILL, a lost Ray node) is found stale by the heartbeat and
+re-enqueued by the storage's stale-trial callback; the worker that picks up the copy first ends
+the dead worker's MLflow child run as KILLED, so no run is ever left RUNNING.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SPEC_ATTR = "harness.spec"
-PARENT_ATTR = "harness.parent_run_id"
-HASH_ATTR = "harness.grid_hash"
-COMMAND_ATTR = "harness.command"  # the command line that ran the sweep (shown in its report)
+from harness.configtools import ConfigError
+from harness.sweep.spec import StudySpec, load_study_spec
 
 Event = dict[str, Any]
+OUTCOMES = ("completed", "diverged", "pruned", "error", "interrupted")
 
 
 @dataclass
 class WorkerOptions:
+    """How one worker joins a study; everything about the study itself is in its StudySpec."""
+
     study: str
     storage: str | None
     results_dir: Path
     tracking_uri: str | None = None
     device: str | None = None
-    threads: int = 1
+    threads: int = 1  # torch threads of each run unless its config sets them
     worker_id: int = 0
     exit_when_idle: bool = True
-    # Seconds between heartbeats; a trial silent for twice this is stale (HARNESS_HEARTBEAT_S).
-    heartbeat_interval: int = int(os.environ.get("HARNESS_HEARTBEAT_S", "5"))
-    max_retries: int = 0
 
 
 def child_run_tags(
-    spec: dict[str, Any], study_name: str, cell: str, seed: int, trial_number: int
+    spec: StudySpec, study_name: str, cell: str, seed: int, trial_number: int
 ) -> dict[str, str]:
-    return {
+    tags = {
         "harness.study": study_name,
         "harness.role": "child",
-        "ablation.cell": cell,
         "seed": str(seed),
-        "harness.grid_hash": spec["grid_hash"],
+        "harness.grid_hash": spec.grid_hash,
         "optuna.trial_number": str(trial_number),
         "harness.worker": f"{socket.gethostname()}:{os.getpid()}",
     }
+    if spec.kind == "search":
+        tags["search.trial"] = str(trial_number)
+    else:
+        tags["ablation.cell"] = cell
+    return tags
 
 
-def _end_orphaned_runs(
-    tracker: Any, experiment: str, study: str, cell: str, seed: int, number: int
-) -> None:
+def _end_orphaned_runs(tracker: Any, spec: StudySpec, study: str, key: dict[str, str]) -> None:
     """A retried trial's earlier child run (its worker died) is ended KILLED, never left RUNNING."""
     for _ in range(10):
-        rid = tracker.find_run(
-            experiment, {"harness.study": study, "ablation.cell": cell, "seed": str(seed)}
-        )
+        rid = tracker.find_run(spec.experiment, {"harness.study": study, **key})
         if rid is None:
             return
-        tracker.set_tags(
-            rid, {"run.status": "killed", "run.reason": f"worker died; trial retried as #{number}"}
-        )
+        tracker.set_tags(rid, {"run.status": "killed", "run.reason": "worker died; trial retried"})
         tracker.end_run(rid, "KILLED")
 
 
-def run_trial(
-    study: Any,
-    trial: Any,
-    spec_dict: dict[str, Any],
-    tracker: Any,
-    opts: WorkerOptions,
-    *,
-    emit: Callable[[Event], None],
-    should_stop: Callable[[], bool],
-) -> str:
-    """Train one claimed trial and tell Optuna how it ended; returns the outcome."""
-    from harness.config import apply_overrides, build_run_config
-    from harness.sweep.storage import heartbeat, with_retries
-    from harness.tracked import tracked_run
+def _reason(err: BaseException) -> str:
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:500]
 
-    attrs = with_retries(lambda: study._storage.get_trial(trial._trial_id)).user_attrs
+
+class _Trial:
+    """One claimed trial and how to report on it (shared by grid and search trials)."""
+
+    def __init__(
+        self,
+        study: Any,
+        trial: Any,
+        spec: StudySpec,
+        tracker: Any,
+        opts: WorkerOptions,
+        emit: Callable[[Event], None],
+        should_stop: Callable[[], bool],
+    ) -> None:
+        self.study, self.trial, self.spec, self.tracker = study, trial, spec, tracker
+        self.opts, self.emit, self.should_stop = opts, emit, should_stop
+
+    def event(self, kind: str, **fields: Any) -> None:
+        self.emit(
+            {"event": kind, "worker": self.opts.worker_id, "trial": self.trial.number, **fields}
+        )
+
+    def train(self, cfg: Any, label: str, seed: int) -> tuple[Any, str]:
+        from harness.tracked import tracked_run
+
+        self.event("start", cell=label, seed=seed, steps=cfg.steps, pid=os.getpid())
+
+        def on_step(step: int, m: dict[str, float]) -> None:
+            self.event("step", step=step + 1, reward=m.get("objective/reward", math.nan))
+
+        return tracked_run(  # type: ignore[no-any-return]
+            cfg,
+            self.tracker,
+            experiment=self.spec.experiment,
+            run_name=f"{label} seed={seed}",
+            parent_run_id=self.spec.parent_run_id,
+            tags=child_run_tags(self.spec, self.study.study_name, label, seed, self.trial.number),
+            on_step=on_step,
+            should_stop=self.should_stop,
+            results_dir=self.opts.results_dir,
+        )
+
+    def tell(self, *values: float, state: str | None = None) -> bool:
+        """Finish the trial; False if another worker already retried it (ours is superseded)."""
+        from optuna.exceptions import UpdateFinishedTrialError
+        from optuna.trial import TrialState
+
+        from harness.db import with_retries
+
+        try:
+            if state is None:
+                v = values[0] if len(values) == 1 else list(values)
+                with_retries(lambda: self.study.tell(self.trial, v))
+            else:
+                with_retries(lambda: self.study.tell(self.trial, state=TrialState[state]))
+        except UpdateFinishedTrialError:
+            return False
+        return True
+
+    def fail_with_error(self, err: BaseException, label: str, seed: int | None) -> str:
+        reason = _reason(err)
+        self.trial.set_user_attr("outcome", "error")
+        self.trial.set_user_attr("reason", reason)
+        self.trial.set_user_attr("traceback", traceback.format_exc()[-2000:])
+        self.tell(state="FAIL")
+        self.event("done", cell=label, seed=seed, outcome="error", reason=reason)
+        return "error"
+
+
+def run_grid_trial(t: _Trial) -> str:
+    """Train one claimed (cell, seed) trial and tell Optuna how it ended; returns the outcome."""
+    from harness.db import with_retries
+    from harness.sweep.optuna_adapter import frozen_trial, heartbeat
+
+    attrs = with_retries(lambda: frozen_trial(t.study, t.trial)).user_attrs
     cell, seed = attrs["cell"], int(attrs["seed"])
     from harness.sweep.dashboard import label_trial, summary_attrs
 
-    label_trial(study, trial._trial_id, spec_dict, cell, seed)  # params for optuna-dashboard
-    overrides = spec_dict["cells"][cell]
-    data = apply_overrides(
-        spec_dict["base"], {**overrides, "seed": seed, "steps": spec_dict["steps"]}
-    )
-    if opts.device:
-        data["device"] = opts.device
-    if not data.get("threads"):
-        # Fixed per-worker thread count: results do not depend on how many workers share the CPU.
-        data["threads"] = opts.threads
-    cfg = build_run_config(data)
-    experiment = spec_dict["experiment"]
-    emit(
-        {
-            "event": "start",
-            "worker": opts.worker_id,
-            "cell": cell,
-            "seed": seed,
-            "steps": cfg.steps,
-            "trial": trial.number,
-        }
-    )
-    with heartbeat(study, trial):
-        _end_orphaned_runs(tracker, experiment, study.study_name, cell, seed, trial.number)
+    label_trial(t.study, t.trial, t.spec, cell, seed)  # params for optuna-dashboard
+    with heartbeat(t.study, t.trial):
+        key = {"ablation.cell": cell, "seed": str(seed)}
+        _end_orphaned_runs(t.tracker, t.spec, t.study.study_name, key)
         t0 = time.time()
-
-        def on_step(step: int, m: dict[str, float]) -> None:
-            emit(
-                {
-                    "event": "step",
-                    "worker": opts.worker_id,
-                    "step": step + 1,
-                    "reward": m.get("objective/reward", math.nan),
-                }
-            )
-
         try:
-            result, rid = tracked_run(
-                cfg,
-                tracker,
-                experiment=experiment,
-                run_name=f"{cell} seed={seed}",
-                parent_run_id=spec_dict.get("parent_run_id"),
-                tags=child_run_tags(spec_dict, study.study_name, cell, seed, trial.number),
-                on_step=on_step,
-                should_stop=should_stop,
-                results_dir=opts.results_dir,
-            )
+            cfg = t.spec.cell_config(cell, seed, device=t.opts.device, threads=t.opts.threads)
+            result, rid = t.train(cfg, cell, seed)
         except Exception as err:  # a bug or a broken store: record it, let the sweep go on
-            reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:500]
-            trial.set_user_attr("outcome", "error")
-            trial.set_user_attr("reason", reason)
-            trial.set_user_attr("traceback", traceback.format_exc()[-2000:])
-            with_retries(lambda: study.tell(trial, state=_state("FAIL")))
+            outcome = t.fail_with_error(err, cell, seed)
             attempt = int(attrs.get("attempt", 0))
-            if attempt < int(spec_dict.get("max_retries", 0)):
+            if attempt < t.spec.max_retries:
                 retry = {"cell": cell, "seed": seed, "attempt": attempt + 1}
-                with_retries(lambda: study.enqueue_trial({}, user_attrs=retry))
-            emit(
-                {
-                    "event": "done",
-                    "worker": opts.worker_id,
-                    "cell": cell,
-                    "seed": seed,
-                    "outcome": "error",
-                    "reason": reason,
-                }
-            )
-            return "error"
-    outcome = {"completed": "completed", "diverged": "diverged", "interrupted": "interrupted"}[
-        result.status
-    ]
+                with_retries(lambda: t.study.enqueue_trial({}, user_attrs=retry))
+            return outcome
     summary = {k: v for k, v in result.summary.items() if isinstance(v, float) and math.isfinite(v)}
-    value = result.summary.get(spec_dict["metric"], math.nan)
-    from optuna.exceptions import UpdateFinishedTrialError
-
-    try:
-        trial.set_user_attr("outcome", outcome)
-        trial.set_user_attr("reason", result.reason)
-        trial.set_user_attr("run_id", rid)
-        for key, val in summary_attrs(summary).items():  # one attribute each, not a JSON blob
-            trial.set_user_attr(key, val)
-        trial.set_user_attr("inert_clip", result.inert_clip)
-        trial.set_user_attr("wall_time", time.time() - t0)
-        if outcome == "completed" and math.isfinite(value):
-            with_retries(lambda: study.tell(trial, value))
-        else:
-            with_retries(lambda: study.tell(trial, state=_state("FAIL")))
-    except UpdateFinishedTrialError:
+    value = result.summary.get(t.spec.metric, math.nan)
+    outcome = result.status  # completed | diverged | interrupted
+    for k, v in {
+        "outcome": outcome,
+        "reason": result.reason,
+        "run_id": rid,
+        **summary_attrs(summary),  # one attribute each, not a JSON blob (optuna-dashboard)
+        "inert_clip": result.inert_clip,
+        "wall_time": time.time() - t0,
+    }.items():
+        t.trial.set_user_attr(k, v)
+    ok = t.tell(value) if outcome == "completed" and math.isfinite(value) else t.tell(state="FAIL")
+    if not ok:
         # Another worker judged this trial stale (e.g. its heartbeats were delayed) and a retry
         # copy exists: that copy is the one that counts. Mark this run so nobody mistakes it.
-        tracker.set_tags(rid, {"run.superseded": "trial was judged stale and retried elsewhere"})
-        emit(
-            {
-                "event": "done",
-                "worker": opts.worker_id,
-                "cell": cell,
-                "seed": seed,
-                "outcome": "interrupted",
-                "reason": "superseded",
-            }
-        )
+        t.tracker.set_tags(rid, {"run.superseded": "trial was judged stale and retried elsewhere"})
+        t.event("done", cell=cell, seed=seed, outcome="interrupted", reason="superseded")
         return "interrupted"
-    emit(
-        {
-            "event": "done",
-            "worker": opts.worker_id,
-            "cell": cell,
-            "seed": seed,
-            "outcome": outcome,
-            "value": value,
-            "reason": result.reason,
-        }
-    )
+    t.event("done", cell=cell, seed=seed, outcome=outcome, value=value, reason=result.reason)
     return outcome
 
 
-def _state(name: str) -> Any:
+def run_search_trial(t: _Trial) -> str:
+    """Sample a point, train every seed at it (pruning between seeds), tell the mean objectives."""
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+    from harness.db import with_retries
+    from harness.sweep.optuna_adapter import frozen_trial, heartbeat
+
+    assert t.spec.search is not None
+    plan = t.spec.search
+    label = f"trial {t.trial.number}"
+    with heartbeat(t.study, t.trial):
+        retried = RetryHeartbeatStaleTrialCallback.retried_trial_number(
+            with_retries(lambda: frozen_trial(t.study, t.trial))
+        )
+        if retried is not None:  # a dead worker's point, run again: end its run KILLED
+            _end_orphaned_runs(
+                t.tracker, t.spec, t.study.study_name, {"search.trial": str(retried)}
+            )
+        point = plan.suggest(t.trial)
+        values: list[list[float]] = [[] for _ in plan.objectives]
+        diverged = 0
+        t0 = time.time()
+        seed: int | None = None
+        try:
+            for i, seed in enumerate(t.spec.seeds):
+                try:
+                    cfg = t.spec.run_config(
+                        point, seed, device=t.opts.device, threads=t.opts.threads
+                    )
+                except ConfigError as err:  # a sampled point the config rejects (c_clip <= 1)
+                    t.trial.set_user_attr("outcome", "pruned")
+                    t.trial.set_user_attr("reason", f"invalid point: {err}")
+                    t.tell(state="PRUNED")
+                    t.event("done", cell=label, seed=seed, outcome="pruned", reason=str(err))
+                    return "pruned"
+                result, _ = t.train(cfg, label, seed)
+                if result.status == "interrupted":
+                    t.trial.set_user_attr("outcome", "interrupted")
+                    t.trial.set_user_attr("reason", result.reason)
+                    t.tell(state="FAIL")
+                    t.event("done", cell=label, seed=seed, outcome="interrupted")
+                    return "interrupted"
+                diverged += result.status == "diverged"
+                for j, (metric, _) in enumerate(plan.objectives):
+                    values[j].append(result.summary.get(metric, math.nan))
+                if len(plan.objectives) == 1:
+                    mean0 = _nanmean(values[0])
+                    t.trial.report(mean0, step=i)
+                    if t.trial.should_prune():
+                        t.trial.set_user_attr("outcome", "pruned")
+                        t.trial.set_user_attr("seeds_run", i + 1)
+                        t.tell(state="PRUNED")
+                        t.event("done", cell=label, seed=seed, outcome="pruned", values=[mean0])
+                        return "pruned"
+        except Exception as err:
+            return t.fail_with_error(err, label, seed)
+    out = [_nanmean(v) for v in values]
+    t.trial.set_user_attr("diverged_seeds", diverged)
+    t.trial.set_user_attr("seeds_run", len(t.spec.seeds))
+    t.trial.set_user_attr("wall_time", time.time() - t0)
+    if all(math.isfinite(v) for v in out):
+        t.trial.set_user_attr("outcome", "completed")
+        ok = t.tell(*out)
+        outcome = "completed"
+    else:
+        t.trial.set_user_attr("outcome", "diverged")
+        ok = t.tell(state="FAIL")
+        outcome = "diverged"
+    if not ok:
+        t.event("done", cell=label, seed=None, outcome="interrupted", reason="superseded")
+        return "interrupted"
+    t.event("done", cell=label, seed=None, outcome=outcome, values=out, point=point)
+    return outcome
+
+
+def _nanmean(xs: list[float]) -> float:
+    finite = [x for x in xs if math.isfinite(x)]
+    return sum(finite) / len(finite) if finite else float("nan")
+
+
+def _sampler(spec: StudySpec, worker_id: int) -> Any:
+    import optuna
+
+    assert spec.search is not None
+    # constant_liar: parallel workers do not all sample the same promising point.
+    seed = spec.search.sampler_seed + worker_id
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+
+
+def _pruner(name: str) -> Any:
+    import optuna
+
+    if name == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=0)
+    if name == "wilcoxon":
+        return optuna.pruners.WilcoxonPruner(p_threshold=0.1)
+    return optuna.pruners.NopPruner()
+
+
+def _next_trial(study: Any, spec: StudySpec) -> tuple[Any | None, int]:
+    """The next trial this worker should run (None if there is none now), and how many trials
+    are running elsewhere."""
     from optuna.trial import TrialState
 
-    return TrialState[name]
+    from harness.db import with_retries
+    from harness.sweep.optuna_adapter import claim_waiting_trial, fail_stale_trials
+
+    with_retries(lambda: fail_stale_trials(study))
+    if spec.kind == "grid":
+        trial = with_retries(lambda: claim_waiting_trial(study))
+    else:
+        assert spec.search is not None
+        trials = with_retries(lambda: study.get_trials(deepcopy=False))
+        states = [t.state for t in trials]
+        finished = sum(s in (TrialState.COMPLETE, TrialState.PRUNED) for s in states)
+        busy = sum(s in (TrialState.RUNNING, TrialState.WAITING) for s in states)
+        trial = None
+        if finished + busy < spec.search.n_trials or TrialState.WAITING in states:
+            with warnings.catch_warnings():  # "heartbeat is supposed to be used with optimize"
+                warnings.simplefilter("ignore", UserWarning)  # we beat ourselves (heartbeat())
+                trial = study.ask()  # takes a WAITING retry first, else samples a new point
+    if trial is not None:
+        return trial, 0
+    running = with_retries(lambda: study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+    return None, len(running)
 
 
 def worker_loop(
@@ -229,55 +335,50 @@ def worker_loop(
     emit: Callable[[Event], None] = lambda e: None,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> dict[str, int]:
-    """Claim and run trials until none are waiting (or running elsewhere) or a stop is asked."""
+    """Take and run trials until none is left (none waiting, none running elsewhere, or a
+    search's ``n_trials`` reached) or a stop is asked; returns outcome counts."""
     import optuna
     import torch
 
-    from harness.sweep.storage import (
-        claim_waiting_trial,
-        fail_stale_trials,
-        make_storage,
-        with_retries,
-    )
+    from harness.db import with_retries
+    from harness.sweep.storage import make_storage
+    from harness.tracked import tracked_run  # noqa: F401  (imported before a trial is claimed)
     from harness.tracking import make_tracker
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     torch.set_num_threads(max(1, opts.threads))
-    storage = make_storage(
-        opts.storage, opts.results_dir, heartbeat_interval=opts.heartbeat_interval
-    )
+    storage = make_storage(opts.storage, opts.results_dir)
     study = with_retries(lambda: optuna.load_study(study_name=opts.study, storage=storage))
-    spec_dict = json.loads(study.user_attrs[SPEC_ATTR])
-    # Every worker of a study must beat and judge staleness on the same clock: the study's.
-    interval = int(spec_dict.get("heartbeat_interval", opts.heartbeat_interval))
-    if interval != opts.heartbeat_interval:
-        opts.heartbeat_interval = interval
-        storage = make_storage(opts.storage, opts.results_dir, heartbeat_interval=interval)
-        study = with_retries(lambda: optuna.load_study(study_name=opts.study, storage=storage))
-    tracker = make_tracker(opts.tracking_uri or spec_dict.get("tracking_uri"), opts.results_dir)
-    counts = {"completed": 0, "diverged": 0, "error": 0, "interrupted": 0}
+    spec = load_study_spec(study)
+    # Every worker of a study beats and judges staleness on the study's clock.
+    storage = make_storage(
+        opts.storage, opts.results_dir, heartbeat_interval=spec.heartbeat_interval
+    )
+    kwargs: dict[str, Any] = {}
+    if spec.search is not None:
+        kwargs = {"sampler": _sampler(spec, opts.worker_id), "pruner": _pruner(spec.search.pruner)}
+    study = with_retries(
+        lambda: optuna.load_study(study_name=opts.study, storage=storage, **kwargs)
+    )
+    tracker = make_tracker(opts.tracking_uri or spec.tracking_uri, opts.results_dir)
+    counts = dict.fromkeys(OUTCOMES, 0)
+    run = run_search_trial if spec.kind == "search" else run_grid_trial
     try:
         while not should_stop():
-            with_retries(lambda: fail_stale_trials(study))
-            trial = with_retries(lambda: claim_waiting_trial(study))
+            trial, running = _next_trial(study, spec)
             if trial is None:
-                from optuna.trial import TrialState
-
-                running = with_retries(
-                    lambda: study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                )
                 if opts.exit_when_idle and not running:
                     break
                 # Others are still running: wait, a dead one's trial may come back as WAITING.
-                for _ in range(opts.heartbeat_interval * 2):
+                for _ in range(spec.heartbeat_interval * 2):
                     if should_stop():
                         break
                     time.sleep(0.5)
                 continue
-            outcome = run_trial(
-                study, trial, spec_dict, tracker, opts, emit=emit, should_stop=should_stop
-            )
+            outcome = run(_Trial(study, trial, spec, tracker, opts, emit, should_stop))
             counts[outcome] += 1
+            if outcome == "error" and spec.kind == "search":
+                break  # a search point has no retry budget: stop rather than spin on a bug
     finally:
         tracker.flush()
     emit({"event": "exit", "worker": opts.worker_id, "pid": os.getpid()})

@@ -1,0 +1,164 @@
+"""Database helpers shared by the Optuna storage and the MLflow tracker: transient-error
+detection, jittered-backoff retries, the psycopg2 driver pin and a fast connection probe.
+
+A neutral module: it imports neither the sweep nor the tracker (nor, at import time, SQLAlchemy),
+so both can use it without importing each other.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from harness.redact import redact_text, url_password
+
+_logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+CONNECT_TIMEOUT_S = 5
+
+
+def is_transient_db_error(error: BaseException) -> bool:
+    """True if ``error`` (or an error it wraps) is a lost or refused database connection.
+
+    Optuna wraps SQLAlchemy errors raised at commit in ``StorageInternalError``, so the causes
+    are inspected too. Integrity and programming errors are not transient.
+    """
+    import sqlalchemy.exc as sa_exc
+
+    transient: tuple[type[BaseException], ...] = (
+        sa_exc.OperationalError,
+        sa_exc.InterfaceError,
+        sa_exc.DisconnectionError,
+        ConnectionError,
+    )
+    try:
+        import psycopg2
+
+        transient += (psycopg2.OperationalError, psycopg2.InterfaceError)
+    except ImportError:  # pragma: no cover - psycopg2 is a dependency
+        pass
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, transient):
+            return True
+        if isinstance(seen, sa_exc.DBAPIError) and seen.connection_invalidated:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def with_retries(
+    fn: Callable[[], _T],
+    *,
+    attempts: int = 8,
+    base_delay: float = 0.5,
+    max_delay: float = 15.0,
+    retry_on: Callable[[BaseException], bool] = is_transient_db_error,
+    sleep: Callable[[float], None] = time.sleep,
+    on_retry: Callable[[BaseException], None] | None = None,
+) -> _T:
+    """Call ``fn()``; on a transient database error wait and try again, up to ``attempts`` times.
+
+    Waits grow as ``base_delay * 2**k`` (capped at ``max_delay``) with ±50 % jitter so that
+    workers reconnecting after a restart do not arrive in lockstep; the defaults ride out
+    about a minute of downtime. Other errors, and the last transient one, propagate.
+
+    Not every storage call is idempotent: a write whose commit succeeded while the connection
+    dropped raises but took effect. Retrying ``study.tell`` then raises
+    ``UpdateFinishedTrialError``, which the caller should read as "already told"; retrying
+    ``enqueue_trial`` should use ``skip_if_exists=True``.
+    """
+    if attempts < 1:
+        raise ValueError(f"attempts must be >= 1; got {attempts}")
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except Exception as error:
+            if attempt == attempts - 1 or not retry_on(error):
+                raise
+            delay = min(base_delay * 2**attempt, max_delay) * (0.5 + random.random())
+            if on_retry is not None:
+                on_retry(error)
+            _logger.warning(
+                "database unavailable (%s); retry %d/%d in %.1f s",
+                short_reason(error),
+                attempt + 1,
+                attempts - 1,
+                delay,
+            )
+            sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def sqlalchemy_url(url: str) -> str:
+    """Pin ``postgresql://`` to the installed driver: ``postgresql+psycopg2://`` without psycopg 3.
+
+    SQLAlchemy 2.1 made psycopg 3 the default driver of a bare ``postgresql://`` URL, while the
+    harness depends on ``psycopg2-binary``; without this, every PostgreSQL URL fails with
+    "No module named 'psycopg'". URLs that name a driver are returned unchanged.
+    """
+    if not url.startswith("postgresql://"):
+        return url
+    import importlib.util
+
+    if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2"):
+        return "postgresql+psycopg2://" + url.removeprefix("postgresql://")
+    return url
+
+
+def database_connect_error(url: str, *, timeout: float = CONNECT_TIMEOUT_S) -> str | None:
+    """Try one connection to the SQL database at ``url``; return a short reason, or None if OK.
+
+    Used before handing a URL to Optuna or MLflow, both of which otherwise retry (MLflow) or
+    block (libpq's default has no connect timeout) for minutes on an unreachable server.
+    """
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    connect_args: dict[str, Any] = {}
+    if url.startswith("postgresql"):
+        connect_args["connect_timeout"] = max(1, int(timeout))
+    try:
+        engine = sqlalchemy.create_engine(
+            sqlalchemy_url(url), poolclass=NullPool, connect_args=connect_args
+        )
+    except Exception as error:  # bad URL syntax or a missing driver
+        return short_reason(error, url)
+    try:
+        with engine.connect():
+            return None
+    except Exception as error:
+        return short_reason(error, url)
+    finally:
+        engine.dispose()
+
+
+def short_reason(error: BaseException, url: str | None = None) -> str:
+    """One line, password-free explanation of a driver error (``Connection refused``).
+
+    Looks through wrappers (Optuna's ``StorageInternalError`` says only "An exception is raised
+    during the commit") down to the driver's own error.
+    """
+    cause: BaseException = error
+    seen: BaseException | None = error
+    while seen is not None:
+        orig = getattr(seen, "orig", None)
+        if isinstance(orig, BaseException):
+            cause = orig
+            break
+        cause = seen
+        seen = seen.__cause__
+    text = str(cause).strip() or type(cause).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    # libpq: 'connection to server at "h" (ip), port p failed: <reason>' — keep the reason.
+    reasons = [m.group(1) for line in lines if (m := re.search(r"failed: (.+)$", line))]
+    line = reasons[-1] if reasons else lines[0]
+    if line.startswith("FATAL:"):
+        line = line.removeprefix("FATAL:").strip()
+    secret = url_password(url) if url else None
+    return redact_text(line, [secret] if secret else [])[:200]

@@ -1,0 +1,301 @@
+"""The study contract: one frozen, typed ``StudySpec`` (a grid or a search), stored as JSON on the
+Optuna study and read back by every worker, ``status``, ``report`` and ``export``.
+
+It is the only thing the harness stores on a study (besides the parent-run id, the grid hash and
+the command line, which ``open_study`` also keeps as plain attrs for other tools), and
+:meth:`StudySpec.run_config` is the only place a ``RunConfig`` is built from a cell (or a
+sampled search point) and a seed.  Reading a study needs this module and Optuna, never the
+worker.
+
+    spec = load_study_spec(optuna.load_study(study_name="clip", storage=storage))
+    cfg = spec.cell_config("eps_clip=0.2 c_clip=3", seed=0)   # grid
+    cfg = spec.run_config({"ppo.eps_clip": 0.13}, seed=0)     # any point
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal
+
+from harness.configtools import ConfigError
+
+if TYPE_CHECKING:
+    from harness.config import RunConfig
+    from harness.experiment import ExperimentSpec
+
+# Study user attrs (the study schema).
+SPEC_ATTR = "harness.spec"  # StudySpec.to_json()
+PARENT_ATTR = "harness.parent_run_id"  # the MLflow parent run
+HASH_ATTR = "harness.grid_hash"  # identity of what the study computes
+COMMAND_ATTR = "harness.command"  # the command line that ran the sweep (shown in its report)
+SCHEMA = 2  # 1: the untyped payloads of harness <= 0.1 (still readable)
+
+StudyKind = Literal["grid", "search"]
+
+
+def heartbeat_interval_from_env() -> int:
+    """Seconds between trial heartbeats for a new study (``HARNESS_HEARTBEAT_S``, default 5).
+
+    Read once, when a study's spec is made; every worker then uses the study's value, so all
+    of them beat and judge staleness on one clock."""
+    import os
+
+    raw = os.environ.get("HARNESS_HEARTBEAT_S", "5")
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"HARNESS_HEARTBEAT_S: must be an integer >= 1; got {raw!r}") from None
+    if value < 1:
+        raise ConfigError(f"HARNESS_HEARTBEAT_S: must be an integer >= 1; got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class SearchParam:
+    """One searched run-config field (``experiment.SearchParam``, frozen for the study)."""
+
+    path: str
+    type: Literal["float", "int", "categorical"]
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = None
+    choices: tuple[Any, ...] | None = None
+
+    def suggest(self, trial: Any) -> Any:
+        """Sample this field on an Optuna trial (the trial records it under ``path``)."""
+        if self.type == "categorical":
+            return trial.suggest_categorical(self.path, list(self.choices or ()))
+        if self.type == "int":
+            return trial.suggest_int(
+                self.path, int(self.low or 0), int(self.high or 0), log=self.log
+            )
+        return trial.suggest_float(
+            self.path, float(self.low or 0.0), float(self.high or 0.0), log=self.log, step=self.step
+        )
+
+
+@dataclass(frozen=True)
+class SearchPlan:
+    """What a search study samples and optimizes."""
+
+    n_trials: int
+    params: tuple[SearchParam, ...]
+    objectives: tuple[tuple[str, str], ...]  # (metric, maximize|minimize)
+    pruner: str = "median"  # median | wilcoxon | none
+    sampler_seed: int = 0
+
+    def suggest(self, trial: Any) -> dict[str, Any]:
+        return {p.path: p.suggest(trial) for p in self.params}
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """Everything any worker, anywhere, needs to run any trial of a study.  Read-only: the
+    mappings are never mutated (configs are built on deep copies)."""
+
+    kind: StudyKind
+    experiment: str  # the experiment file's name: MLflow experiment of every run
+    description: str
+    grid_hash: str
+    base: Mapping[str, Any]  # the base RunConfig, fully resolved (every default filled in)
+    seeds: tuple[int, ...]
+    steps: int
+    metric: str  # ranking metric (a search: its first objective)
+    direction: str  # maximize | minimize
+    axes: Mapping[str, list[Any]] = field(default_factory=dict)  # grid only
+    cells: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # label -> overrides
+    choices: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # label -> axis -> value
+    baseline: str | None = None
+    search: SearchPlan | None = None  # search only
+    tracking_uri: str | None = None  # password-redacted; workers pass their own when needed
+    max_retries: int = 0  # re-runs of a trial that failed with an error (grid)
+    heartbeat_interval: int = 5  # seconds; every worker of the study beats on this clock
+    parent_run_id: str | None = None
+
+    # -- building -------------------------------------------------------------------------
+
+    @classmethod
+    def from_experiment(
+        cls,
+        spec: ExperimentSpec,
+        *,
+        tracking_uri: str | None = None,
+        max_retries: int = 0,
+        heartbeat_interval: int = 5,
+    ) -> StudySpec:
+        from harness.config import build_run_config
+        from harness.configtools import to_dict
+        from harness.redact import redact_url
+
+        search = None
+        if spec.search is not None:
+            s = spec.search
+            search = SearchPlan(
+                n_trials=s.n_trials,
+                params=tuple(
+                    SearchParam(
+                        path=p.path,
+                        type=p.type,  # type: ignore[arg-type]
+                        low=p.low,
+                        high=p.high,
+                        log=p.log,
+                        step=p.step,
+                        choices=tuple(p.choices) if p.choices is not None else None,
+                    )
+                    for p in s.params
+                ),
+                objectives=tuple((m, d) for m, d in s.objectives),
+                pruner=s.pruner,
+                sampler_seed=s.sampler_seed,
+            )
+        metric, direction = search.objectives[0] if search else (spec.metric, spec.direction)
+        return cls(
+            kind="search" if search else "grid",
+            experiment=spec.name,
+            description=spec.description,
+            grid_hash=spec.grid_hash(),
+            base=to_dict(build_run_config(spec.base)),
+            seeds=tuple(spec.seeds),
+            steps=spec.steps,
+            metric=metric,
+            direction=direction,
+            axes={} if search else dict(spec.axes),
+            cells={} if search else {c.label: dict(c.overrides) for c in spec.cells},
+            choices={} if search else {c.label: dict(c.choice) for c in spec.cells},
+            baseline=None if search else spec.baseline,
+            search=search,
+            tracking_uri=redact_url(tracking_uri) if tracking_uri else None,
+            max_retries=max_retries,
+            heartbeat_interval=heartbeat_interval,
+        )
+
+    def with_parent(self, run_id: str | None) -> StudySpec:
+        return replace(self, parent_run_id=run_id)
+
+    # -- the one place a RunConfig is built ------------------------------------------------
+
+    def run_config(
+        self,
+        overrides: Mapping[str, Any],
+        seed: int | None,
+        *,
+        device: str | None = None,
+        threads: int | None = None,
+    ) -> RunConfig:
+        """Base + ``overrides`` (dotted paths) + seed and steps, on a deep copy, validated.
+        ``seed=None`` keeps the base's seed (an exported configuration).
+
+        ``device`` (a worker's device) wins over the config's; ``threads`` applies only where
+        the config leaves it unset, so a study's results do not depend on which worker ran
+        them.  Raises ``ConfigError`` for a point the config rejects."""
+        from harness.config import apply_overrides, build_run_config
+
+        fixed = {"steps": self.steps} if seed is None else {"seed": seed, "steps": self.steps}
+        data = apply_overrides(dict(self.base), {**overrides, **fixed})
+        if device:
+            data["device"] = device
+        if not data.get("threads") and threads:
+            data["threads"] = threads
+        return build_run_config(data)
+
+    def cell_config(
+        self, cell: str, seed: int, *, device: str | None = None, threads: int | None = None
+    ) -> RunConfig:
+        if cell not in self.cells:
+            raise ConfigError(f"cell: {cell!r} is not a cell of study {self.experiment!r}")
+        return self.run_config(self.cells[cell], seed, device=device, threads=threads)
+
+    # -- facts ------------------------------------------------------------------------------
+
+    @property
+    def objectives(self) -> tuple[tuple[str, str], ...]:
+        return self.search.objectives if self.search else ((self.metric, self.direction),)
+
+    @property
+    def directions(self) -> list[str]:
+        return [d for _, d in self.objectives]
+
+    @property
+    def expected_trials(self) -> int:
+        """Trials the study is done at: cells x seeds (grid) or n_trials (search)."""
+        if self.search is not None:
+            return self.search.n_trials
+        return len(self.cells) * len(self.seeds)
+
+    # -- storage ----------------------------------------------------------------------------
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["schema"] = SCHEMA
+        return json.dumps(data, default=str)
+
+    @classmethod
+    def from_json(cls, text: str) -> StudySpec:
+        """Parse a stored spec, including the untyped payloads of studies made before it."""
+        d = json.loads(text)
+        if not isinstance(d, dict):
+            raise ConfigError("study: its stored spec is not a mapping")
+        legacy_search = "kind" not in d and "objectives" in d  # schema 1 search payload
+        kind: StudyKind = "search" if d.get("kind") == "search" or legacy_search else "grid"
+        search = None
+        if kind == "search":
+            raw = d.get("search") or {
+                "n_trials": d.get("n_trials", 0),
+                "params": [],
+                "objectives": d.get("objectives", []),
+            }
+            search = SearchPlan(
+                n_trials=int(raw["n_trials"]),
+                params=tuple(
+                    SearchParam(
+                        **{
+                            **p,
+                            "choices": tuple(p["choices"])
+                            if p.get("choices") is not None
+                            else None,
+                        }
+                    )
+                    for p in raw.get("params", [])
+                ),
+                objectives=tuple((m, dr) for m, dr in raw.get("objectives", [])),
+                pruner=raw.get("pruner", "median"),
+                sampler_seed=int(raw.get("sampler_seed", 0)),
+            )
+        first = search.objectives[0] if search and search.objectives else (None, None)
+        return cls(
+            kind=kind,
+            experiment=d["experiment"],
+            description=d.get("description", ""),
+            grid_hash=d.get("grid_hash", ""),
+            base=d["base"],
+            seeds=tuple(int(s) for s in d["seeds"]),
+            steps=int(d["steps"]),
+            metric=d.get("metric") or first[0] or "final/reward",
+            direction=d.get("direction") or first[1] or "maximize",
+            axes=d.get("axes") or {},
+            cells=d.get("cells") or {},
+            choices=d.get("choices") or {},
+            baseline=d.get("baseline"),
+            search=search,
+            tracking_uri=d.get("tracking_uri"),
+            max_retries=int(d.get("max_retries", 0)),
+            heartbeat_interval=int(d.get("heartbeat_interval", 5)),
+            parent_run_id=d.get("parent_run_id"),
+        )
+
+
+def has_study_spec(study: Any) -> bool:
+    return SPEC_ATTR in study.user_attrs
+
+
+def load_study_spec(study: Any) -> StudySpec:
+    """The spec stored on an Optuna study (``ConfigError`` if the harness did not make it)."""
+    text = study.user_attrs.get(SPEC_ATTR)
+    if text is None:
+        raise ConfigError(
+            f"study: {study.study_name!r} was not made by `harness ablate` or `search`"
+        )
+    return StudySpec.from_json(text)

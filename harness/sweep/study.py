@@ -1,0 +1,253 @@
+"""Opening and reading studies: the one ``open_study`` (grid or search), the grid's queue of
+missing (cell, seed) trials, the counts ``harness status`` shows, and the best point a study
+found (what ``harness export`` takes).
+
+Study identity: the Optuna study is named after the experiment (or ``--study-name``) and carries
+the grid hash.  Re-running the same command resumes it — only (cell, seed) pairs with no
+completed or diverged trial are enqueued, and trials already waiting or running are left alone.
+A changed grid (or search space) under the same name is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from harness.configtools import ConfigError
+from harness.db import with_retries
+from harness.experiment import ExperimentSpec
+from harness.sweep.spec import (
+    COMMAND_ATTR,
+    HASH_ATTR,
+    PARENT_ATTR,
+    SPEC_ATTR,
+    StudySpec,
+    heartbeat_interval_from_env,
+    load_study_spec,
+)
+
+# Grid outcomes that are results: re-running would give the same (a diverged run diverges again).
+DONE_OUTCOMES = ("completed", "diverged")
+
+
+def open_study(
+    exp: ExperimentSpec,
+    *,
+    storage: Any,
+    tracker: Any,
+    study_name: str | None,
+    tracking_uri: str | None,
+    command: str,
+    max_retries: int = 0,
+) -> tuple[Any, StudySpec]:
+    """Create or load the study of ``exp`` (refusing a changed grid or search space), open its
+    MLflow parent run (a resume reuses it) and store the study's ``StudySpec`` on it."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    spec = StudySpec.from_experiment(
+        exp,
+        tracking_uri=tracking_uri,
+        max_retries=max_retries,
+        heartbeat_interval=heartbeat_interval_from_env(),
+    )
+    name = study_name or exp.name
+    what = "search space" if spec.kind == "search" else "grid"
+    try:
+        study = with_retries(lambda: optuna.load_study(study_name=name, storage=storage))
+        old = study.user_attrs.get(HASH_ATTR)
+        if old != spec.grid_hash:
+            raise ConfigError(
+                f"study {name!r} already exists with a different {what} (hash {old} != "
+                f"{spec.grid_hash}); to start a new study run again with --study-name {name}-2 "
+                "(or another new name)"
+            )
+        if SPEC_ATTR in study.user_attrs:
+            # A resume keeps the study's clock: live workers of it may still be beating.
+            stored = load_study_spec(study)
+            spec = replace(spec, heartbeat_interval=stored.heartbeat_interval)
+    except KeyError:
+        study = with_retries(
+            lambda: optuna.create_study(
+                study_name=name,
+                storage=storage,
+                directions=spec.directions,  # type: ignore[arg-type]
+            )
+        )
+        study.set_user_attr(HASH_ATTR, spec.grid_hash)
+    if spec.kind == "grid":
+        from harness.sweep.dashboard import name_objective
+
+        name_objective(study, spec.metric)  # optuna-dashboard shows the metric, not "Objective 0"
+
+    parent = study.user_attrs.get(PARENT_ATTR)
+    if parent:
+        tracker.start_run(experiment=exp.name, run_name=name, run_id=parent)
+    else:
+        parent = _start_parent_run(exp, spec, tracker, name)
+        study.set_user_attr(PARENT_ATTR, parent)
+    tracker.set_tags(parent, {"harness.command": command})
+    study.set_user_attr(COMMAND_ATTR, command)
+    spec = spec.with_parent(parent)
+    study.set_user_attr(SPEC_ATTR, spec.to_json())
+    return study, spec
+
+
+def _start_parent_run(exp: ExperimentSpec, spec: StudySpec, tracker: Any, name: str) -> str:
+    from harness.configtools import flatten
+    from harness.provenance import provenance_tags
+
+    tags = {"harness.study": name, "harness.role": "parent", "harness.grid_hash": spec.grid_hash}
+    label = "search" if spec.kind == "search" else "study"
+    parent = tracker.start_run(
+        experiment=exp.name, run_name=f"{name} ({label})", tags={**provenance_tags(), **tags}
+    )
+    if spec.kind == "grid":
+        tracker.log_params(parent, {f"base.{k}": v for k, v in flatten(exp.base).items()})
+        tracker.log_params(
+            parent,
+            {
+                "grid.axes": json.dumps(exp.axes, default=str),
+                "grid.cells": len(exp.cells),
+                "grid.seeds": json.dumps(exp.seeds),
+                "grid.steps": exp.steps,
+                "grid.metric": exp.metric,
+                "grid.baseline": exp.baseline or "",
+            },
+        )
+    tracker.log_text(parent, Path(exp.path).read_text() if exp.path else "", "experiment.yaml")
+    return str(parent)
+
+
+def trial_key(t: Any) -> tuple[str, int] | None:
+    """(cell, seed) of a grid trial; None for any other trial."""
+    ua = t.user_attrs
+    if "cell" not in ua or "seed" not in ua:
+        return None
+    return ua["cell"], int(ua["seed"])
+
+
+def enqueue_missing(study: Any, spec: StudySpec) -> tuple[int, int]:
+    """Enqueue every (cell, seed) without a finished, waiting or running trial.
+
+    Returns (enqueued now, already finished).  Finished = COMPLETE, or FAIL with outcome
+    'diverged' (a result; re-running would diverge again).  Trials that failed with an error or
+    were interrupted are enqueued again.  A search study enqueues nothing (its workers ask the
+    sampler) and counts its COMPLETE or PRUNED trials as finished."""
+    from optuna.trial import TrialState
+
+    trials = with_retries(lambda: study.get_trials(deepcopy=False))
+    if spec.kind == "search":
+        return 0, sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+    finished: set[tuple[str, int]] = set()
+    pending: set[tuple[str, int]] = set()
+    for t in trials:
+        key = trial_key(t)
+        if key is None:
+            continue
+        if t.state == TrialState.COMPLETE or (
+            t.state == TrialState.FAIL and t.user_attrs.get("outcome") == "diverged"
+        ):
+            finished.add(key)
+        elif t.state in (TrialState.WAITING, TrialState.RUNNING):
+            pending.add(key)
+    n = 0
+    for cell in spec.cells:
+        for seed in spec.seeds:
+            key = (cell, seed)
+            if key in finished or key in pending:
+                continue
+            attrs = {"cell": cell, "seed": seed, "attempt": 0}
+            with_retries(lambda a=attrs: study.enqueue_trial({}, user_attrs=a))  # type: ignore[misc]
+            n += 1
+    return n, len(finished & {(c, s) for c in spec.cells for s in spec.seeds})
+
+
+@dataclass(frozen=True)
+class StudyCounts:
+    """What ``harness status`` shows for one study.  A grid counts its (cell, seed) pairs (the
+    newest trial of each decides); a search counts its trials, done = COMPLETE or PRUNED."""
+
+    done: int
+    diverged: int
+    running: int
+    waiting: int
+    failed: int
+    total: int
+
+
+def study_counts(study: Any, spec: StudySpec | None) -> StudyCounts:
+    from collections import Counter
+
+    trials = study.get_trials(deepcopy=False)
+    states: Counter[str] = Counter()
+    if spec is not None and spec.kind == "search":
+        for t in trials:
+            states["COMPLETE" if t.state.name == "PRUNED" else t.state.name] += 1
+        total = spec.expected_trials
+    else:
+        latest: dict[Any, Any] = {}
+        for t in trials:
+            latest[trial_key(t) or ("#", t.number)] = t
+        for t in latest.values():
+            s = t.state.name
+            if s == "FAIL" and t.user_attrs.get("outcome") == "diverged":
+                s = "DIVERGED"
+            states[s] += 1
+        total = spec.expected_trials if spec is not None else len(latest)
+    return StudyCounts(
+        done=states["COMPLETE"],
+        diverged=states["DIVERGED"],
+        running=states["RUNNING"],
+        waiting=states["WAITING"],
+        failed=states["FAIL"],
+        total=total,
+    )
+
+
+@dataclass(frozen=True)
+class BestPoint:
+    """The best configuration a study found: a grid's top cell in the report's ranking (IQM of
+    the metric over its seeds), or a search's best trial (the first of the Pareto front)."""
+
+    label: str  # the cell's label, or "trial N"
+    overrides: dict[str, Any]  # dotted run-config path -> value, on top of the spec's base
+    value: float  # IQM of the ranking metric (grid) or the first objective (search)
+    seeds: int  # runs the value averages
+
+
+def best_point(study: Any, spec: StudySpec) -> BestPoint | None:
+    """None when no trial has finished yet.  ``spec.run_config(best.overrides, seed)`` rebuilds
+    the winning configuration."""
+
+    from optuna.trial import TrialState
+
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if not complete:
+        return None
+    sign = 1.0 if spec.direction == "maximize" else -1.0
+    if spec.kind == "search":
+        best = study.best_trials if len(spec.objectives) > 1 else [study.best_trial]
+        top = max(best, key=lambda t: sign * t.values[0])
+        return BestPoint(
+            label=f"trial {top.number}",
+            overrides=dict(top.params),
+            value=float(top.values[0]),
+            seeds=int(top.user_attrs.get("seeds_run", len(spec.seeds))),
+        )
+    # A grid's best cell is the report's: top of the ranking by the IQM of the metric.
+    from harness.report import ranking
+    from harness.sweep.results import load_study_data
+
+    rows = [r for r in ranking(load_study_data(study, None), n_boot=200) if r.n_used]
+    if not rows:
+        return None
+    top = rows[0]
+    return BestPoint(
+        label=top.label,
+        overrides=dict(spec.cells[top.label]),
+        value=top.iqm.point,
+        seeds=top.n_used,
+    )
