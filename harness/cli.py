@@ -373,6 +373,28 @@ def _check_store_urls(storage: str | None, tracking_uri: str | None) -> None:
             check_http_credentials(tracking_uri)
         except ValueError as error:
             raise ConfigError(f"--{error}".replace("--tracking_uri", "--tracking-uri", 1)) from None
+    for flag, url in (("--storage", storage), ("--tracking-uri", tracking_uri)):
+        if url is not None and url.startswith("sqlite:///"):
+            _check_sqlite_path(flag, url[len("sqlite:///") :])
+
+
+def _check_sqlite_path(flag: str, path: str) -> None:
+    """sqlite:///PATH must name a file in an existing directory: SQLAlchemy/MLflow would
+    otherwise create the directories (anywhere on the machine) or use an in-memory database."""
+    from harness.configtools import ConfigError
+
+    if not path or path.endswith("/"):
+        raise ConfigError(f"{flag}: sqlite:///PATH needs a database file path; got {path!r}")
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"{flag}: {path!r} is a directory; name a database file in it")
+    if not target.parent.is_dir():
+        raise ConfigError(
+            f"{flag}: directory {str(target.parent)!r} does not exist (create it first)"
+        )
+
+
+MAX_WORKERS = 256  # local worker processes; more is a typo, not a plan (each loads torch)
 
 
 def _workers_and_devices(workers: int, devices: str | None) -> tuple[int, list[str] | None]:
@@ -380,8 +402,8 @@ def _workers_and_devices(workers: int, devices: str | None) -> tuple[int, list[s
     worker count, one worker per device."""
     from harness.configtools import ConfigError
 
-    if workers < 1:
-        raise ConfigError(f"--workers: must be >= 1; got {workers}")
+    if not 1 <= workers <= MAX_WORKERS:
+        raise ConfigError(f"--workers: must be an integer in [1, {MAX_WORKERS}]; got {workers}")
     if not devices:
         return workers, None
     device_list = [d.strip() for d in devices.split(",")]
@@ -480,8 +502,8 @@ def ablate_cmd(
     from harness.experiment import load_experiment
 
     workers, device_list = _workers_and_devices(workers, devices)
-    if max_retries < 0:
-        raise ConfigError(f"--max-retries: must be >= 0; got {max_retries}")
+    if not 0 <= max_retries <= 100:
+        raise ConfigError(f"--max-retries: must be an integer in [0, 100]; got {max_retries}")
     spec = load_experiment(experiment_file)
     if spec.search is not None:
         raise ConfigError(f"{experiment_file}: has a search section; run it with `harness search`")

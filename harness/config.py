@@ -382,8 +382,9 @@ class RunConfig:
                 where, why = problems[0]
                 raise ValueError(f"{where}: not expressible with trainer: trl ({why})")
         for name, norm in (("adv_norm", self.ppo.adv_norm), ("reward_norm", self.ppo.reward_norm)):
-            if norm is not None and norm.uses_groups and name == "reward_norm":
-                # The loop passes the real group sizes; a fixed group_size must agree with them.
+            if norm is not None and norm.uses_groups:
+                # The loop passes the real group sizes (to reward_norm and adv_norm alike); a
+                # fixed group_size that disagrees with them would be silently ignored.
                 if norm.group_size not in (1, self.rollout.n_samples):
                     raise ValueError(
                         f"ppo.{name}.group_size {norm.group_size} must equal rollout.n_samples "
@@ -432,9 +433,26 @@ _StrictLoader.add_constructor(
 )
 
 
+MAX_YAML_VALUES = 100_000
+
+
 def parse_yaml_text(text: str) -> Any:
-    """YAML (safe subset) with duplicate keys refused; raises ``yaml.YAMLError``."""
-    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    """YAML (safe subset) with duplicate keys refused; raises ``yaml.YAMLError``.
+
+    Aliases share objects, so a few lines can stand for billions of values ("billion laughs");
+    the expanded size is bounded before anything copies, hashes or walks the data."""
+    data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    stack, seen = [data], 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > MAX_YAML_VALUES:
+            raise yaml.YAMLError(f"expands to more than {MAX_YAML_VALUES} values (nested aliases?)")
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return data
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:

@@ -211,6 +211,15 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     raise ConfigError(f"{path}: unsupported field type {tp!r}")  # pragma: no cover
 
 
+def check_value(value: Any, tp: Any, md: Any, path: str) -> Any:
+    """Convert one value to ``tp`` and check it against the declaration ``md`` (a ``meta(...)``
+    dict): the same checks ``from_dict`` applies to a field, for values that are not dataclass
+    fields (task options, experiment-level counts)."""
+    converted = _convert(value, tp, path)
+    check_declared(converted, md, path)
+    return converted
+
+
 def from_dict(cls: type[T], data: dict[str, Any], path: str = "") -> T:
     """Build dataclass ``cls`` from ``data``; unknown keys and wrong types raise ConfigError."""
     hints = typing.get_type_hints(cls)
@@ -230,6 +239,9 @@ def from_dict(cls: type[T], data: dict[str, Any], path: str = "") -> T:
     except (ValueError, TypeError) as err:
         prefix = f"{path}." if path else ""
         msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+        last = path.rpartition(".")[2]
+        if last and msg.startswith(f"{last}."):  # "rejection_sampling.upper must ..." names
+            prefix = path[: -len(last)]  # its own sub-config already: do not say it twice
         raise ConfigError(f"{prefix}{msg}") from None
 
 

@@ -180,6 +180,13 @@ def _check_overrides(
                 where,
                 f"{path!r} is not a run-config path (e.g. ppo.eps_clip, ppo.adv_norm.mean_level, rollout.staleness)",
             )
+        if full in ("seed", "steps"):  # every trial sets these from the top-level keys
+            raise _err(
+                file,
+                where,
+                f"{path!r} cannot vary per cell: it is set for every trial by the top-level "
+                f"'{'seeds' if full == 'seed' else 'steps'}:' key",
+            )
     # The overrides are checked together (a variant may set keys that only make sense as a
     # set, e.g. a weight mode and its cap), each time on a fresh copy of the base.
     try:
@@ -483,6 +490,8 @@ def _parse_search(
                 f"must be maximize or minimize; got {d!r}",
             )
         objectives.append((m, d))
+    if len(objectives) == 2 and objectives[0][0] == objectives[1][0]:
+        raise _err(file, "search.objectives", f"names {objectives[0][0]!r} twice")
     pruner = raw.get("pruner", "median")
     if pruner not in ("median", "wilcoxon", "none"):
         raise _err(file, "search.pruner", f"must be median, wilcoxon or none; got {pruner!r}")

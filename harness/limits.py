@@ -72,7 +72,13 @@ def check_lengths(cfg: RunConfig, task: Task) -> None:
             "model_options.lora: needs the optional peft package (pip install -e '.[lora]')"
         )
     limit, where = model_limit(cfg)
-    tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.model_options.trust_remote_code)
+    try:
+        tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.model_options.trust_remote_code)
+    except (ValueError, OSError) as err:  # e.g. a directory with config.json but no tokenizer
+        first = str(err).splitlines()[0].strip() if str(err) else type(err).__name__
+        if first.startswith("model"):
+            raise
+        raise ValueError(f"model: cannot load a tokenizer from {cfg.model!r} ({first})") from None
     longest = longest_prompt(cfg, task, tokenizer)  # also renders the chat template once
     new = cfg.rollout.max_new_tokens
     if limit is None:

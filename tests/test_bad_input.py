@@ -293,8 +293,8 @@ def test_invalid_yaml_and_missing_file(tmp_path, runner):
             ["--tracking-uri", "ftp://example/mlflow"],
             "--tracking-uri: scheme 'ftp' is not supported",
         ),
-        (["--workers", "0"], "--workers: must be >= 1"),
-        (["--max-retries", "-1"], "--max-retries: must be >= 0"),
+        (["--workers", "0"], "--workers: must be an integer in [1, 256]"),
+        (["--max-retries", "-1"], "--max-retries: must be an integer in [0, 100]"),
         (["--devices", "tpu:0"], "--devices: 'tpu:0' is not cpu, cuda or cuda:N"),
     ],
 )
@@ -531,3 +531,152 @@ def test_unreachable_postgres_storage_creates_nothing(tmp_path, runner):
     )
     assert_clean_failure(r, "storage: cannot connect to", tmp_path / "results")
     assert_nothing_written(tmp_path, before)
+
+
+# --- a fresh corpus of careless inputs, written from `harness fields` and the schema ----------
+
+FRESH_RUN = [
+    (["task_options.max_len=100000000"], "task_options.max_len: must be an integer in [1, 256]; got 100000000"),
+    (["task=add", "task_options.max_operand=1e400"], "task_options.max_operand: must be an integer"),
+    (["task=mixed-scale", "task_options.add_fraction=.nan"], "task_options.add_fraction: must be a finite number in [0, 1]; got nan"),
+    (["task=add", "task_options.scale=.inf"], "task_options.scale: must be a finite number"),
+    (["task_options.min_len=three"], "task_options.min_len: must be an integer"),
+    (["adv_norm.mean_level=group", "adv_norm.group_size=3"], "ppo.adv_norm.group_size 3 must equal rollout.n_samples"),
+    (["ppo.rejection_sampling.upper=0.5"], ": ppo.rejection_sampling.upper must be > 1"),
+    (["tiny.num_heads=3"], ": tiny.hidden_size (128) must be divisible by tiny.num_heads (3)"),
+    (["steps="], "--set steps=: must be an integer; got None"),
+    (["task_options=5"], "--set task_options=5: must be a mapping"),
+    (["ppo.adv_norm=true"], "--set ppo.adv_norm=true: must be a mapping or null"),
+    (["model="], "--set model=: must be a string"),
+    (["device=CPU"], "device must be auto, cpu, cuda or cuda:N; got 'CPU'"),
+    (["ppo.eps_clip=1e-400"], "--set ppo.eps_clip=1e-400: must be a finite number > 0; got 0.0"),
+    (["ppo.=1"], "--set ppo.=1: unknown key"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("sets,expect", FRESH_RUN)
+def test_fresh_corpus_run_overrides(sets, expect, tmp_path, runner):
+    args = ["run", "--results-dir", str(tmp_path / "r")]
+    for s in sets:
+        args += ["--set", s]
+    assert_clean_failure(runner.invoke(app, args), expect, tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+    assert ".rejection_sampling.rejection_sampling" not in expect
+
+
+def test_every_task_option_is_declared():
+    import inspect
+
+    from harness.tasks import _BUILTINS, OPTION_DECLS, jsonl_task, python_task
+
+    for factory in [*_BUILTINS.values(), jsonl_task, python_task]:
+        for name, p in inspect.signature(factory).parameters.items():
+            if p.kind is inspect.Parameter.KEYWORD_ONLY:
+                assert name in OPTION_DECLS, f"{factory.__name__}: option {name} not declared"
+                tp, md = OPTION_DECLS[name]
+                if tp is int:
+                    assert "ge" in md and "le" in md, name
+
+
+def test_model_directory_without_a_tokenizer(tmp_path, runner):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(
+        '{"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1,'
+        ' "num_attention_heads": 1, "intermediate_size": 8}'
+    )
+    r = runner.invoke(app, ["run", "--set", f"model={model}", "--results-dir", str(tmp_path / "r")])
+    assert_clean_failure(r, f"model: cannot load a tokenizer from '{model}'", tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (["--storage", "sqlite:///"], "--storage: sqlite:///PATH needs a database file path"),
+        (["--storage", "sqlite:///{tmp}/no/such/x.db"], "--storage: directory '{tmp}/no/such' does not exist"),
+        (["--storage", "sqlite:///{tmp}"], "is a directory"),
+        (["--tracking-uri", "sqlite:///"], "--tracking-uri: sqlite:///PATH needs a database file path"),
+        (["--tracking-uri", "sqlite:///{tmp}/no/such/m.db"], "--tracking-uri: directory '{tmp}/no/such' does not exist"),
+        (["--workers", "100000"], "--workers: must be an integer in [1, 256]; got 100000"),
+        (["--max-retries", "1000000000"], "--max-retries: must be an integer in [0, 100]"),
+        (["--results-dir", "/dev/null"], "results dir '/dev/null': exists and is not a directory"),
+    ],
+)  # fmt: skip
+def test_fresh_corpus_command_lines(args, expect, tmp_path, runner):
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    expect = expect.replace("{tmp}", str(tmp_path))
+    before = snapshot(tmp_path)
+    extra = [] if "--results-dir" in args else ["--results-dir", str(tmp_path / "results")]
+    r = runner.invoke(app, ["ablate", "experiments/smoke.yaml", *args, *extra])
+    assert_clean_failure(r, expect, tmp_path / "results")
+    assert_nothing_written(tmp_path, before)
+
+
+FRESH_EXPERIMENTS = {
+    "seed-axis": (exp(grid={"seed": [0, 1]}), "grid: 'seed' cannot vary per cell"),
+    "steps-axis": (exp(grid={"steps": [1, 2]}), "grid: 'steps' cannot vary per cell"),
+    "variant-sets-seed": (
+        exp(grid={"variant": {"a": {"seed": 3}, "b": {"ppo.eps_clip": 0.3}}}),
+        "grid.variant.a: 'seed' cannot vary per cell",
+    ),
+    "search-on-steps": (
+        exp(grid=None, search={"n_trials": 2, "params": {"steps": {"type": "int", "low": 1, "high": 9}}}),
+        "search.params.steps: 'steps' cannot vary per cell",
+    ),
+    "search-int-step-float": (
+        exp(
+            grid=None,
+            search={"n_trials": 2, "params": {"rollout.staleness": {"type": "int", "low": 0, "high": 4, "step": 0.5}}},
+        ),
+        "search.params.rollout.staleness.step: must be an integer in (0, high - low = 4]",
+    ),
+    "search-int-on-float-field-log-neg": (
+        exp(
+            grid=None,
+            search={"n_trials": 2, "params": {"optim.lr": {"type": "float", "low": -1, "high": 1, "log": True}}},
+        ),
+        "search.params.optim.lr",
+    ),
+    "search-n-trials-huge": (
+        exp(grid=None, search={"n_trials": 10**9, "params": {"optim.lr": {"type": "float", "low": 0.1, "high": 1}}}),
+        "search.n_trials: must be an integer in [1, 100_000]",
+    ),
+    "search-same-objective-twice": (
+        exp(
+            grid=None,
+            search={
+                "n_trials": 2,
+                "params": {"optim.lr": {"type": "float", "low": 0.1, "high": 1}},
+                "objectives": [{"metric": "final/reward"}, {"metric": "final/reward"}],
+            },
+        ),
+        "search.objectives: names 'final/reward' twice",
+    ),
+    "yaml-alias-bomb": (None, "expands to more than 100000 values"),
+    "grid-scalar-axis": (exp(grid={"ppo.eps_clip": 0.2}), "must be a non-empty list of values"),
+    "seeds-float": (exp(seeds=[0, 0.5]), "seeds: must be a count >= 1 or a non-empty list of integers"),
+    "task-option-huge": (
+        exp(base=with_base(task_options={"max_len": 10**12})),
+        "base: task_options.max_len: must be an integer in [1, 256]",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(FRESH_EXPERIMENTS))
+def test_fresh_corpus_experiment_files(case, tmp_path, runner):
+    doc, expect = FRESH_EXPERIMENTS[case]
+    f = tmp_path / "bad.yaml"
+    if doc is None:  # "billion laughs": 72 aliases standing for 9**9 values
+        lines = ["a: &a [x, x, x, x, x, x, x, x, x]"]
+        for i in range(1, 9):
+            prev, cur = chr(96 + i), chr(97 + i)
+            lines.append(f"{cur}: &{cur} [{', '.join(['*' + prev] * 9)}]")
+        f.write_text("\n".join(lines) + "\nname: bomb\ngrid: {ppo.eps_clip: [*i]}\n")
+        doc = {}
+    else:
+        f.write_text(yaml.safe_dump(doc))
+    command = "search" if "search" in doc else "ablate"
+    r = runner.invoke(app, [command, str(f), "--results-dir", str(tmp_path / "results")])
+    assert_clean_failure(r, expect, tmp_path / "results")
+    assert not (tmp_path / "results").exists()

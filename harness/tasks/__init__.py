@@ -24,9 +24,23 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from harness.configtools import check_value, meta
 from harness.tasks.base import Example, Task, is_held_out, position_credit
 from harness.tasks.builtin import AddTask, MixedScaleTask, ReverseTask, SortTask
 from harness.tasks.pairs import PairTask, jsonl_task, numeric_or_exact_match, python_task
+
+# Every task option, declared once like a config field (type, help, range): checked before a
+# task is built, so task_options.max_len: 100000000 is one line, not a hang while drawing prompts.
+# A new task's keyword options must be declared here (tests/test_bad_input.py checks it).
+OPTION_DECLS: dict[str, tuple[type, dict[str, Any]]] = {
+    "min_len": (int, meta("Shortest digit string (reverse, sort, mixed-scale).", ge=1, le=256)),
+    "max_len": (int, meta("Longest digit string (reverse, sort, mixed-scale).", ge=1, le=256)),
+    "max_operand": (int, meta("Largest operand of add.", ge=1, le=10**9)),
+    "scale": (float, meta("Reward of an exact add answer.")),
+    "add_scale": (float, meta("mixed-scale: reward of an exact add answer.")),
+    "add_fraction": (float, meta("mixed-scale: share of add prompts.", ge=0, le=1)),
+    "eval_fraction": (float, meta("jsonl/python: share of prompts held out.", gt=0, lt=1)),
+}
 
 _BUILTINS: dict[str, Callable[..., Any]] = {
     "reverse": ReverseTask,
@@ -48,7 +62,11 @@ def _construct(spec: str, factory: Callable[..., Any], *args: Any, **options: An
             f"task '{spec}': unknown option(s) {', '.join(unknown)} "
             f"(allowed: {', '.join(allowed) or 'none'})"
         )
-    return factory(*args, **options)
+    checked = {}
+    for name, value in options.items():
+        tp, md = OPTION_DECLS[name]
+        checked[name] = check_value(value, tp, md, f"task_options.{name}")
+    return factory(*args, **checked)
 
 
 def get_task(spec: str, **options: Any) -> Task:
