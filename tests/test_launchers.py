@@ -123,3 +123,33 @@ def test_stop_request_interrupts_and_leaves_nothing_running(tmp_path: Path, make
         if r.data.tags.get("harness.role") == "child"
     ]
     assert [r.info.status for r in children] == ["KILLED"]
+
+
+def test_resuming_a_study_from_another_tracking_store_is_one_clear_error(tmp_path: Path) -> None:
+    """The same storage with a different results dir / tracking store: exit-2 message, not
+    MLflow's 'Run ... not found' traceback once training has started."""
+    from harness.configtools import ConfigError
+    from harness.tracking import MemoryTracker
+
+    doc = yaml.safe_load(SMOKE.read_text())
+    doc.update(name="moved", steps=2)
+    path = tmp_path / "moved.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    storage_url = f"sqlite:///{tmp_path / 'optuna.db'}"
+
+    def open_with(tracker: Any) -> Any:
+        return open_study(
+            load_experiment(path),
+            storage=make_storage(storage_url, tmp_path / "r"),
+            tracker=tracker,
+            study_name=None,
+            tracking_uri=None,
+            command="test",
+        )
+
+    first = MemoryTracker()
+    study, spec = open_with(first)
+    assert spec.parent_run_id in first.runs
+    open_with(first)  # a resume against the same store is fine
+    with pytest.raises(ConfigError, match=r"study 'moved' exists in this storage but its MLflow"):
+        open_with(MemoryTracker())

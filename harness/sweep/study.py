@@ -64,6 +64,19 @@ def open_study(
                 f"{spec.grid_hash}); to start a new study run again with --study-name {name}-2 "
                 "(or another new name)"
             )
+        parent = study.user_attrs.get(PARENT_ATTR)
+        if (
+            parent
+            and tracker.find_run(exp.name, {"harness.study": name, "harness.role": "parent"})
+            is None
+        ):
+            # The study lives in this storage but its runs were recorded in another tracking
+            # store: resuming would log children under a parent that does not exist here.
+            raise ConfigError(
+                f"study {name!r} exists in this storage but its MLflow parent run {parent} is "
+                f"not in the tracking store {tracker!r}; use the --tracking-uri/--results-dir "
+                f"it was started with, or a new --study-name (e.g. {name}-2)"
+            )
         if SPEC_ATTR in study.user_attrs:
             # A resume keeps the study's clock: live workers of it may still be beating.
             stored = load_study_spec(study)
