@@ -247,19 +247,18 @@ def _launch_choice(
 def _probe_remote(storage: str | None, tracking_uri: str | None) -> None:
     """Connect to a PostgreSQL storage / a remote tracking store before anything is created
     locally, so that an unreachable server leaves no results dir, journal or mlflow.db behind."""
-    from urllib.parse import urlsplit
-
     from harness.configtools import ConfigError
+    from harness.db import url_scheme
     from harness.redact import redact_url
 
-    if storage not in (None, "journal") and urlsplit(storage).scheme.startswith("postgresql"):
+    if storage not in (None, "journal") and url_scheme(storage) == "postgresql":
         from harness.db import database_connect_error
 
         reason = database_connect_error(storage)
         if reason is not None:
             raise ConfigError(f"storage: cannot connect to {redact_url(storage)} ({reason})")
     if tracking_uri not in (None, "memory"):
-        scheme = urlsplit(tracking_uri).scheme.split("+", 1)[0]
+        scheme = url_scheme(tracking_uri)
         if scheme != "sqlite":
             from harness.tracking import _probe
 
@@ -348,20 +347,19 @@ def _check_devices(devices: list[str], where: str) -> None:
 
 def _check_store_urls(storage: str | None, tracking_uri: str | None) -> None:
     """Scheme checks that need no connection (so bad URLs fail before anything is written)."""
-    from urllib.parse import urlsplit
-
     from harness.configtools import ConfigError
+    from harness.db import url_scheme
     from harness.redact import redact_url
 
     if storage not in (None, "journal"):
-        scheme = urlsplit(storage).scheme.split("+", 1)[0] if "://" in storage else ""
+        scheme = url_scheme(storage)
         if scheme not in ("sqlite", "postgresql"):
             raise ConfigError(
                 f"--storage: scheme {scheme or redact_url(storage)!r} is not supported "
                 "(use journal, sqlite:///PATH or postgresql://USER:PASS@HOST:PORT/DB)"
             )
     if tracking_uri not in (None, "memory"):
-        scheme = urlsplit(tracking_uri).scheme.split("+", 1)[0] if "://" in tracking_uri else ""
+        scheme = url_scheme(tracking_uri)
         if scheme not in ("sqlite", "postgresql", "http", "https"):
             raise ConfigError(
                 f"--tracking-uri: scheme {scheme or redact_url(tracking_uri)!r} is not supported "

@@ -28,6 +28,7 @@ import operator
 import re
 import types
 import typing
+from collections.abc import Mapping
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
@@ -256,12 +257,12 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """{"a": {"b": 1}} → {"a.b": 1}; None-valued sub-configs stay as one key."""
     out: dict[str, Any] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
+        if isinstance(v, Mapping) and v:
             out.update(flatten(v, key + "."))
         else:
             out[key] = v

@@ -22,6 +22,14 @@ _T = TypeVar("_T")
 CONNECT_TIMEOUT_S = 5
 
 
+def url_scheme(url: str) -> str:
+    """The base scheme of a store URL without its driver: ``postgresql+psycopg2://…`` →
+    ``postgresql``; ``""`` for something that is not a URL (a bare path, ``journal``)."""
+    from urllib.parse import urlsplit
+
+    return urlsplit(url).scheme.split("+", 1)[0] if "://" in url else ""
+
+
 def is_transient_db_error(error: BaseException) -> bool:
     """True if ``error`` (or an error it wraps) is a lost or refused database connection.
 

@@ -34,6 +34,7 @@ import numpy as np
 from rich.table import Table
 
 from harness import report_progress, stats
+from harness.configtools import flatten
 from harness.report_plots import (
     PlotFile,
     plot_clip_fractions,
@@ -734,17 +735,6 @@ class _Doc:
         )
 
 
-def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping) and v:
-            out |= _flatten(v, key + ".")
-        else:
-            out[key] = v
-    return out
-
-
 def _value_str(v: Any) -> str:
     if isinstance(v, str):
         return v
@@ -758,7 +748,7 @@ def _varied_keys(data: StudyData) -> set[str]:
     """Config keys that differ between runs: the grid's overrides and the run seed."""
     keys = {k for k in data.axes if k != "variant"} | {"seed"}
     for ov in data.cells.values():
-        keys |= set(_flatten(ov))
+        keys |= set(flatten(ov))
     return keys
 
 
@@ -864,7 +854,7 @@ def _header(doc: _Doc, data: StudyData, rows: Sequence[CellRow]) -> None:
         [
             [
                 label,
-                ", ".join(f"{k}={_value_str(v)}" for k, v in _flatten(ov).items()) or "(base)",
+                ", ".join(f"{k}={_value_str(v)}" for k, v in flatten(ov).items()) or "(base)",
                 f"{by_label[label].n_seeds}" if label in by_label else "0",
             ]
             for label, ov in data.cells.items()
@@ -984,7 +974,7 @@ def _fit_section(doc: _Doc, fits: Sequence[CurveFitRow]) -> None:
 def _fixed_section(doc: _Doc, data: StudyData) -> None:
     doc.heading(2, "What was held fixed")
     varied = _varied_keys(data)
-    base = _flatten(data.base_config)
+    base = flatten(data.base_config)
     if "steps" in base:  # every run used the study's steps, not the base config's
         base["steps"] = data.steps
     flat = [(k, _value_str(v)) for k, v in base.items() if k not in varied]

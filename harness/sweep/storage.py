@@ -42,9 +42,14 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
-from harness.db import CONNECT_TIMEOUT_S, database_connect_error, short_reason, sqlalchemy_url
+from harness.db import (
+    CONNECT_TIMEOUT_S,
+    database_connect_error,
+    short_reason,
+    sqlalchemy_url,
+    url_scheme,
+)
 from harness.redact import redact_url
 
 if TYPE_CHECKING:
@@ -103,7 +108,7 @@ def make_storage(
     if url is None or url == "journal":
         return _journal_storage(results_dir / JOURNAL_FILE, heartbeat)
 
-    scheme = urlsplit(url).scheme.split("+", 1)[0] if "://" in url else ""
+    scheme = url_scheme(url)
     if scheme == "sqlite" and url.startswith("sqlite:///"):
         # The timeout is SQLite's busy wait: writers queue instead of failing with "locked".
         # isolation_level=None hands transaction control to SQLAlchemy, so that
