@@ -398,7 +398,7 @@ MAX_WORKERS = 256  # local worker processes; more is a typo, not a plan (each lo
 def _workers_and_devices(workers: int, devices: str | None) -> tuple[int, list[str] | None]:
     """--workers / --devices of `ablate` and `search`: validated; with devices and the default
     worker count, one worker per device."""
-    from harness.configtools import ConfigError
+    from harness.configtools import ConfigError, is_device_name
 
     if not 1 <= workers <= MAX_WORKERS:
         raise ConfigError(f"--workers: must be an integer in [1, {MAX_WORKERS}]; got {workers}")
@@ -406,7 +406,7 @@ def _workers_and_devices(workers: int, devices: str | None) -> tuple[int, list[s
         return workers, None
     device_list = [d.strip() for d in devices.split(",")]
     for d in device_list:
-        if not (d in ("cpu", "cuda") or (d.startswith("cuda:") and d[5:].isdigit())):
+        if not is_device_name(d, allow_auto=False):
             raise ConfigError(f"--devices: {d!r} is not cpu, cuda or cuda:N")
     return (len(device_list) if workers == 1 else workers), device_list
 

@@ -18,6 +18,7 @@ import yaml
 from harness.configtools import (
     ConfigError,
     from_dict,
+    is_device_name,
     meta,
     parse_override,
     set_path,
@@ -367,7 +368,7 @@ class RunConfig:
         if self.bf16:
             self.model_options.dtype = "bfloat16"
         dev = self.device
-        if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
+        if not is_device_name(dev):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N; got {dev!r}")
         if self.model != "tiny" and not Path(self.model).is_dir():
             raise ValueError(

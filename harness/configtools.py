@@ -257,6 +257,16 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
+def is_device_name(name: str, *, allow_auto: bool = True) -> bool:
+    """``auto`` | ``cpu`` | ``cuda`` | ``cuda:N``, exactly as spelled (lower case, no spaces):
+    the one spelling check for devices in run configs, ``--devices`` and device resolution."""
+    return (
+        name in ("cpu", "cuda")
+        or (allow_auto and name == "auto")
+        or (name.startswith("cuda:") and name[5:].isdigit())
+    )
+
+
 def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """{"a": {"b": 1}} → {"a.b": 1}; None-valued sub-configs stay as one key."""
     out: dict[str, Any] = {}

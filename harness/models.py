@@ -37,6 +37,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from harness.configtools import is_device_name
+
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 # Printable ASCII (space .. '~') plus newline: digits, letters and every symbol a task prompt or a
@@ -339,7 +341,7 @@ def resolve_device(spec: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if s == "cpu":
         return torch.device("cpu")
-    if s == "cuda" or (s.startswith("cuda:") and s[5:].isdigit()):
+    if is_device_name(s, allow_auto=False):  # cuda or cuda:N (cpu returned above)
         if not torch.cuda.is_available():
             raise ValueError(
                 f"device: '{spec}' requested but no CUDA device is available (use 'cpu' or 'auto')"
