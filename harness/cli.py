@@ -108,11 +108,14 @@ def user_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from harness.configtools import ConfigError
+        from harness.db import StorageUnavailable
 
         try:
             return fn(*args, **kwargs)
         except ConfigError as err:
             fail(str(err).splitlines()[0])
+        except StorageUnavailable as err:  # an outage past the retry budget: not bad input
+            fail(str(err).splitlines()[0], code=1)
 
     return wrapper  # type: ignore[return-value]
 

@@ -20,6 +20,35 @@ _logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 CONNECT_TIMEOUT_S = 5
+OUTAGE_ENV = "HARNESS_STORAGE_OUTAGE_S"
+DEFAULT_OUTAGE_S = 60.0
+
+
+class StorageUnavailable(RuntimeError):
+    """The database stayed unreachable for a whole retry budget.
+
+    Not transient by definition (``is_transient_db_error`` is False for it), so an outer retry
+    loop does not start the budget again: the caller stops cleanly instead, leaving its trial
+    RUNNING for the heartbeat to hand to another worker, or to a resumed sweep.
+    """
+
+
+def outage_budget_s() -> float:
+    """Seconds a storage call keeps retrying through an outage (``HARNESS_STORAGE_OUTAGE_S``,
+    default 60; ``inf`` waits for the server however long it is down)."""
+    import math
+    import os
+
+    raw = os.environ.get(OUTAGE_ENV, "")
+    if not raw:
+        return DEFAULT_OUTAGE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not value > 0:  # also refuses nan
+        raise ValueError(f"{OUTAGE_ENV}: must be a number of seconds > 0 or inf; got {raw!r}")
+    return value
 
 
 def url_scheme(url: str) -> str:
@@ -52,6 +81,8 @@ def is_transient_db_error(error: BaseException) -> bool:
         pass
     seen: BaseException | None = error
     while seen is not None:
+        if isinstance(seen, StorageUnavailable):
+            return False
         if isinstance(seen, transient):
             return True
         if isinstance(seen, sa_exc.DBAPIError) and seen.connection_invalidated:
@@ -69,6 +100,8 @@ def with_retries(
     retry_on: Callable[[BaseException], bool] = is_transient_db_error,
     sleep: Callable[[float], None] = time.sleep,
     on_retry: Callable[[BaseException], None] | None = None,
+    budget_s: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> _T:
     """Call ``fn()``; on a transient database error wait and try again, up to ``attempts`` times.
 
@@ -80,27 +113,43 @@ def with_retries(
     dropped raises but took effect. Retrying ``study.tell`` then raises
     ``UpdateFinishedTrialError``, which the caller should read as "already told"; retrying
     ``enqueue_trial`` should use ``skip_if_exists=True``.
+
+    With ``budget_s`` the number of attempts is unbounded and the budget is time instead: once
+    the next wait would end past ``budget_s`` seconds from the first call, the last transient
+    error is raised as :class:`StorageUnavailable` (which no retry loop retries again).
     """
     if attempts < 1:
         raise ValueError(f"attempts must be >= 1; got {attempts}")
-    for attempt in range(attempts):
+    began = clock()
+    attempt = 0
+    while True:
         try:
             return fn()
         except Exception as error:
-            if attempt == attempts - 1 or not retry_on(error):
+            if not retry_on(error):
                 raise
-            delay = min(base_delay * 2**attempt, max_delay) * (0.5 + random.random())
+            delay = min(base_delay * 2 ** min(attempt, 30), max_delay) * (0.5 + random.random())
+            if budget_s is not None:
+                waited = clock() - began
+                if waited >= budget_s:
+                    raise StorageUnavailable(
+                        f"database unavailable for {waited:.0f} s, longer than the {budget_s:g} s "
+                        f"retry budget ({OUTAGE_ENV}): {short_reason(error)}"
+                    ) from error
+                delay = min(delay, budget_s - waited)  # one last try as the budget ends
+            elif attempt == attempts - 1:
+                raise
             if on_retry is not None:
                 on_retry(error)
             _logger.warning(
-                "database unavailable (%s); retry %d/%d in %.1f s",
+                "database unavailable (%s); retry %d%s in %.1f s",
                 short_reason(error),
                 attempt + 1,
-                attempts - 1,
+                "" if budget_s is not None else f"/{attempts - 1}",
                 delay,
             )
             sleep(delay)
-    raise AssertionError("unreachable")
+            attempt += 1
 
 
 def sqlalchemy_url(url: str) -> str:

@@ -86,8 +86,13 @@ def _local_entry(opts: WorkerOptions, events: Any, stop: Any) -> None:
         except Exception:  # a full or closed queue must never stop training
             pass
 
+    from harness.db import StorageUnavailable
+
     try:
         worker_loop(opts, emit=emit, should_stop=stop.is_set)
+    except StorageUnavailable as err:  # its trial stays RUNNING and goes stale: recoverable
+        emit({"event": "crash", "worker": opts.worker_id, "reason": str(err)})
+        sys.exit(1)  # one line on the console (the crash event), no traceback
     except Exception as err:
         emit({"event": "crash", "worker": opts.worker_id, "reason": f"{type(err).__name__}: {err}"})
         raise

@@ -16,13 +16,16 @@ when a storage is built.
 
 from __future__ import annotations
 
+import copy
+import functools
 import logging
 import threading
+import uuid
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
@@ -30,11 +33,14 @@ from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import FrozenTrial, TrialState
 
-from harness.db import is_transient_db_error, short_reason
+from harness.db import is_transient_db_error, outage_budget_s, short_reason, with_retries
 
 _logger = logging.getLogger(__name__)
 
 HEARTBEAT_ATTR = "harness:heartbeat"
+TRANSITION_ATTR = "harness:transition"  # token of the last state write (ResilientRDBStorage)
+CREATED_ATTR = "harness:created"  # token of the write that created the trial
+_R = TypeVar("_R")
 StaleTrialCallback = Callable[[optuna.Study, FrozenTrial], None]
 
 
@@ -109,11 +115,32 @@ class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
 
 
 class ResilientRDBStorage(RDBStorage):
-    """``RDBStorage`` with a heartbeat that survives outages and exclusive SQLite pops.
+    """``RDBStorage`` that rides out database outages without losing or repeating a write.
+
+    Outages. Every storage call is retried through a lost or refused connection for up to
+    ``outage_s`` seconds (:func:`harness.db.outage_budget_s`), then raises
+    :class:`~harness.db.StorageUnavailable`, which no caller retries again. Retrying is safe
+    only for writes that a second try leaves as one did, and three of Optuna's are not: a
+    commit can land on the server while its reply is lost, and the retry then acts twice. So
+    each of those writes carries a token of its own, and a retry first reads back whether the
+    last try landed:
+
+    * ``set_trial_state_values`` (a claim WAITING -> RUNNING, a tell, a stale trial's FAIL)
+      writes ``harness:transition = token`` in the same transaction. Without it a retried claim
+      finds the trial RUNNING, takes the next one, and leaves the first RUNNING with no worker
+      and no heartbeat (never stale, so the sweep waits for ever); a retried tell is refused
+      ("Cannot tell a COMPLETE trial") and kills the worker; a retried stale FAIL is refused,
+      so the trial's retry copy is never enqueued and its cell is lost.
+    * ``create_new_trial`` (``enqueue_trial``, ``ask``, the stale-trial retry copy) writes
+      ``harness:created = token``; a retry returns the trial that landed instead of adding one.
+    * ``create_new_study`` after a landed try reads the study id instead of failing.
+
+    A claim also writes the trial's first heartbeat in its transaction: a worker that dies
+    right after claiming leaves a trial that goes stale, instead of one that never beat.
 
     Heartbeat: Optuna's heartbeat thread dies on the first exception, after which the live trial
     looks stale to every other worker and is failed and retried. Missing a beat while the server
-    restarts is harmless, so the error is logged instead.
+    restarts is harmless, so the error is logged instead, and a beat is never retried.
 
     SQLite: ``RDBStorage`` pops a WAITING trial with ``SELECT ... FOR UPDATE``, which SQLite
     ignores, and pysqlite runs that SELECT outside any transaction; two processes can then both
@@ -123,7 +150,8 @@ class ResilientRDBStorage(RDBStorage):
     on PostgreSQL.
     """
 
-    def __init__(self, url: str, **kwargs: Any) -> None:
+    def __init__(self, url: str, *, outage_s: float | None = None, **kwargs: Any) -> None:
+        self.outage_s = outage_budget_s() if outage_s is None else outage_s
         super().__init__(url, **kwargs)
         self._begin_immediately_on_sqlite()
 
@@ -141,6 +169,9 @@ class ResilientRDBStorage(RDBStorage):
 
         event.listen(self.engine, "begin", begin_immediate)
 
+    def _retry(self, fn: Callable[[], _R]) -> _R:
+        return with_retries(fn, base_delay=0.25, max_delay=5.0, budget_s=self.outage_s)
+
     def record_heartbeat(self, trial_id: int) -> None:
         try:
             super().record_heartbeat(trial_id)
@@ -149,6 +180,161 @@ class ResilientRDBStorage(RDBStorage):
                 raise
             message = short_reason(error, self.url)
             _logger.warning("heartbeat of trial %d missed: %s", trial_id, message)
+
+    # -- the three writes a retry could repeat ------------------------------------------------
+
+    def set_trial_state_values(
+        self, trial_id: int, state: TrialState, values: Sequence[float] | None = None
+    ) -> bool:
+        token = uuid.uuid4().hex
+        tried = False
+
+        def attempt() -> bool:
+            nonlocal tried
+            if tried:  # the last try may have committed without its reply reaching us
+                landed = RDBStorage.get_trial(self, trial_id)
+                if landed.system_attrs.get(TRANSITION_ATTR) == token:
+                    return True
+            tried = True
+            return self._set_state_once(trial_id, state, values, token)
+
+        return self._retry(attempt)
+
+    def _set_state_once(
+        self, trial_id: int, state: TrialState, values: Sequence[float] | None, token: str
+    ) -> bool:
+        """Optuna's ``set_trial_state_values`` plus the token (and a claim's first heartbeat)
+        in the same transaction."""
+        from datetime import datetime
+
+        import sqlalchemy.exc as sa_exc
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+
+        try:
+            with _create_scoped_session(self.scoped_session) as session:
+                trial = models.TrialModel.find_or_raise_by_id(trial_id, session, for_update=True)
+                self.check_trial_is_updatable(trial_id, trial.state)
+                if state == TrialState.RUNNING and trial.state != TrialState.WAITING:
+                    return False
+                # Before the state changes: Optuna refuses attrs on a finished trial.
+                self._set_trial_attr_without_commit(
+                    session, models.TrialSystemAttributeModel, trial_id, TRANSITION_ATTR, token
+                )
+                if values is not None:
+                    for objective, v in enumerate(values):
+                        self._set_trial_value_without_commit(session, trial, objective, v)
+                trial.state = state
+                if state == TrialState.RUNNING:
+                    trial.datetime_start = datetime.now()
+                    if models.TrialHeartbeatModel.where_trial_id(trial_id, session) is None:
+                        session.add(models.TrialHeartbeatModel(trial_id=trial_id))
+                if state.is_finished():
+                    trial.datetime_complete = datetime.now()
+        except sa_exc.IntegrityError:
+            return False
+        return True
+
+    def _create_new_trial(
+        self, study_id: int, template_trial: FrozenTrial | None = None
+    ) -> FrozenTrial:
+        # The private method, because Optuna's study cache (``_CachedStorage``) calls it.
+        from datetime import datetime
+
+        token = uuid.uuid4().hex
+        if template_trial is None:  # what RDBStorage makes of no template: a fresh RUNNING trial
+            template = FrozenTrial(
+                number=-1,
+                state=TrialState.RUNNING,
+                value=None,
+                datetime_start=datetime.now(),
+                datetime_complete=None,
+                params={},
+                distributions={},
+                user_attrs={},
+                system_attrs={},
+                intermediate_values={},
+                trial_id=-1,
+            )
+        else:
+            template = copy.deepcopy(template_trial)
+        template.system_attrs = {**template.system_attrs, CREATED_ATTR: token}
+        tried = False
+
+        def attempt() -> FrozenTrial:
+            nonlocal tried
+            if tried:
+                for trial in RDBStorage.get_all_trials(self, study_id, deepcopy=False):
+                    if trial.system_attrs.get(CREATED_ATTR) == token:
+                        return trial
+            tried = True
+            return RDBStorage._create_new_trial(self, study_id, template)
+
+        return self._retry(attempt)
+
+    def create_new_study(
+        self, directions: Sequence[optuna.study.StudyDirection], study_name: str | None = None
+    ) -> int:
+        tried = False
+
+        def attempt() -> int:
+            nonlocal tried
+            try:
+                return RDBStorage.create_new_study(self, directions, study_name)
+            except optuna.exceptions.DuplicatedStudyError:
+                if tried and study_name is not None:  # our own earlier try landed
+                    return RDBStorage.get_study_id_from_name(self, study_name)
+                raise
+            finally:
+                tried = True
+
+        return self._retry(attempt)
+
+
+def _retrying(name: str) -> Callable[..., Any]:
+    """A method of ``ResilientRDBStorage`` that retries ``RDBStorage.<name>`` through outages:
+    for reads, and for writes that a second try leaves as one did (upserts, and inserts whose
+    duplicate Optuna ignores)."""
+    base = getattr(RDBStorage, name)
+
+    @functools.wraps(base)
+    def method(self: ResilientRDBStorage, *args: Any, **kwargs: Any) -> Any:
+        return self._retry(lambda: base(self, *args, **kwargs))
+
+    return method
+
+
+_IDEMPOTENT = (
+    "delete_study",
+    "set_study_user_attr",
+    "set_study_system_attr",
+    "get_study_id_from_name",
+    "get_study_name_from_id",
+    "get_study_directions",
+    "get_study_user_attrs",
+    "get_study_system_attrs",
+    "get_trial_user_attrs",
+    "get_trial_system_attrs",
+    "get_all_studies",
+    "set_trial_param",
+    "_set_trial_param",
+    "get_trial_param",
+    "set_trial_intermediate_value",
+    "set_trial_user_attr",
+    "set_trial_system_attr",
+    "get_trial_id_from_study_id_trial_number",
+    "get_trial_number_from_id",
+    "get_trial",
+    "get_all_trials",
+    "get_n_trials",
+    "get_best_trial",
+    "_get_best_trial_id",
+    "_get_trials",
+    "_get_stale_trial_ids",
+)
+# Optuna's study cache (``_CachedStorage``) calls some of the private ones directly.
+for _name in _IDEMPOTENT:
+    setattr(ResilientRDBStorage, _name, _retrying(_name))
 
 
 # --------------------------------------------------------------------------------------------

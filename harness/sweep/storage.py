@@ -32,8 +32,12 @@ performs, and the only place the harness touches Optuna's private API.
 
 Outages. ``engine_kwargs={"pool_pre_ping": True}`` replaces pooled connections that a restarted
 PostgreSQL server dropped, so the first call after the restart succeeds; calls made while the
-server is down raise and are retried by :func:`harness.db.with_retries`. The heartbeat itself swallows
-such errors (a missed beat is harmless, a dead heartbeat thread would get a live trial failed).
+server is down are retried by the storage itself for up to ``HARNESS_STORAGE_OUTAGE_S`` seconds
+(default 60), with the writes a retry could repeat made idempotent
+(:class:`~harness.sweep.optuna_adapter.ResilientRDBStorage`); past that they raise
+``StorageUnavailable`` and the worker stops, its trial left for the heartbeat to recover. The
+heartbeat itself swallows such errors (a missed beat is harmless, a dead heartbeat thread would
+get a live trial failed).
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ def make_storage(
     grace_period: int | None = None,
     failed_trial_callback: StaleTrialCallback | None = None,
     max_retry: int | None = DEFAULT_MAX_RETRY,
+    outage_s: float | None = None,
 ) -> BaseStorage:
     """Build the Optuna storage for a ``--storage`` value, with heartbeat and stale-trial retry.
 
@@ -90,6 +95,9 @@ def make_storage(
             ``RetryHeartbeatStaleTrialCallback(max_retry=max_retry)``.
         max_retry: How many times the default callback re-enqueues the same stale trial;
             ``None`` retries forever.
+        outage_s: How long each call of an RDB storage retries through a lost or refused
+            connection before it raises ``StorageUnavailable``; ``None`` reads
+            ``HARNESS_STORAGE_OUTAGE_S`` (default 60 s). The journal has no outages.
 
     Raises:
         ValueError: For an unknown scheme, an unwritable journal, or an unreachable database
@@ -133,7 +141,7 @@ def make_storage(
 
         try:
             return ResilientRDBStorage(
-                sqlalchemy_url(url), engine_kwargs=engine_kwargs, **heartbeat
+                sqlalchemy_url(url), engine_kwargs=engine_kwargs, outage_s=outage_s, **heartbeat
             )
         except Exception as error:  # schema creation or version check against a bad database
             reason = short_reason(error, url)
