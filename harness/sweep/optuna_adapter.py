@@ -20,8 +20,8 @@ import copy
 import functools
 import logging
 import threading
-import uuid
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
