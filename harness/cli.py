@@ -440,8 +440,6 @@ def fields_cmd(
 ) -> None:
     """List every run-config field (dotted path, default, help) — what --set and grid axes take."""
     from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
 
     from harness.config import RunConfig
     from harness.configtools import field_defaults, field_help
@@ -458,6 +456,14 @@ def fields_cmd(
         for row in rows:
             typer.echo("\t".join(row))
         return
+    Console().print(fields_table(rows))
+
+
+def fields_table(rows: list[tuple[str, str, str]]) -> Any:
+    """The terminal table of ``harness fields``: whole dotted names, help text taken literally."""
+    from rich.markup import escape
+    from rich.table import Table
+
     table = Table(show_header=True, header_style="bold")
     # A dotted name is what --set takes: never cut it; the help column wraps instead.
     table.add_column("field", no_wrap=True, min_width=max((len(r[0]) for r in rows), default=5))
@@ -465,7 +471,7 @@ def fields_cmd(
     table.add_column("help")
     for row in rows:  # help texts hold literal brackets ([q_proj, v_proj]): not rich markup
         table.add_row(*(escape(cell) for cell in row))
-    Console().print(table)
+    return table
 
 
 @app.command("ablate")

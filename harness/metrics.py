@@ -24,7 +24,7 @@ STEP_METRICS: dict[str, str] = {
     "policy/ratio_mean": "Mean policy ratio r = π_θ/π_prox over valid tokens.",
     "policy/ratio_min": "Smallest policy ratio.",
     "policy/ratio_max": "Largest policy ratio.",
-    "policy/sampler_logprob_gap": "Mean |log π_behave − log π_θ| over the valid tokens of the first minibatch of the step's first epoch, before any update on the batch: how far the learner's log-probs are from the sampler's. With fresh rollouts (staleness 0) this is numerics only: ~1e-6 in float32, ~1e-3 under bfloat16 autocast (the sampler's KV-cache kernels and the learner's full forward round differently), so with recompute_logprob false the first ratio is 1 only to that precision; with staleness it also holds the policy lag.",
+    "policy/sampler_logprob_gap": "Mean abs(log π_behave − log π_θ) over the valid tokens of the step's first minibatch, before any update on the batch: how far the learner's log-probs are from the sampler's. With fresh rollouts this is numerics only: ~1e-7 in float32; under bfloat16 autocast up to ~1e-4 (per-token ratios within about 1 ± 1e-3), because the sampler's KV-cache decoding and the learner's full forward round differently. With staleness it also holds the policy lag.",
     "policy/clipfrac": "Fraction of valid tokens where the PPO clip binds (gradient zeroed): A>0 with r>1+ε_hi, or A<0 with r<1−ε.",
     "policy/clipfrac_low": "Fraction of valid tokens clipped at the lower bound (A<0, r<1−ε).",
     "policy/clipfrac_high": "Fraction of valid tokens clipped at the upper bound (A>0, r>1+ε_hi).",
