@@ -610,10 +610,10 @@ def _blame(
         try:
             build_run_config(data, prefix)
         except ConfigError as err:
-            if _error_key(str(err)) == key:
+            if _error_key(str(err)) == key:  # the merged config's own message, with its source
                 if i == 0:
-                    return f"{path}: {err}" if path is not None else str(err)
-                return f"--set {parsed[i - 1][0]}: {err}"
+                    return f"{path}: {message}" if path is not None else message
+                return f"--set {parsed[i - 1][0]}: {message}"
     return f"--set: {message}" if parsed else message
 
 
