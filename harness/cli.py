@@ -180,7 +180,7 @@ LauncherOpt = Annotated[
     str,
     typer.Option(
         "--launcher",
-        help="Where workers run: local (processes on this machine) or ray (tasks on a Ray cluster; pip install 'harness[ray]').",
+        help="Where workers run: local (processes on this machine) or ray (tasks on a Ray cluster; pip install 'harness\\[ray]').",
     ),
 ]
 RayAddress = Annotated[
@@ -443,19 +443,38 @@ def fields_cmd(
 ) -> None:
     """List every run-config field (dotted path, default, help) — what --set and grid axes take."""
     from rich.console import Console
-    from rich.table import Table
 
     from harness.config import RunConfig
     from harness.configtools import field_defaults, field_help
 
     defaults = field_defaults(RunConfig)
+    rows = [
+        (path, repr(defaults.get(path)), text)
+        for path, text in field_help(RunConfig).items()
+        if path.startswith(prefix)
+    ]
+    if not sys.stdout.isatty():
+        # Piped (`harness fields | grep lora`): one whole line per field, tab-separated, so no
+        # dotted name is cut at a table column's width.
+        for row in rows:
+            typer.echo("\t".join(row))
+        return
+    Console().print(fields_table(rows))
+
+
+def fields_table(rows: list[tuple[str, str, str]]) -> Any:
+    """The terminal table of ``harness fields``: whole dotted names, help text taken literally."""
+    from rich.markup import escape
+    from rich.table import Table
+
     table = Table(show_header=True, header_style="bold")
-    for col in ("field", "default", "help"):
-        table.add_column(col)
-    for path, text in field_help(RunConfig).items():
-        if path.startswith(prefix):
-            table.add_row(path, repr(defaults.get(path)), text)
-    Console().print(table)
+    # A dotted name is what --set takes: never cut it; the help column wraps instead.
+    table.add_column("field", no_wrap=True, min_width=max((len(r[0]) for r in rows), default=5))
+    table.add_column("default")
+    table.add_column("help")
+    for row in rows:  # help texts hold literal brackets ([q_proj, v_proj]): not rich markup
+        table.add_row(*(escape(cell) for cell in row))
+    return table
 
 
 @app.command("ablate")

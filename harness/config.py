@@ -8,6 +8,7 @@ training run.  The same ``RunConfig`` is what an ablation cell overrides.
 from __future__ import annotations
 
 import copy
+import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -239,7 +240,8 @@ class RolloutConfig:
         default="none",
         metadata=_h(
             "none = prompts as is; auto = the tokenizer's chat template when it has one (one "
-            "user turn + generation prompt); or a path to a Jinja template file."
+            "user turn + generation prompt); or a path to a Jinja template file (~ expanded; "
+            "relative to the current directory)."
         ),
     )
     max_prompt_tokens: int | None = field(
@@ -253,6 +255,8 @@ class RolloutConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.chat_template not in ("auto", "none"):
+            self.chat_template = os.path.expanduser(self.chat_template)
         if self.chat_template not in ("auto", "none") and not Path(self.chat_template).is_file():
             raise ValueError(
                 f"chat_template: file {self.chat_template!r} not found (use auto, none or a path)"
@@ -317,7 +321,11 @@ class RunConfig:
     )
     steps: int = field(default=200, metadata=_h("Training steps (rollout + update).", ge=1, le=BIG))
     model: str = field(
-        default="tiny", metadata=_h("'tiny' or a local Hugging Face model directory.")
+        default="tiny",
+        metadata=_h(
+            "'tiny' or a local Hugging Face model directory (~ expanded; a relative path is "
+            "relative to the current directory, not to the YAML file)."
+        ),
     )
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig, metadata=_h("Tiny model shape."))
     model_options: ModelOptions = field(
@@ -329,7 +337,11 @@ class RunConfig:
     )
     task: str = field(
         default="reverse",
-        metadata=_h("reverse | add | sort | mixed-scale | jsonl:PATH | python:module:function."),
+        metadata=_h(
+            "reverse | add | sort | mixed-scale | jsonl:PATH | python:MODULE:FUNCTION"
+            "[@PATH.jsonl] (JSONL lines {prompt, answer}; FUNCTION(prompt, completion, answer) "
+            "-> float; paths: ~ expanded, relative to the current directory)."
+        ),
     )
     task_options: dict[str, Any] = field(default_factory=dict, metadata=_h("Task keyword options."))
     rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata=_h("Sampling."))
@@ -367,6 +379,10 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.bf16:
             self.model_options.dtype = "bfloat16"
+        if self.model != "tiny":
+            # YAML does no shell expansion: `model: ~/models/x` (the README's own example) would
+            # otherwise name a directory literally called '~'.
+            self.model = os.path.expanduser(self.model)
         dev = self.device
         if not is_device_name(dev):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N; got {dev!r}")
@@ -528,35 +544,77 @@ def validate_task(cfg: RunConfig) -> None:
 
     try:
         check_lengths(cfg, task)
+        lora = cfg.model_options.lora
+        if lora is not None:  # peft is installed: check_lengths says so otherwise
+            from harness.lora import check_target_modules, model_modules
+
+            modules = model_modules(
+                cfg.model, tiny=cfg.tiny, trust_remote_code=cfg.model_options.trust_remote_code
+            )
+            check_target_modules(lora.target_modules, modules)
     except ValueError as err:
         raise ConfigError(str(err).splitlines()[0]) from None
 
 
 def load_run_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
-    """File < ``--set`` overrides → validated RunConfig.  A problem in the file names the file; a
-    problem in an override names the ``--set`` flag that caused it (not the file)."""
+    """File < ``--set`` overrides → validated RunConfig.
+
+    The merged result is validated once: flags that are only valid together (``trainer=trl``
+    with the ``reward_norm`` it needs, ``c_clip=null`` with ``policy_loss=cispo``) are accepted
+    together.  A problem names where it comes from: the ``--set`` flag whose key the message
+    names, else the file or the first flag that brings the problem in (see ``_blame``)."""
     data = load_yaml(path) if path is not None else {}
-    try:
-        build_run_config(data)
-    except ConfigError as err:
-        raise ConfigError(f"{path}: {err}" if path else str(err)) from None
     parsed = [(text, parse_override(text)) for text in overrides or []]
-    for text, (key, value) in parsed:
-        try:
-            build_run_config(data, {key: value})
-        except ConfigError as err:
-            raise ConfigError(
-                f"--set {text}: {_strip_path(str(err), resolve_alias(key))}"
-            ) from None
     try:
         cfg = build_run_config(data, dict(kv for _, kv in parsed))
     except ConfigError as err:
-        raise ConfigError(f"--set: {err}" if parsed else str(err)) from None
+        raise ConfigError(_blame(str(err), path, data, parsed)) from None
     try:
-        validate_task(cfg)
+        validate_task(cfg)  # the task, the model's files and lengths: messages name the field
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}" if path and not parsed else str(err)) from None
     return cfg
+
+
+def _error_key(message: str) -> str:
+    """The dotted config path a validation message starts with ('ppo.c_clip: ...',
+    'ppo.adv_norm.group_size 3 must ...', "task 'x': ..." → 'task'), list indices dropped."""
+    head = message.split(":", 1)[0].split(" ", 1)[0]
+    return head.split("[", 1)[0]
+
+
+def _related(a: str, b: str) -> bool:
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def _blame(
+    message: str,
+    path: str | Path | None,
+    data: dict[str, Any],
+    parsed: list[tuple[str, tuple[str, Any]]],
+) -> str:
+    """Attach a source to a validation message of the merged config (only called on failure).
+
+    1. the last ``--set`` flag whose key is, contains or lies inside the key the message names;
+    2. else the file, if it fails alone with a message about the same key;
+    3. else the first flag that, added in command-line order, brings in that key's problem;
+    4. else the message as it is (a problem of the flags together)."""
+    key = _error_key(message)
+    for text, (flag_key, _) in reversed(parsed):
+        if _related(resolve_alias(flag_key), key):
+            return f"--set {text}: {_strip_path(message, resolve_alias(flag_key))}"
+    prefix: dict[str, Any] = {}
+    for i in range(len(parsed) + 1):
+        if i:
+            prefix[parsed[i - 1][1][0]] = parsed[i - 1][1][1]
+        try:
+            build_run_config(data, prefix)
+        except ConfigError as err:
+            if _error_key(str(err)) == key:  # the merged config's own message, with its source
+                if i == 0:
+                    return f"{path}: {message}" if path is not None else message
+                return f"--set {parsed[i - 1][0]}: {message}"
+    return f"--set: {message}" if parsed else message
 
 
 def _strip_path(message: str, key: str) -> str:

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -17,8 +18,27 @@ from harness.train import RunResult
 console = Console(stderr=True)
 
 
-def _fmt(v: float) -> str:
+def _fmt(v: float | None) -> str:
     return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4g}"
+
+
+# What the progress line shows, in order, as (metric key, label). A key the trainer did not log
+# this step is left out (TRL logs no policy/approx_kl, for instance): the line shows what was
+# measured, never a placeholder for what a trainer cannot produce.
+PROGRESS_KEYS: tuple[tuple[str, str], ...] = (
+    ("objective/reward", "reward"),
+    ("policy/clipfrac", "clipfrac"),
+    ("policy/approx_kl", "kl"),
+    ("policy/entropy", "entropy"),
+)
+
+
+def progress_info(metrics: dict[str, float], last_eval_accuracy: float) -> str:
+    """The live numbers of one step: the logged ones of ``PROGRESS_KEYS`` plus the latest greedy
+    eval accuracy (evaluation runs every ``eval.every`` steps, so it is carried between them)."""
+    parts = [f"{label} {_fmt(metrics[key])}" for key, label in PROGRESS_KEYS if key in metrics]
+    parts.insert(1 if parts else 0, f"eval acc {_fmt(last_eval_accuracy)}")
+    return "  ".join(parts)
 
 
 def run_with_progress(
@@ -39,11 +59,8 @@ def run_with_progress(
         def on_step(step: int, m: dict[str, float]) -> None:
             if not math.isnan(m.get("eval/accuracy", math.nan)):
                 last_eval["acc"] = m["eval/accuracy"]
-            info = (
-                f"reward {_fmt(m['objective/reward'])}  eval acc {_fmt(last_eval['acc'])}  "
-                f"clipfrac {_fmt(m['policy/clipfrac'])}  kl {_fmt(m['policy/approx_kl'])}"
-            )
-            progress.update(bar, completed=step + 1, info=info)
+            info = progress_info(m, last_eval["acc"])
+            progress.update(bar, completed=step + 1, info=escape(info))
 
         result, rid = tracked_run(
             cfg,

@@ -170,8 +170,12 @@ def _check_metric(file: str, key: str, metric: Any) -> str:
 
 
 def _check_overrides(
-    file: str, where: str, overrides: dict[str, Any], base: dict[str, Any]
-) -> None:
+    file: str, where: str, overrides: dict[str, Any], base: dict[str, Any], *, defer: bool = False
+) -> ConfigError | None:
+    """Check ``overrides`` (paths, then the values together, on the base).  A bad path always
+    raises; with ``defer`` a value problem is returned instead of raised: a grid value checked
+    alone on the base may be valid once the other axes of its cells are applied (trainer: trl
+    with the reward_norm another axis sets), so the cells decide."""
     for path in overrides:
         full = resolve_alias(path)
         if not is_config_path(RunConfig, full):
@@ -199,8 +203,13 @@ def _check_overrides(
             msg = str(err)
             msg = msg[len(full) + 2 :] if msg.startswith(full + ": ") else msg
             key = where if where.endswith("." + path) else f"{where}.{path}"
-            raise _err(file, key, f"value {value!r} rejected: {msg}") from None
-        raise _err(file, where, f"rejected: {err}") from None
+            problem = _err(file, key, f"value {value!r} rejected: {msg}")
+        else:
+            problem = _err(file, where, f"rejected: {err}")
+        if defer:
+            return problem
+        raise problem from None
+    return None
 
 
 def load_experiment(path: str | Path) -> ExperimentSpec:
@@ -291,6 +300,8 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
         if not isinstance(grid, dict) or not grid:
             raise _err(file, "grid", "must be a non-empty mapping of axis -> list of values")
         seen: set[str] = set()
+        # (axis, value index) → the value's problem when checked alone on the base
+        alone: dict[tuple[str, int], ConfigError] = {}
         for axis, values in grid.items():
             if not isinstance(axis, str):
                 raise _err(file, "grid", f"axis names must be strings; got {axis!r}")
@@ -314,7 +325,11 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
                             f"grid.variant.{vname}",
                             "must be a mapping of config path -> value",
                         )
-                    _check_overrides(file, f"grid.variant.{vname}", vover, base)
+                    problem = _check_overrides(
+                        file, f"grid.variant.{vname}", vover, base, defer=True
+                    )
+                    if problem is not None:
+                        alone[("variant", len(variants))] = problem
                     variants[str(vname)] = {resolve_alias(k): v for k, v in vover.items()}
                 axes["variant"] = list(variants)
             else:
@@ -324,8 +339,10 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
                     )
                 if len({json.dumps(v, sort_keys=True, default=str) for v in values}) != len(values):
                     raise _err(file, f"grid.{axis}", f"duplicate values in {values}")
-                for v in values:
-                    _check_overrides(file, "grid", {axis: v}, base)
+                for i, v in enumerate(values):
+                    problem = _check_overrides(file, "grid", {axis: v}, base, defer=True)
+                    if problem is not None:
+                        alone[(canonical, i)] = problem
                 axes[canonical] = values
         # variants and plain axes must not set the same key
         for vname, vover in variants.items():
@@ -337,8 +354,8 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
                     f"sets {sorted(clash)[0]!r}, which is also a grid axis",
                 )
         axis_names = list(axes)
-        for combo in itertools.product(*axes.values()):
-            choice = dict(zip(axis_names, combo, strict=True))
+        for picks in itertools.product(*(range(len(v)) for v in axes.values())):
+            choice = {a: axes[a][i] for a, i in zip(axis_names, picks, strict=True)}
             overrides: dict[str, Any] = {}
             for a, v in choice.items():
                 if a == "variant":
@@ -346,11 +363,17 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
                 else:
                     overrides[a] = v
             label = cell_label(choice, axis_names)
+            keys = zip(axis_names, picks, strict=True)
+            suspects = [alone[key] for key in keys if key in alone]
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     cfg = build_run_config(apply_overrides(base, overrides))
+                    if suspects:  # the checks the value alone failed, now on the whole cell
+                        validate_task(cfg)
             except ConfigError as err:
+                if suspects:  # the value's own message says best which axis value is wrong
+                    raise suspects[0] from None
                 raise _err(file, "grid", f"cell {label!r} is invalid: {err}") from None
             del cfg
             cells.append(Cell(label=label, overrides=overrides, choice=choice))

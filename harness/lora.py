@@ -55,6 +55,67 @@ def apply_lora(model: Any, lora: LoraOptions) -> Any:
     return wrapped
 
 
+# Module types peft 0.21's LoRA can adapt (``peft.tuners.lora.model``): anything else a target
+# matches (a norm layer, a whole MLP block) makes get_peft_model raise mid-run.
+def _adaptable_types() -> tuple[type, ...]:
+    from transformers.pytorch_utils import Conv1D
+
+    nn = torch.nn
+    return (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention, Conv1D)
+
+
+def check_target_modules(targets: list[str], modules: dict[str, torch.nn.Module]) -> None:
+    """Raise ``ValueError`` (one line) unless every ``targets`` entry names at least one module
+    of ``modules`` (name → module, as ``named_modules()``) and only modules LoRA can adapt.
+
+    An entry matches a module as in peft: the full dotted name, or its last components
+    (``q_proj`` matches ``model.layers.0.self_attn.q_proj``). peft itself accepts a list in
+    which some entries match nothing (``[q_proj, qproj]`` silently adapts only q_proj) and
+    fails with a traceback at load time for a norm layer; both are caught here, before a run."""
+    if targets == ["all-linear"]:
+        return
+    adaptable = _adaptable_types()
+    linear = sorted(
+        {n.rsplit(".", 1)[-1] for n, m in modules.items() if n and isinstance(m, adaptable)}
+    )
+    hint = ", ".join(linear[:12]) + (", ..." if len(linear) > 12 else "")
+    where = "model_options.lora.target_modules"
+    for target in targets:
+        hits = [(n, m) for n, m in modules.items() if n == target or n.endswith("." + target)]
+        if not hits:
+            raise ValueError(
+                f"{where}: {target!r} matches no module of the model (adaptable layers here: "
+                f"{hint}; or all-linear)"
+            )
+        bad = [(n, m) for n, m in hits if not isinstance(m, adaptable)]
+        if bad:
+            name, mod = bad[0]
+            raise ValueError(
+                f"{where}: {target!r} matches {type(mod).__name__} {name!r}, which LoRA cannot "
+                f"adapt (adaptable layers here: {hint}; or all-linear)"
+            )
+
+
+def model_modules(
+    spec: str, *, tiny: Any = None, trust_remote_code: bool = False
+) -> dict[str, Any]:
+    """Name → module of the model ``spec`` names, built from its config on the meta device: no
+    weights are read or allocated (a 0.5B model's module tree in well under a second)."""
+    from harness.models import build_model, build_tokenizer
+
+    with torch.device("meta"):
+        if spec == "tiny":
+            model = build_model(build_tokenizer(), tiny)
+        else:
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            config = AutoConfig.from_pretrained(
+                spec, local_files_only=True, trust_remote_code=trust_remote_code
+            )
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    return dict(model.named_modules())
+
+
 def prepare_for_training(model: Any, options: ModelOptions) -> Any:
     """Gradient checkpointing (non-reentrant: works with frozen inputs, e.g. under LoRA), then
     LoRA adapters when configured. Returns the model to train (a peft wrapper with LoRA)."""
@@ -102,6 +163,8 @@ def reference_off(model: Any) -> contextlib.AbstractContextManager[Any]:
 
 __all__ = [
     "apply_lora",
+    "check_target_modules",
+    "model_modules",
     "is_lora",
     "prepare_for_training",
     "reference_off",

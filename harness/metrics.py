@@ -24,6 +24,7 @@ STEP_METRICS: dict[str, str] = {
     "policy/ratio_mean": "Mean policy ratio r = π_θ/π_prox over valid tokens.",
     "policy/ratio_min": "Smallest policy ratio.",
     "policy/ratio_max": "Largest policy ratio.",
+    "policy/sampler_logprob_gap": "Mean abs(log π_behave − log π_θ) over the valid tokens of the step's first minibatch, before any update on the batch: how far the learner's log-probs are from the sampler's. With fresh rollouts this is numerics only: ~1e-7 in float32; under bfloat16 autocast up to ~1e-4 (per-token ratios within about 1 ± 1e-3), because the sampler's KV-cache decoding and the learner's full forward round differently. With staleness it also holds the policy lag.",
     "policy/clipfrac": "Fraction of valid tokens where the PPO clip binds (gradient zeroed): A>0 with r>1+ε_hi, or A<0 with r<1−ε.",
     "policy/clipfrac_low": "Fraction of valid tokens clipped at the lower bound (A<0, r<1−ε).",
     "policy/clipfrac_high": "Fraction of valid tokens clipped at the upper bound (A>0, r>1+ε_hi).",
@@ -131,7 +132,7 @@ def _trl_section() -> list[str]:
         "`rollout/staleness` are 0 (TRL runs have no reference in the reward and no lag); "
         "`stability/skipped_updates` is 0 (HF's Trainer steps even on a non-finite loss). Not "
         "logged by TRL, so absent: `policy/approx_kl*`, `policy/ratio_*`, `policy/dual_clipfrac`, "
-        "`policy/behave_*`, `critic/*`.",
+        "`policy/sampler_logprob_gap`, `policy/behave_*`, `critic/*`.",
     ]
     return lines
 

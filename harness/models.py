@@ -376,6 +376,14 @@ def load_tokenizer(
     tok = AutoTokenizer.from_pretrained(
         spec, local_files_only=True, trust_remote_code=trust_remote_code
     )
+    # transformers 5 builds an *empty* tokenizer (one token, every text → no ids) for a
+    # directory with config.json but no tokenizer files; rollout then fails deep inside a
+    # reshape. A real tokenizer encodes a probe text to at least one id.
+    if not tok("0 a", add_special_tokens=False)["input_ids"]:
+        raise ValueError(
+            f"model: cannot load a tokenizer from '{spec}' (no tokenizer files there, e.g. "
+            "tokenizer.json or tokenizer.model; save one with tokenizer.save_pretrained(DIR))"
+        )
     if tok.pad_token is None:
         if tok.eos_token is None:
             raise ValueError(f"model: tokenizer in '{spec}' has neither a pad nor an eos token")

@@ -267,11 +267,18 @@ class PPOActor:
     def _update_epochs(self, batch: dict[str, Any], bins: list[list[int]], acc: Any) -> None:
         assert self.model is not None and self.optimizer is not None
         cfg = self.config
-        for _epoch in range(cfg.ppo_epochs):
-            for idx in bins:
+        for epoch in range(cfg.ppo_epochs):
+            for j, idx in enumerate(bins):
                 mb = _select_rows(batch, idx)
                 self.optimizer.zero_grad(set_to_none=True)
-                loss, stats = self.compute_loss(mb)
+                if epoch == 0 and j == 0:
+                    # Before any update on this batch: how far the learner's log-probs are
+                    # from the sampler's (bf16 sampler and learner kernels round differently).
+                    logprobs, entropy = self.compute_logp(mb, with_entropy=True)
+                    acc.sampler_gap = sampler_logprob_gap(logprobs.detach(), mb)
+                    loss, stats = self.compute_loss(mb, logprobs=logprobs, entropy=entropy)
+                else:
+                    loss, stats = self.compute_loss(mb)
                 if not torch.isfinite(loss):
                     acc.add_skipped(float("nan"))
                     continue
@@ -293,6 +300,17 @@ class PPOActor:
                 if self.scheduler is not None:
                     self.scheduler.step()
                 acc.add(mb, stats, float(loss.detach()), grad_norm)
+
+
+def sampler_logprob_gap(logprobs: torch.Tensor, batch: dict[str, Any]) -> float:
+    """Mean |ℓ_behave − ℓ_θ| over the valid tokens of ``batch`` (predicting layout, after
+    ``compute_advantages``): ``logprobs`` are the learner's, the behaviour ones are the
+    sampler's as recorded in the rollout; NaN without valid tokens."""
+    m = batch["mask"]
+    if not m.any():
+        return float("nan")
+    behaviour = _roll_left(batch["logprobs"].float())
+    return float((logprobs.float() - behaviour)[m].abs().mean())
 
 
 def _select_rows(batch: dict[str, Any], idx: list[int]) -> dict[str, Any]:
@@ -326,6 +344,7 @@ class _StatsAccumulator:
         self.n_gate = 0
         # Covariance objectives: per optimizer step (count, candidates, threshold, penalty |δ|).
         self.cov: dict[str, list[float]] = {}
+        self.sampler_gap = float("nan")  # set on the first minibatch of the first epoch
 
     def add_skipped(self, grad_norm: float) -> None:
         self.skipped += 1
@@ -399,6 +418,7 @@ class _StatsAccumulator:
             "stability/nonfinite_count": float(self.nonfinite),
             "stability/optimizer_steps": float(len(self.grad_norms)),
         }
+        out["policy/sampler_logprob_gap"] = self.sampler_gap
         out["policy/silenced_frac"] = mean("silenced")
         # PPO-clip re-weights nothing: 0 rather than a missing value, so objectives line up.
         reweighted = mean("reweighted") if "reweighted" in self.sums else 0.0

@@ -75,8 +75,9 @@ def _pairs_from_records(spec: str, where: str, records: Iterable[tuple[int, Any]
 
 
 def read_jsonl(spec: str, path: str) -> list[Example]:
-    """Parse a JSONL file of ``{"prompt": ..., "answer": ...}`` lines (blank lines skipped)."""
-    p = Path(path)
+    """Parse a JSONL file of ``{"prompt": ..., "answer": ...}`` lines (blank lines skipped).
+    ``~`` is expanded; a relative path is relative to the current directory."""
+    p = Path(path).expanduser()
     if not p.is_file():
         raise ValueError(f"task '{spec}': file '{path}' does not exist")
     records = []
@@ -94,7 +95,7 @@ def read_jsonl(spec: str, path: str) -> list[Example]:
 
 
 def _file_digest(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return hashlib.sha256(Path(path).expanduser().read_bytes()).hexdigest()
 
 
 class PairTask:
@@ -162,7 +163,7 @@ def jsonl_task(spec: str, path: str, *, eval_fraction: float = 0.1) -> PairTask:
 def _import_module(spec: str, module: str) -> Any:
     try:
         if module.endswith(".py"):
-            path = Path(module)
+            path = Path(module).expanduser()
             if not path.is_file():
                 raise ValueError(f"task '{spec}': file '{module}' does not exist")
             mod_name = f"harness_user_task_{stable_hash(str(path.resolve())):x}"

@@ -299,6 +299,19 @@ def trl_problems(cfg: Any) -> list[tuple[str, str]]:
         out.append(
             ("rollout.max_prompt_tokens", "TRL 1.16's GRPOTrainer does not truncate prompts")
         )
+    template = getattr(r, "chat_template", "none")
+    if template != "none":
+        # The trainer hands TRL the task's prompt strings, and TRL renders a chat template only
+        # for conversational (message-list) prompts: `auto` or a template file would silently
+        # not be applied, so it is refused with the other inexpressible options.
+        what = "auto" if template == "auto" else "a template file"
+        out.append(
+            (
+                "rollout.chat_template",
+                f"the trainer feeds TRL the task's prompts as plain text, so {what} cannot be "
+                "applied; use none",
+            )
+        )
     if r.n_samples < 2:
         out.append(("rollout.n_samples", "TRL's GRPOTrainer needs at least 2 samples per prompt"))
     batch = r.prompts_per_step * r.n_samples

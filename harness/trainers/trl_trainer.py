@@ -32,7 +32,6 @@ from harness.lora import prepare_for_training
 from harness.metrics import check_names
 from harness.models import eos_ids, load_model_and_tokenizer, max_positions, resolve_device
 from harness.ppo.advantages import shape_rewards
-from harness.prompting import resolve_chat_template
 from harness.stability import summarize_run
 from harness.tasks import get_task
 from harness.trainers.trl_map import TRL_METRICS, approximations, grpo_kwargs
@@ -79,11 +78,6 @@ def run_trl(
     # Gradient checkpointing and LoRA exactly as the harness loop applies them, so the warm start
     # (and its cache entry) is the same; TRL then trains the (peft) model it is handed.
     model = prepare_for_training(model, cfg.model_options)
-    template = resolve_chat_template(cfg.rollout.chat_template, tokenizer)
-    if template is not None:
-        raise ValueError(
-            "rollout.chat_template: trainer trl feeds the task's prompts as plain text; use none"
-        )
     sample_kw: dict[str, Any] = {
         "eos_token_ids": eos_ids(model, tokenizer),
         "max_positions": max_positions(model.config),
