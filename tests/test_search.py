@@ -32,6 +32,7 @@ def write(tmp_path: Path, **search) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_search_runs_resumes_and_logs_the_best_point(tmp_path):
     import optuna
 

@@ -375,6 +375,7 @@ def _trials(results: Path, study: str):
     return optuna.load_study(study_name=study, storage=make_storage(None, results)).get_trials()
 
 
+@pytest.mark.slow
 def test_grid_with_trainer_on_an_axis_runs_and_resumes(tmp_path):
     exp = _exp(
         tmp_path,
