@@ -45,6 +45,7 @@ from harness.configtools import (
     is_config_path,
     to_dict,
 )
+from harness.limits import check_memory
 
 MAX_SEEDS = 10_000
 TOP_KEYS = {
@@ -350,8 +351,12 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     cfg = build_run_config(apply_overrides(base, overrides))
+                # Each axis value was checked alone; together (width x depth) they may not fit.
+                check_memory(cfg)
             except ConfigError as err:
                 raise _err(file, "grid", f"cell {label!r} is invalid: {err}") from None
+            except ValueError as err:
+                raise _err(file, "grid", f"cell {label!r}: {err}") from None
             del cfg
             cells.append(Cell(label=label, overrides=overrides, choice=choice))
 
