@@ -90,12 +90,18 @@ def count_params(config: Any, *, trust_remote_code: bool = False) -> int:
         trust_remote_code,
     )
     if key not in _COUNTS:
-        if layers is None or layers <= 2:
-            _COUNTS[key] = _meta_count(config, trust_remote_code)
-        else:  # layers are alike: count one and two, extrapolate (O(1) in the depth)
-            one = _meta_count(_with_layers(config, 1), trust_remote_code)
-            two = _meta_count(_with_layers(config, 2), trust_remote_code)
-            _COUNTS[key] = one + (layers - 1) * (two - one)
+        try:
+            if layers is None or layers <= 2:
+                _COUNTS[key] = _meta_count(config, trust_remote_code)
+            else:  # layers are alike: count one and two, extrapolate (O(1) in the depth)
+                one = _meta_count(_with_layers(config, 1), trust_remote_code)
+                two = _meta_count(_with_layers(config, 2), trust_remote_code)
+                _COUNTS[key] = one + (layers - 1) * (two - one)
+        except Exception as err:  # the config cannot make a model: loading it would fail too
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            raise ValueError(
+                f"cannot build a causal LM from this config ({type(err).__name__}: {first})"[:400]
+            ) from None
     return _COUNTS[key]
 
 
@@ -132,7 +138,10 @@ def _cgroup_available() -> tuple[int, str] | None:
         lines = []
     candidates: list[tuple[Path, Path]] = []
     for line in lines:
-        _, controllers, rel = line.split(":", 2)
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, rel = parts
         if controllers == "":  # v2 unified hierarchy
             base = root / rel.lstrip("/")
             candidates += [(base / "memory.max", base / "memory.current")]
@@ -247,8 +256,10 @@ def check_model_memory(cfg: RunConfig, config: Any | None = None) -> int:
     copies, parts = training_copies(cfg)
     need = params * BYTES_PER_PARAM * copies
     ram, bound = available_memory()
-    gpu = _largest_gpu_free()
-    room = max(ram or 0, gpu or 0) if (ram is not None or gpu is not None) else None
+    # GPUs are asked only when RAM is not enough: querying one creates a CUDA context, which the
+    # sweep coordinator would otherwise hold (hundreds of MB of GPU memory) for nothing.
+    gpu = _largest_gpu_free() if ram is not None and need > ram else None
+    room = max(ram or 0, gpu or 0) if ram is not None else None
     what = f"{params:,} parameters x {BYTES_PER_PARAM} bytes x {copies} ({parts})"
     if room is not None and need > room:
         where_room = f"{_gb(ram or 0)} {bound}" + (
