@@ -490,7 +490,14 @@ def ablate_cmd(
             "--devices", help="Comma-separated devices, one worker each (e.g. cuda:0,cuda:1)."
         ),
     ] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the grid and exit.")] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Validate the file and print the grid, writing nothing. Validation imports "
+            "python: task modules, so it runs their code.",
+        ),
+    ] = False,
     study_name: Annotated[
         str | None,
         typer.Option("--study-name", help="Study name (default: the experiment's name)."),
@@ -840,7 +847,10 @@ def export_cmd(
     storage: Storage = None,
     results_dir: ResultsDir = Path("results"),
 ) -> None:
-    """Print one cell's settings as TRL GRPOConfig kwargs, verl Hydra overrides or AReaL YAML."""
+    """Print one cell's settings as TRL GRPOConfig kwargs, verl Hydra overrides or AReaL YAML.
+
+    The experiment file is validated first, which imports python: task modules (runs their code).
+    """
     from harness.configtools import ConfigError
     from harness.experiment import load_experiment
     from harness.export import TARGETS, best_cell, export_cell, resolve_cell

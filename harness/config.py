@@ -473,9 +473,14 @@ def parse_yaml_text(text: str) -> Any:
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
+    from harness.limits import MAX_YAML_BYTES, file_too_big
+
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{path}: file not found")
+    too_big = file_too_big(p, MAX_YAML_BYTES, "a run or experiment file")
+    if too_big:  # refused before parsing: PyYAML takes minutes over hundreds of MB
+        raise ConfigError(too_big)
     try:
         text = p.read_bytes().decode("utf-8")
     except UnicodeDecodeError as err:

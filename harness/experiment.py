@@ -45,6 +45,7 @@ from harness.configtools import (
     is_config_path,
     to_dict,
 )
+from harness.limits import check_memory
 
 MAX_SEEDS = 10_000
 TOP_KEYS = {
@@ -371,10 +372,14 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
                     cfg = build_run_config(apply_overrides(base, overrides))
                     if suspects:  # the checks the value alone failed, now on the whole cell
                         validate_task(cfg)
+                # Each axis value was checked alone; together (width x depth) they may not fit.
+                check_memory(cfg)
             except ConfigError as err:
                 if suspects:  # the value's own message says best which axis value is wrong
                     raise suspects[0] from None
                 raise _err(file, "grid", f"cell {label!r} is invalid: {err}") from None
+            except ValueError as err:
+                raise _err(file, "grid", f"cell {label!r}: {err}") from None
             del cfg
             cells.append(Cell(label=label, overrides=overrides, choice=choice))
 

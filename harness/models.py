@@ -306,6 +306,24 @@ def build_model(
     Initialisation runs inside ``torch.random.fork_rng`` so the caller's global RNG state is left
     exactly as it was (building a model must not shift the sampling stream of a run).
     """
+    config = tiny_llama_config(tokenizer, cfg)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    model = model.to(torch.float32)  # type: ignore[arg-type]
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    model.eval()
+    disable_dropout(model)  # no dropout anywhere: sampling and training see the same function
+    return model
+
+
+def tiny_llama_config(
+    tokenizer: PreTrainedTokenizerBase, cfg: TinyModelConfig | None = None
+) -> LlamaConfig:
+    """The ``LlamaConfig`` of the tiny model (what :func:`build_model` builds, and what
+    :mod:`harness.resources` sizes before anything is allocated)."""
     cfg = cfg or TinyModelConfig()
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -322,16 +340,7 @@ def build_model(
         attention_dropout=0.0,
     )
     config._attn_implementation = TINY_ATTN_IMPLEMENTATION
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
-    model = model.to(torch.float32)  # type: ignore[arg-type]
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.bos_token_id = tokenizer.bos_token_id
-    model.eval()
-    disable_dropout(model)  # no dropout anywhere: sampling and training see the same function
-    return model
+    return config
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -498,6 +507,7 @@ __all__ = [
     "TinyModelConfig",
     "build_model",
     "build_tokenizer",
+    "tiny_llama_config",
     "load_model",
     "load_model_and_tokenizer",
     "load_tokenizer",

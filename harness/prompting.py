@@ -21,12 +21,29 @@ def resolve_chat_template(spec: str, tokenizer: PreTrainedTokenizerBase) -> str 
     if spec == "auto":
         template = getattr(tokenizer, "chat_template", None)
         return template if isinstance(template, str) and template else None
+    from harness.limits import MAX_TEMPLATE_BYTES, file_too_big
+
     path = Path(spec)
     if not path.is_file():
         raise ValueError(
             f"rollout.chat_template: file {spec!r} not found (use auto, none or a path)"
         )
-    return path.read_text()
+    too_big = file_too_big(path, MAX_TEMPLATE_BYTES, "a chat template")
+    if too_big:
+        raise ValueError(f"rollout.chat_template: {too_big}")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"rollout.chat_template: {spec}: is not valid UTF-8 (byte {err.start})"
+        ) from None
+    except OSError as err:
+        raise ValueError(
+            f"rollout.chat_template: {spec}: cannot be read ({err.strerror})"
+        ) from None
+    if not text.strip():  # renders every prompt as no tokens: an IndexError mid-run
+        raise ValueError(f"rollout.chat_template: {spec}: is empty (use none for plain prompts)")
+    return text
 
 
 def apply_chat_template(

@@ -466,15 +466,25 @@ class MlflowTracker:
         exp = self._call(self._client.get_experiment_by_name, experiment)
         if exp is None:
             return None
-        clauses = [f"tags.`{key}` = {_filter_literal(str(value))}" for key, value in tags.items()]
-        runs = self._call(
-            self._client.search_runs,
-            [exp.experiment_id],
-            filter_string=" and ".join(clauses),
-            max_results=1,
-            order_by=["attributes.start_time DESC"],
-        )
-        return str(runs[0].info.run_id) if runs else None
+        wanted = _prepare_tags(tags)  # compared as stored (stringified, truncated)
+        clauses = [_tag_clause(key, value) for key, value in wanted.items()]
+        exact = all(" LIKE " not in c for c in clauses)
+        page_token = None
+        while True:
+            runs = self._call(
+                self._client.search_runs,
+                [exp.experiment_id],
+                filter_string=" and ".join(clauses),
+                max_results=1 if exact else 100,
+                order_by=["attributes.start_time DESC"],
+                page_token=page_token,
+            )
+            for run in runs:  # a LIKE clause may match more than the value: compare exactly
+                if all(run.data.tags.get(k) == v for k, v in wanted.items()):
+                    return str(run.info.run_id)
+            page_token = getattr(runs, "token", None)
+            if exact or not page_token:
+                return None
 
     def get_run(self, run_id: str) -> RunRecord:
         self._flush_run(run_id)
@@ -631,13 +641,19 @@ def _is_transient(error: BaseException, uri: str) -> bool:
     return is_transient_db_error(error)
 
 
-def _filter_literal(value: str) -> str:
-    """Quote a tag value for an MLflow search filter (no escape syntax exists for quotes)."""
+def _tag_clause(key: str, value: str) -> str:
+    """One MLflow search clause matching tag ``key`` = ``value``.
+
+    MLflow's filter grammar has no escape for a quote inside a quoted literal, so a value with
+    both quote kinds (a variant named ``it's "x"``) cannot be written as ``= '...'``; it becomes
+    a ``LIKE`` whose quotes and backslashes (an escape character in PostgreSQL's LIKE) are the
+    one-character wildcard ``_``, and the caller keeps only runs whose tag equals the value."""
     if "'" not in value:
-        return f"'{value}'"
+        return f"tags.`{key}` = '{value}'"
     if '"' not in value:
-        return f'"{value}"'
-    raise ValueError(f"cannot search for a tag value containing both quote kinds: {value!r}")
+        return f'tags.`{key}` = "{value}"'
+    pattern = value.replace("\\", "_").replace("'", "_").replace('"', "_")
+    return f"tags.`{key}` LIKE '{pattern}'"
 
 
 @contextmanager

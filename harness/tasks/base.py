@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 HOLDOUT_MODULUS = 10
@@ -27,6 +27,8 @@ class Example:
     prompt: str
     answer: str
     group: str = ""
+    # Where a file task's row came from ("data.jsonl line 7"), for error messages; not identity.
+    source: str = field(default="", compare=False)
 
 
 class RewardError(ValueError):

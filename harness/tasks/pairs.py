@@ -59,16 +59,27 @@ def _answer_text(value: Any) -> str | None:
 
 
 def _pairs_from_records(spec: str, where: str, records: Iterable[tuple[int, Any]]) -> list[Example]:
+    """``where`` names the file ("PATH", rows are "line N") or "examples()" (rows are "item N")."""
+    from harness.limits import MAX_TEXT_CHARS
+
+    row = "item" if where == "examples()" else "line"
     out = []
     for lineno, obj in records:
         prompt = obj.get("prompt") if isinstance(obj, dict) else None
         answer = _answer_text(obj.get("answer", "")) if isinstance(obj, dict) else None
+        at = f"task '{spec}': {where} {row} {lineno}"
         if not isinstance(prompt, str) or answer is None:
             raise ValueError(
-                f"task '{spec}': {where} line {lineno}: expected an object with a string "
-                "'prompt' and a string or number 'answer'"
+                f"{at}: expected an object with a string 'prompt' and a string or number 'answer'"
             )
-        out.append(Example(prompt=prompt, answer=answer))
+        if not prompt:  # no tokens to condition on: an IndexError in the first rollout
+            raise ValueError(f"{at}: 'prompt' is empty (a prompt needs at least one character)")
+        for key, text in (("prompt", prompt), ("answer", answer)):
+            if len(text) > MAX_TEXT_CHARS:
+                raise ValueError(
+                    f"{at}: '{key}' is {len(text):,} characters; at most {MAX_TEXT_CHARS:,}"
+                )
+        out.append(Example(prompt=prompt, answer=answer, source=f"{where} {row} {lineno}"))
     if not out:
         raise ValueError(f"task '{spec}': {where} holds no examples")
     return out
@@ -76,13 +87,32 @@ def _pairs_from_records(spec: str, where: str, records: Iterable[tuple[int, Any]
 
 def read_jsonl(spec: str, path: str) -> list[Example]:
     """Parse a JSONL file of ``{"prompt": ..., "answer": ...}`` lines (blank lines skipped).
-    ``~`` is expanded; a relative path is relative to the current directory."""
+    ``~`` is expanded; a relative path is relative to the current directory.
+
+    Bounded before parsing: at most ``MAX_TASK_FILE_BYTES`` (harness.limits), UTF-8 line by line
+    (a bad byte names its line)."""
+    from harness.limits import MAX_TASK_FILE_BYTES, file_too_big
+
     p = Path(path).expanduser()
     if not p.is_file():
         raise ValueError(f"task '{spec}': file '{path}' does not exist")
+    too_big = file_too_big(p, MAX_TASK_FILE_BYTES, "a task file")
+    if too_big:
+        raise ValueError(f"task '{spec}': {too_big}")
     records = []
-    with p.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    try:
+        fh = p.open("rb")
+    except OSError as err:
+        raise ValueError(f"task '{spec}': {path}: cannot be read ({err.strerror})") from None
+    with fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(
+                    f"task '{spec}': {path} line {lineno}: is not valid UTF-8 (byte {exc.start} "
+                    "of the line)"
+                ) from None
             if not line.strip():
                 continue
             try:
@@ -140,6 +170,15 @@ class PairTask:
 
     def eval_examples(self, n: int) -> list[Example]:
         return self.held_out[:n]
+
+    def extreme_examples(self, k: int) -> list[Example]:
+        """The ``k`` shortest and longest prompts and the ``k`` longest answers (in characters)
+        of train and held-out, so a length probe that samples a few hundred rows never misses
+        one outlier row."""
+        rows = [*self.train, *self.held_out]
+        by_prompt = sorted(rows, key=lambda e: len(e.prompt))
+        by_answer = sorted(rows, key=lambda e: len(e.answer))
+        return by_prompt[:k] + by_prompt[-k:] + by_answer[-k:]
 
     def score(self, example: Example, completion: str) -> float:
         return self._scorer(example, completion.strip())
