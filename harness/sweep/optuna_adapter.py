@@ -214,7 +214,7 @@ class ResilientRDBStorage(RDBStorage):
         try:
             with _create_scoped_session(self.scoped_session) as session:
                 trial = models.TrialModel.find_or_raise_by_id(trial_id, session, for_update=True)
-                self.check_trial_is_updatable(trial_id, trial.state)
+                self.check_trial_is_updatable(trial_id, trial.state)  # type: ignore[arg-type]
                 if state == TrialState.RUNNING and trial.state != TrialState.WAITING:
                     return False
                 # Before the state changes: Optuna refuses attrs on a finished trial.
