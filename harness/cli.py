@@ -598,7 +598,9 @@ def _run_sweep(
     if counts.get("interrupted_by_user"):
         typer.echo("interrupted: run the same command again to resume", err=True)
         raise typer.Exit(130)
-    if not finished and spec.kind == "grid":
+    if not finished.complete and spec.kind == "grid":
+        raise typer.Exit(1)
+    if not finished.completed:  # a search in which every trial failed (reasons printed above)
         raise typer.Exit(1)
 
 
@@ -772,7 +774,8 @@ def report_cmd(
     results_dir: ResultsDir = Path("results"),
 ) -> None:
     """Write results/<study>/report.md (and report.html for a grid) and attach them to the parent
-    MLflow run."""
+    MLflow run.  Exit code 1 when no run of the study completed: the report is still written and
+    says why (each distinct failure reason with its count, also printed on stderr)."""
     import optuna
 
     from harness.configtools import ConfigError, check_name
@@ -789,7 +792,7 @@ def report_cmd(
     spec = load_study_spec(st)
     _probe_remote(None, tracking_uri)
     tracker = _tracker(tracking_uri, results_dir)
-    finish_study(
+    finished = finish_study(
         st,
         tracker,
         spec,
@@ -798,6 +801,9 @@ def report_cmd(
         write_report=True,
         end_parent=False,
     )
+    if not finished.completed:
+        typer.echo(f"study {study!r}: no run completed", err=True)
+        raise typer.Exit(1)
 
 
 @app.command("export")

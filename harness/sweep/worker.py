@@ -261,6 +261,11 @@ def run_search_trial(t: _Trial) -> str:
     out = [_nanmean(v) for v in values]
     t.trial.set_user_attr("diverged_seeds", diverged)
     t.trial.set_user_attr("seeds_run", len(t.spec.seeds))
+    # Each seed's value of each objective (None = not finite): the spread the report and
+    # `export --best` show next to the mean.
+    t.trial.set_user_attr(
+        "seed_values", [[v if math.isfinite(v) else None for v in vs] for vs in values]
+    )
     t.trial.set_user_attr("wall_time", time.time() - t0)
     if all(math.isfinite(v) for v in out):
         t.trial.set_user_attr("outcome", "completed")
