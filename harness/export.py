@@ -386,6 +386,12 @@ def export_areal(cfg: RunConfig) -> str:
         },
     }
     if m.lora is not None:
+        for name in m.lora.target_modules:
+            if "${" in name:  # AReaL reads its YAML through OmegaConf, which would interpolate
+                raise ConfigError(
+                    f"model_options.lora.target_modules: {name!r} cannot be exported to AReaL "
+                    "(OmegaConf would resolve '${...}' in it)"
+                )
         actor.update(
             use_lora=True,
             lora_rank=m.lora.r,

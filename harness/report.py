@@ -538,7 +538,8 @@ def warnings_for(rows: Sequence[CellRow], data: StudyData) -> list[str]:
 def conclusion(rows: Sequence[CellRow], data: StudyData) -> list[str]:
     """A short plain-language conclusion, one markdown paragraph or bullet per sentence."""
     better = "higher" if data.direction == "maximize" else "lower"
-    if not any(r.status == "completed" for r in data.runs):
+    ended = [r.status for r in data.runs if r.status in ("completed", "failed", "diverged")]
+    if ended and "completed" not in ended:
         return no_run_completed(data)
     usable = [r for r in rows if math.isfinite(r.iqm.point)]
     if not usable:

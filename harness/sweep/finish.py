@@ -21,7 +21,8 @@ from harness.sweep.spec import StudySpec
 @dataclass(frozen=True)
 class Finished:
     """How a study stands after ``finish_study``: ``complete`` when every (cell, seed) finished
-    (completed or diverged), or a search's ``n_trials`` ended COMPLETE or PRUNED; ``completed``
+    (completed or diverged), or a search's ``n_trials`` ended (COMPLETE, PRUNED, or diverged);
+    ``completed``
     counts the runs (grid) or trials (search) that completed with a result."""
 
     complete: bool
@@ -140,8 +141,12 @@ def finish_search(
     ]
     parent = spec.parent_run_id
     objectives = spec.objectives
-    total = len(complete) + len(pruned)
-    done = total >= spec.expected_trials
+    from harness.sweep.worker import SPENT_OUTCOMES
+
+    spent = sum(
+        t.state == TrialState.FAIL and t.user_attrs.get("outcome") in SPENT_OUTCOMES for t in trials
+    )
+    done = len(complete) + len(pruned) + spent >= spec.expected_trials
     best: list[Any] = []
     if complete:
         best = study.best_trials if len(objectives) > 1 else [study.best_trial]
