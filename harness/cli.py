@@ -627,7 +627,9 @@ def _run_sweep(
     if counts.get("interrupted_by_user"):
         typer.echo("interrupted: run the same command again to resume", err=True)
         raise typer.Exit(130)
-    if not finished and spec.kind == "grid":
+    if not finished.complete and spec.kind == "grid":
+        raise typer.Exit(1)
+    if not finished.completed:  # a search in which every trial failed (reasons printed above)
         raise typer.Exit(1)
 
 
@@ -801,7 +803,8 @@ def report_cmd(
     results_dir: ResultsDir = Path("results"),
 ) -> None:
     """Write results/<study>/report.md (and report.html for a grid) and attach them to the parent
-    MLflow run."""
+    MLflow run.  Exit code 1 when no run of the study completed: the report is still written and
+    says why (each distinct failure reason with its count, also printed on stderr)."""
     import optuna
 
     from harness.configtools import ConfigError, check_name
@@ -818,7 +821,7 @@ def report_cmd(
     spec = load_study_spec(st)
     _probe_remote(None, tracking_uri)
     tracker = _tracker(tracking_uri, results_dir)
-    finish_study(
+    finished = finish_study(
         st,
         tracker,
         spec,
@@ -827,6 +830,9 @@ def report_cmd(
         write_report=True,
         end_parent=False,
     )
+    if not finished.completed:
+        typer.echo(f"study {study!r}: no run completed", err=True)
+        raise typer.Exit(1)
 
 
 @app.command("export")
@@ -847,22 +853,23 @@ def export_cmd(
     storage: Storage = None,
     results_dir: ResultsDir = Path("results"),
 ) -> None:
-    """Print one cell's settings as TRL GRPOConfig kwargs, verl Hydra overrides or AReaL YAML.
+    """Print one cell's settings as TRL GRPOConfig code, verl Hydra overrides or AReaL YAML.
+    --best takes a finished study's top cell (a grid) or best trial (a search), with its
+    uncertainty as a comment; a study in which no run completed is refused (exit 2).
 
     The experiment file is validated first, which imports python: task modules (runs their code).
     """
     from harness.configtools import ConfigError
     from harness.experiment import load_experiment
-    from harness.export import TARGETS, best_cell, export_cell, resolve_cell
-    from harness.sweep.spec import StudySpec, load_study_spec
+    from harness.export import TARGETS, best_to_export, export_cell, resolve_cell
+    from harness.sweep.spec import HASH_ATTR, StudySpec, load_study_spec
 
     if to not in TARGETS:
         raise ConfigError(f"--to must be one of {', '.join(TARGETS)}; got {to!r}")
     if (cell is None) == (not best):
         raise ConfigError("give exactly one of --cell or --best")
     spec = load_experiment(file)
-    if spec.search is not None:
-        raise ConfigError(f"{file}: export needs a grid experiment (this one is a search)")
+    notes: list[str] = []
     if best:
         import optuna
 
@@ -878,15 +885,28 @@ def export_cmd(
         except KeyError:
             raise ConfigError(f"--best: no study named {name!r} (see `harness status`)") from None
         study_spec = load_study_spec(st)
-        label = best_cell(study_spec, st)
-        overrides = dict(study_spec.cells[label])
+        label, overrides, notes = best_to_export(study_spec, st)
+        now = StudySpec.from_experiment(spec).grid_hash
+        if st.user_attrs.get(HASH_ATTR) not in (None, now):
+            # As `ablate` refuses a changed grid: say it; export what the study ran.
+            changed = (
+                f"{file} changed since study {name!r} ran (hash {st.user_attrs[HASH_ATTR]} != "
+                f"{now}): these are the settings the study ran, not the file's"
+            )
+            typer.echo(f"warning: {changed}", err=True)
+            notes.append(changed)
     else:
+        if spec.search is not None:
+            raise ConfigError(
+                f"{file}: --cell needs a grid experiment (this one is a search; use --best)"
+            )
         assert cell is not None
         label, overrides = resolve_cell(spec, cell)
         study_spec = StudySpec.from_experiment(spec)
     cfg = study_spec.run_config(overrides, seed=None)
-    typer.echo(f"# harness cell {label!r} of {file} for {to}")
-    typer.echo(export_cell(cfg, to), nl=False)
+    what = "point" if study_spec.kind == "search" else "cell"
+    header = [f"harness {what} {label!r} of {file} for {to}", *notes]
+    typer.echo(export_cell(cfg, to, header), nl=False)
 
 
 @app.command("ui")

@@ -538,6 +538,9 @@ def warnings_for(rows: Sequence[CellRow], data: StudyData) -> list[str]:
 def conclusion(rows: Sequence[CellRow], data: StudyData) -> list[str]:
     """A short plain-language conclusion, one markdown paragraph or bullet per sentence."""
     better = "higher" if data.direction == "maximize" else "lower"
+    ended = [r.status for r in data.runs if r.status in ("completed", "failed", "diverged")]
+    if ended and "completed" not in ended:
+        return no_run_completed(data)
     usable = [r for r in rows if math.isfinite(r.iqm.point)]
     if not usable:
         return ["No cell has a usable score yet: nothing can be concluded."]
@@ -612,6 +615,31 @@ def conclusion(rows: Sequence[CellRow], data: StudyData) -> list[str]:
             "nothing about the clip settings."
         )
     return out + progress
+
+
+def no_run_completed(data: StudyData) -> list[str]:
+    """The conclusion of a study in which no run completed: what happened to each run, and why
+    (each distinct reason once, with how many runs it hit)."""
+    from harness.failures import count_reasons, short_reason
+
+    n = {s: sum(r.status == s for r in data.runs) for s in ("failed", "diverged")}
+    pending = sum(r.status in ("running", "waiting") for r in data.runs)
+    expected = len(data.cells) * len(data.seeds)
+    out = [
+        f"**No run completed**: of {expected} runs, {n['failed']} failed, {n['diverged']} "
+        f"diverged and {pending} have not finished, so there is no ranking and nothing can be "
+        "concluded. Fix the cause below and run the same command again (failed runs are run "
+        "again; diverged ones are results)."
+    ]
+    for status, what in (("failed", "Failed"), ("diverged", "Diverged")):
+        reasons = [r.reason for r in data.runs if r.status == status]
+        if reasons:
+            parts = [
+                f"{k} run{'s' if k != 1 else ''}: {_code(short_reason(text))}"
+                for text, k in count_reasons(reasons)
+            ]
+            out.append(f"{what}: " + "; ".join(parts) + ".")
+    return out
 
 
 # --------------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ run-level summaries are compared (docs/stability.md):
 
 * batch reward: ``start/reward`` (mean of the first 10 logged batch rewards) → ``final/reward``
   (mean of the last 10).  The start window already contains up to 9 updates, so a fast learner's
-  start is inflated and the test is conservative;
+  start is inflated and the test is conservative; a run of fewer than 20 steps has overlapping
+  windows (identical ones at 10 steps or fewer) and its bullet says so (:func:`window_caveat`);
 * eval reward: ``start/eval_reward`` (greedy, held-out prompts, before the first update) →
   ``final/eval_reward`` (the same prompts at the last step).
 
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness import stats
+from harness.stability import FINAL_WINDOW, START_WINDOW
 from harness.stats import Interval
 from harness.studydata import StudyData
 
@@ -103,14 +105,38 @@ _VERDICT_TEXT = {
 }
 
 
-def describe(cell_text: str, comparisons: Sequence[StartVsFinal]) -> str:
-    """One conclusion bullet: every comparison of one cell, with its CI and verdict."""
+def window_caveat(steps: int) -> str:
+    """Why the batch-reward change of a short run says little: its start window (the first
+    ``START_WINDOW`` logged rewards) and final window (the last ``FINAL_WINDOW``) overlap when
+    the run has fewer steps than the two together.  Empty when they do not overlap."""
+    if steps >= START_WINDOW + FINAL_WINDOW:
+        return ""
+    if steps <= min(START_WINDOW, FINAL_WINDOW):
+        return (
+            f"with {steps} steps the start and final windows are the same {steps} steps, so "
+            "this change is 0 by construction and says nothing about learning; compare the "
+            "eval reward, or run at least "
+            f"{START_WINDOW + FINAL_WINDOW} steps"
+        )
+    shared = START_WINDOW + FINAL_WINDOW - steps
+    return (
+        f"with {steps} steps the start window (first {START_WINDOW}) and final window (last "
+        f"{FINAL_WINDOW}) share {shared} steps, so this change understates any learning; run at "
+        f"least {START_WINDOW + FINAL_WINDOW} steps for windows that do not overlap"
+    )
+
+
+def describe(cell_text: str, comparisons: Sequence[StartVsFinal], steps: int | None = None) -> str:
+    """One conclusion bullet: every comparison of one cell, with its CI and verdict (and, for
+    the batch reward of a run too short for separate windows, the caveat)."""
     parts = []
     for c in comparisons:
+        caveat = window_caveat(steps) if steps is not None and c.what == "batch reward" else ""
         parts.append(
             f"{c.what} {_num(c.start)} → {_num(c.final.point)} "
             f"[{_num(c.final.low)}, {_num(c.final.high)}], change {_signed(c.change.point)} "
             f"[{_signed(c.change.low)}, {_signed(c.change.high)}]: {_VERDICT_TEXT[c.verdict]}"
+            + (f" (*caveat*: {caveat})" if caveat else "")
         )
     n = max(c.n_runs for c in comparisons)
     return (
@@ -145,7 +171,7 @@ def conclusion_lines(
     for cell in shown:
         comps = start_vs_final(data, cell, n_boot=n_boot, seed=seed)
         if comps:
-            out.append(describe(code(cell), comps))
+            out.append(describe(code(cell), comps, steps=data.steps))
     if len(ranked_cells) > max_cells:
         verdicts = [
             c.verdict

@@ -63,6 +63,15 @@ OBJECTIVE_KEYS: tuple[str, ...] = (
     "start/eval_accuracy",
 )
 
+#: The windows a run's start and end are averaged over: ``start/reward`` is the mean of the
+#: first START_WINDOW logged rewards (set by the training loops), ``final/reward`` the mean of
+#: the last FINAL_WINDOW (``summarize_run``'s ``last_k``).
+START_WINDOW = 10
+FINAL_WINDOW = 10
+#: The trailing-mean smoothing both training loops (harness and TRL) pass to ``summarize_run``
+#: for the drawdown and collapse summaries: one noisy batch is not a collapse.
+RUN_SMOOTH = 5
+
 #: A running-median spike test needs at least this many earlier finite values.
 MIN_SPIKE_HISTORY = 3
 
@@ -160,7 +169,7 @@ def _reward_summaries(
 def summarize_run(
     history: Mapping[str, Sequence[float] | np.ndarray],
     *,
-    last_k: int = 10,
+    last_k: int = FINAL_WINDOW,
     reward_threshold: float | None = None,
     collapse_fraction: float = 0.5,
     kl_spike_factor: float = 5.0,
@@ -184,7 +193,8 @@ def summarize_run(
     * ``final/steps_to_threshold``: first step with r_t >= ``reward_threshold`` (NaN if never or
       no threshold).
     * ``stability/max_drawdown``: D = max_t (P_t − s_t), with s_t the reward smoothed by a trailing
-      mean over ``smooth`` logged steps (``smooth=1``: none) and P_t = max_{u<=t} s_u.
+      mean over ``smooth`` logged steps (``smooth=1``, this function's default: none; the
+      training loops pass :data:`RUN_SMOOTH`) and P_t = max_{u<=t} s_u.
     * ``stability/max_drawdown_frac``: D / P_{t*} at the first t* attaining D, when P_{t*} > 0.
     * ``stability/collapsed``: 1.0 if max_drawdown_frac > ``collapse_fraction`` else 0.0 (NaN when
       the fraction is undefined).

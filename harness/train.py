@@ -43,7 +43,7 @@ from harness.models import (
 from harness.ppo.actor import PPOActor, minibatch_indices
 from harness.prompting import resolve_chat_template
 from harness.rollout import StalenessRing, forward_logprobs, sample
-from harness.stability import summarize_run
+from harness.stability import RUN_SMOOTH, START_WINDOW, summarize_run
 from harness.tasks import get_task
 
 
@@ -386,10 +386,10 @@ def run(
 
     summary = summarize_run(
         history,
-        smooth=5,  # drawdown/collapse on a 5-step moving average: one noisy batch is not a collapse
+        smooth=RUN_SMOOTH,  # drawdown/collapse on a moving average: one noisy batch is no collapse
         diverged_step=int(tags["diverged_step"]) if "diverged_step" in tags else None,
     )
-    first = [v for v in history.get("objective/reward", [])[:10] if math.isfinite(v)]
+    first = [v for v in history.get("objective/reward", [])[:START_WINDOW] if math.isfinite(v)]
     summary["start/reward"] = sum(first) / len(first) if first else math.nan
     summary["start/eval_reward"] = start_eval["eval/reward"]
     summary["start/eval_accuracy"] = start_eval["eval/accuracy"]

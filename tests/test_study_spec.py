@@ -120,7 +120,8 @@ def test_search_study_status_report_and_best_point(tmp_path: Path) -> None:
     row = next(line for line in r.output.splitlines() if "spec-search" in line and "│" in line)
     assert [c.strip() for c in row.split("│")[1:-1]] == [
         "spec-search",
-        "2",
+        "2",  # done
+        "0",  # pruned
         "0",
         "0",
         "0",

@@ -38,7 +38,11 @@ def print_grid(spec: ExperimentSpec) -> None:
 
 
 def print_status(storage: Any, study_name: str | None) -> None:
+    """One row per study; below the table, each study's distinct failure reasons with counts
+    (all of them for a named study, the three most frequent otherwise)."""
     import optuna
+
+    from harness.failures import count_reasons, reason_lines
 
     console = wide_console()
     summaries = optuna.get_all_study_summaries(storage, include_best_trial=False)
@@ -50,16 +54,9 @@ def print_status(storage: Any, study_name: str | None) -> None:
             f"study: no study named {study_name!r} (studies: {', '.join(names) or 'none'})"
         )
     table = Table(title="studies")
-    for col in (
-        "study",
-        "done",
-        "diverged",
-        "running",
-        "waiting",
-        "failed",
-        "total",
-    ):
+    for col in ("study", "done", "pruned", "diverged", "running", "waiting", "failed", "total"):
         table.add_column(col, justify="right" if col != "study" else "left")
+    failures: list[tuple[str, list[tuple[str, int]]]] = []
     for name in names:
         if study_name is not None and name != study_name:
             continue
@@ -69,10 +66,21 @@ def print_status(storage: Any, study_name: str | None) -> None:
         table.add_row(
             name,
             str(c.done),
+            str(c.pruned),
             str(c.diverged),
             str(c.running),
             str(c.waiting),
             str(c.failed),
             str(c.total),
         )
+        if c.reasons:
+            failures.append((name, count_reasons(c.reasons)))
     console.print(table)
+    limit = None if study_name is not None else 3
+    for name, counted in failures:
+        # print(), not rich: a reason is the user's text and may hold [markup]
+        print(f"{name}: why trials failed")
+        for line in reason_lines(counted[:limit], "trial"):
+            print(f"  {line}")
+        if limit is not None and len(counted) > limit:
+            print(f"  ... {len(counted) - limit} more reasons: harness status {name}")

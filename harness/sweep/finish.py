@@ -1,15 +1,40 @@
 """End of a sweep (and ``harness report``): read the study back, print the ranking (a grid) or
-the best point / Pareto front (a search), write the report, close the parent run."""
+the best point / Pareto front (a search), say why runs failed, write the report, close the
+parent run.
+
+A study in which no run completed still gets a report: it says so and lists the distinct
+failure reasons with their counts (the console prints the same lines on stderr)."""
 
 from __future__ import annotations
 
 import json
 import math
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.sweep.display import wide_console
 from harness.sweep.spec import StudySpec
+
+
+@dataclass(frozen=True)
+class Finished:
+    """How a study stands after ``finish_study``: ``complete`` when every (cell, seed) finished
+    (completed or diverged), or a search's ``n_trials`` ended (COMPLETE, PRUNED, or diverged);
+    ``completed``
+    counts the runs (grid) or trials (search) that completed with a result."""
+
+    complete: bool
+    completed: int
+
+
+def _say_failures(reasons: list[str], total: int, finished: int, what: str) -> None:
+    from harness.failures import summary_lines
+
+    # plain stderr, not rich: a reason is the user's text and may hold [markup]
+    for line in summary_lines(reasons, total, finished=finished, what=what):
+        print(line, file=sys.stderr)
 
 
 def finish_study(
@@ -21,9 +46,8 @@ def finish_study(
     results_dir: Path,
     write_report: bool = True,
     end_parent: bool = True,
-) -> bool:
-    """Returns True when the study is done: every (cell, seed) finished (completed or
-    diverged), or a search's ``n_trials`` COMPLETE or PRUNED."""
+) -> Finished:
+    """Print the ranking and the failures, write the report, tag and end the parent run."""
     if spec.kind == "search":
         return finish_search(
             study,
@@ -40,6 +64,8 @@ def finish_study(
     data = load_study_data(study, tracker, command=command)
     expected = spec.expected_trials
     finished = sum(1 for r in data.runs if r.status in ("completed", "diverged"))
+    completed = sum(1 for r in data.runs if r.status == "completed")
+    failed = [r.reason for r in data.runs if r.status == "failed"]
     console = wide_console()
     parent = spec.parent_run_id
     if finished:
@@ -47,7 +73,8 @@ def finish_study(
         console.print(render_ranking_table(rows, data))
         if parent:
             _label_in_mlflow(tracker, spec, parent, rows)
-    if write_report and finished:
+    _say_failures(failed, expected, completed, "run")
+    if write_report and (finished or failed):
         out_dir = results_dir / study.study_name
         files = build_report(data, out_dir)
         console.print(f"report: {files.markdown} and {files.html}")
@@ -63,7 +90,7 @@ def finish_study(
         if end_parent:
             tracker.end_run(parent, "FINISHED" if complete else "KILLED")
     tracker.flush()
-    return complete
+    return Finished(complete=complete, completed=completed)
 
 
 def _label_in_mlflow(tracker: Any, spec: StudySpec, parent: str, rows: Any) -> None:
@@ -94,40 +121,60 @@ def finish_search(
     results_dir: Path,
     write_report: bool = True,
     end_parent: bool = True,
-) -> bool:
-    """Print the best point (or the Pareto front), log it on the parent run, write report.md."""
+) -> Finished:
+    """Print the best point (or the Pareto front) and the failures, log the best point on the
+    parent run, write report.md."""
     from optuna.trial import TrialState
     from rich.table import Table
 
+    from harness.sweep.study import search_seed_values, seed_spread
+
     console = wide_console()
     tracker.flush()
-    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    pruned = study.get_trials(deepcopy=False, states=(TrialState.PRUNED,))
+    trials = study.get_trials(deepcopy=False)
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    pruned = [t for t in trials if t.state == TrialState.PRUNED]
+    failed = [
+        str(t.user_attrs.get("reason", ""))
+        for t in trials
+        if t.state == TrialState.FAIL and t.user_attrs.get("outcome") not in ("diverged",)
+    ]
     parent = spec.parent_run_id
     objectives = spec.objectives
-    total = len(complete) + len(pruned)
-    done = total >= spec.expected_trials
-    if not complete:
-        console.print("no completed trial yet")
-        return done
-    best = study.best_trials if len(objectives) > 1 else [study.best_trial]
-    title = "Pareto front" if len(objectives) > 1 else "best trial"
-    table = Table(
-        title=f"{study.study_name}: {title} ({len(complete)} complete, {len(pruned)} pruned)"
+    from harness.sweep.worker import SPENT_OUTCOMES
+
+    spent = sum(
+        t.state == TrialState.FAIL and t.user_attrs.get("outcome") in SPENT_OUTCOMES for t in trials
     )
-    table.add_column("trial")
-    for metric, direction in objectives:
-        table.add_column(f"{metric} ({direction})", justify="right")
-    table.add_column("params")
-    for t in best:
-        table.add_row(str(t.number), *[f"{v:.4g}" for v in t.values], _fmt_point(t.params))
-    console.print(table)
-    if write_report:
+    done = len(complete) + len(pruned) + spent >= spec.expected_trials
+    best: list[Any] = []
+    if complete:
+        best = study.best_trials if len(objectives) > 1 else [study.best_trial]
+        title = "Pareto front" if len(objectives) > 1 else "best trial"
+        table = Table(
+            title=f"{study.study_name}: {title} ({len(complete)} complete, {len(pruned)} pruned)"
+        )
+        table.add_column("trial")
+        for metric, direction in objectives:
+            table.add_column(f"{metric} ({direction})", justify="right")
+        table.add_column("params")
+        for t in best:
+            table.add_row(str(t.number), *[f"{v:.4g}" for v in t.values], _fmt_point(t.params))
+        console.print(table)
+        top = best[0]
+        console.print(
+            f"trial {top.number}: " + seed_spread(search_seed_values(top), what=objectives[0][0]),
+            markup=False,
+        )
+    else:
+        console.print("no completed trial yet")
+    _say_failures(failed, spec.expected_trials, len(complete), "trial")
+    if write_report and (complete or failed):
         path = write_search_report(study, spec, best, results_dir / study.study_name)
         console.print(f"report: {path}")
         if parent:
             tracker.log_artifact(parent, path, "report")
-    if parent:
+    if parent and best:
         top = best[0]
         tracker.set_tags(
             parent, {"search.best_trial": str(top.number), "search.pareto_size": str(len(best))}
@@ -148,15 +195,20 @@ def finish_search(
         )
         # Tags, not params: a resumed search may find a better point and tags can change.
         tracker.set_tags(parent, {f"best.{k}": str(v) for k, v in top.params.items()})
-        if end_parent:
-            tracker.end_run(parent, "FINISHED" if done else "KILLED")
+    if parent and end_parent and (best or failed):
+        tracker.end_run(parent, "FINISHED" if done else "KILLED")
     tracker.flush()
-    return done
+    return Finished(complete=done, completed=len(complete))
 
 
 def write_search_report(study: Any, spec: StudySpec, best: list[Any], out_dir: Path) -> Path:
-    """``report.md`` of a search: objectives, the best point(s), and every trial."""
+    """``report.md`` of a search: objectives, the best point(s) with the best point's seed
+    spread, why trials failed, and every trial."""
+    from optuna.trial import TrialState
+
+    from harness.failures import count_reasons, reason_lines
     from harness.fsutil import ensure_results_dir
+    from harness.sweep.study import search_seed_values, seed_spread
 
     ensure_results_dir(out_dir)
     assert spec.search is not None
@@ -164,6 +216,15 @@ def write_search_report(study: Any, spec: StudySpec, best: list[Any], out_dir: P
     def cell(v: Any) -> str:
         return f"{v:.4g}" if isinstance(v, float) and math.isfinite(v) else str(v)
 
+    def md(text: str) -> str:  # the user's text in a table cell or bullet: one line, no pipes
+        return " ".join(str(text).split()).replace("|", r"\|")
+
+    trials = study.get_trials(deepcopy=False)
+    failed = [
+        str(t.user_attrs.get("reason", ""))
+        for t in trials
+        if t.state == TrialState.FAIL and t.user_attrs.get("outcome") != "diverged"
+    ]
     names = [f"{m} ({d})" for m, d in spec.objectives]
     lines = [
         f"# Search `{study.study_name}`",
@@ -175,15 +236,34 @@ def write_search_report(study: Any, spec: StudySpec, best: list[Any], out_dir: P
         "",
         "## " + ("Pareto front" if len(best) > 1 or len(spec.objectives) > 1 else "Best point"),
         "",
-        "| trial | " + " | ".join(names) + " | params |",
-        "|---|" + "---|" * len(names) + "---|",
     ]
-    for t in best:
-        values = " | ".join(cell(v) for v in t.values)
-        lines.append(f"| {t.number} | {values} | {_fmt_point(t.params)} |")
+    if best:
+        lines += [
+            "| trial | " + " | ".join(names) + " | params |",
+            "|---|" + "---|" * len(names) + "---|",
+        ]
+        for t in best:
+            values = " | ".join(cell(v) for v in t.values)
+            lines.append(f"| {t.number} | {values} | {_fmt_point(t.params)} |")
+        top = best[0]
+        lines += [
+            "",
+            f"Trial {top.number}, seed by seed: "
+            + seed_spread(search_seed_values(top), what=f"`{spec.objectives[0][0]}`")
+            + ". The objective Optuna ranks by is the mean over the seeds; with few seeds the "
+            "best point is partly the luckiest one, so read its CI before acting on it.",
+        ]
+    else:
+        lines.append(
+            f"**No trial completed** ({len(failed)} failed of {len(trials)} run so far): "
+            "there is no best point. Why they failed is below."
+        )
+    if failed:
+        lines += ["", "## Why trials failed", ""]
+        lines += [f"- {md(line)}" for line in reason_lines(count_reasons(failed), "trial")]
     lines += ["", "## Every trial", "", "| trial | state | seeds run | values | params |"]
     lines.append("|---|---|---|---|---|")
-    for t in study.get_trials(deepcopy=False):
+    for t in trials:
         values = ", ".join(cell(v) for v in (t.values or []))
         if not values and t.intermediate_values:
             values = f"{cell(list(t.intermediate_values.values())[-1])} (last seed mean)"

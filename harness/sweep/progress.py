@@ -38,6 +38,8 @@ class SweepProgress:
     def __exit__(self, *exc: Any) -> None:
         self.live.update(self._render())
         self.live.__exit__(*exc)
+        if not self.console.is_terminal:  # rich ends the last line only on a terminal
+            self.console.line()
 
     def _render(self) -> Group:
         table = Table(show_header=True, header_style="bold", box=None)

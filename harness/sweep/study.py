@@ -181,7 +181,9 @@ def enqueue_missing(study: Any, spec: StudySpec) -> tuple[int, int]:
 @dataclass(frozen=True)
 class StudyCounts:
     """What ``harness status`` shows for one study.  A grid counts its (cell, seed) pairs (the
-    newest trial of each decides); a search counts its trials, done = COMPLETE or PRUNED."""
+    newest trial of each decides); a search counts its trials.  ``done`` is COMPLETE only: a
+    pruned search trial was stopped early and has no result, so it is counted apart.
+    ``reasons`` are the failed trials' recorded reasons (``harness.failures`` groups them)."""
 
     done: int
     diverged: int
@@ -189,27 +191,32 @@ class StudyCounts:
     waiting: int
     failed: int
     total: int
+    pruned: int = 0
+    reasons: tuple[str, ...] = ()
 
 
 def study_counts(study: Any, spec: StudySpec | None) -> StudyCounts:
     from collections import Counter
 
     trials = study.get_trials(deepcopy=False)
-    states: Counter[str] = Counter()
     if spec is not None and spec.kind == "search":
-        for t in trials:
-            states["COMPLETE" if t.state.name == "PRUNED" else t.state.name] += 1
+        counted = list(trials)
         total = spec.expected_trials
     else:
         latest: dict[Any, Any] = {}
         for t in trials:
             latest[trial_key(t) or ("#", t.number)] = t
-        for t in latest.values():
-            s = t.state.name
-            if s == "FAIL" and t.user_attrs.get("outcome") == "diverged":
-                s = "DIVERGED"
-            states[s] += 1
+        counted = list(latest.values())
         total = spec.expected_trials if spec is not None else len(latest)
+    states: Counter[str] = Counter()
+    reasons: list[str] = []
+    for t in counted:
+        s = t.state.name
+        if s == "FAIL" and t.user_attrs.get("outcome") == "diverged":
+            s = "DIVERGED"
+        elif s == "FAIL":
+            reasons.append(str(t.user_attrs.get("reason", "")))
+        states[s] += 1
     return StudyCounts(
         done=states["COMPLETE"],
         diverged=states["DIVERGED"],
@@ -217,23 +224,67 @@ def study_counts(study: Any, spec: StudySpec | None) -> StudyCounts:
         waiting=states["WAITING"],
         failed=states["FAIL"],
         total=total,
+        pruned=states["PRUNED"],
+        reasons=tuple(reasons),
     )
 
 
 @dataclass(frozen=True)
 class BestPoint:
     """The best configuration a study found: a grid's top cell in the report's ranking (IQM of
-    the metric over its seeds), or a search's best trial (the first of the Pareto front)."""
+    the metric over its seeds), or a search's best trial (the first of the Pareto front).
+    Only a point with at least one completed run qualifies (diverged-only cells do not)."""
 
     label: str  # the cell's label, or "trial N"
     overrides: dict[str, Any]  # dotted run-config path -> value, on top of the spec's base
     value: float  # IQM of the ranking metric (grid) or the first objective (search)
     seeds: int  # runs the value averages
+    metric: str = ""  # what value measures
+    seed_values: tuple[float, ...] = ()  # per-seed values behind it (finite ones)
+    interval: Any = None  # the report's IQM interval (grid); None for a search point
+
+    def spread(self) -> str:
+        """The uncertainty next to the value, in words: the grid's IQM CI, or the search point's
+        seeds (mean with a bootstrap CI, min and max)."""
+        return seed_spread(self.seed_values, self.interval, what=self.metric or "value")
+
+
+def seed_spread(values: Any, interval: Any = None, *, what: str = "value") -> str:
+    """``'final/reward IQM 0.61 [0.55, 0.66] over 4 seeds (min 0.52, max 0.70)'``-style text for
+    a point's per-seed values; ``interval`` (an IQM CI) is used when given, else the mean with
+    its 95 % percentile-bootstrap CI.  One seed has no spread and says so."""
+    import math
+
+    import numpy as np
+
+    xs = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
+    if xs.size == 0:
+        return f"{what}: no per-seed values recorded"
+    if xs.size == 1:
+        return f"{what} {xs[0]:.4g} from 1 seed: no spread (run more seeds for a CI)"
+    if interval is None:
+        from harness.stats import mean_ci
+
+        interval, name = mean_ci(xs, n_boot=2000, seed=0), "mean"
+    else:
+        name = "IQM"
+    return (
+        f"{what} {name} {interval.point:.4g}, 95 % bootstrap CI [{interval.low:.4g}, "
+        f"{interval.high:.4g}] over {xs.size} seeds (min {xs.min():.4g}, max {xs.max():.4g})"
+    )
+
+
+def search_seed_values(trial: Any) -> tuple[float, ...]:
+    """A search trial's per-seed values of its first objective (empty for trials recorded
+    before these were kept)."""
+    raw = trial.user_attrs.get("seed_values") or [[]]
+    return tuple(float(v) for v in raw[0] if v is not None)
 
 
 def best_point(study: Any, spec: StudySpec) -> BestPoint | None:
-    """None when no trial has finished yet.  ``spec.run_config(best.overrides, seed)`` rebuilds
+    """None when no run has completed yet.  ``spec.run_config(best.overrides, seed)`` rebuilds
     the winning configuration."""
+    import math
 
     from optuna.trial import TrialState
 
@@ -249,12 +300,19 @@ def best_point(study: Any, spec: StudySpec) -> BestPoint | None:
             overrides=dict(top.params),
             value=float(top.values[0]),
             seeds=int(top.user_attrs.get("seeds_run", len(spec.seeds))),
+            metric=spec.objectives[0][0],
+            seed_values=search_seed_values(top),
         )
-    # A grid's best cell is the report's: top of the ranking by the IQM of the metric.
+    # A grid's best cell is the report's: top of the ranking by the IQM of the metric, among
+    # cells with a completed run (a diverged-only cell scored as the worst value is no winner).
     from harness.report import ranking
     from harness.sweep.results import load_study_data
 
-    rows = [r for r in ranking(load_study_data(study, None), n_boot=200) if r.n_used]
+    rows = [
+        r
+        for r in ranking(load_study_data(study, None), n_boot=2000)
+        if r.n_completed and math.isfinite(r.iqm.point)
+    ]
     if not rows:
         return None
     top = rows[0]
@@ -263,4 +321,7 @@ def best_point(study: Any, spec: StudySpec) -> BestPoint | None:
         overrides=dict(spec.cells[top.label]),
         value=top.iqm.point,
         seeds=top.n_used,
+        metric=spec.metric,
+        seed_values=tuple(v for v in top.scores if math.isfinite(v)),
+        interval=top.iqm,
     )

@@ -261,6 +261,11 @@ def run_search_trial(t: _Trial) -> str:
     out = [_nanmean(v) for v in values]
     t.trial.set_user_attr("diverged_seeds", diverged)
     t.trial.set_user_attr("seeds_run", len(t.spec.seeds))
+    # Each seed's value of each objective (None = not finite): the spread the report and
+    # `export --best` show next to the mean.
+    t.trial.set_user_attr(
+        "seed_values", [[v if math.isfinite(v) else None for v in vs] for vs in values]
+    )
     t.trial.set_user_attr("wall_time", time.time() - t0)
     if all(math.isfinite(v) for v in out):
         t.trial.set_user_attr("outcome", "completed")
@@ -301,6 +306,11 @@ def _pruner(name: str) -> Any:
     return optuna.pruners.NopPruner()
 
 
+# Search trials that count against n_trials besides COMPLETE and PRUNED ones (an interrupted
+# or errored trial does not: the next run samples a replacement).
+SPENT_OUTCOMES = ("diverged",)
+
+
 def _next_trial(study: Any, spec: StudySpec) -> tuple[Any | None, int]:
     """The next trial this worker should run (None if there is none now), and how many trials
     are running elsewhere."""
@@ -316,7 +326,14 @@ def _next_trial(study: Any, spec: StudySpec) -> tuple[Any | None, int]:
         assert spec.search is not None
         trials = with_retries(lambda: study.get_trials(deepcopy=False))
         states = [t.state for t in trials]
-        finished = sum(s in (TrialState.COMPLETE, TrialState.PRUNED) for s in states)
+        # A diverged trial used up its place in the budget too: otherwise a search whose
+        # every point diverges would sample new points forever.  (An errored one does not: the
+        # worker stops at it, and a resume after the fix runs its place again.)
+        finished = sum(
+            t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            or (t.state == TrialState.FAIL and t.user_attrs.get("outcome") in SPENT_OUTCOMES)
+            for t in trials
+        )
         busy = sum(s in (TrialState.RUNNING, TrialState.WAITING) for s in states)
         trial = None
         if finished + busy < spec.search.n_trials or TrialState.WAITING in states:

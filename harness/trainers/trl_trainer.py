@@ -32,7 +32,7 @@ from harness.lora import prepare_for_training
 from harness.metrics import check_names
 from harness.models import eos_ids, load_model_and_tokenizer, max_positions, resolve_device
 from harness.ppo.advantages import shape_rewards
-from harness.stability import summarize_run
+from harness.stability import RUN_SMOOTH, START_WINDOW, summarize_run
 from harness.tasks import get_task
 from harness.trainers.trl_map import TRL_METRICS, approximations, grpo_kwargs
 
@@ -326,8 +326,8 @@ def run_trl(
             tags["diverged_step"] = str(err.step)
 
     LAST_PROMPT_ORDER[:] = seen_idx
-    summary = summarize_run(history, smooth=5, diverged_step=rs.diverged_step)
-    first = [v for v in history.get("objective/reward", [])[:10] if math.isfinite(v)]
+    summary = summarize_run(history, smooth=RUN_SMOOTH, diverged_step=rs.diverged_step)
+    first = [v for v in history.get("objective/reward", [])[:START_WINDOW] if math.isfinite(v)]
     summary["start/reward"] = sum(first) / len(first) if first else math.nan
     summary["start/eval_reward"] = start_eval["eval/reward"]
     summary["start/eval_accuracy"] = start_eval["eval/accuracy"]
