@@ -38,24 +38,28 @@ def import_ray() -> Any:
 LOOPBACK = ("127.0.0.1", "::1")
 
 
-def _init_local(ray: Any) -> None:
-    """Start a Ray on this machine whose every server (GCS, raylet, object manager, workers'
-    gRPC servers, the runtime-env agent) listens on 127.0.0.1 only.
+def _single_node(ray: Any) -> contextlib.AbstractContextManager[Any]:
+    """Ray's single-node mode for the duration of one ``ray.init``.
 
     Ray binds its servers to loopback only when the node's IP is a loopback address, and
-    ``ray.init`` replaces a loopback ``_node_ip_address`` by the machine's routable IP unless
-    multi-node clusters are off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read once when Ray is
-    imported: the value is set here for this call).  ``address="local"`` starts a new
-    instance even where ``RAY_ADDRESS`` or a ``ray start`` on this machine would be joined:
-    without ``--ray-address`` the sweep runs here and nowhere else.  The caller checks the IP
-    the node came up on."""
+    rewrites a loopback address (``_node_ip_address``, or the host of ``address``) into the
+    machine's routable IP unless multi-node clusters are off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER
+    =0``, read once when Ray is imported; its value is set here instead).  Without this a
+    local Ray listens on every interface, and a head bound to loopback cannot be joined at
+    127.0.0.1."""
     constants = ray._private.ray_constants
-    single_node = (
-        mock.patch.object(constants, "ENABLE_RAY_CLUSTER", False)
-        if hasattr(constants, "ENABLE_RAY_CLUSTER")
-        else contextlib.nullcontext()
-    )
-    with single_node:
+    if not hasattr(constants, "ENABLE_RAY_CLUSTER"):
+        return contextlib.nullcontext()
+    return mock.patch.object(constants, "ENABLE_RAY_CLUSTER", False)
+
+
+def _init_local(ray: Any) -> None:
+    """Start a Ray on this machine whose every server (GCS, raylet, object manager, workers'
+    gRPC servers, the runtime-env agent) listens on 127.0.0.1 only.  ``address="local"``
+    starts a new instance even where ``RAY_ADDRESS`` or a ``ray start`` on this machine would
+    be joined: without ``--ray-address`` the sweep runs here and nowhere else.  The caller
+    checks the IP the node came up on."""
+    with _single_node(ray):
         ray.init(
             address="local",
             _node_ip_address="127.0.0.1",
@@ -63,6 +67,14 @@ def _init_local(ray: Any) -> None:
             log_to_driver=False,
             configure_logging=False,
         )
+
+
+def _is_loopback_address(address: str) -> bool:
+    try:
+        hostport = split_address(address)
+    except ConfigError:
+        return False
+    return hostport is not None and hostport[0] in (*LOOPBACK, "localhost")
 
 
 @contextlib.contextmanager
@@ -164,12 +176,16 @@ class RayLauncher:
                 if self.address is None:
                     _init_local(ray)
                 else:
-                    ray.init(
-                        address=self.address,
-                        include_dashboard=False,
-                        log_to_driver=False,
-                        configure_logging=False,
-                    )
+                    # A head on this machine's loopback is joined at loopback, not at the
+                    # routable IP Ray would rewrite 127.0.0.1 into.
+                    here = _is_loopback_address(self.address)
+                    with _single_node(ray) if here else contextlib.nullcontext():
+                        ray.init(
+                            address=self.address,
+                            include_dashboard=False,
+                            log_to_driver=False,
+                            configure_logging=False,
+                        )
         except (ConnectionError, ValueError, RuntimeError) as err:
             where = self.address or "a local Ray"
             first = str(err).splitlines()[0] if str(err) else type(err).__name__
@@ -180,9 +196,9 @@ class RayLauncher:
             if ip not in LOOPBACK:  # never leave a cluster listening beyond this machine
                 self.close()
                 raise ConfigError(
-                    f"--launcher ray: the local Ray came up on {ip}, not on loopback; "
-                    "start one with `ray start --head --node-ip-address 127.0.0.1` and pass "
-                    "--ray-address 127.0.0.1:PORT"
+                    f"--launcher ray: the Ray started here came up on {ip}, not on 127.0.0.1 "
+                    "(this Ray version ignores a loopback node IP), so it would listen beyond "
+                    "this machine; pass --ray-address of a cluster you started"
                 )
 
     def start(self, n_workers: int, opts: Any, resources: Any) -> None:
