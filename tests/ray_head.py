@@ -67,6 +67,8 @@ class PrivateRayHead:
             "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_AUTH_MODE": "disabled",
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+            # SIGTERM stops the head at once, not after Ray's node drain (up to 30 s).
+            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
         }
         self.proc = subprocess.Popen(
             argv,
