@@ -41,12 +41,12 @@ LOOPBACK = ("127.0.0.1", "::1")
 def _single_node(ray: Any) -> contextlib.AbstractContextManager[Any]:
     """Ray's single-node mode for the duration of one ``ray.init``.
 
-    Ray binds its servers to loopback only when the node's IP is a loopback address, and
+    Ray binds its servers to loopback only when the node's IP is a loopback address, and it
     rewrites a loopback address (``_node_ip_address``, or the host of ``address``) into the
-    machine's routable IP unless multi-node clusters are off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER
-    =0``, read once when Ray is imported; its value is set here instead).  Without this a
-    local Ray listens on every interface, and a head bound to loopback cannot be joined at
-    127.0.0.1."""
+    machine's routable IP unless multi-node clusters are off: the environment variable
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, which Ray reads once at import, so its constant is
+    set here instead.  Without this a local Ray listens on every interface, and a head bound
+    to loopback cannot be joined at 127.0.0.1."""
     constants = ray._private.ray_constants
     if not hasattr(constants, "ENABLE_RAY_CLUSTER"):
         return contextlib.nullcontext()
@@ -80,8 +80,10 @@ def _is_loopback_address(address: str) -> bool:
 @contextlib.contextmanager
 def _keep_sigterm_handler(ray: Any) -> Iterator[None]:
     """``ray.init`` installs SIGTERM handlers that end the process on the spot (the driver's
-    ``sys.exit``; a head started in-process kills its processes first), replacing the
-    coordinator's graceful stop (``StopSignals``).  Keep the coordinator's handler throughout;
+    ``sys.exit``; a head started in-process kills its processes first; the core worker's C++
+    failure handler aborts, exit -6), replacing the coordinator's graceful stop
+    (``StopSignals``): trials and runs were left RUNNING and Ray's agents orphaned.  Ray's
+    Python handlers are not installed, and the coordinator's is put back over the C++ one;
     Ray shuts down from ``close``."""
     if threading.current_thread() is not threading.main_thread():
         yield
