@@ -240,10 +240,12 @@ def _launch_choice(
                 "--launcher ray"
             )
         return LaunchChoice()
-    from harness.sweep.ray_launcher import check_shareable, import_ray
+    from harness.sweep.ray_launcher import check_shareable, import_ray, probe_address
 
     import_ray()
     check_shareable(storage, tracking_uri, address=ray_address, shared_fs=shared_fs)
+    if ray_address is not None:
+        probe_address(ray_address)
     return LaunchChoice("ray", ray_address, gpus, cpus)
 
 

@@ -57,6 +57,10 @@ from transformers.cache_utils import DynamicCache
 from harness.logprobs import selected_logprobs
 
 
+class NonFiniteLogits(FloatingPointError):
+    """The policy's logits stopped being finite while sampling (a diverged policy)."""
+
+
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """RoPE positions for a left-padded batch: 0 at each row's first real token, 0 on padding."""
     return (attention_mask.long().cumsum(-1) - 1).clamp_(min=0)
@@ -333,7 +337,14 @@ def _generate(
             probs = logp.exp()
             if top_p < 1.0:
                 probs = _top_p_filter(probs, top_p)
-            tok = torch.multinomial(probs, 1, generator=generator)
+            try:
+                tok = torch.multinomial(probs, 1, generator=generator)
+            except RuntimeError:
+                # Divergence only when the numbers are: any other failure (out of memory, a
+                # device or library error) is the caller's error, not a result of the run.
+                if not bool(torch.isfinite(logits).all()):
+                    raise NonFiniteLogits(f"non-finite logits at new token {t}") from None
+                raise
         lp = logp.gather(-1, tok).squeeze_(-1)
         tok = tok.squeeze_(-1)
         tokens[:, t] = torch.where(alive, tok, pad_id)

@@ -18,6 +18,7 @@ import contextlib
 import copy
 import math
 import random
+import re
 import time
 import warnings
 from collections.abc import Callable
@@ -42,7 +43,7 @@ from harness.models import (
 )
 from harness.ppo.actor import PPOActor, minibatch_indices
 from harness.prompting import resolve_chat_template
-from harness.rollout import StalenessRing, forward_logprobs, sample
+from harness.rollout import NonFiniteLogits, StalenessRing, forward_logprobs, sample
 from harness.stability import RUN_SMOOTH, START_WINDOW, summarize_run
 from harness.tasks import get_task
 
@@ -53,6 +54,19 @@ class Diverged(RuntimeError):
     def __init__(self, step: int, what: str) -> None:
         super().__init__(f"diverged at step {step}: {what}")
         self.step = step
+
+
+# A number that stopped being finite, in a torch error message ("value cannot be converted to
+# type float without overflow"), as whole words: "inference", "information" are not "inf".
+_NONFINITE_WORDS = re.compile(r"\b(overflow|nan|inf)\b", re.IGNORECASE)
+
+
+def is_numeric_overflow(err: BaseException) -> bool:
+    """True for a torch error that reports a non-finite number; an out-of-memory never is."""
+    if isinstance(err, (MemoryError, torch.OutOfMemoryError)):
+        return False
+    lines = str(err).splitlines()
+    return bool(lines and _NONFINITE_WORDS.search(lines[0]))
 
 
 @dataclass
@@ -278,10 +292,8 @@ def run(
                         generator=gen,
                         **sample_kw,
                     )
-            except RuntimeError as err:  # multinomial on NaN/inf probabilities
-                raise Diverged(
-                    step, f"non-finite probabilities while sampling ({str(err).splitlines()[0]})"
-                ) from None
+            except NonFiniteLogits as err:  # anything else sampling raises is an error
+                raise Diverged(step, f"non-finite probabilities while sampling ({err})") from None
             if not torch.isfinite(rb.logprobs).all():
                 raise Diverged(step, "non-finite behaviour log-probs in the rollout")
             t_rollout = time.perf_counter() - t0
@@ -319,9 +331,9 @@ def run(
             try:
                 stats = actor.ppo_update(batch)
             except RuntimeError as err:  # e.g. Adam's step overflowing float32
-                msg = str(err).splitlines()[0]
-                if not any(w in msg.lower() for w in ("overflow", "nan", "inf")):
+                if not is_numeric_overflow(err):
                     raise
+                msg = str(err).splitlines()[0]
                 raise Diverged(step, f"the update overflowed ({msg})") from None
             if critic is not None:
                 with precision(device, amp):

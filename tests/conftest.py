@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,8 +47,9 @@ def tmp_results(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def ray_head() -> Iterator[str]:
-    """The address of a private Ray head (loopback, 2 CPUs) for the session; stopped at the end."""
+def ray_private_head() -> Iterator[Any]:
+    """A private Ray head (loopback, 2 CPUs) for the session (a ``PrivateRayHead``); stopped at
+    the end."""
     pytest.importorskip("ray")
     try:
         from tests.ray_head import PrivateRayHead
@@ -60,7 +62,7 @@ def ray_head() -> Iterator[str]:
     head = PrivateRayHead(num_cpus=2)
     head.start()
     try:
-        yield head.address
+        yield head
     finally:
         import ray
 
@@ -71,6 +73,12 @@ def ray_head() -> Iterator[str]:
             os.environ.pop("RAY_AUTH_MODE", None)
         else:
             os.environ["RAY_AUTH_MODE"] = old_auth
+
+
+@pytest.fixture(scope="session")
+def ray_head(ray_private_head: Any) -> str:
+    """The address of the session's private Ray head."""
+    return str(ray_private_head.address)
 
 
 @pytest.fixture(scope="session")

@@ -60,7 +60,16 @@ class PrivateRayHead:
         ]
         # Loopback only, so no token: Ray 2.5x's token auth keeps one token per user in
         # ~/.ray, which concurrent heads of other sessions would overwrite under us.
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+        # `--node-ip-address=127.0.0.1` alone is replaced by the machine's routable IP (and Ray
+        # then listens on every interface) unless multi-node clusters are off.
+        env = {
+            **os.environ,
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_AUTH_MODE": "disabled",
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+            # SIGTERM stops the head at once, not after Ray's node drain (up to 30 s).
+            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+        }
         self.proc = subprocess.Popen(
             argv,
             stdout=subprocess.DEVNULL,

@@ -76,6 +76,13 @@ class SweepProgress:
             self.outcomes[e["outcome"]] = self.outcomes.get(e["outcome"], 0) + 1
             if e["outcome"] in ("completed", "diverged", "pruned"):
                 self.bar.advance(self.task)
+            if e["outcome"] == "error":  # the reason, once, above the live table
+                where = f"trial {e.get('trial', '?')}"
+                if e.get("cell") and e["cell"] != where:  # a grid cell (a search says its trial)
+                    where += f" ({e['cell']} seed={e.get('seed')})"
+                self.console.print(
+                    f"{where}: error: {e.get('reason', '')}", markup=False, highlight=False
+                )
             if "values" in e:  # a search point: its mean objectives and parameters
                 values = ", ".join(f"{v:.4g}" for v in e["values"])
                 point = " ".join(

@@ -150,10 +150,11 @@ def run_trl(
             t0 = time.perf_counter()
             try:
                 out = super()._generate_and_score_completions(inputs)
-            except RuntimeError as err:  # multinomial on NaN/inf probabilities
-                raise Diverged(
-                    rs.step, f"non-finite probabilities while sampling ({str(err)[:200]})"
-                ) from None
+            except RuntimeError as err:
+                what = _sampling_divergence(err, self.model)
+                if what is None:  # out of memory, a device or library error: an error
+                    raise
+                raise Diverged(rs.step, what) from None
             m = out["completion_mask"].bool()
             adv = out["advantages"].unsqueeze(1).expand_as(m)[m].float()
             gen_stats.append(
@@ -347,6 +348,20 @@ def run_trl(
 
 # For tests: the prompt indices of each generation cycle of the last run in this process.
 LAST_PROMPT_ORDER: list[list[int]] = []
+
+
+def _sampling_divergence(err: RuntimeError, model: torch.nn.Module | None) -> str | None:
+    """Why a failure inside TRL's generation is the policy diverging (multinomial on NaN/inf
+    probabilities, non-finite weights), or None when it is not (it must stay an error)."""
+    from harness.train import is_numeric_overflow
+
+    if isinstance(err, torch.OutOfMemoryError):
+        return None
+    if model is not None and not _params_finite(model):
+        return "non-finite policy parameters while sampling"
+    if is_numeric_overflow(err):
+        return f"non-finite probabilities while sampling ({str(err).splitlines()[0][:200]})"
+    return None
 
 
 def _params_finite(model: torch.nn.Module) -> bool:
