@@ -228,6 +228,7 @@ def _session_processes(marker: str) -> list[int]:
 
 
 @needs_proc
+@pytest.mark.slow  # a Ray sweep started, stopped and resumed: minutes on 2 cores
 def test_sigterm_stops_a_ray_coordinator_gracefully_and_a_rerun_resumes(tmp_path: Path) -> None:
     pytest.importorskip("ray")
     doc = yaml.safe_load(SMOKE.read_text())
