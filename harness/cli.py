@@ -161,6 +161,10 @@ def run_cmd(
         # The MLflow run is already ended FAILED with this reason (harness.tracked): a run
         # failure, not bad input, so exit 1 with the reason and no traceback.
         fail(f"run FAILED: {err}", code=1)
+    except (RuntimeError, MemoryError) as err:  # out of memory, a device or library error
+        # Recorded as the MLflow run's reason too; a run failure, so exit 1, not 2.
+        text = str(err).strip().splitlines()
+        fail(f"run FAILED: {type(err).__name__}: {text[0] if text else ''}"[:500], code=1)
     if result.status != "completed":
         sys.exit(1)
 

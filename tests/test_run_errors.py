@@ -304,3 +304,50 @@ def test_a_sampling_error_in_a_sweep_is_retried_and_ends_as_an_error(
     assert len(done) == 2 and all("MemoryError" in e["reason"] for e in done)
     printed = out.getvalue()
     assert printed.count("(n_samples=4 seed=0): error: MemoryError: cannot allocate") == 2
+
+
+def test_harness_run_prints_an_oom_as_one_line_and_exits_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From the CLI: the reason on one line, exit 1 (a failed run, not bad input), no
+    traceback, and the MLflow run ended FAILED with that reason."""
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+    from harness.ppo.actor import PPOActor
+
+    def oom(self: Any, batch: Any) -> Any:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB\nmore")
+
+    monkeypatch.setattr(PPOActor, "ppo_update", oom)
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "steps": 2,
+                "task": "reverse",
+                "tiny": TINY,
+                "rollout": {"prompts_per_step": 2, "n_samples": 2, "max_new_tokens": 4},
+                "eval": {"every": 0, "n_prompts": 2},
+                "warm_start": {"steps": 0},
+            }
+        )
+    )
+    results = tmp_path / "results"
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    r = CliRunner().invoke(
+        app,
+        ["run", str(config), "--results-dir", str(results), "--tracking-uri", uri],
+    )
+    assert r.exit_code == 1, r.output
+    lines = [line for line in r.output.splitlines() if line.startswith("error:")]
+    assert lines == [
+        "error: run FAILED: OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB"
+    ]
+    assert "Traceback" not in r.output
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("harness-run").experiment_id])
+    assert run.info.status == "FAILED"
+    assert run.data.tags["run.reason"].startswith("OutOfMemoryError: CUDA out of memory")
