@@ -112,7 +112,9 @@ def _worker(
                 continue
             with heartbeat(study, trial):
                 if hang_marker is not None:
-                    Path(hang_marker).write_text(str(trial.number))
+                    partial = Path(hang_marker + ".partial")  # renamed: never read half-written
+                    partial.write_text(str(trial.number))
+                    partial.replace(hang_marker)
                     time.sleep(600)
                 time.sleep(trial_seconds)
                 value = 10.0 * trial.user_attrs["cell"] + trial.user_attrs["seed"]
