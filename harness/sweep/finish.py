@@ -56,7 +56,10 @@ def finish_study(
             # appear as literal `![...](plots/...)`; the HTML embeds them and MLflow renders it.
             tracker.log_artifact(parent, files.html, "report")
             for png in files.pngs:
-                tracker.log_artifact(parent, png, "report/plots")
+                try:
+                    tracker.log_artifact(parent, png, "report/plots")
+                except FileNotFoundError:
+                    pass  # a concurrent report of this study no longer draws it (its HTML has it)
     complete = finished >= expected
     if parent:
         tracker.set_tags(parent, {"harness.trials_finished": f"{finished}/{expected}"})
@@ -191,6 +194,6 @@ def write_search_report(study: Any, spec: StudySpec, best: list[Any], out_dir: P
         lines.append(
             f"| {t.number} | {t.state.name} | {seeds_run} | {values} | {_fmt_point(t.params)} |"
         )
-    path = out_dir / "report.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    from harness.fsutil import atomic_write
+
+    return atomic_write(out_dir / "report.md", "\n".join(lines) + "\n")

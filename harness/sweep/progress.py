@@ -38,6 +38,8 @@ class SweepProgress:
     def __exit__(self, *exc: Any) -> None:
         self.live.update(self._render())
         self.live.__exit__(*exc)
+        if not self.console.is_terminal:
+            self.console.print()  # end the last line: what is printed next starts on its own
 
     def _render(self) -> Group:
         table = Table(show_header=True, header_style="bold", box=None)
@@ -83,9 +85,12 @@ class SweepProgress:
             info = ", ".join(f"{k} {v}" for k, v in self.outcomes.items() if v)
             self.bar.update(self.task, info=info)
         elif kind == "exit":
-            row["state"] = "finished"
+            if not str(row.get("state", "")).startswith("stopped"):
+                row["state"] = "finished"
         elif kind == "crash":
             row["state"] = f"crashed: {e.get('reason', '')[:60]}"
+        elif kind == "fatal":
+            row["state"] = f"stopped: {e.get('reason', '')[:60]}"
         self.live.update(self._render())
 
 
