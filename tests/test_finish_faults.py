@@ -246,9 +246,9 @@ def test_ctrl_c_while_finishing_ends_the_parent_run_and_a_rerun_finishes_it(
     """SIGINT after the trials, while the report is written: the parent run ends KILLED (not
     left RUNNING), exit 130 with the resume hint and no traceback; running the command again
     finishes the study and its parent run."""
-    import harness.report
-
     from mlflow.tracking import MlflowClient
+
+    import harness.report
 
     exp = _experiment(tmp_path, "finishing", "reverse", [None])
     results = tmp_path / "results"
