@@ -311,7 +311,7 @@ def test_a_journal_that_refuses_the_result_stops_the_worker_resumably(
         # The disk fills up as the trained run's id is recorded, and stays full.
         if full or any("run_id" in (log.get("user_attr") or {}) for log in logs):
             full.append(True)
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self._file_path)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self._path)
         real_append(self, logs)
 
     monkeypatch.setattr(journal_mod.SafeJournalFileBackend, "append_logs", append_logs)

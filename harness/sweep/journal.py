@@ -26,13 +26,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from optuna.storages.journal import JournalFileBackend
-from optuna.storages.journal._file import BaseJournalFileLock, get_lock_file
+from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock, JournalFileSymlinkLock
 
 _logger = logging.getLogger(__name__)
+Lock = JournalFileSymlinkLock | JournalFileOpenLock
 
 # Optuna's records are flat JSON objects whose first key is the operation; inside string values
 # the same bytes would be escaped (\"), so this marks the start of a record.
@@ -47,16 +48,27 @@ class JournalCorruptError(ValueError):
 class SafeJournalFileBackend(JournalFileBackend):
     """``JournalFileBackend`` whose file survives a failed write (see the module docstring)."""
 
-    def __init__(self, file_path: str, lock_obj: BaseJournalFileLock | None = None) -> None:
-        super().__init__(file_path, lock_obj=lock_obj)
+    def __init__(self, file_path: str, lock_obj: Lock | None = None) -> None:
+        # Our own references (Optuna's attributes are private); the same lock object as Optuna's.
+        self._path = file_path
+        self._file_lock = lock_obj or JournalFileSymlinkLock(file_path)
+        super().__init__(file_path, lock_obj=self._file_lock)
         self._repair_tail()
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self._file_lock.acquire()
+        try:
+            yield
+        finally:
+            self._file_lock.release()
 
     # -- writing -------------------------------------------------------------------------------
 
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
         data = ("\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n").encode()
-        with get_lock_file(self._lock):
-            fd = os.open(self._file_path, os.O_WRONLY | os.O_APPEND)
+        with self._locked():
+            fd = os.open(self._path, os.O_WRONLY | os.O_APPEND)
             try:
                 start = os.fstat(fd).st_size
                 written = 0
@@ -70,7 +82,7 @@ class SafeJournalFileBackend(JournalFileBackend):
                         # fragment, so the next append starts on a line of its own.
                         keep = data.rfind(b"\n", 0, written) + 1
                         self._cut(fd, start + keep)
-                    raise OSError(err.errno, err.strerror, self._file_path) from None
+                    raise OSError(err.errno, err.strerror, self._path) from None
             finally:
                 os.close(fd)
 
@@ -78,14 +90,12 @@ class SafeJournalFileBackend(JournalFileBackend):
         try:
             os.ftruncate(fd, size)
         except OSError as err:  # the next open drops the fragment instead
-            _logger.warning(
-                "journal %s: could not remove a failed write (%s)", self._file_path, err
-            )
+            _logger.warning("journal %s: could not remove a failed write (%s)", self._path, err)
 
     # -- repairing on open ---------------------------------------------------------------------
 
     def _tail_is_complete(self) -> bool:
-        with open(self._file_path, "rb") as f:
+        with open(self._path, "rb") as f:
             size = f.seek(0, os.SEEK_END)
             if size == 0:
                 return True
@@ -97,19 +107,19 @@ class SafeJournalFileBackend(JournalFileBackend):
         if self._tail_is_complete():
             return
         try:
-            with get_lock_file(self._lock):  # a live writer finishes its line first
+            with self._locked():  # a live writer finishes its line first
                 self._repair_tail_locked()
         except OSError as err:
             # No lock without space for it.  Optuna's reader skips an incomplete tail; the
             # next open with space repairs it.
             _logger.warning(
                 "journal %s: its last record is incomplete and could not be repaired now (%s)",
-                self._file_path,
+                self._path,
                 err.strerror or err,
             )
 
     def _repair_tail_locked(self) -> None:
-        fd = os.open(self._file_path, os.O_RDWR)
+        fd = os.open(self._path, os.O_RDWR)
         try:
             size = os.fstat(fd).st_size
             start = size
@@ -128,7 +138,7 @@ class SafeJournalFileBackend(JournalFileBackend):
                     os.fsync(fd)
                     _logger.warning(
                         "journal %s: completed a last record that lacked its newline",
-                        self._file_path,
+                        self._path,
                     )
                     return
                 except OSError:
@@ -140,7 +150,7 @@ class SafeJournalFileBackend(JournalFileBackend):
         _logger.warning(
             "journal %s: dropped an incomplete last record (%d bytes) left by a write that "
             "failed (full disk?) or by a killed process",
-            self._file_path,
+            self._path,
             size - keep,
         )
 
@@ -158,15 +168,15 @@ class SafeJournalFileBackend(JournalFileBackend):
             except ValueError as err:  # JSONDecodeError, or Optuna's "Invalid log format."
                 if repaired:
                     raise JournalCorruptError(
-                        f"journal {self._file_path}: record {number + 1} is damaged ({err})"
+                        f"journal {self._path}: record {number + 1} is damaged ({err})"
                     ) from None
                 self._repair_lines()
                 repaired = True
 
     def _repair_lines(self) -> None:
         """Rewrite the journal with each damaged complete line recovered or dropped."""
-        with get_lock_file(self._lock):
-            with open(self._file_path, "rb") as f:
+        with self._locked():
+            with open(self._path, "rb") as f:
                 content = f.read()
             lines = content.split(b"\n")
             # What follows the last newline is a dead writer's fragment (we hold the lock).
@@ -186,25 +196,25 @@ class SafeJournalFileBackend(JournalFileBackend):
             if not recovered and not dropped:
                 return  # nothing damaged among complete lines (another process repaired it)
             new = b"".join(line + b"\n" for line in out)
-            tmp = f"{self._file_path}.repair-{os.getpid()}"
+            tmp = f"{self._path}.repair-{os.getpid()}"
             try:
                 with open(tmp, "wb") as f:
                     f.write(new)
                     f.flush()
                     os.fsync(f.fileno())
-                os.chmod(tmp, os.stat(self._file_path).st_mode & 0o777)
-                os.replace(tmp, self._file_path)
+                os.chmod(tmp, os.stat(self._path).st_mode & 0o777)
+                os.replace(tmp, self._path)
             except OSError as err:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
                 raise JournalCorruptError(
-                    f"journal {self._file_path}: has damaged records and cannot be repaired "
+                    f"journal {self._path}: has damaged records and cannot be repaired "
                     f"({err.strerror or err}); free space and run the command again"
                 ) from None
         _logger.warning(
             "journal %s: repaired damaged records left by failed writes (%d recovered, %d "
             "fragments dropped)",
-            self._file_path,
+            self._path,
             recovered,
             dropped,
         )

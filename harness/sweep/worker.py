@@ -464,8 +464,9 @@ def _work(
     )
     tracker = make_tracker(opts.tracking_uri or spec.tracking_uri, opts.results_dir)
     run = run_search_trial if spec.kind == "search" else run_grid_trial
+    fatal: str | None = None
     try:
-        while not should_stop():
+        while fatal is None and not should_stop():
             trial, running = _next_trial(study, spec)
             if trial is None:
                 if opts.exit_when_idle and not running:
@@ -482,22 +483,30 @@ def _work(
             except Exception as err:
                 if not is_disk_full(err):
                     raise
-                t.interrupt(disk_full_message(err), *_label(t))
-                return disk_full_message(err)
-            if t.disk_full is not None:  # a heartbeat found the disk full and stopped the run
-                t.interrupt(t.disk_full, *_label(t))
-                return t.disk_full
-            counts[outcome] += 1
-            if outcome == "error" and spec.kind == "search":
-                break  # a search point has no retry budget: stop rather than spin on a bug
+                fatal = disk_full_message(err)
+            else:
+                fatal = t.disk_full  # a heartbeat found the disk full and stopped the run
+                if fatal is None:
+                    counts[outcome] += 1
+                    if outcome == "error" and spec.kind == "search":
+                        break  # a search point has no retry budget: stop, do not spin on a bug
+            if fatal is not None:
+                t.interrupt(fatal, *_label(t))
     except BaseException:
-        try:
-            tracker.flush()
-        except Exception:
-            pass  # the error on its way out says more than a failed flush
+        _flush_quietly(tracker)  # the error on its way out says more than a failed flush
         raise
-    tracker.flush()
-    return None
+    if fatal is not None:
+        _flush_quietly(tracker)
+    else:
+        tracker.flush()
+    return fatal
+
+
+def _flush_quietly(tracker: Any) -> None:
+    try:
+        tracker.flush()
+    except Exception:
+        pass
 
 
 def _label(t: _Trial) -> tuple[str, int | None]:
