@@ -595,11 +595,13 @@ def _parent_closed_on_abort(tracker: Any, spec: Any) -> Iterator[None]:
 
 def _close_parent(tracker: Any, spec: Any, reason: str) -> None:
     """End the sweep's parent run KILLED with ``reason``, as far as the tracking store allows."""
+    from harness.sweep.finish import OUTCOME_TAG
+
     parent = spec.parent_run_id
     if not parent:
         return
     for call in (
-        lambda: tracker.set_tags(parent, {"harness.stopped": reason}),
+        lambda: tracker.set_tags(parent, {OUTCOME_TAG: reason}),
         lambda: tracker.end_run(parent, "KILLED"),
     ):
         try:

@@ -270,7 +270,7 @@ def test_ctrl_c_while_finishing_ends_the_parent_run_and_a_rerun_finishes_it(
 
     def parents() -> list[tuple[str, str | None]]:
         runs = client.search_runs([exp_id], "tags.`harness.role` = 'parent'")
-        return [(p.info.status, p.data.tags.get("harness.stopped")) for p in runs]
+        return [(p.info.status, p.data.tags.get("harness.outcome")) for p in runs]
 
     assert parents() == [("KILLED", "interrupted")]
     trials = optuna.load_study(study_name="finishing", storage=make_storage(None, results)).trials
@@ -280,7 +280,7 @@ def test_ctrl_c_while_finishing_ends_the_parent_run_and_a_rerun_finishes_it(
     again = CliRunner().invoke(app, [*args, "--workers", "1"])
     assert again.exit_code == 0, again.output
     assert "1 already done, 0 enqueued" in again.stderr
-    assert [status for status, _ in parents()] == ["FINISHED"]
+    assert parents() == [("FINISHED", "complete")]
     assert (results / "finishing" / "report.md").exists()
 
 

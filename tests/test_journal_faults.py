@@ -455,5 +455,7 @@ def test_a_disk_that_fills_mid_sweep_stops_it_with_one_line_and_it_resumes(
     runs = client.search_runs([client.get_experiment_by_name("full").experiment_id])
     assert "RUNNING" not in {r.info.status for r in runs}
     parent = [r for r in runs if r.data.tags.get("harness.role") == "parent"]
-    assert [r.info.status for r in parent] == ["FINISHED"]
+    assert [(r.info.status, r.data.tags["harness.outcome"]) for r in parent] == [
+        ("FINISHED", "complete")
+    ]
     assert (results / "full" / "report.md").exists()

@@ -64,9 +64,17 @@ def finish_study(
     if parent:
         tracker.set_tags(parent, {"harness.trials_finished": f"{finished}/{expected}"})
         if end_parent:
-            tracker.end_run(parent, "FINISHED" if complete else "KILLED")
+            _end_parent(tracker, parent, complete)
     tracker.flush()
     return complete
+
+
+OUTCOME_TAG = "harness.outcome"  # how the sweep's last command ended, on the parent run
+
+
+def _end_parent(tracker: Any, parent: str, complete: bool) -> None:
+    tracker.set_tags(parent, {OUTCOME_TAG: "complete" if complete else "incomplete"})
+    tracker.end_run(parent, "FINISHED" if complete else "KILLED")
 
 
 def _label_in_mlflow(tracker: Any, spec: StudySpec, parent: str, rows: Any) -> None:
@@ -152,7 +160,7 @@ def finish_search(
         # Tags, not params: a resumed search may find a better point and tags can change.
         tracker.set_tags(parent, {f"best.{k}": str(v) for k, v in top.params.items()})
         if end_parent:
-            tracker.end_run(parent, "FINISHED" if done else "KILLED")
+            _end_parent(tracker, parent, done)
     tracker.flush()
     return done
 
