@@ -76,13 +76,15 @@ class SafeJournalFileBackend(JournalFileBackend):
                     while written < len(data):
                         written += os.write(fd, data[written:])
                     os.fsync(fd)
-                except OSError as err:
+                except BaseException as err:  # ENOSPC, EIO, or Ctrl-C mid-write
                     if written < len(data):
                         # Keep whole records (a reader may already have applied them); cut the
                         # fragment, so the next append starts on a line of its own.
                         keep = data.rfind(b"\n", 0, written) + 1
                         self._cut(fd, start + keep)
-                    raise OSError(err.errno, err.strerror, self._path) from None
+                    if isinstance(err, OSError):
+                        raise OSError(err.errno, err.strerror, self._path) from None
+                    raise
             finally:
                 os.close(fd)
 
