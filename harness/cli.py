@@ -118,6 +118,8 @@ def user_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except ConfigError as err:
             fail(str(err).splitlines()[0])
+        except typer.Exit:
+            raise  # already said what it had to (even while handling a full disk)
         except Exception as err:
             if not is_disk_full(err):
                 raise
@@ -576,6 +578,8 @@ def _parent_closed_on_abort(tracker: Any, spec: Any) -> Iterator[None]:
     try:
         yield
     except BaseException as err:
+        if isinstance(err, typer.Exit):
+            raise  # the command's own exit (unfinished, interrupted during the trials)
         if isinstance(err, KeyboardInterrupt):
             reason = "interrupted"
         elif isinstance(err, Exception) and is_disk_full(err):

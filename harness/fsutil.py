@@ -89,7 +89,8 @@ _DISK_FULL_TEXT = ("database or disk is full", "no space left on device", "disk 
 
 
 def _error_chain(error: BaseException) -> Iterator[BaseException]:
-    """``error`` and everything it wraps: causes, contexts and SQLAlchemy's ``orig``."""
+    """``error`` and everything it wraps: causes, contexts (unless ``raise ... from None`` hid
+    them) and SQLAlchemy's ``orig``."""
     todo: list[BaseException] = [error]
     seen: set[int] = set()
     while todo:
@@ -98,7 +99,8 @@ def _error_chain(error: BaseException) -> Iterator[BaseException]:
             continue
         seen.add(id(e))
         yield e
-        for nxt in (e.__cause__, e.__context__, getattr(e, "orig", None)):
+        context = None if e.__suppress_context__ else e.__context__
+        for nxt in (e.__cause__, context, getattr(e, "orig", None)):
             if isinstance(nxt, BaseException):
                 todo.append(nxt)
 
