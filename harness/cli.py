@@ -102,13 +102,18 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+RESUME_HINT = "free some space and run the same command again (a sweep resumes where it stopped)"
+
+
 def user_errors(fn: F) -> F:
-    """Bad input → ``error: <one line>`` on stderr, exit code 2, no traceback."""
+    """Bad input → ``error: <one line>`` on stderr, exit code 2, no traceback.  A full disk
+    (any write of any store) → ``error: disk full (...)`` and how to go on, exit code 1."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from harness.configtools import ConfigError
         from harness.db import StorageUnavailable
+        from harness.fsutil import disk_full_message, is_disk_full
 
         try:
             return fn(*args, **kwargs)
@@ -116,6 +121,12 @@ def user_errors(fn: F) -> F:
             fail(str(err).splitlines()[0])
         except StorageUnavailable as err:  # an outage past the retry budget: not bad input
             fail(str(err).splitlines()[0], code=1)
+        except typer.Exit:
+            raise  # already said what it had to (even while handling a full disk)
+        except Exception as err:
+            if not is_disk_full(err):
+                raise
+            fail(f"{disk_full_message(err)}; {RESUME_HINT}", code=1)
 
     return wrapper  # type: ignore[return-value]
 
@@ -565,28 +576,77 @@ def ablate_cmd(
         max_retries=max_retries,
         command=command,
     )
-    enqueued, done = enqueue_missing(study, study_spec)
-    typer.echo(
-        f"study {study.study_name!r}: {spec.n_trials} trials ({len(spec.cells)} cells x "
-        f"{len(spec.seeds)} seeds), {done} already done, {enqueued} enqueued; "
-        f"{workers} worker(s)",
-        err=True,
-    )
-    _run_sweep(
-        study,
-        study_spec,
-        tracker,
-        storage=storage,
-        tracking_uri=tracking_uri,
-        results_dir=results_dir,
-        workers=workers,
-        device_list=device_list,
-        done=done,
-        fail_fast=fail_fast,
-        command=command,
-        report=report,
-        choice=choice,
-    )
+    with _parent_closed_on_abort(tracker, study_spec):
+        enqueued, done = enqueue_missing(study, study_spec)
+        typer.echo(
+            f"study {study.study_name!r}: {spec.n_trials} trials ({len(spec.cells)} cells x "
+            f"{len(spec.seeds)} seeds), {done} already done, {enqueued} enqueued; "
+            f"{workers} worker(s)",
+            err=True,
+        )
+        _run_sweep(
+            study,
+            study_spec,
+            tracker,
+            storage=storage,
+            tracking_uri=tracking_uri,
+            results_dir=results_dir,
+            workers=workers,
+            device_list=device_list,
+            done=done,
+            fail_fast=fail_fast,
+            command=command,
+            report=report,
+            choice=choice,
+        )
+
+
+@contextlib.contextmanager
+def _parent_closed_on_abort(tracker: Any, spec: Any) -> Iterator[None]:
+    """A sweep stopped by Ctrl-C/SIGTERM or a full disk after its parent MLflow run was opened
+    ends that run KILLED (where the store still takes it) instead of leaving it RUNNING.
+    Ctrl-C ends the command with exit 130 and the resume hint, no traceback."""
+    import signal
+
+    from harness.fsutil import disk_full_message, is_disk_full
+
+    try:
+        yield
+    except BaseException as err:
+        if isinstance(err, typer.Exit):
+            raise  # the command's own exit (unfinished, interrupted during the trials)
+        if isinstance(err, KeyboardInterrupt):
+            reason = "interrupted"
+        elif isinstance(err, Exception) and is_disk_full(err):
+            reason = disk_full_message(err)
+        else:
+            raise
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this
+        try:
+            _close_parent(tracker, spec, reason)
+        finally:
+            signal.signal(signal.SIGINT, old)
+        if isinstance(err, KeyboardInterrupt):
+            typer.echo("interrupted: run the same command again to resume", err=True)
+            raise typer.Exit(130) from None
+        raise
+
+
+def _close_parent(tracker: Any, spec: Any, reason: str) -> None:
+    """End the sweep's parent run KILLED with ``reason``, as far as the tracking store allows."""
+    from harness.sweep.finish import OUTCOME_TAG
+
+    parent = spec.parent_run_id
+    if not parent:
+        return
+    for call in (
+        lambda: tracker.set_tags(parent, {OUTCOME_TAG: reason}),
+        lambda: tracker.end_run(parent, "KILLED"),
+    ):
+        try:
+            call()
+        except Exception:
+            pass  # a full disk may refuse it too; the next run of the command ends it
 
 
 def _run_sweep(
@@ -607,6 +667,9 @@ def _run_sweep(
 ) -> None:
     """Run the workers of an opened study (grid or search), then finish it: the one path of
     `ablate` and `search`."""
+    import signal
+
+    from harness.fsutil import DiskFullError
     from harness.sweep.finish import finish_study
     from harness.sweep.launch import Resources, make_launcher, run_workers
     from harness.sweep.worker import WorkerOptions
@@ -618,6 +681,12 @@ def _run_sweep(
         tracking_uri=tracking_uri,
         threads=1,  # one torch thread per run: results must not depend on the worker count
     )
+    fatal: list[str] = []
+
+    def on_event(e: dict[str, Any]) -> None:
+        if e["event"] == "fatal":
+            fatal.append(str(e.get("reason") or "disk full"))
+
     counts = run_workers(
         make_launcher(choice.name, ray_address=choice.ray_address),
         workers,
@@ -626,10 +695,21 @@ def _run_sweep(
         total=spec.expected_trials,
         done_before=done,
         fail_fast=fail_fast,
+        on_event=on_event,
     )
-    finished = finish_study(
-        study, tracker, spec, command=command, results_dir=results_dir, write_report=report
-    )
+    if fatal:  # a worker found the disk full: no report from a store that cannot take it
+        raise DiskFullError(fatal[0])
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # SIGTERM while finishing: close the parent run, as on Ctrl-C
+
+    old_term = signal.signal(signal.SIGTERM, stop)
+    try:
+        finished = finish_study(
+            study, tracker, spec, command=command, results_dir=results_dir, write_report=report
+        )
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
     if counts.get("interrupted_by_user"):
         typer.echo("interrupted: run the same command again to resume", err=True)
         raise typer.Exit(130)
@@ -688,24 +768,25 @@ def search_cmd(
         tracking_uri=tracking_uri,
         command=command,
     )
-    _, done = enqueue_missing(study, study_spec)
-    typer.echo(
-        f"study {study.study_name!r}: up to {spec.search.n_trials} trials x {len(spec.seeds)} seeds, {workers} worker(s)",
-        err=True,
-    )
-    _run_sweep(
-        study,
-        study_spec,
-        tracker,
-        storage=storage,
-        tracking_uri=tracking_uri,
-        results_dir=results_dir,
-        workers=workers,
-        device_list=device_list,
-        done=done,
-        command=command,
-        choice=choice,
-    )
+    with _parent_closed_on_abort(tracker, study_spec):
+        _, done = enqueue_missing(study, study_spec)
+        typer.echo(
+            f"study {study.study_name!r}: up to {spec.search.n_trials} trials x {len(spec.seeds)} seeds, {workers} worker(s)",
+            err=True,
+        )
+        _run_sweep(
+            study,
+            study_spec,
+            tracker,
+            storage=storage,
+            tracking_uri=tracking_uri,
+            results_dir=results_dir,
+            workers=workers,
+            device_list=device_list,
+            done=done,
+            command=command,
+            choice=choice,
+        )
 
 
 @app.command("worker")
@@ -757,7 +838,11 @@ def worker_cmd(
     _signal.signal(_signal.SIGTERM, lambda *_: stop.set())
     _signal.signal(_signal.SIGINT, lambda *_: stop.set())
 
+    fatal: list[str] = []
+
     def emit(e: dict[str, Any]) -> None:
+        if e["event"] == "fatal":
+            fatal.append(str(e.get("reason") or "disk full"))
         if events == "jsonl":  # for a launcher that reads this worker's progress
             sys.stdout.write(json.dumps(e, default=str) + "\n")
             sys.stdout.flush()
@@ -780,6 +865,10 @@ def worker_cmd(
         emit=emit,
         should_stop=stop.is_set,
     )
+    if fatal:
+        from harness.fsutil import DiskFullError
+
+        raise DiskFullError(fatal[0])  # one line and exit 1 (user_errors)
     typer.echo(f"worker done: {counts}", err=True)
 
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from harness.redact import redact_text, url_password
+from harness.redact import escape_raw_at, redact_text, url_secrets_redacted
 
 _logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -63,9 +63,16 @@ def is_transient_db_error(error: BaseException) -> bool:
     """True if ``error`` (or an error it wraps) is a lost or refused database connection.
 
     Optuna wraps SQLAlchemy errors raised at commit in ``StorageInternalError``, so the causes
-    are inspected too. Integrity and programming errors are not transient.
+    are inspected too. Integrity and programming errors are not transient, and neither is a
+    full disk (SQLite's "database or disk is full" is an ``OperationalError`` too): retrying
+    it only delays the one line that says so.
     """
     import sqlalchemy.exc as sa_exc
+
+    from harness.fsutil import is_disk_full
+
+    if is_disk_full(error):
+        return False
 
     transient: tuple[type[BaseException], ...] = (
         sa_exc.OperationalError,
@@ -157,8 +164,10 @@ def sqlalchemy_url(url: str) -> str:
 
     SQLAlchemy 2.1 made psycopg 3 the default driver of a bare ``postgresql://`` URL, while the
     harness depends on ``psycopg2-binary``; without this, every PostgreSQL URL fails with
-    "No module named 'psycopg'". URLs that name a driver are returned unchanged.
+    "No module named 'psycopg'". URLs that name a driver keep it.  A raw ``@`` in the password
+    is escaped (``%40``) so the driver reaches the host the user meant (see ``escape_raw_at``).
     """
+    url = escape_raw_at(url)
     if not url.startswith("postgresql://"):
         return url
     import importlib.util
@@ -217,5 +226,4 @@ def short_reason(error: BaseException, url: str | None = None) -> str:
     line = reasons[-1] if reasons else lines[0]
     if line.startswith("FATAL:"):
         line = line.removeprefix("FATAL:").strip()
-    secret = url_password(url) if url else None
-    return redact_text(line, [secret] if secret else [])[:200]
+    return (url_secrets_redacted(line, url) if url else redact_text(line))[:200]

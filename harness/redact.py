@@ -99,6 +99,39 @@ def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
     return text
 
 
+def url_secrets_redacted(text: str, url: str) -> str:
+    """``text`` (a driver's error about ``url``) with ``url``'s password masked everywhere.
+
+    A password with a raw ``@`` (``postgresql://u:p@ss@host/db``) is split by drivers at its
+    first ``@``: they then report a host such as ``"ss@host"``.  The tails of the password that
+    can appear that way are masked too, where an ``@`` follows them, so no fragment leaks.
+    """
+    password = url_password(url)
+    if not password:
+        return redact_text(text)
+    for i, char in enumerate(password):
+        if char == "@" and password[i + 1 :]:
+            text = re.sub(re.escape(password[i + 1 :]) + "(?=@)", MASK, text)
+    return redact_text(text, [password])
+
+
+def escape_raw_at(url: str) -> str:
+    """``url`` with each raw ``@`` of its user info written ``%40``, as URL syntax requires.
+
+    Drivers split ``user:p@ss@host`` at the first ``@`` (and try to reach host ``ss@host``);
+    the harness reads the user info up to the last ``@``, as :func:`redact_url` does, so such a
+    password reaches the server whole.  Other URLs are returned unchanged.
+    """
+    scheme_sep = url.find("://")
+    if scheme_sep < 0:
+        return url
+    start = scheme_sep + 3
+    at = url.rfind("@", start, _authority_limit(url, start))
+    if at < 0 or "@" not in url[start:at]:
+        return url
+    return url[:start] + url[start:at].replace("@", "%40") + url[at:]
+
+
 def url_password(url: str) -> str | None:
     """Return the password embedded in ``url`` (as written, possibly percent-encoded), if any.
 

@@ -1036,11 +1036,14 @@ def build_report(
     links the PNGs relatively.  Sections: header (study, varied axes and cells, command),
     conclusion, warnings, ranking, plots, saturating fits (``fit=True``), held-fixed config.
     """
+    import time
+
+    from harness.fsutil import atomic_write
+
     out_dir = Path(out_dir)
     plot_dir = out_dir / PLOT_DIR
     plot_dir.mkdir(parents=True, exist_ok=True)
-    for stale in plot_dir.glob("*.png"):  # a metric logged last time may be absent now
-        stale.unlink()
+    started = time.time()
     rows = ranking(data, n_boot=n_boot, seed=seed, diverged=diverged)
     plots, absent = _plots(data, rows, plot_dir, n_boot, seed)
     doc = _Doc()
@@ -1069,6 +1072,22 @@ def build_report(
         _fit_section(doc, fit_curves(data))
     _fixed_section(doc, data)
     md_path, html_path = out_dir / "report.md", out_dir / "report.html"
-    md_path.write_text("\n".join(doc.md).rstrip() + "\n", encoding="utf-8")
-    html_path.write_text(doc.render_html(f"Ablation report: {data.study}"), encoding="utf-8")
+    # Each file is replaced whole, so two coordinators reporting on one study at once (or a
+    # full disk) leave a complete report, never a missing or half-written file.
+    atomic_write(md_path, "\n".join(doc.md).rstrip() + "\n")
+    atomic_write(html_path, doc.render_html(f"Ablation report: {data.study}"))
+    _remove_stale_plots(plot_dir, {p.path.name for p in plots}, started)
     return ReportFiles(markdown=md_path, html=html_path, pngs=[p.path for p in plots])
+
+
+def _remove_stale_plots(plot_dir: Path, keep: set[str], started: float) -> None:
+    """Remove plots of an earlier report that this one no longer draws (a metric no longer
+    logged).  Plots written since this report started belong to a concurrent writer: kept."""
+    for png in plot_dir.glob("*.png"):
+        if png.name in keep:
+            continue
+        try:
+            if png.stat().st_mtime < started:
+                png.unlink()
+        except FileNotFoundError:
+            pass  # another writer removed it first

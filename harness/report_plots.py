@@ -130,9 +130,16 @@ def _legend_label(label: str, data: StudyData) -> str:
 
 
 def _save(fig: Figure, path: Path) -> Path:
+    """Write the PNG whole (temp file + rename): a concurrent report of the same study, or a
+    full disk, never leaves a missing or half-written plot behind."""
+    import io
+
+    from harness.fsutil import atomic_write
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, format="png")
-    return path
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=DPI, format="png")
+    return atomic_write(path, buf.getvalue())
 
 
 def _finish_axes(ax: Axes, title: str, xlabel: str, ylabel: str) -> None:

@@ -38,9 +38,38 @@ def start_tracked_run(
         run_id=run_id,
     )
     resolved = to_dict(cfg)
-    tracker.log_params(rid, flatten(resolved))
-    tracker.log_text(rid, yaml.safe_dump(resolved, sort_keys=False), "config.yaml")
+    try:
+        tracker.log_params(rid, flatten(resolved))
+        tracker.log_text(rid, yaml.safe_dump(resolved, sort_keys=False), "config.yaml")
+    except BaseException as err:  # e.g. a full disk: the run exists, so it must not stay RUNNING
+        close_failed_run(tracker, rid, err)
+        raise
     return rid
+
+
+def close_failed_run(tracker: Tracker, rid: str, err: BaseException) -> None:
+    """End a run whose training (or recording) raised ``err``, keeping ``err`` the one raised.
+
+    A full disk or Ctrl-C interrupts the run (KILLED, resumable); any other error fails it
+    (FAILED, with the reason).  Closing is best effort: on a full disk the tracking store may
+    refuse it too, and that second error must not hide the first.
+    """
+    from harness.fsutil import disk_full_message, is_disk_full
+
+    if is_disk_full(err):
+        status: RunStatus = "KILLED"
+        tags = {"run.status": "interrupted", "run.reason": disk_full_message(err)}
+    else:
+        status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
+        tags = {"run.status": "failed", "run.reason": f"{type(err).__name__}: {err}"[:500]}
+    try:
+        tracker.set_tags(rid, tags)
+    except Exception:
+        pass  # the status below matters more than the reason
+    try:
+        tracker.end_run(rid, status)
+    except Exception:
+        pass  # left RUNNING: the next attempt of its trial closes it (worker._end_orphaned_runs)
 
 
 def finish_tracked_run(tracker: Tracker, rid: str, result: RunResult) -> None:
@@ -96,10 +125,11 @@ def tracked_run(
     try:
         result = train(cfg, on_metrics=on_metrics, should_stop=should_stop, results_dir=results_dir)
     except BaseException as err:
-        tracker.set_tags(
-            rid, {"run.status": "failed", "run.reason": f"{type(err).__name__}: {err}"[:500]}
-        )
-        tracker.end_run(rid, "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
+        close_failed_run(tracker, rid, err)
         raise
-    finish_tracked_run(tracker, rid, result)
+    try:
+        finish_tracked_run(tracker, rid, result)
+    except BaseException as err:  # the summaries could not be written (a full disk)
+        close_failed_run(tracker, rid, err)
+        raise
     return result, rid

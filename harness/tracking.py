@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 import os
 import threading
 import time
@@ -132,8 +133,11 @@ class Tracker(Protocol):
         """Write every buffered metric of every run now."""
         ...
 
-    def find_run(self, experiment: str, tags: Mapping[str, str]) -> str | None:
-        """Return the id of the newest active run of ``experiment`` carrying all ``tags``."""
+    def find_run(
+        self, experiment: str, tags: Mapping[str, str], *, status: str | None = None
+    ) -> str | None:
+        """Return the id of the newest active (not deleted) run of ``experiment`` carrying all
+        ``tags``, and with ``status`` (e.g. ``"RUNNING"``) if given."""
         ...
 
     def get_metric_history(self, run_id: str, key: str) -> list[tuple[int, float]]:
@@ -304,11 +308,15 @@ class MemoryTracker:
     def flush(self) -> None:
         """Nothing is buffered in memory."""
 
-    def find_run(self, experiment: str, tags: Mapping[str, str]) -> str | None:
+    def find_run(
+        self, experiment: str, tags: Mapping[str, str], *, status: str | None = None
+    ) -> str | None:
         with self._lock:
             for run in reversed(list(self.runs.values())):
-                if run.experiment == experiment and all(
-                    run.tags.get(k) == str(v) for k, v in tags.items()
+                if (
+                    run.experiment == experiment
+                    and status in (None, run.status)
+                    and all(run.tags.get(k) == str(v) for k, v in tags.items())
                 ):
                     return run.run_id
         return None
@@ -426,6 +434,7 @@ class MlflowTracker:
         self._buffered_steps: dict[str, int] = {}
         self._last_write: dict[str, float] = {}
         self._experiment_ids: dict[str, str] = {}
+        _quiet_disk_full_tracebacks()
         with _sqlite_init_lock(tracking_uri):
             # Building the client opens the store, which creates or migrates the schema.
             self._client = MlflowClient(tracking_uri=tracking_uri)
@@ -462,12 +471,18 @@ class MlflowTracker:
         self._flush_run(run_id)
         self._call(self._client.set_terminated, run_id, status=status)
 
-    def find_run(self, experiment: str, tags: Mapping[str, str]) -> str | None:
+    def find_run(
+        self, experiment: str, tags: Mapping[str, str], *, status: str | None = None
+    ) -> str | None:
         exp = self._call(self._client.get_experiment_by_name, experiment)
         if exp is None:
             return None
         wanted = _prepare_tags(tags)  # compared as stored (stringified, truncated)
         clauses = [_tag_clause(key, value) for key, value in wanted.items()]
+        if status is not None:
+            if status not in ("RUNNING", "SCHEDULED", *END_STATUSES):  # words: quoted as they are
+                raise ValueError(f"run status: unknown {status!r}")
+            clauses.append(f"attributes.status = '{status}'")
         exact = all(" LIKE " not in c for c in clauses)
         page_token = None
         while True:
@@ -631,6 +646,23 @@ class MlflowTracker:
             retry_on=lambda error: _is_transient(error, self.client_uri),
             on_retry=counted,
         )
+
+
+class _DropDiskFull(logging.Filter):
+    """Drop MLflow's ERROR-with-traceback for a full disk: the error propagates to the harness,
+    which stops the sweep with one line saying so (a traceback per write was hundreds of lines)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from harness.fsutil import is_disk_full
+
+        error = record.exc_info[1] if record.exc_info else None
+        return error is None or not is_disk_full(error)
+
+
+def _quiet_disk_full_tracebacks() -> None:
+    log = logging.getLogger("mlflow.store.db.utils")
+    if not any(isinstance(f, _DropDiskFull) for f in log.filters):
+        log.addFilter(_DropDiskFull())
 
 
 def _is_transient(error: BaseException, uri: str) -> bool:

@@ -209,10 +209,15 @@ def cached_warm_start(
         tmp = root / f".{key}.{os.getpid()}.tmp"
         meta_tmp = root / f".{key}.{os.getpid()}.json.tmp"
         record = {"key_parts": parts, "result": result}
-        meta_tmp.write_text(json.dumps(record, indent=2, default=str))
-        st.save_model(model, str(tmp), metadata={"key": key})
-        os.replace(meta_tmp, meta_path)  # metadata first: whoever sees the weights sees it too
-        os.replace(tmp, weights)
+        try:
+            meta_tmp.write_text(json.dumps(record, indent=2, default=str))
+            st.save_model(model, str(tmp), metadata={"key": key})
+            os.replace(meta_tmp, meta_path)  # metadata first: whoever sees weights sees it too
+            os.replace(tmp, weights)
+        except BaseException:  # a full disk: leave no half-written file taking up the space
+            tmp.unlink(missing_ok=True)
+            meta_tmp.unlink(missing_ok=True)
+            raise
     return model, {**result, "key": key, "path": str(weights), "trained": True}
 
 

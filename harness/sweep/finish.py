@@ -83,14 +83,25 @@ def finish_study(
             # appear as literal `![...](plots/...)`; the HTML embeds them and MLflow renders it.
             tracker.log_artifact(parent, files.html, "report")
             for png in files.pngs:
-                tracker.log_artifact(parent, png, "report/plots")
+                try:
+                    tracker.log_artifact(parent, png, "report/plots")
+                except FileNotFoundError:
+                    pass  # a concurrent report of this study no longer draws it (its HTML has it)
     complete = finished >= expected
     if parent:
         tracker.set_tags(parent, {"harness.trials_finished": f"{finished}/{expected}"})
         if end_parent:
-            tracker.end_run(parent, "FINISHED" if complete else "KILLED")
+            _end_parent(tracker, parent, complete)
     tracker.flush()
     return Finished(complete=complete, completed=completed)
+
+
+OUTCOME_TAG = "harness.outcome"  # how the sweep's last command ended, on the parent run
+
+
+def _end_parent(tracker: Any, parent: str, complete: bool) -> None:
+    tracker.set_tags(parent, {OUTCOME_TAG: "complete" if complete else "incomplete"})
+    tracker.end_run(parent, "FINISHED" if complete else "KILLED")
 
 
 def _label_in_mlflow(tracker: Any, spec: StudySpec, parent: str, rows: Any) -> None:
@@ -196,7 +207,7 @@ def finish_search(
         # Tags, not params: a resumed search may find a better point and tags can change.
         tracker.set_tags(parent, {f"best.{k}": str(v) for k, v in top.params.items()})
     if parent and end_parent and (best or failed):
-        tracker.end_run(parent, "FINISHED" if done else "KILLED")
+        _end_parent(tracker, parent, done)
     tracker.flush()
     return Finished(complete=done, completed=len(complete))
 
@@ -271,6 +282,6 @@ def write_search_report(study: Any, spec: StudySpec, best: list[Any], out_dir: P
         lines.append(
             f"| {t.number} | {t.state.name} | {seeds_run} | {values} | {_fmt_point(t.params)} |"
         )
-    path = out_dir / "report.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    from harness.fsutil import atomic_write
+
+    return atomic_write(out_dir / "report.md", "\n".join(lines) + "\n")

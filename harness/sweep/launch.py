@@ -317,13 +317,21 @@ def run_workers(
     """Start the workers, show live progress until they exit, and count outcomes.
 
     SIGINT/SIGTERM: workers are asked to stop (their running trials end as 'interrupted' and are
-    resumed by the next run); a second signal terminates them.
+    resumed by the next run); a second signal terminates them.  A worker's ``fatal`` event (a
+    full disk) asks all workers to stop the same way; ``counts["fatal"]`` says how many sent one.
     """
     from contextlib import nullcontext
 
     from harness.sweep.progress import SweepProgress
 
-    counts = {"completed": 0, "diverged": 0, "pruned": 0, "error": 0, "interrupted": 0}
+    counts = {
+        "completed": 0,
+        "diverged": 0,
+        "pruned": 0,
+        "error": 0,
+        "interrupted": 0,
+        "fatal": 0,
+    }
     progress = SweepProgress(n_workers, total=total, done=done_before)
     signals = StopSignals(launcher)
 
@@ -338,6 +346,9 @@ def run_workers(
                 launcher.request_stop()
         elif e["event"] == "crash":
             counts["error"] += 1
+        elif e["event"] == "fatal":  # a full disk: every other worker would hit it too
+            counts["fatal"] += 1
+            launcher.request_stop()
 
     try:
         with signals, progress if show_progress else nullcontext():

@@ -382,11 +382,16 @@ def frozen_trial(study: optuna.Study, trial: optuna.Trial) -> FrozenTrial:
 
 
 @contextmanager
-def heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
+def heartbeat(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    on_error: Callable[[BaseException], bool] | None = None,
+) -> Iterator[None]:
     """Beat for ``trial`` every ``heartbeat_interval`` seconds while the block runs.
 
     The same as the thread ``Study.optimize`` runs, for workers that claim trials themselves.
-    A storage without heartbeat makes this a no-op. Beat errors are logged, never raised.
+    A storage without heartbeat makes this a no-op. Beat errors are never raised: each goes to
+    ``on_error`` (from the heartbeat thread), and is logged unless that returns True.
     """
     storage = storage_of(study)
     interval = heartbeat_interval_of(storage)
@@ -401,7 +406,8 @@ def heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
             try:
                 storage.record_heartbeat(tid)  # type: ignore[attr-defined]
             except Exception as error:  # a missed beat is harmless; a dead thread is not
-                _logger.warning("heartbeat of trial %d missed: %s", trial.number, error)
+                if on_error is None or not on_error(error):
+                    _logger.warning("heartbeat of trial %d missed: %s", trial.number, error)
             if stop.wait(interval):
                 return
 

@@ -92,9 +92,12 @@ class SweepProgress:
             info = ", ".join(f"{k} {v}" for k, v in self.outcomes.items() if v)
             self.bar.update(self.task, info=info)
         elif kind == "exit":
-            row["state"] = "finished"
+            if not str(row.get("state", "")).startswith("stopped"):
+                row["state"] = "finished"
         elif kind == "crash":
             row["state"] = f"crashed: {e.get('reason', '')[:60]}"
+        elif kind == "fatal":
+            row["state"] = f"stopped: {e.get('reason', '')[:60]}"
         self.live.update(self._render())
 
 

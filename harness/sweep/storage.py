@@ -3,7 +3,9 @@
 Which storage (Optuna's own decision tree):
 
 * one machine, several processes: ``JournalStorage`` over a file (the default,
-  ``results/optuna-journal.log``; about 3 ms per trial, against about 42 ms for SQLite RDB);
+  ``results/optuna-journal.log``; about 3 ms per trial, against about 42 ms for SQLite RDB),
+  through :class:`~harness.sweep.journal.SafeJournalFileBackend`, which keeps the file
+  replayable after a failed write (a full disk, a killed writer);
 * several machines: ``RDBStorage`` over PostgreSQL;
 * ``sqlite:///`` RDB is accepted, but Optuna itself "would never recommend SQLite3 for parallel
   optimization": stock ``RDBStorage`` on SQLite hands the same enqueued trial to two processes
@@ -158,15 +160,20 @@ def default_stale_trial_callback(max_retry: int | None = DEFAULT_MAX_RETRY) -> S
 
 
 def _journal_storage(path: Path, heartbeat: dict[str, Any]) -> BaseStorage:
-    from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
+    from optuna.storages.journal import JournalFileSymlinkLock
+
+    from harness.fsutil import is_disk_full
+    from harness.sweep.journal import SafeJournalFileBackend
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch(exist_ok=True)
         # The symlink lock (Optuna's default, made explicit) is atomic on local filesystems and
         # NFS; a lock left by a killed process is broken after its 30 s grace period.
-        backend = JournalFileBackend(str(path), lock_obj=JournalFileSymlinkLock(str(path)))
+        backend = SafeJournalFileBackend(str(path), lock_obj=JournalFileSymlinkLock(str(path)))
     except OSError as error:
+        if is_disk_full(error):
+            raise  # not a bad --results-dir: the caller reports a full disk as such
         raise ValueError(f"storage: cannot write {path} ({error.strerror or error})") from None
     from harness.sweep.optuna_adapter import HeartbeatJournalStorage
 

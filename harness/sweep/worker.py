@@ -18,7 +18,14 @@ metric) or FAIL/PRUNED with an ``outcome`` user attribute:
 
 A trial whose worker died (SIGKILL, a lost Ray node) is found stale by the heartbeat and
 re-enqueued by the storage's stale-trial callback; the worker that picks up the copy first ends
-the dead worker's MLflow child run as KILLED, so no run is ever left RUNNING.
+the dead worker's MLflow child run as KILLED, so no run is ever left RUNNING.  Only runs still
+RUNNING whose trial has ended are closed that way: an attempt that failed with an error keeps
+its FAILED run and its reason.
+
+A full disk (any write: the journal, MLflow's database or artifacts, a cache) stops the worker:
+its trial is recorded as interrupted where the stores still take it (or, where they do not, is
+recovered by the heartbeat like a dead worker's), its MLflow run is ended KILLED where possible,
+and the worker emits one ``fatal`` event with the reason instead of failing trial after trial.
 """
 
 from __future__ import annotations
@@ -73,14 +80,38 @@ def child_run_tags(
     return tags
 
 
-def _end_orphaned_runs(tracker: Any, spec: StudySpec, study: str, key: dict[str, str]) -> None:
-    """A retried trial's earlier child run (its worker died) is ended KILLED, never left RUNNING."""
-    for _ in range(10):
-        rid = tracker.find_run(spec.experiment, {"harness.study": study, **key})
-        if rid is None:
-            return
-        tracker.set_tags(rid, {"run.status": "killed", "run.reason": "worker died; trial retried"})
-        tracker.end_run(rid, "KILLED")
+DIED = "worker died; trial retried"
+
+
+def _end_orphaned_runs(tracker: Any, spec: StudySpec, study: str, earlier: list[Any]) -> None:
+    """Child runs left RUNNING by ``earlier`` (ended) attempts of a trial are ended KILLED.
+
+    A run is RUNNING after its trial ended only when nobody could close it: its worker died
+    (the heartbeat failed the trial; it has no ``outcome``), or closing failed (a full disk; the
+    trial's own reason says why).  Runs that were closed — an attempt FAILED with its error —
+    are never touched, and neither are runs of trials still running.
+    """
+    for trial in earlier:
+        key = {"harness.study": study, "optuna.trial_number": str(trial.number)}
+        reason = DIED if "outcome" not in trial.user_attrs else trial.user_attrs.get("reason")
+        for _ in range(10):
+            rid = tracker.find_run(spec.experiment, key, status="RUNNING")
+            if rid is None:
+                break
+            tags = {"run.status": "killed", "run.reason": reason or "trial ended; run was open"}
+            tracker.set_tags(rid, tags)
+            tracker.end_run(rid, "KILLED")
+
+
+def _ended_attempts(study: Any, current: Any, same: Callable[[Any], bool]) -> list[Any]:
+    """Earlier trials of the same grid point (or the retried search point) that have ended."""
+    from optuna.trial import TrialState
+
+    from harness.db import with_retries
+
+    trials = with_retries(lambda: study.get_trials(deepcopy=False))
+    alive = (TrialState.RUNNING, TrialState.WAITING)
+    return [t for t in trials if t.number != current.number and t.state not in alive and same(t)]
 
 
 def _reason(err: BaseException) -> str:
@@ -101,9 +132,45 @@ class _Trial:
         should_stop: Callable[[], bool],
     ) -> None:
         self.study, self.trial, self.spec, self.tracker = study, trial, spec, tracker
-        self.opts, self.emit, self.should_stop = opts, emit, should_stop
+        self.opts, self.emit, self._should_stop = opts, emit, should_stop
+        self.run_id: str | None = None  # the last child run this trial trained
+        self.disk_full: str | None = None  # set by a heartbeat refused for lack of space
+        self.reported = False  # its "done" event was sent
+
+    def should_stop(self) -> bool:
+        return self.disk_full is not None or self._should_stop()
+
+    def beat_failed(self, error: BaseException) -> bool:
+        """A heartbeat write failed: a full disk stops the trial (handled, no warning)."""
+        from harness.fsutil import disk_full_message, is_disk_full
+
+        if not is_disk_full(error):
+            return False
+        self.disk_full = self.disk_full or disk_full_message(error)
+        return True
+
+    def interrupt(self, reason: str, label: str, seed: int | None) -> None:
+        """Record this trial as interrupted (resumable) and close its run, as far as the stores
+        still accept writes; what they refuse is recovered on resume (stale trial, open run)."""
+        from contextlib import suppress
+
+        if self.run_id is not None:
+            with suppress(Exception):
+                self.tracker.set_tags(
+                    self.run_id, {"run.status": "interrupted", "run.reason": reason}
+                )
+            with suppress(Exception):
+                self.tracker.end_run(self.run_id, "KILLED")
+        with suppress(Exception):
+            self.trial.set_user_attr("outcome", "interrupted")
+            self.trial.set_user_attr("reason", reason)
+        with suppress(Exception):
+            self.tell(state="FAIL")
+        if not self.reported:
+            self.event("done", cell=label, seed=seed, outcome="interrupted", reason=reason)
 
     def event(self, kind: str, **fields: Any) -> None:
+        self.reported = self.reported or kind == "done"
         self.emit(
             {"event": kind, "worker": self.opts.worker_id, "trial": self.trial.number, **fields}
         )
@@ -116,7 +183,7 @@ class _Trial:
         def on_step(step: int, m: dict[str, float]) -> None:
             self.event("step", step=step + 1, reward=m.get("objective/reward", math.nan))
 
-        return tracked_run(  # type: ignore[no-any-return]
+        result, rid = tracked_run(
             cfg,
             self.tracker,
             experiment=self.spec.experiment,
@@ -127,6 +194,8 @@ class _Trial:
             should_stop=self.should_stop,
             results_dir=self.opts.results_dir,
         )
+        self.run_id = rid
+        return result, rid
 
     def tell(self, *values: float, state: str | None = None) -> bool:
         """Finish the trial; False if another worker already retried it (ours is superseded)."""
@@ -158,21 +227,25 @@ class _Trial:
 def run_grid_trial(t: _Trial) -> str:
     """Train one claimed (cell, seed) trial and tell Optuna how it ended; returns the outcome."""
     from harness.db import with_retries
+    from harness.fsutil import is_disk_full
     from harness.sweep.optuna_adapter import frozen_trial, heartbeat
+    from harness.sweep.study import trial_key
 
     attrs = with_retries(lambda: frozen_trial(t.study, t.trial)).user_attrs
     cell, seed = attrs["cell"], int(attrs["seed"])
     from harness.sweep.dashboard import label_trial, summary_attrs
 
     label_trial(t.study, t.trial, t.spec, cell, seed)  # params for optuna-dashboard
-    with heartbeat(t.study, t.trial):
-        key = {"ablation.cell": cell, "seed": str(seed)}
-        _end_orphaned_runs(t.tracker, t.spec, t.study.study_name, key)
+    with heartbeat(t.study, t.trial, on_error=t.beat_failed):
+        earlier = _ended_attempts(t.study, t.trial, lambda o: trial_key(o) == (cell, seed))
+        _end_orphaned_runs(t.tracker, t.spec, t.study.study_name, earlier)
         t0 = time.time()
         try:
             cfg = t.spec.cell_config(cell, seed, device=t.opts.device, threads=t.opts.threads)
             result, rid = t.train(cfg, cell, seed)
         except Exception as err:  # a bug or a broken store: record it, let the sweep go on
+            if is_disk_full(err):
+                raise  # not this trial's fault: the worker stops (worker_loop)
             outcome = t.fail_with_error(err, cell, seed)
             attempt = int(attrs.get("attempt", 0))
             if attempt < t.spec.max_retries:
@@ -212,14 +285,13 @@ def run_search_trial(t: _Trial) -> str:
     assert t.spec.search is not None
     plan = t.spec.search
     label = f"trial {t.trial.number}"
-    with heartbeat(t.study, t.trial):
+    with heartbeat(t.study, t.trial, on_error=t.beat_failed):
         retried = RetryHeartbeatStaleTrialCallback.retried_trial_number(
             with_retries(lambda: frozen_trial(t.study, t.trial))
         )
-        if retried is not None:  # a dead worker's point, run again: end its run KILLED
-            _end_orphaned_runs(
-                t.tracker, t.spec, t.study.study_name, {"search.trial": str(retried)}
-            )
+        if retried is not None:  # a dead worker's point, run again: end its runs KILLED
+            earlier = _ended_attempts(t.study, t.trial, lambda o: o.number == retried)
+            _end_orphaned_runs(t.tracker, t.spec, t.study.study_name, earlier)
         point = plan.suggest(t.trial)
         values: list[list[float]] = [[] for _ in plan.objectives]
         diverged = 0
@@ -257,6 +329,10 @@ def run_search_trial(t: _Trial) -> str:
                         t.event("done", cell=label, seed=seed, outcome="pruned", values=[mean0])
                         return "pruned"
         except Exception as err:
+            from harness.fsutil import is_disk_full
+
+            if is_disk_full(err):
+                raise  # not this point's fault: the worker stops (worker_loop)
             return t.fail_with_error(err, label, seed)
     out = [_nanmean(v) for v in values]
     t.trial.set_user_attr("diverged_seeds", diverged)
@@ -353,11 +429,37 @@ def worker_loop(
     should_stop: Callable[[], bool] = lambda: False,
 ) -> dict[str, int]:
     """Take and run trials until none is left (none waiting, none running elsewhere, or a
-    search's ``n_trials`` reached) or a stop is asked; returns outcome counts."""
+    search's ``n_trials`` reached), a stop is asked, or the disk is full; returns outcome
+    counts (``disk_full`` is 1 when a full disk stopped the worker, after its ``fatal`` event).
+    """
+    from harness.fsutil import disk_full_message, is_disk_full
+
+    counts = dict.fromkeys(OUTCOMES, 0)
+    try:
+        fatal = _work(opts, counts, emit, should_stop)
+    except Exception as err:
+        if not is_disk_full(err):
+            raise
+        fatal = disk_full_message(err)
+    if fatal is not None:
+        counts["disk_full"] = 1
+        emit({"event": "fatal", "worker": opts.worker_id, "reason": fatal})
+    emit({"event": "exit", "worker": opts.worker_id, "pid": os.getpid()})
+    return counts
+
+
+def _work(
+    opts: WorkerOptions,
+    counts: dict[str, int],
+    emit: Callable[[Event], None],
+    should_stop: Callable[[], bool],
+) -> str | None:
+    """The loop of ``worker_loop``; returns why a full disk stopped it, or None."""
     import optuna
     import torch
 
     from harness.db import with_retries
+    from harness.fsutil import disk_full_message, is_disk_full
     from harness.sweep.storage import make_storage
     from harness.tracked import tracked_run  # noqa: F401  (imported before a trial is claimed)
     from harness.tracking import make_tracker
@@ -378,10 +480,10 @@ def worker_loop(
         lambda: optuna.load_study(study_name=opts.study, storage=storage, **kwargs)
     )
     tracker = make_tracker(opts.tracking_uri or spec.tracking_uri, opts.results_dir)
-    counts = dict.fromkeys(OUTCOMES, 0)
     run = run_search_trial if spec.kind == "search" else run_grid_trial
+    fatal: str | None = None
     try:
-        while not should_stop():
+        while fatal is None and not should_stop():
             trial, running = _next_trial(study, spec)
             if trial is None:
                 if opts.exit_when_idle and not running:
@@ -392,11 +494,44 @@ def worker_loop(
                         break
                     time.sleep(0.5)
                 continue
-            outcome = run(_Trial(study, trial, spec, tracker, opts, emit, should_stop))
-            counts[outcome] += 1
-            if outcome == "error" and spec.kind == "search":
-                break  # a search point has no retry budget: stop rather than spin on a bug
-    finally:
+            t = _Trial(study, trial, spec, tracker, opts, emit, should_stop)
+            try:
+                outcome = run(t)
+            except Exception as err:
+                if not is_disk_full(err):
+                    raise
+                fatal = disk_full_message(err)
+            else:
+                fatal = t.disk_full  # a heartbeat found the disk full and stopped the run
+                if fatal is None:
+                    counts[outcome] += 1
+                    if outcome == "error" and spec.kind == "search":
+                        break  # a search point has no retry budget: stop, do not spin on a bug
+            if fatal is not None:
+                t.interrupt(fatal, *_label(t))
+    except BaseException:
+        _flush_quietly(tracker)  # the error on its way out says more than a failed flush
+        raise
+    if fatal is not None:
+        _flush_quietly(tracker)
+    else:
         tracker.flush()
-    emit({"event": "exit", "worker": opts.worker_id, "pid": os.getpid()})
-    return counts
+    return fatal
+
+
+def _flush_quietly(tracker: Any) -> None:
+    try:
+        tracker.flush()
+    except Exception:
+        pass
+
+
+def _label(t: _Trial) -> tuple[str, int | None]:
+    """(cell or "trial N", seed) of a trial, for its ``done`` event."""
+    try:
+        attrs = t.trial.user_attrs
+        if "cell" in attrs:
+            return str(attrs["cell"]), int(attrs["seed"])
+    except Exception:
+        pass  # only a label: the storage refusing a read must not hide the full disk
+    return f"trial {t.trial.number}", None
