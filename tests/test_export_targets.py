@@ -341,35 +341,27 @@ def test_hostile_variant_names_stay_a_comment(tmp_path):
 MODULES = ["q_proj\nimport os", "k'\"$(touch PWNED)`id`#", "{a: [b]}", "- c: &d"]
 
 
-def test_hostile_module_names_are_exact_values_or_refused(tmp_path):
-    f = _grid_file(
-        tmp_path / "lora.yaml",
-        extra_base={"model_options": {"lora": {"target_modules": MODULES}}},
-    )
-    code, out, err = export([str(f), "--cell", "c_clip=3", "--to", "trl"])
-    assert code == 0, err
-    tree = ast.parse(out)
-    assert all(isinstance(n, ast.ImportFrom | ast.Assign) for n in tree.body)
-    assert set(run_snippet(out)["peft_config"].target_modules) == set(MODULES)
-    code, out, err = export([str(f), "--cell", "c_clip=3", "--to", "areal"])
-    assert code == 0, err
-    assert yaml.safe_load(out)["actor"]["target_modules"] == MODULES
-    code, out, err = export([str(f), "--cell", "c_clip=3", "--to", "verl"])
-    lines = err.strip().splitlines()
-    assert code == 2 and out == "" and len(lines) == 1
-    assert lines[0].startswith("error: model_options.lora.target_modules: 'q_proj\\nimport os'")
-    interp = _grid_file(
-        tmp_path / "interp.yaml",
-        extra_base={"model_options": {"lora": {"target_modules": ["${oc.env:HOME}"]}}},
-    )
-    code, out, err = export([str(interp), "--cell", "c_clip=3", "--to", "areal"])
-    assert code == 2 and out == "" and "OmegaConf would resolve" in err
+def test_hostile_module_names_are_refused_before_any_target_sees_them(tmp_path):
+    """A LoRA target must name a module of the model, so no hostile name reaches exported text
+    (the exporters quote values anyway; this is the first line of defence)."""
+    for modules in ([m] for m in [*MODULES, "${oc.env:HOME}"]):
+        f = _grid_file(
+            tmp_path / "lora.yaml",
+            extra_base={"model_options": {"lora": {"target_modules": modules}}},
+        )
+        for target in ("trl", "verl", "areal"):
+            code, out, err = export([str(f), "--cell", "c_clip=3", "--to", target])
+            lines = err.strip().splitlines()
+            assert code == 2 and out == "" and len(lines) == 1, (modules, target, err)
+            assert "model_options.lora.target_modules" in lines[0]
+            assert "matches no module" in lines[0]
 
 
 # ---------------------------------------------------------------------------------------------
 # --best on a search study
 
 
+@pytest.mark.slow
 def test_best_of_a_search_is_its_best_point_with_the_seeds_spread(tmp_path):
     import optuna
 

@@ -118,6 +118,7 @@ def test_a_failing_attempt_keeps_its_failed_run_and_reason(
     ]  # the trial and its run give the same reason
 
 
+@pytest.mark.slow
 def test_a_sigkilled_workers_run_is_ended_killed_by_the_retry(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -240,6 +241,7 @@ def test_a_report_write_that_fails_keeps_the_previous_file(
 # -- Ctrl-C while the sweep finishes ----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_finishing_ends_the_parent_run_and_a_rerun_finishes_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -391,6 +391,7 @@ def _harness(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str
     )
 
 
+@pytest.mark.slow
 def test_a_disk_that_fills_mid_sweep_stops_it_with_one_line_and_it_resumes(
     tmp_path: Path, tiny_fs: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -22,7 +22,8 @@ from harness.tracking import make_tracker
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "experiments" / "smoke.yaml"
 
-LAUNCHERS = ["local", "command", "ray"]
+# `harness worker` subprocesses run the same worker loop as local ones: their cases are slow.
+LAUNCHERS = ["local", pytest.param("command", marks=pytest.mark.slow), "ray"]
 
 
 @pytest.fixture(params=LAUNCHERS)

@@ -38,6 +38,7 @@ def _pairs(storage: str, name: str, results: Path) -> Counter[tuple[str, int, st
     )
 
 
+@pytest.mark.slow
 def test_ray_sweep_on_postgresql_runs_each_pair_exactly_once(
     tmp_path: Path, pg: Any, ray_head: str
 ) -> None:

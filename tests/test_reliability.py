@@ -5,6 +5,7 @@ import re
 import stat
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -198,6 +199,7 @@ def test_bad_reward_code_in_a_run_is_a_failed_run_with_its_reason(tmp_path):
         assert sum(reason in r for r in reasons) == 1, reasons
 
 
+@pytest.mark.slow
 def test_bad_reward_code_in_a_sweep_fails_its_trials_with_the_reason(tmp_path):
     module = tmp_path / "rewards.py"
     module.write_text(REWARDS)

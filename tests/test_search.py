@@ -74,6 +74,7 @@ def test_search_runs_resumes_and_logs_the_best_point(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_two_objective_search_reports_the_pareto_front(tmp_path):
     exp = write(
         tmp_path,

@@ -316,6 +316,7 @@ def _four_writers(tmp_path: Path, runs: int, steps: int) -> None:
     print(f"4 processes x {runs} runs x {steps} steps x 30 metrics: {elapsed:.1f} s")
 
 
+@pytest.mark.slow
 def test_four_processes_share_one_sqlite_store(tmp_path: Path) -> None:
     """Issue 6 point 4: 4 writers start at once on a fresh database; no lock or schema error."""
     _four_writers(tmp_path, runs=2, steps=50)

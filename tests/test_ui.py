@@ -245,6 +245,7 @@ def test_optuna_dashboard_shows_cell_params_and_named_metric(served: Served):
     assert names == {"ppo.c_clip", "seed"}
 
 
+@pytest.mark.slow
 def test_ui_with_postgresql_stores_keeps_the_password_out_of_argv_and_stops_on_sigterm(
     pg, tmp_path
 ):
@@ -312,6 +313,7 @@ class _AuthServer(BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.slow
 def test_tracking_credentials_come_from_mlflow_environment_variables(tmp_path, monkeypatch):
     """Issue 15, point 6: user:pass@ in an http tracking URI is refused with one line naming
     MLflow's variables (and nothing written); the variables themselves are used and checked."""
