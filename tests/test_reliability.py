@@ -14,6 +14,7 @@ from harness.cli import app
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # a whole sweep; errors at sweep level stay fast (test_run_errors)
 def test_diverged_run_is_a_failed_trial_with_reason_and_the_sweep_goes_on(tmp_path):
     doc = yaml.safe_load((ROOT / "experiments" / "smoke.yaml").read_text())
     doc.update(
