@@ -116,10 +116,10 @@ def with_retries(
     workers reconnecting after a restart do not arrive in lockstep; the defaults ride out
     about a minute of downtime. Other errors, and the last transient one, propagate.
 
-    Not every storage call is idempotent: a write whose commit succeeded while the connection
-    dropped raises but took effect. Retrying ``study.tell`` then raises
-    ``UpdateFinishedTrialError``, which the caller should read as "already told"; retrying
-    ``enqueue_trial`` should use ``skip_if_exists=True``.
+    Retrying is only safe for calls that a second try leaves as one did: a write whose commit
+    landed while the connection dropped raises but took effect. The Optuna storage handles its
+    own such writes (``ResilientRDBStorage`` reads a token back before repeating a claim, a
+    tell or a create); anything else retried here must be idempotent itself.
 
     With ``budget_s`` the number of attempts is unbounded and the budget is time instead: once
     the next wait would end past ``budget_s`` seconds from the first call, the last transient
