@@ -17,7 +17,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _record import record  # noqa: E402
 
-from harness.perf import tune_malloc  # noqa: E402
+from harness.core.perf import tune_malloc  # noqa: E402
 from harness.ppo import gae  # noqa: E402
 
 
@@ -73,7 +73,7 @@ def main() -> None:
     m = (pos >= 128) & (pos < lens[:, None])
     boot = torch.rand(B, generator=g) < 0.5
     default_rows, worst1 = measure(r, v, m, boot)
-    tuned = tune_malloc()  # what every `harness` command does at start (harness/perf.py)
+    tuned = tune_malloc()  # what every `harness` command does at start (harness/core/perf.py)
     tuned_rows, worst2 = measure(r, v, m, boot)
     worst = max(worst1, worst2)
     print("glibc default malloc | harness processes (tune_malloc)")
@@ -94,7 +94,7 @@ def main() -> None:
         "Two columns for the vectorized version: with glibc's default malloc, which after many "
         "allocations serves every 1-2 MiB temporary with a fresh mmap and pays page faults on "
         "each operation, and inside a `harness` process, which raises the mmap/trim thresholds "
-        f"at start (`harness/perf.py`; took effect here: {tuned}).  The naive loop is "
+        f"at start (`harness/core/perf.py`; took effect here: {tuned}).  The naive loop is "
         "overhead-bound and barely changes.\n\n" + table
     )
     record("GAE: vectorized vs naive loop", body)

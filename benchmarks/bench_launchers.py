@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def sweep(launcher: Any, exp: Path, results: Path) -> dict[str, float]:
-    from harness.experiment import load_experiment
+    from harness.config.experiment import load_experiment
     from harness.sweep.launch import run_workers
     from harness.sweep.storage import make_storage
     from harness.sweep.study import enqueue_missing, open_study

@@ -4,7 +4,7 @@ A random-init Qwen2 with Qwen2-0.5B's vocabulary (151,936) and a small trunk (2 
 64), B = 32 sequences of L = 32 tokens (8 rows left-padded), float32 and bf16 autocast. One step =
 ``forward_logprobs`` with entropy -> PPO-like loss -> backward -> AdamW step. Reference: the
 textbook ``log_softmax(logits.float())`` + gather + ``-(p * logp).sum()`` entropy (what
-``harness.rollout.forward_logprobs`` did before ``harness.logprobs``). Each variant runs in a
+``harness.run.rollout.forward_logprobs`` did before ``harness.model.logprobs``). Each variant runs in a
 fresh process; peak = ``ru_maxrss`` after the step minus RSS before it (Adam state already
 allocated, one warm-up step of a different shape so the allocator's pools exist).
 
@@ -34,9 +34,9 @@ def child(variant: str, dtype: str) -> dict[str, float]:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from harness.logprobs import naive_selected_logprobs
-    from harness.models import precision
-    from harness.rollout import forward_logprobs, position_ids
+    from harness.model.build import precision
+    from harness.model.logprobs import naive_selected_logprobs
+    from harness.run.rollout import forward_logprobs, position_ids
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

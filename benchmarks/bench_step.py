@@ -7,12 +7,12 @@ optimizer step per batch, temperature 1 with no top-k/top-p, on one torch thread
 
 Contenders (ms per step = median of the measured steps, after warm-up steps):
 
-* **harness**: the loop body of ``harness.train.run`` with the same functions, in the same order:
-  ``task.sample`` -> ``harness.rollout.sample`` -> scoring -> ``PPOActor.compute_advantages`` ->
+* **harness**: the loop body of ``harness.run.loop.run`` with the same functions, in the same order:
+  ``task.sample`` -> ``harness.run.rollout.sample`` -> scoring -> ``PPOActor.compute_advantages`` ->
   ``PPOActor.ppo_update`` (``ppo_n_minibatches=1``, one epoch, grad clip 1.0, group reward
   normalisation as GRPO does) -> the loop's finiteness checks and per-step metrics dict.
   Evaluation is excluded (``train.run`` times its steps before evaluating, too).
-  A cross-check row runs the real ``harness.train.run`` for the same number of steps (its own
+  A cross-check row runs the real ``harness.run.loop.run`` for the same number of steps (its own
   tokenizer and the real ``reverse`` score, so EOS is possible there) and reports the median of
   its ``perf/step_time`` metric.
 * **TRL**: ``trl.GRPOTrainer`` with ``GRPOConfig(use_cpu=True, bf16=False,
@@ -56,10 +56,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _record import record  # noqa: E402
 
 from harness.config import PPOActorConfig, build_run_config  # noqa: E402
-from harness.models import TinyModelConfig, build_model, build_tokenizer  # noqa: E402
+from harness.model.build import TinyModelConfig, build_model, build_tokenizer  # noqa: E402
 from harness.ppo.actor import PPOActor  # noqa: E402
 from harness.ppo.normalization import NormConfig  # noqa: E402
-from harness.rollout import sample  # noqa: E402
+from harness.run.rollout import sample  # noqa: E402
 from harness.tasks import get_task  # noqa: E402
 
 LR = 3e-4
@@ -92,7 +92,7 @@ def prompts_for(n_prompts: int, n_steps: int) -> list[list[str]]:
 
 # ---------------------------------------------------------------- harness
 def run_harness(base, tok, batches, n_samples, max_new, warmup):
-    """The loop body of harness.train.run (staleness 0, no reference model, no critic)."""
+    """The loop body of harness.run.loop.run (staleness 0, no reference model, no critic)."""
     model = copy.deepcopy(base)
     model.train()
     cfg = PPOActorConfig(ppo_n_minibatches=1, ppo_epochs=1, reward_norm=GROUP_NORM)
@@ -159,8 +159,8 @@ def run_harness(base, tok, batches, n_samples, max_new, warmup):
 
 
 def run_harness_train(n_prompts, n_samples, max_new, steps, warmup, threads):
-    """The real harness.train.run; median of its own perf/step_time metric."""
-    from harness.train import run
+    """The real harness.run.loop.run; median of its own perf/step_time metric."""
+    from harness.run.loop import run
 
     cfg = build_run_config(
         overrides={
@@ -305,9 +305,9 @@ def main() -> None:
     ap.add_argument("--no-record", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    # As every `harness` process does (harness/perf.py); process-wide, so all three contenders
+    # As every `harness` process does (harness/core/perf.py); process-wide, so all three contenders
     # get the same allocator.
-    from harness.perf import tune_malloc
+    from harness.core.perf import tune_malloc
 
     tune_malloc()
     logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -376,7 +376,7 @@ def main() -> None:
         "optimizer step per batch, temperature 1, no top-k/top-p.  EOS is made unreachable (the "
         "tokenizer's EOS is remapped to an id outside the model's vocabulary), so every contender "
         "generates exactly the stated number of tokens per row.  harness = the loop body of "
-        "`harness.train.run` (`rollout.sample` → score → `PPOActor.compute_advantages` → `ppo_update`, "
+        "`harness.run.loop.run` (`rollout.sample` → score → `PPOActor.compute_advantages` → `ppo_update`, "
         "one minibatch, group reward norm, grad clip, the loop's checks and metrics; no eval); "
         "`train.run` = the real loop's own `perf/step_time` on the real `reverse` task (EOS possible "
         "there; mean response length "

@@ -53,7 +53,7 @@ def main() -> None:
     # Train the warm starts once (one per seed), then give each sweep a copy of the cache.
     warm = work / "warm"
     from harness.config import build_run_config
-    from harness.train import run
+    from harness.run.loop import run
 
     base = dict(doc["base"])
     for seed in (0, 1):

@@ -1,6 +1,6 @@
 """Both trainers on the same cell: per-step time, and learning curves on the default run config.
 
-* **Per-step time**: ``harness.trainers.train`` with ``trainer: harness`` and ``trainer: trl`` on
+* **Per-step time**: ``harness.run.trainers.train`` with ``trainer: harness`` and ``trainer: trl`` on
   one cell (the default run config's model, task and batch: 16 prompts × 8 samples, 10 new tokens,
   4 minibatches × 1 epoch, GRPO group normalization, no adv_norm, no warm start, no eval); the
   median of each trainer's own ``perf/step_time`` after the warm-up steps.  Both times cover
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _record import record  # noqa: E402
 
 from harness.config import build_run_config, load_yaml  # noqa: E402
-from harness.trainers import train  # noqa: E402
+from harness.run.trainers import train  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTION = "Trainers: harness PPO loop vs TRL GRPOTrainer (trainer: trl)"

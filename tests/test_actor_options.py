@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from harness.config import PPOActorConfig
-from harness.models import TinyModelConfig, build_model, build_tokenizer
+from harness.model.build import TinyModelConfig, build_model, build_tokenizer
 from harness.ppo import NormConfig, RejectionSampling
 from harness.ppo.actor import PPOActor
-from harness.rollout import sample
+from harness.run.rollout import sample
 
 TINY = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
 

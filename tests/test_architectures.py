@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from harness.config import ConfigError, build_run_config, load_run_config
-from harness.critic import ValueModel
-from harness.models import disable_dropout, eos_ids, load_model_and_tokenizer
-from harness.rollout import forward_logprobs, sample
-from harness.train import run
+from harness.model.build import disable_dropout, eos_ids, load_model_and_tokenizer
+from harness.model.critic import ValueModel
+from harness.run.loop import run
+from harness.run.rollout import forward_logprobs, sample
 
 try:
     from tests.hf_archs import ARCHS, POSITIONS
@@ -173,7 +173,7 @@ def test_bfloat16_runs_on_cpu_with_one_precision(arch, hf_dirs, tmp_path):
     assert res.status == "completed", res.reason
     assert res.history["policy/ratio_min"][0] == 1.0 == res.history["policy/ratio_max"][0]
     model, tok = load_model_and_tokenizer(str(hf_dirs[arch]))
-    from harness.models import precision
+    from harness.model.build import precision
 
     gen = torch.Generator().manual_seed(0)
     with precision("cpu", torch.bfloat16):

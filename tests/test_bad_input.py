@@ -329,10 +329,10 @@ def test_bad_run_overrides(sets, expect, tmp_path, runner):
     assert_clean_failure(runner.invoke(app, args), expect, results)
 
 
-# --- every numeric field is checked from its declaration (harness.configtools.meta) -----------
+# --- every numeric field is checked from its declaration (harness.core.configtools.meta) -----------
 
 from harness.config import RunConfig  # noqa: E402
-from harness.configtools import check_declared, declared_fields, field_defaults  # noqa: E402
+from harness.core.configtools import check_declared, declared_fields, field_defaults  # noqa: E402
 
 NUMERIC = {
     path: (tp, md) for path, (tp, md) in declared_fields(RunConfig).items() if tp in (int, float)
@@ -391,7 +391,7 @@ def test_inf_is_accepted_only_where_the_field_says_what_it_means(tmp_path):
 
 
 def field_help_line(path):
-    from harness.configtools import ConfigError
+    from harness.core.configtools import ConfigError
 
     try:
         check_declared(float("nan"), NUMERIC[path][1], path)

@@ -9,7 +9,7 @@ checks it end to end on stale rollouts (two runs in one process, so exact equali
 import json
 
 from harness.config import build_run_config
-from harness.train import run
+from harness.run.loop import run
 
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
 BASE = {

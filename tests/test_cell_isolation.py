@@ -21,8 +21,8 @@ from harness.config import (
     expand_aliases,
     resolve_alias,
 )
-from harness.configtools import deep_merge, flatten, to_dict
-from harness.experiment import load_experiment
+from harness.config.experiment import load_experiment
+from harness.core.configtools import deep_merge, flatten, to_dict
 from harness.sweep.spec import StudySpec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.config import build_run_config
-from harness.experiment import load_experiment
-from harness.export import comment, export_areal, export_trl, export_verl
+from harness.config.experiment import load_experiment
+from harness.sweep.export import comment, export_areal, export_trl, export_verl
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "experiments" / "smoke.yaml"

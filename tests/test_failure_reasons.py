@@ -17,7 +17,7 @@ import yaml
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.failures import count_reasons, reason_key, summary_lines
+from harness.core.failures import count_reasons, reason_key, summary_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "experiments" / "smoke.yaml"
@@ -211,7 +211,7 @@ def test_all_failed_search_stops_reports_and_exits_1(tmp_path):
 
 
 def _search_study(storage, name: str, states: list[str]) -> None:
-    from harness.experiment import load_experiment
+    from harness.config.experiment import load_experiment
     from harness.sweep.spec import SPEC_ATTR, StudySpec
 
     doc = yaml.safe_load(SMOKE.read_text())
@@ -261,7 +261,7 @@ def test_status_counts_pruned_trials_apart_from_done(tmp_path, capsys):
 
 
 def _study_data(steps: int, start: list[float], final: list[float]):
-    from harness.studydata import RunData, StudyData
+    from harness.report.studydata import RunData, StudyData
 
     runs = [
         RunData(
@@ -299,7 +299,7 @@ def _study_data(steps: int, start: list[float], final: list[float]):
     ],
 )
 def test_short_runs_carry_a_window_caveat_on_the_batch_reward_change(steps, expect):
-    from harness import report_progress as rp
+    from harness.report import progress as rp
 
     same = [0.4, 0.5, 0.6]
     data = _study_data(steps, same, same)
@@ -316,8 +316,8 @@ def test_drawdown_smoothing_in_the_docs_is_the_one_runs_use(tmp_path):
     import numpy as np
 
     from harness.config import build_run_config
-    from harness.stability import RUN_SMOOTH, summarize_run
-    from harness.train import run
+    from harness.metrics.stability import RUN_SMOOTH, summarize_run
+    from harness.run.loop import run
 
     doc = (ROOT / "docs" / "stability.md").read_text()
     row = next(ln for ln in doc.splitlines() if ln.startswith("| `stability/max_drawdown` |"))
@@ -330,7 +330,7 @@ def test_drawdown_smoothing_in_the_docs_is_the_one_runs_use(tmp_path):
 
 
 def test_search_report_shows_the_best_points_seed_spread(tmp_path):
-    from harness.experiment import load_experiment
+    from harness.config.experiment import load_experiment
     from harness.sweep.finish import write_search_report
     from harness.sweep.spec import StudySpec
     from harness.sweep.study import seed_spread

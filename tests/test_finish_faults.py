@@ -71,7 +71,7 @@ def _experiment(tmp_path: Path, name: str, task: str, cells: list[Any]) -> Path:
 
 
 def _open(exp: Path, results: Path, tracker: Any, max_retries: int = 0) -> tuple[Any, Any]:
-    from harness.experiment import load_experiment
+    from harness.config.experiment import load_experiment
     from harness.sweep.study import enqueue_missing, open_study
 
     study, spec = open_study(
@@ -218,7 +218,7 @@ def test_a_report_write_that_fails_keeps_the_previous_file(
 ) -> None:
     import errno
 
-    from harness.fsutil import atomic_write
+    from harness.core.fsutil import atomic_write
 
     target = tmp_path / "report.md"
     atomic_write(target, "old\n")
@@ -312,7 +312,7 @@ def test_a_password_with_a_raw_at_reaches_the_host_and_never_leaks(tmp_path: Pat
 
 
 def test_driver_messages_never_show_fragments_of_such_a_password() -> None:
-    from harness.db import short_reason
+    from harness.core.db import short_reason
 
     url = "postgresql://u:pa@ss@word@db.example:5432/x"
     misparsed = Exception(

@@ -103,7 +103,9 @@ def assert_one_line(exit_code: int, err: str, expect: str, results: Path) -> Non
 
 # --- size cases: built here, run in one memory-limited child ------------------------------------
 
-Case = tuple[list[str], str, dict[str, Any]]  # argv, expected text, harness.limits overrides
+Case = tuple[
+    list[str], str, dict[str, Any]
+]  # argv, expected text, harness.config.preflight overrides
 
 
 def _size_cases(tmp: Path, qwen: Path) -> dict[str, Case]:
@@ -302,7 +304,7 @@ def _run_batch(spec_path: str, out_path: str) -> None:
     """The child: each case through the CLI in this process, one JSON line per case."""
     import traceback
 
-    import harness.limits as limits
+    import harness.core.limits as limits
 
     runner = CliRunner()
     cases = json.loads(Path(spec_path).read_text())
@@ -464,8 +466,8 @@ def test_parameter_count_from_the_config_equals_the_built_model(qwen_dir):
     from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config
 
     from harness.config import build_run_config
-    from harness.models import build_model, build_tokenizer
-    from harness.resources import count_params, tiny_model_config
+    from harness.config.resources import count_params, tiny_model_config
+    from harness.model.build import build_model, build_tokenizer
 
     for tiny in ({}, {"num_layers": 7, "hidden_size": 64, "num_heads": 2}):
         cfg = build_run_config({"tiny": tiny})
@@ -484,7 +486,7 @@ def test_parameter_count_from_the_config_equals_the_built_model(qwen_dir):
 def test_deep_and_wide_configs_cost_nothing_to_count():
     from transformers import LlamaConfig
 
-    from harness.resources import MAX_LAYERS, count_params
+    from harness.config.resources import MAX_LAYERS, count_params
 
     start = time.monotonic()
     wide = LlamaConfig(vocab_size=10**9, hidden_size=10**6, intermediate_size=64,
@@ -502,7 +504,7 @@ def test_deep_and_wide_configs_cost_nothing_to_count():
 
 def test_available_memory_sees_the_address_space_limit():
     code = (
-        "from harness.resources import _rlimit_available, available_memory\n"
+        "from harness.config.resources import _rlimit_available, available_memory\n"
         "(n, _), (r, why) = available_memory(), _rlimit_available(); print(n, r, why, sep='|')\n"
     )
     limit = 2_000_000_000
@@ -527,7 +529,7 @@ def test_available_memory_sees_the_address_space_limit():
 
 def test_memory_check_counts_the_copies_a_run_holds():
     from harness.config import build_run_config
-    from harness.resources import training_copies
+    from harness.config.resources import training_copies
 
     assert training_copies(build_run_config({})) == (4, "weights+grads+AdamW")
     kl = build_run_config({"ppo": {"kl_ctl": 0.1}, "rollout": {"staleness": 2}})
@@ -541,7 +543,7 @@ def test_memory_check_counts_the_copies_a_run_holds():
 
 def test_memory_check_can_be_switched_off_but_not_the_layer_bound(monkeypatch):
     from harness.config import build_run_config
-    from harness.resources import check_model_memory
+    from harness.config.resources import check_model_memory
 
     wide = build_run_config({"tiny": {"hidden_size": 65536}})
     with pytest.raises(ValueError, match="needs at least 551.6 GB"):
@@ -554,8 +556,8 @@ def test_memory_check_can_be_switched_off_but_not_the_layer_bound(monkeypatch):
 
 def test_probe_tokenizes_one_prompt_at_a_time(tmp_path):
     from harness.config import build_run_config
-    from harness.limits import probe_prompts
-    from harness.models import build_tokenizer
+    from harness.config.preflight import probe_prompts
+    from harness.model.build import build_tokenizer
     from harness.tasks import get_task
 
     data = write_jsonl(tmp_path / "d.jsonl", [*rows(), {"prompt": "x" * 3000 + "=", "answer": "1"}])
@@ -576,7 +578,7 @@ def test_probe_tokenizes_one_prompt_at_a_time(tmp_path):
 
 
 def test_time_bound_stops_a_loop_and_restores_an_outer_timer():
-    from harness.limits import RenderTimeout, time_bound
+    from harness.core.limits import RenderTimeout, time_bound
 
     seen: list[int] = []
     old = signal.signal(signal.SIGALRM, lambda *_: seen.append(1))
@@ -635,7 +637,7 @@ def test_find_run_matches_values_with_both_quote_kinds_exactly(tracker):
 
 def test_a_variant_named_with_both_quote_kinds_has_its_orphaned_run_ended(tmp_path, sqlite_uri):
     """A retried trial's worker searches for the cell's earlier run by its label (the crash)."""
-    from harness.experiment import load_experiment
+    from harness.config.experiment import load_experiment
     from harness.sweep.spec import StudySpec
     from harness.sweep.worker import child_run_tags
     from harness.tracking import MlflowTracker

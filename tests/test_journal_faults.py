@@ -24,8 +24,8 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 import harness.sweep.journal as journal_mod
-from harness.db import is_transient_db_error
-from harness.fsutil import disk_full_message, is_disk_full
+from harness.core.db import is_transient_db_error
+from harness.core.fsutil import disk_full_message, is_disk_full
 from harness.sweep.storage import JOURNAL_FILE, make_storage
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -283,7 +283,7 @@ def test_a_journal_that_refuses_the_result_stops_the_worker_resumably(
     ``fatal`` event instead of going on, the journal replays, the MLflow run is closed KILLED
     with the reason, and a later worker re-runs the trial to COMPLETE exactly once."""
     import harness.tracking
-    from harness.experiment import load_experiment
+    from harness.config.experiment import load_experiment
     from harness.sweep.study import enqueue_missing, open_study
     from harness.sweep.worker import WorkerOptions, worker_loop
     from harness.tracking import MemoryTracker

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.experiment import load_experiment
+from harness.config.experiment import load_experiment
 from harness.sweep.launch import Resources, make_launcher, run_workers
 from harness.sweep.storage import make_storage
 from harness.sweep.study import enqueue_missing, open_study
@@ -129,7 +129,7 @@ def test_stop_request_interrupts_and_leaves_nothing_running(tmp_path: Path, make
 def test_resuming_a_study_from_another_tracking_store_is_one_clear_error(tmp_path: Path) -> None:
     """The same storage with a different results dir / tracking store: exit-2 message, not
     MLflow's 'Run ... not found' traceback once training has started."""
-    from harness.configtools import ConfigError
+    from harness.core.configtools import ConfigError
     from harness.tracking import MemoryTracker
 
     doc = yaml.safe_load(SMOKE.read_text())

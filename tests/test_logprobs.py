@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.logprobs import chunk_rows, naive_selected_logprobs, selected_logprobs
+from harness.model.logprobs import chunk_rows, naive_selected_logprobs, selected_logprobs
 
 
 def test_golden_numbers():

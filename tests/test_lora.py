@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from harness.config import ConfigError, PPOActorConfig, build_run_config
-from harness.lora import prepare_for_training, reference_off, swapped_in, trainable_state
-from harness.models import LoraOptions, ModelOptions, load_model_and_tokenizer
+from harness.model.build import LoraOptions, ModelOptions, load_model_and_tokenizer
+from harness.model.lora import prepare_for_training, reference_off, swapped_in, trainable_state
 from harness.ppo.actor import PPOActor
-from harness.rollout import StalenessRing, forward_logprobs, sample
-from harness.train import run
+from harness.run.loop import run
+from harness.run.rollout import StalenessRing, forward_logprobs, sample
 
 pytest.importorskip("peft")
 

@@ -111,7 +111,7 @@ def test_lora_targets_of_a_loaded_model_and_in_a_grid(gpt2_dir, tmp_path):
 
 
 def test_check_target_modules_matches_as_peft_does():
-    from harness.lora import check_target_modules, model_modules
+    from harness.model.lora import check_target_modules, model_modules
 
     modules = model_modules("tiny")
     assert next(iter(modules.values())).lm_head.weight.device.type == "meta"  # nothing allocated
@@ -307,7 +307,7 @@ def test_sampler_logprob_gap_is_the_mean_absolute_difference():
 @pytest.mark.filterwarnings("ignore:clipping is inert")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_sampler_logprob_gap_is_logged_every_step(dtype, tmp_path):
-    from harness.train import run
+    from harness.run.loop import run
 
     cfg = build_run_config(
         {"tiny": TINY, "model_options": {"dtype": dtype}},

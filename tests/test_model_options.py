@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from harness.config import ConfigError, build_run_config, load_run_config
-from harness.lora import prepare_for_training
-from harness.models import ModelOptions, load_model_and_tokenizer
-from harness.prompting import apply_chat_template, resolve_chat_template
-from harness.rollout import encode_prompts, forward_logprobs, sample
-from harness.train import run
+from harness.model.build import ModelOptions, load_model_and_tokenizer
+from harness.model.lora import prepare_for_training
+from harness.model.prompting import apply_chat_template, resolve_chat_template
+from harness.run.loop import run
+from harness.run.rollout import encode_prompts, forward_logprobs, sample
 
 TEMPLATE = (
     "{% for m in messages %}<bos>[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"

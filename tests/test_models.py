@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-from harness.models import (
+from harness.model.build import (
     TinyModelConfig,
     build_model,
     build_tokenizer,

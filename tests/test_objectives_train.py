@@ -10,7 +10,7 @@ import torch
 from harness.config import ConfigError, PPOActorConfig, build_run_config
 from harness.metrics import STEP_METRICS
 from harness.ppo import PPOActor, ppo_actor_loss
-from harness.train import run
+from harness.run.loop import run
 
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
 

@@ -75,7 +75,7 @@ def test_ray_sweep_on_postgresql_runs_each_pair_exactly_once(
 def test_killed_ray_worker_trial_is_recovered_exactly_once(
     tmp_path: Path, ray_head: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from harness.experiment import load_experiment
+    from harness.config.experiment import load_experiment
     from harness.sweep.launch import make_launcher, run_workers
     from harness.sweep.study import enqueue_missing, open_study
     from harness.sweep.worker import WorkerOptions

@@ -23,7 +23,7 @@ import yaml
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.configtools import ConfigError
+from harness.core.configtools import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "experiments" / "smoke.yaml"
@@ -140,7 +140,7 @@ def test_the_ray_started_here_listens_on_loopback_only(monkeypatch: pytest.Monke
     ray.init; a stop asked before the workers start starts none."""
     ray = pytest.importorskip("ray")
     from harness.sweep.launch import Resources
-    from harness.sweep.ray_launcher import RayLauncher
+    from harness.sweep.launchers.ray_launcher import RayLauncher
     from harness.sweep.worker import WorkerOptions
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # no per-user token file shared with others
@@ -183,7 +183,7 @@ def test_the_ray_started_here_listens_on_loopback_only(monkeypatch: pytest.Monke
 @needs_proc
 def test_the_tests_private_ray_head_listens_on_loopback_only(ray_private_head: Any) -> None:
     ray = pytest.importorskip("ray")
-    from harness.sweep.ray_launcher import RayLauncher
+    from harness.sweep.launchers.ray_launcher import RayLauncher
 
     assert ray_private_head.proc is not None
     if ray.is_initialized():
@@ -340,7 +340,7 @@ def test_a_ray_address_where_nothing_listens_is_one_line_and_writes_nothing(
 
 
 def test_ray_address_forms_and_a_bounded_probe(monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.sweep.ray_launcher import probe_address, split_address
+    from harness.sweep.launchers.ray_launcher import probe_address, split_address
 
     assert split_address("head:6379") == ("head", 6379)
     assert split_address("ray://10.0.0.1:10001") == ("10.0.0.1", 10001)

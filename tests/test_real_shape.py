@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from harness.config import build_run_config
-from harness.train import run
+from harness.run.loop import run
 
 try:
     from tests.hf_archs import build_bpe_tokenizer

@@ -74,7 +74,7 @@ def test_results_dir_that_cannot_be_created_or_is_full_is_a_clear_error(tmp_path
     r = runner.invoke(app, ["run", "--set", "steps=1", "--results-dir", str(a_file / "sub")])
     assert r.exit_code == 2 and "cannot create it" in r.output
 
-    import harness.fsutil as fsutil
+    import harness.core.fsutil as fsutil
 
     class Usage:
         free = 1024
@@ -140,7 +140,7 @@ def test_a_bad_command_never_changes_the_mode_of_a_shared_directory(tmp_path):
         assert r.exit_code == 2
         r = CliRunner().invoke(app, ["report", "nosuch", "--results-dir", str(target)])
         assert r.exit_code == 2
-        from harness.fsutil import ensure_results_dir
+        from harness.core.fsutil import ensure_results_dir
 
         ensure_results_dir(target)  # a usable existing dir: checked, never chmod-ed
         assert stat.S_IMODE(shared.stat().st_mode) == 0o1777

@@ -1,4 +1,4 @@
-"""The report generator: ranking numbers against harness.stats, report contents, HTML and PNGs.
+"""The report generator: ranking numbers against harness.report.stats, report contents, HTML and PNGs.
 
 The fixture study (tests/fixtures/synthetic.py) has known differences: ``c_clip=3`` is clearly
 better than the baseline, ``minibatches=1`` has inert clipping (clip fractions ≡ 0) and one
@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from harness import stats
 from harness.report import (
     CellRow,
     ReportFiles,
@@ -32,11 +31,12 @@ from harness.report import (
     ranking,
     render_ranking_table,
     run_scores,
+    stats,
     summary_table,
     warnings_for,
 )
-from harness.report_plots import plot_metric_curves
-from harness.studydata import StudyData
+from harness.report.plots import plot_metric_curves
+from harness.report.studydata import StudyData
 
 try:  # `python -m pytest` puts the repository root on sys.path
     from tests.fixtures import synthetic

@@ -1,4 +1,4 @@
-"""Start-vs-final comparisons in the report's conclusion (harness/report_progress.py).
+"""Start-vs-final comparisons in the report's conclusion (harness/report/progress.py).
 
 The fixture is a hand-written 3-cell study whose run summaries are chosen so that every number
 can be checked by hand: one cell improves on every seed, one ends below its start on every seed,
@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import report_progress as rp
 from harness.report import build_report, conclusion, ranking
-from harness.stats import mean_ci
-from harness.studydata import RunData, StudyData
+from harness.report import progress as rp
+from harness.report.stats import mean_ci
+from harness.report.studydata import RunData, StudyData
 
 # cell -> per seed (start/reward, final/reward, start/eval_reward, final/eval_reward)
 SUMMARIES = {

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from harness.models import build_model, build_tokenizer
-from harness.rollout import (
+from harness.model.build import build_model, build_tokenizer
+from harness.run.rollout import (
     RolloutBatch,
     StalenessRing,
     forward_logprobs,

@@ -18,14 +18,14 @@ import torch
 import yaml
 from rich.console import Console
 
-import harness.train as train_mod
+import harness.run.loop as train_mod
 from harness.config import build_run_config
-from harness.rollout import NonFiniteLogits
-from harness.rollout import sample as real_sample
-from harness.tracked import tracked_run
+from harness.run.loop import is_numeric_overflow
+from harness.run.rollout import NonFiniteLogits
+from harness.run.rollout import sample as real_sample
+from harness.run.tracked import tracked_run
+from harness.run.trainers import train
 from harness.tracking import MemoryTracker
-from harness.train import is_numeric_overflow
-from harness.trainers import train
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "experiments" / "smoke.yaml"
@@ -61,7 +61,7 @@ def cfg(trainer: str = "harness", **over: Any) -> Any:
 
 
 def _fail_sampling_at(step: int, make_error: Any) -> Any:
-    """``harness.train.sample`` that raises ``make_error()`` on training step ``step``'s rollout
+    """``harness.run.loop.sample`` that raises ``make_error()`` on training step ``step``'s rollout
     (greedy evaluations pass through untouched)."""
     calls = {"n": 0}
 
@@ -121,7 +121,7 @@ def test_nan_weights_while_sampling_are_a_divergence(
 def test_the_sampler_tells_nonfinite_logits_from_other_failures(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from harness.models import load_model_and_tokenizer
+    from harness.model.build import load_model_and_tokenizer
     from harness.tasks import get_task
 
     model, tok = load_model_and_tokenizer("tiny", seed=0, device="cpu", tiny=cfg().tiny)
@@ -229,7 +229,7 @@ def test_a_sampling_error_in_a_sweep_is_retried_and_ends_as_an_error(
     the other cell completes, and the progress display prints the reason."""
     from mlflow.tracking import MlflowClient
 
-    from harness.experiment import load_experiment
+    from harness.config.experiment import load_experiment
     from harness.sweep.progress import SweepProgress
     from harness.sweep.storage import make_storage
     from harness.sweep.study import enqueue_missing, open_study

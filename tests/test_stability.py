@@ -1,4 +1,4 @@
-"""harness.stability.summarize_run on hand-made histories."""
+"""harness.metrics.stability.summarize_run on hand-made histories."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from harness.stability import RUN_SUMMARY_KEYS, summarize_run
+from harness.metrics.stability import RUN_SUMMARY_KEYS, summarize_run
 
 nan = math.nan
 

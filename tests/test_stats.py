@@ -1,4 +1,4 @@
-"""harness.stats against hand-computed values and against scipy directly."""
+"""harness.report.stats against hand-computed values and against scipy directly."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
-from harness import stats as S
-from harness.stats import Interval
+from harness.report import stats as S
+from harness.report.stats import Interval
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
 

@@ -21,7 +21,7 @@ from optuna.exceptions import StorageInternalError, UpdateFinishedTrialError
 from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.trial import TrialState
 
-from harness.db import (
+from harness.core.db import (
     StorageUnavailable,
     is_transient_db_error,
     sqlalchemy_url,

@@ -21,7 +21,7 @@ import sqlalchemy.exc as sa_exc
 from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 
-from harness.db import StorageUnavailable, with_retries
+from harness.core.db import StorageUnavailable, with_retries
 from harness.sweep.optuna_adapter import (
     ResilientRDBStorage,
     claim_waiting_trial,

@@ -12,8 +12,8 @@ import yaml
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.configtools import ConfigError, to_dict
-from harness.experiment import load_experiment
+from harness.config.experiment import load_experiment
+from harness.core.configtools import ConfigError, to_dict
 from harness.sweep.spec import SPEC_ATTR, StudySpec, load_study_spec
 from harness.sweep.storage import make_storage
 from harness.sweep.study import best_point, study_counts

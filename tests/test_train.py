@@ -10,9 +10,9 @@ import torch
 
 from harness.config import build_run_config
 from harness.metrics import OBJECTIVE_METRICS, STEP_METRICS
-from harness.tracked import tracked_run
+from harness.run.loop import clip_is_inert, run
+from harness.run.tracked import tracked_run
 from harness.tracking import MemoryTracker
-from harness.train import clip_is_inert, run
 
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
 
@@ -122,7 +122,7 @@ def test_jsonl_and_python_tasks_train(tmp_path):
 
 
 def test_local_hf_model_directory(tmp_path):
-    from harness.models import TinyModelConfig, build_model, build_tokenizer
+    from harness.model.build import TinyModelConfig, build_model, build_tokenizer
 
     tok = build_tokenizer()
     model = build_model(tok, TinyModelConfig(**TINY), seed=3)

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from harness import cli
 from harness.cli import app
+from harness.cli.console import PROGRESS_KEYS, progress_info
 from harness.config import ConfigError, load_run_config
-from harness.console import PROGRESS_KEYS, progress_info
 from harness.tracking import MemoryTracker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -266,7 +266,7 @@ def _grid(tmp_path: Path, grid: dict) -> Path:
 
 
 def test_a_grid_value_valid_only_with_its_cells_other_axes_is_accepted(tmp_path):
-    from harness.experiment import load_experiment
+    from harness.config.experiment import load_experiment
 
     # trainer=trl alone on this base has no reward_norm TRL can express; every cell sets one
     f = _grid(tmp_path, {"trainer": ["harness", "trl"], "ppo.reward_norm.mean_level": ["group"]})

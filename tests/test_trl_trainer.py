@@ -17,12 +17,13 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.config import ConfigError, build_run_config
+from harness.config.trl_map import TRL_MAPPING, grpo_kwargs, markdown, trl_problems
 from harness.metrics import STEP_METRICS
+from harness.run import trl_trainer
+from harness.run.tracked import tracked_run
+from harness.run.trainers import train
 from harness.tasks import get_task
-from harness.tracked import tracked_run
 from harness.tracking import MemoryTracker
-from harness.trainers import train, trl_trainer
-from harness.trainers.trl_map import TRL_MAPPING, grpo_kwargs, markdown, trl_problems
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
@@ -216,7 +217,7 @@ def test_cli_refuses_with_one_line_and_exit_2(command, tmp_path):
 
 def test_mapping_table_is_in_the_readme():
     readme = (ROOT / "README.md").read_text()
-    assert markdown() in readme, "regenerate with python -m harness.trainers.trl_map"
+    assert markdown() in readme, "regenerate with python -m harness.config.trl_map"
     assert {m.kind for m in TRL_MAPPING} <= {"exact", "approx", "must", "none"}
 
 

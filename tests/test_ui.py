@@ -253,7 +253,7 @@ def test_ui_with_postgresql_stores_keeps_the_password_out_of_argv_and_stops_on_s
     the password in its argv, and SIGTERM to `harness ui` stops every server process."""
     import optuna
 
-    from harness.db import sqlalchemy_url
+    from harness.core.db import sqlalchemy_url
 
     storage_url = pg.create_database("ui_optuna")
     tracking_url = pg.create_database("ui_mlflow")

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.models import build_model, build_tokenizer
-from harness.rollout import sample
+from harness.model.build import build_model, build_tokenizer
+from harness.run.rollout import sample
+from harness.run.warmstart import _encode_batch, cached_warm_start, warm_start, weights_digest
 from harness.tasks import get_task
-from harness.warmstart import _encode_batch, cached_warm_start, warm_start, weights_digest
 
 
 @pytest.fixture(autouse=True)

@@ -3,7 +3,9 @@
 Nothing here imports MLflow, Optuna or transformers.
 """
 
+from harness.ppo.actor import PPOActor
 from harness.ppo.advantages import gae, kl_estimate, shape_rewards
+from harness.ppo.config import PPOActorConfig, PPOConfig
 from harness.ppo.loss import (
     BEHAVE_MODES,
     LOSS_AGG_MODES,
@@ -20,20 +22,6 @@ from harness.ppo.objectives import (
     kl_cov_loss,
     sapo_loss,
 )
-
-
-def __getattr__(name: str):
-    # PPOActor / PPOActorConfig live beside the math but pull in the config module; load lazily.
-    if name == "PPOActor":
-        from harness.ppo.actor import PPOActor
-
-        return PPOActor
-    if name in ("PPOActorConfig", "PPOConfig"):
-        from harness import config
-
-        return getattr(config, name)
-    raise AttributeError(name)
-
 
 __all__ = [
     "BEHAVE_MODES",

@@ -1,7 +1,7 @@
 """``PPOActor``: batch dict → advantages → loss → minibatch updates (AReaL's actor, one process).
 
 The batch is a dict of padded tensors in *token layout* (position j describes token j), as
-produced by ``harness.rollout.sample``:
+produced by ``harness.run.rollout.sample``:
 
     input_ids       [B, L] long   prompt (left-padded) + response (right-padded)
     attention_mask  [B, L]        1 on real tokens
@@ -34,7 +34,7 @@ from harness.ppo.normalization import normalize
 from harness.ppo.objectives import objective_loss
 
 if TYPE_CHECKING:
-    from harness.config import PPOActorConfig
+    from harness.ppo.config import PPOActorConfig
 
 LogprobFn = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
@@ -103,10 +103,10 @@ class PPOActor:
             return _roll_left(batch["current_logprobs"]), None
         fn = self._logprob_fn
         if fn is None:
-            from harness.rollout import forward_logprobs
+            from harness.model.logprobs import forward_logprobs
 
             fn = forward_logprobs
-        # The same precision context as the sampler (harness.models.precision): autocast to
+        # The same precision context as the sampler (harness.model.build.precision): autocast to
         # ``autocast_dtype`` on the model's device, or explicitly off.
         dev = next(self.model.parameters()).device.type
         ctx = torch.autocast(
@@ -256,7 +256,7 @@ class PPOActor:
         acc = _StatsAccumulator()
         was_training = self.model.training
         # Train mode for the update only (gradient checkpointing needs it); the caller zeroes
-        # dropout at load time (harness.models.disable_dropout), so the function is unchanged.
+        # dropout at load time (harness.model.build.disable_dropout), so the function is unchanged.
         self.model.train()
         try:
             self._update_epochs(batch, bins, acc)

@@ -30,7 +30,7 @@ class Finished:
 
 
 def _say_failures(reasons: list[str], total: int, finished: int, what: str) -> None:
-    from harness.failures import summary_lines
+    from harness.core.failures import summary_lines
 
     # plain stderr, not rich: a reason is the user's text and may hold [markup]
     for line in summary_lines(reasons, total, finished=finished, what=what):
@@ -217,8 +217,8 @@ def write_search_report(study: Any, spec: StudySpec, best: list[Any], out_dir: P
     spread, why trials failed, and every trial."""
     from optuna.trial import TrialState
 
-    from harness.failures import count_reasons, reason_lines
-    from harness.fsutil import ensure_results_dir
+    from harness.core.failures import count_reasons, reason_lines
+    from harness.core.fsutil import ensure_results_dir
     from harness.sweep.study import search_seed_values, seed_spread
 
     ensure_results_dir(out_dir)
@@ -282,6 +282,6 @@ def write_search_report(study: Any, spec: StudySpec, best: list[Any], out_dir: P
         lines.append(
             f"| {t.number} | {t.state.name} | {seeds_run} | {values} | {_fmt_point(t.params)} |"
         )
-    from harness.fsutil import atomic_write
+    from harness.core.fsutil import atomic_write
 
     return atomic_write(out_dir / "report.md", "\n".join(lines) + "\n")

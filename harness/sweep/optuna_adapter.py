@@ -33,7 +33,7 @@ from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import FrozenTrial, TrialState
 
-from harness.db import is_transient_db_error, outage_budget_s, short_reason, with_retries
+from harness.core.db import is_transient_db_error, outage_budget_s, short_reason, with_retries
 
 _logger = logging.getLogger(__name__)
 
@@ -118,8 +118,8 @@ class ResilientRDBStorage(RDBStorage):
     """``RDBStorage`` that rides out database outages without losing or repeating a write.
 
     Outages. Every storage call is retried through a lost or refused connection for up to
-    ``outage_s`` seconds (:func:`harness.db.outage_budget_s`), then raises
-    :class:`~harness.db.StorageUnavailable`, which no caller retries again. Retrying is safe
+    ``outage_s`` seconds (:func:`harness.core.db.outage_budget_s`), then raises
+    :class:`~harness.core.db.StorageUnavailable`, which no caller retries again. Retrying is safe
     only for writes that a second try leaves as one did, and three of Optuna's are not: a
     commit can land on the server while its reply is lost, and the retry then acts twice. So
     each of those writes carries a token of its own, and a retry first reads back whether the

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from harness.studydata import RunData, StudyData
+from harness.report.studydata import RunData, StudyData
 from harness.sweep.dashboard import summary_from_attrs
 from harness.sweep.spec import load_study_spec
 

@@ -19,11 +19,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from harness.configtools import ConfigError
+from harness.core.configtools import ConfigError
 
 if TYPE_CHECKING:
     from harness.config import RunConfig
-    from harness.experiment import ExperimentSpec
+    from harness.config.experiment import ExperimentSpec
 
 # Study user attrs (the study schema).
 SPEC_ATTR = "harness.spec"  # StudySpec.to_json()
@@ -127,8 +127,8 @@ class StudySpec:
         heartbeat_interval: int = 5,
     ) -> StudySpec:
         from harness.config import build_run_config
-        from harness.configtools import to_dict
-        from harness.redact import redact_url
+        from harness.core.configtools import to_dict
+        from harness.core.redact import redact_url
 
         search = None
         if spec.search is not None:

@@ -49,14 +49,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.db import (
+from harness.core.db import (
     CONNECT_TIMEOUT_S,
     database_connect_error,
     short_reason,
     sqlalchemy_url,
     url_scheme,
 )
-from harness.redact import redact_url
+from harness.core.redact import redact_url
 
 if TYPE_CHECKING:
     import optuna
@@ -162,7 +162,7 @@ def default_stale_trial_callback(max_retry: int | None = DEFAULT_MAX_RETRY) -> S
 def _journal_storage(path: Path, heartbeat: dict[str, Any]) -> BaseStorage:
     from optuna.storages.journal import JournalFileSymlinkLock
 
-    from harness.fsutil import is_disk_full
+    from harness.core.fsutil import is_disk_full
     from harness.sweep.journal import SafeJournalFileBackend
 
     try:

@@ -15,9 +15,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from harness.configtools import ConfigError
-from harness.db import with_retries
-from harness.experiment import ExperimentSpec
+from harness.config.experiment import ExperimentSpec
+from harness.core.configtools import ConfigError
+from harness.core.db import with_retries
 from harness.sweep.spec import (
     COMMAND_ATTR,
     HASH_ATTR,
@@ -109,8 +109,8 @@ def open_study(
 
 
 def _start_parent_run(exp: ExperimentSpec, spec: StudySpec, tracker: Any, name: str) -> str:
-    from harness.configtools import flatten
-    from harness.provenance import provenance_tags
+    from harness.core.configtools import flatten
+    from harness.core.provenance import provenance_tags
 
     tags = {"harness.study": name, "harness.role": "parent", "harness.grid_hash": spec.grid_hash}
     label = "search" if spec.kind == "search" else "study"
@@ -183,7 +183,7 @@ class StudyCounts:
     """What ``harness status`` shows for one study.  A grid counts its (cell, seed) pairs (the
     newest trial of each decides); a search counts its trials.  ``done`` is COMPLETE only: a
     pruned search trial was stopped early and has no result, so it is counted apart.
-    ``reasons`` are the failed trials' recorded reasons (``harness.failures`` groups them)."""
+    ``reasons`` are the failed trials' recorded reasons (``harness.core.failures`` groups them)."""
 
     done: int
     diverged: int
@@ -263,7 +263,7 @@ def seed_spread(values: Any, interval: Any = None, *, what: str = "value") -> st
     if xs.size == 1:
         return f"{what} {xs[0]:.4g} from 1 seed: no spread (run more seeds for a CI)"
     if interval is None:
-        from harness.stats import mean_ci
+        from harness.report.stats import mean_ci
 
         interval, name = mean_ci(xs, n_boot=2000, seed=0), "mean"
     else:

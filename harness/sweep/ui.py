@@ -34,7 +34,7 @@ from typing import Any
 
 import typer
 
-from harness.redact import redact_url
+from harness.core.redact import redact_url
 
 STORAGE_ENV = "HARNESS_DASHBOARD_STORAGE"
 # MLflow 3 starts a job runner and 7 huey consumers unless told not to: 13 processes and about
@@ -69,7 +69,7 @@ def _servers(
     tracking_uri: str | None,
     results_dir: Path,
 ) -> list[Server]:
-    from harness.db import sqlalchemy_url
+    from harness.core.db import sqlalchemy_url
     from harness.sweep.storage import JOURNAL_FILE
     from harness.tracking import default_tracking_uri
 
@@ -295,7 +295,7 @@ def serve_dashboard(host: str, port: int) -> None:
     import optuna
     import optuna_dashboard
 
-    from harness.db import sqlalchemy_url
+    from harness.core.db import sqlalchemy_url
 
     url = os.environ.get(STORAGE_ENV, "")
     if not url:

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.configtools import ConfigError
+from harness.core.configtools import ConfigError
 from harness.sweep.spec import StudySpec, load_study_spec
 
 Event = dict[str, Any]
@@ -107,7 +107,7 @@ def _ended_attempts(study: Any, current: Any, same: Callable[[Any], bool]) -> li
     """Earlier trials of the same grid point (or the retried search point) that have ended."""
     from optuna.trial import TrialState
 
-    from harness.db import with_retries
+    from harness.core.db import with_retries
 
     trials = with_retries(lambda: study.get_trials(deepcopy=False))
     alive = (TrialState.RUNNING, TrialState.WAITING)
@@ -142,7 +142,7 @@ class _Trial:
 
     def beat_failed(self, error: BaseException) -> bool:
         """A heartbeat write failed: a full disk stops the trial (handled, no warning)."""
-        from harness.fsutil import disk_full_message, is_disk_full
+        from harness.core.fsutil import disk_full_message, is_disk_full
 
         if not is_disk_full(error):
             return False
@@ -176,7 +176,7 @@ class _Trial:
         )
 
     def train(self, cfg: Any, label: str, seed: int) -> tuple[Any, str]:
-        from harness.tracked import tracked_run
+        from harness.run.tracked import tracked_run
 
         self.event("start", cell=label, seed=seed, steps=cfg.steps, pid=os.getpid())
 
@@ -202,7 +202,7 @@ class _Trial:
         from optuna.exceptions import UpdateFinishedTrialError
         from optuna.trial import TrialState
 
-        from harness.db import with_retries
+        from harness.core.db import with_retries
 
         try:
             if state is None:
@@ -226,8 +226,8 @@ class _Trial:
 
 def run_grid_trial(t: _Trial) -> str:
     """Train one claimed (cell, seed) trial and tell Optuna how it ended; returns the outcome."""
-    from harness.db import with_retries
-    from harness.fsutil import is_disk_full
+    from harness.core.db import with_retries
+    from harness.core.fsutil import is_disk_full
     from harness.sweep.optuna_adapter import frozen_trial, heartbeat
     from harness.sweep.study import trial_key
 
@@ -279,7 +279,7 @@ def run_search_trial(t: _Trial) -> str:
     """Sample a point, train every seed at it (pruning between seeds), tell the mean objectives."""
     from optuna.storages import RetryHeartbeatStaleTrialCallback
 
-    from harness.db import with_retries
+    from harness.core.db import with_retries
     from harness.sweep.optuna_adapter import frozen_trial, heartbeat
 
     assert t.spec.search is not None
@@ -329,7 +329,7 @@ def run_search_trial(t: _Trial) -> str:
                         t.event("done", cell=label, seed=seed, outcome="pruned", values=[mean0])
                         return "pruned"
         except Exception as err:
-            from harness.fsutil import is_disk_full
+            from harness.core.fsutil import is_disk_full
 
             if is_disk_full(err):
                 raise  # not this point's fault: the worker stops (worker_loop)
@@ -392,7 +392,7 @@ def _next_trial(study: Any, spec: StudySpec) -> tuple[Any | None, int]:
     are running elsewhere."""
     from optuna.trial import TrialState
 
-    from harness.db import with_retries
+    from harness.core.db import with_retries
     from harness.sweep.optuna_adapter import claim_waiting_trial, fail_stale_trials
 
     with_retries(lambda: fail_stale_trials(study))
@@ -432,7 +432,7 @@ def worker_loop(
     search's ``n_trials`` reached), a stop is asked, or the disk is full; returns outcome
     counts (``disk_full`` is 1 when a full disk stopped the worker, after its ``fatal`` event).
     """
-    from harness.fsutil import disk_full_message, is_disk_full
+    from harness.core.fsutil import disk_full_message, is_disk_full
 
     counts = dict.fromkeys(OUTCOMES, 0)
     try:
@@ -458,10 +458,10 @@ def _work(
     import optuna
     import torch
 
-    from harness.db import with_retries
-    from harness.fsutil import disk_full_message, is_disk_full
+    from harness.core.db import with_retries
+    from harness.core.fsutil import disk_full_message, is_disk_full
+    from harness.run.tracked import tracked_run  # noqa: F401  (imported before a trial is claimed)
     from harness.sweep.storage import make_storage
-    from harness.tracked import tracked_run  # noqa: F401  (imported before a trial is claimed)
     from harness.tracking import make_tracker
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -24,7 +24,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from harness.configtools import check_value, meta
+from harness.core.configtools import check_value, meta
 from harness.tasks.base import Example, Task, is_held_out, position_credit
 from harness.tasks.builtin import AddTask, MixedScaleTask, ReverseTask, SortTask
 from harness.tasks.pairs import PairTask, jsonl_task, numeric_or_exact_match, python_task

@@ -60,7 +60,7 @@ def _answer_text(value: Any) -> str | None:
 
 def _pairs_from_records(spec: str, where: str, records: Iterable[tuple[int, Any]]) -> list[Example]:
     """``where`` names the file ("PATH", rows are "line N") or "examples()" (rows are "item N")."""
-    from harness.limits import MAX_TEXT_CHARS
+    from harness.core.limits import MAX_TEXT_CHARS
 
     row = "item" if where == "examples()" else "line"
     out = []
@@ -89,9 +89,9 @@ def read_jsonl(spec: str, path: str) -> list[Example]:
     """Parse a JSONL file of ``{"prompt": ..., "answer": ...}`` lines (blank lines skipped).
     ``~`` is expanded; a relative path is relative to the current directory.
 
-    Bounded before parsing: at most ``MAX_TASK_FILE_BYTES`` (harness.limits), UTF-8 line by line
+    Bounded before parsing: at most ``MAX_TASK_FILE_BYTES`` (harness.config.preflight), UTF-8 line by line
     (a bad byte names its line)."""
-    from harness.limits import MAX_TASK_FILE_BYTES, file_too_big
+    from harness.core.limits import MAX_TASK_FILE_BYTES, file_too_big
 
     p = Path(path).expanduser()
     if not p.is_file():

@@ -1,0 +1,268 @@
+"""Checks a run's inputs against the model and the machine before anything runs (exit 2).
+
+Why here and not at the first forward: GPT-2 past ``n_positions`` dies with an ``IndexError``
+deep in the embedding lookup, and RoPE models silently run past ``max_position_embeddings``
+(quality falls off a cliff, nothing fails). Reading ``config.json`` and tokenizing a probe of
+the task's prompts costs well under a second and turns both into one line naming the field.
+
+Every reader of user files is bounded too, before it parses (a 200 MB YAML file took over a
+minute; one 2 MB prompt padded into a batch with 320 others took 23 GB): the sizes below are
+stated in the README. The probe tokenizes one prompt at a time, so it costs O(one prompt).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from harness.core import limits
+from harness.core.limits import (
+    MAX_MODEL_CONFIG_BYTES,
+    RenderTimeout,
+    file_too_big,
+    time_bound,
+)
+
+if TYPE_CHECKING:
+    from harness.config import RunConfig
+    from harness.tasks import Example, Task
+
+# Prompts tokenized to estimate the longest prompt: every eval prompt plus this many training
+# draws (a task's prompts come from one generator, so the probe sees its length range), plus a
+# file task's longest and shortest prompts by characters (so one outlier row is never missed).
+PROBE_PROMPTS = 256
+PROBE_EXTREMES = 8
+
+
+def model_config(cfg: RunConfig) -> Any:
+    """The HF config of ``cfg.model`` (a directory), its ``config.json`` size-checked first."""
+    from transformers import AutoConfig
+
+    too_big = file_too_big(Path(cfg.model) / "config.json", MAX_MODEL_CONFIG_BYTES, "config.json")
+    if too_big:
+        raise ValueError(f"model: {too_big}")
+    try:
+        return AutoConfig.from_pretrained(
+            cfg.model,
+            local_files_only=True,
+            trust_remote_code=cfg.model_options.trust_remote_code,
+        )
+    except Exception as err:  # a user's file: any failure to read it is a config error
+        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+        first = " ".join(lines)[:300] if lines else type(err).__name__
+        if isinstance(err, (ValueError, OSError)) and lines:
+            first = lines[0]
+        if "trust_remote_code" in str(err):
+            first = "the directory ships its own modeling code; set model_options.trust_remote_code=true to run it"
+        raise ValueError(f"model: cannot read {cfg.model!r}: {first}") from None
+
+
+def model_limit(cfg: RunConfig, config: Any | None = None) -> tuple[int | None, str]:
+    """(longest supported sequence, where it comes from) for ``cfg.model``."""
+    from harness.model.build import max_positions
+
+    if cfg.model == "tiny":
+        return cfg.tiny.max_position_embeddings, "tiny.max_position_embeddings"
+    mc = config if config is not None else model_config(cfg)
+    return max_positions(mc), f"{type(mc).__name__} position limit"
+
+
+@dataclass
+class Probe:
+    """The tokenized probe: per measure, the largest value seen and the example it came from.
+
+    Measures: ``prompt`` (tokens after the template and truncation, what rollouts feed the
+    model), ``warm`` (untruncated prompt + demonstration + EOS, what the warm start feeds it) and
+    ``id`` (the largest token id of a kept prompt)."""
+
+    top: dict[str, tuple[int, Example]] = field(default_factory=dict)
+
+    def see(self, measure: str, value: int, ex: Example) -> None:
+        if measure not in self.top or value > self.top[measure][0]:
+            self.top[measure] = (value, ex)
+
+    @property
+    def longest(self) -> int:
+        return self.top["prompt"][0]
+
+
+def _probe_examples(cfg: RunConfig, task: Task) -> list[Example]:
+    examples = list(task.eval_examples(cfg.eval.n_prompts))
+    examples += task.sample(random.Random(cfg.seed), PROBE_PROMPTS)
+    extremes = getattr(task, "extreme_examples", None)
+    if callable(extremes):
+        examples += extremes(PROBE_EXTREMES)
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for ex in examples:
+        if (ex.prompt, ex.answer) not in seen:
+            seen.add((ex.prompt, ex.answer))
+            out.append(ex)
+    return out
+
+
+def _where(task: Task, ex: Example) -> str:
+    return f"task '{task.name}': {ex.source}: " if ex.source else ""
+
+
+def probe_prompts(cfg: RunConfig, task: Task, tokenizer: Any) -> Probe:
+    """Tokenize the probed prompts one at a time (after the chat template and truncation).
+
+    Raises ``ValueError`` (one line) for a template that fails or takes too long to render and
+    for a prompt that becomes no tokens at all (an empty template, an empty prompt)."""
+    from harness.model.prompting import apply_chat_template, resolve_chat_template
+
+    template = resolve_chat_template(cfg.rollout.chat_template, tokenizer)
+    special = template is None
+    keep = cfg.rollout.max_prompt_tokens
+    probe = Probe()
+    budget = limits.TEMPLATE_RENDER_SECONDS  # for rendering only: tokenizing is bounded by the text
+    try:
+        for ex in _probe_examples(cfg, task):
+            start = time.monotonic()
+            with time_bound(budget) if template is not None else contextlib.nullcontext():
+                (text,) = apply_chat_template(tokenizer, [ex.prompt], template)
+            budget -= time.monotonic() - start
+            if budget <= 0:
+                raise RenderTimeout
+            full = tokenizer(text, add_special_tokens=special, verbose=False)["input_ids"]
+            ids = full[-keep:] if keep is not None else full
+            if not ids:
+                what = "the chat template renders it as" if template else "it is"
+                raise ValueError(
+                    f"{_where(task, ex) or 'task: '}prompt {ex.prompt[:40]!r}: {what} no "
+                    "tokens (a prompt must be at least one token)"
+                )
+            probe.see("prompt", len(ids), ex)
+            probe.see("id", max(ids), ex)
+            if cfg.warm_start.steps > 0:
+                demo = task.demonstration(ex)
+                n = len(tokenizer(demo, add_special_tokens=False, verbose=False)["input_ids"])
+                probe.see("warm", len(full) + n + 1, ex)
+    except RenderTimeout:
+        raise ValueError(
+            f"rollout.chat_template: rendering the probed prompts took more than "
+            f"{limits.TEMPLATE_RENDER_SECONDS:g} s (a runaway loop in the template?)"
+        ) from None
+    except ValueError:
+        raise
+    except Exception as err:  # a broken Jinja template: jinja2's own error types
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(f"rollout.chat_template: cannot render a prompt ({first})") from None
+    if "prompt" not in probe.top:
+        raise ValueError(f"task '{task.name}': has no prompts")
+    return probe
+
+
+def longest_prompt(cfg: RunConfig, task: Task, tokenizer: Any) -> int:
+    """Tokens in the longest probed prompt (eval prompts + training draws), after truncation."""
+    return probe_prompts(cfg, task, tokenizer).longest
+
+
+def check_special_ids(
+    cfg: RunConfig, tokenizer: Any, config: Any, probe: Probe, task: Task
+) -> None:
+    """Every id a run feeds the model must be a row of its embedding: a tokenizer without pad
+    and eos tokens gets a default one added one past the vocabulary (an ``IndexError`` in the
+    first forward)."""
+    vocab = getattr(config, "vocab_size", None)
+    if not isinstance(vocab, int) or vocab <= 0:
+        return
+    for name in ("pad_token", "eos_token", "bos_token"):
+        tid = getattr(tokenizer, f"{name}_id", None)
+        if isinstance(tid, int) and tid >= vocab:
+            raise ValueError(
+                f"model: the tokenizer in {cfg.model!r} gives {name} "
+                f"{getattr(tokenizer, name)!r} id {tid}, outside the model's {vocab}-token "
+                "vocabulary (config.json vocab_size); give the tokenizer pad and eos tokens "
+                "the model knows"
+            )
+    top, ex = probe.top["id"]
+    if top >= vocab:
+        raise ValueError(
+            f"{_where(task, ex) or 'task: '}prompt {ex.prompt[:40]!r} tokenizes to id "
+            f"{top}, outside the model's {vocab}-token vocabulary (config.json vocab_size)"
+        )
+
+
+def check_memory(cfg: RunConfig) -> None:
+    """Raise ``ValueError`` (one line) when ``cfg``'s model cannot fit this machine's memory
+    (harness.config.resources); for a grid cell whose axes together make the model large."""
+    from harness.config.resources import check_model_memory
+
+    check_model_memory(cfg, None if cfg.model == "tiny" else model_config(cfg))
+
+
+def check_lengths(cfg: RunConfig, task: Task) -> None:
+    """Raise ``ValueError`` (one line) when the model cannot hold prompt + max_new_tokens, does
+    not fit in memory, its tokenizer gives ids it does not have, or an option needs something
+    missing (peft for LoRA)."""
+    from harness.config.resources import check_model_memory, check_weights
+    from harness.model.build import load_tokenizer
+
+    if cfg.model_options.lora is not None and importlib.util.find_spec("peft") is None:
+        raise ValueError(
+            "model_options.lora: needs the optional peft package (pip install -e '.[lora]')"
+        )
+    config = None if cfg.model == "tiny" else model_config(cfg)
+    limit, where = model_limit(cfg, config)
+    check_model_memory(cfg, config)
+    try:
+        tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.model_options.trust_remote_code)
+    except (ValueError, OSError) as err:  # e.g. a directory with config.json but no tokenizer
+        first = str(err).splitlines()[0].strip() if str(err) else type(err).__name__
+        if first.startswith("model"):
+            raise
+        raise ValueError(f"model: cannot load a tokenizer from {cfg.model!r} ({first})") from None
+    if config is not None:
+        check_weights(cfg.model)
+    probe = probe_prompts(cfg, task, tokenizer)  # also renders the chat template
+    if config is not None:
+        check_special_ids(cfg, tokenizer, config, probe, task)
+    new = cfg.rollout.max_new_tokens
+    if limit is None:
+        return
+    if new >= limit:
+        raise ValueError(
+            f"rollout.max_new_tokens: {new} leaves no room for a prompt in the model's "
+            f"{limit} positions ({where})"
+        )
+    longest, ex = probe.top["prompt"]
+    if longest + new > limit:
+        source = _where(task, ex)
+        fix = f"lower it or set rollout.max_prompt_tokens <= {limit - new}"
+        if source:  # one row of a file: name it
+            raise ValueError(
+                f"{source}prompt of {longest:,} tokens + rollout.max_new_tokens {new} exceeds "
+                f"the model's {limit} positions ({where}); shorten it or set "
+                f"rollout.max_prompt_tokens <= {limit - new}"
+            )
+        raise ValueError(
+            f"rollout.max_new_tokens: prompts of up to {longest} tokens + {new} new tokens "
+            f"exceed the model's {limit} positions ({where}); {fix}"
+        )
+    if "warm" in probe.top and probe.top["warm"][0] > limit:
+        # The warm start feeds whole prompts (max_prompt_tokens does not apply there).
+        warm, ex = probe.top["warm"]
+        raise ValueError(
+            f"warm_start.steps: {_where(task, ex)}prompt {ex.prompt[:40]!r} + its "
+            f"demonstration + EOS is {warm:,} tokens, more than the model's {limit} positions "
+            f"({where}); the warm start does not truncate prompts: shorten the row or set "
+            "warm_start.steps=0"
+        )
+
+
+__all__ = [
+    "Probe",
+    "check_lengths",
+    "check_memory",
+    "longest_prompt",
+    "model_config",
+    "model_limit",
+    "probe_prompts",
+]

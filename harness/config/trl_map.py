@@ -1,0 +1,414 @@
+"""How a harness ``RunConfig`` becomes TRL 1.16 ``GRPOConfig`` arguments — the mapping as data.
+
+``TRL_MAPPING`` is the table the README prints (``python -m harness.config.trl_map`` writes it):
+one row per harness option with the ``GRPOConfig`` field it becomes and how faithful that is:
+
+    exact      same math (up to float rounding)
+    approx     same intent, a documented difference (named in the run's ``trl.approximations`` tag)
+    must       only some values are expressible; any other value is a one-line error
+    none       TRL cannot express the option; any non-default value is a one-line error
+
+``trl_problems(cfg)`` lists every (field, reason) TRL cannot express; ``grpo_kwargs(cfg)`` returns
+the algorithm's ``GRPOConfig`` keyword arguments (the trainer adds the runtime ones: output dir,
+device, logging).  This module never imports TRL, so the config layer can validate with it.
+Source read: ``trl/trainer/grpo_trainer.py`` (``_compute_loss``, ``_generate_and_score_completions``)
+and ``grpo_config.py`` at TRL 1.16.0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+TRL_VERSION = "1.16"
+
+
+@dataclass(frozen=True)
+class MapRow:
+    harness: str
+    trl: str
+    kind: str  # exact | approx | must | none
+    note: str
+
+
+TRL_MAPPING: tuple[MapRow, ...] = (
+    MapRow("ppo.eps_clip", "epsilon", "exact", "lower clip ε: r clipped below at 1−ε"),
+    MapRow(
+        "ppo.eps_clip_higher",
+        "epsilon_high",
+        "exact",
+        "upper clip ε_hi; null → epsilon (TRL's own fallback)",
+    ),
+    MapRow(
+        "ppo.c_clip",
+        "delta",
+        "must",
+        "TRL clamps the unclipped ratio at δ before the min; for A<0 that caps the loss at δ·|A| "
+        "with zero gradient beyond (the dual clip with c = δ); for A>0 it is inert only while "
+        "δ ≥ 1+ε_hi, so c_clip must be > 1 + eps_clip_higher",
+    ),
+    MapRow(
+        "ppo.importance_sampling_level",
+        "importance_sampling_level",
+        "exact",
+        "token | sequence (both: geometric-mean sequence ratio, GSPO)",
+    ),
+    MapRow(
+        "ppo.loss_agg_mode",
+        "loss_type",
+        "must",
+        "token-mean → bnpo (token mean of each optimizer step's minibatch; exact with no gradient "
+        "accumulation); seq-mean-token-mean → grpo; seq-mean-token-sum → luspo (per-sequence "
+        "token sum, mean over sequences); seq-mean-token-sum-norm → dr_grpo (approx: TRL divides "
+        "by max_completion_length, the harness by the minibatch's padded width)",
+    ),
+    MapRow(
+        "ppo.policy_loss",
+        "loss_type",
+        "must",
+        "ppo → the clip losses above; cispo → cispo (token-mean only, cispo_ratio_max → "
+        "epsilon_high, cispo_ratio_min must be null); sapo → sapo (seq-mean-token-mean only, "
+        "sapo_temperature_pos/neg → the same names); gmpo, clip_cov, kl_cov have no TRL loss_type",
+    ),
+    MapRow(
+        "ppo.reward_norm",
+        "scale_rewards",
+        "must",
+        "TRL always centres by the group mean: {mean_level: group, std_level: group} → group, "
+        "{group, null} → none, {group, batch} → batch (approx: TRL's batch std is about the batch "
+        "mean, the harness pools deviations from the group means); std is always Bessel-corrected "
+        "with eps 1e-4 (approx when the harness eps differs); mean_leave1out and batch/no "
+        "centering are errors",
+    ),
+    MapRow("ppo.adv_norm", "-", "none", "TRL has no token-level advantage normalization"),
+    MapRow(
+        "ppo.ppo_epochs",
+        "num_iterations",
+        "exact",
+        "passes over each generation batch (μ)",
+    ),
+    MapRow(
+        "ppo.ppo_n_minibatches",
+        "steps_per_generation",
+        "approx",
+        "optimizer steps per generation batch, per_device_train_batch_size = batch / n; TRL "
+        "splits a shuffled batch into equal row counts, the harness into token-balanced bins; "
+        "prompts_per_step × n_samples must divide by it",
+    ),
+    MapRow(
+        "ppo.kl_ctl",
+        "beta",
+        "must",
+        "0 only: the harness puts the KL to the reference into the reward (before the advantage), "
+        "TRL's beta adds a k3 KL term to the loss — a different objective",
+    ),
+    MapRow("ppo.kl_estimator", "-", "approx", "only used with kl_ctl > 0 (which is an error here)"),
+    MapRow(
+        "ppo.entropy_coef",
+        "entropy_coef",
+        "approx",
+        "loss − coef·H; TRL's H is the mean over each micro-batch's tokens",
+    ),
+    MapRow("ppo.temperature", "temperature", "exact", "sampling and training log-probs"),
+    MapRow(
+        "ppo.reward_scaling / reward_bias / reward_clip",
+        "(reward function)",
+        "exact",
+        "applied inside the reward function the trainer hands TRL: clip((R+bias)·scaling)",
+    ),
+    MapRow(
+        "ppo.discount / ppo.gae_lambda",
+        "-",
+        "must",
+        "1.0 only: without a critic TRL gives every token the sequence advantage",
+    ),
+    MapRow("critic.enabled", "-", "none", "GRPOTrainer has no value model / GAE"),
+    MapRow(
+        "rollout.staleness", "-", "none", "GRPOTrainer samples with the current policy (no lag)"
+    ),
+    MapRow(
+        "ppo.use_decoupled_loss",
+        "-",
+        "none",
+        "a proximal policy separate from the sampler exists in TRL only with vLLM",
+    ),
+    MapRow(
+        "ppo.behave_imp_weight_mode / rejection_sampling",
+        "vllm_importance_sampling_mode",
+        "none",
+        "behaviour weights need a separate sampler (vLLM); not without it",
+    ),
+    MapRow(
+        "ppo.recompute_logprob",
+        "-",
+        "approx",
+        "TRL always uses the training forward's log-probs as the old policy (recompute = true)",
+    ),
+    MapRow(
+        "rollout.n_samples",
+        "num_generations",
+        "must",
+        "the group; TRL needs >= 2",
+    ),
+    MapRow(
+        "rollout.prompts_per_step",
+        "generation_batch_size",
+        "exact",
+        "generation_batch_size = prompts_per_step × n_samples; prompts in the harness's order",
+    ),
+    MapRow("rollout.max_new_tokens", "max_completion_length", "exact", "longest completion"),
+    MapRow("rollout.top_p", "top_p", "exact", "nucleus threshold; top_k = 0 (off) as the harness"),
+    MapRow("optim.lr", "learning_rate", "exact", "AdamW learning rate"),
+    MapRow("optim.beta1 / beta2", "adam_beta1 / adam_beta2", "exact", "AdamW betas"),
+    MapRow(
+        "optim.weight_decay",
+        "weight_decay",
+        "approx",
+        "AdamW weight decay; HF exempts biases and norm weights, the harness decays all",
+    ),
+    MapRow(
+        "optim.schedule",
+        "lr_scheduler_type",
+        "exact",
+        "constant → constant_with_warmup, linear → linear, cosine → cosine",
+    ),
+    MapRow(
+        "optim.warmup_steps",
+        "warmup_steps",
+        "approx",
+        "in optimizer steps; HF's ramp starts at 0, the harness's at 1/warmup",
+    ),
+    MapRow("optim.grad_clip", "max_grad_norm", "exact", "null → 0 (no clipping)"),
+    MapRow(
+        "seed", "seed", "approx", "same model init, prompts and warm start; TRL's own sampler RNG"
+    ),
+    MapRow("steps", "max_steps", "exact", "max_steps = steps × ppo_n_minibatches × ppo_epochs"),
+    MapRow(
+        "model_options.dtype (bf16)",
+        "bf16",
+        "approx",
+        "bfloat16 autocast with float32 master weights (pass-through); HF autocasts TRL's "
+        "training forward, the harness also its sampler",
+    ),
+    MapRow(
+        "model_options.gradient_checkpointing",
+        "gradient_checkpointing",
+        "exact",
+        "pass-through (applied before the warm start, as the harness loop does)",
+    ),
+    MapRow(
+        "model_options.lora",
+        "(peft model)",
+        "exact",
+        "the harness wraps the model with the same peft LoRA before the warm start; TRL trains "
+        "the adapters it is handed (no peft_config needed)",
+    ),
+    MapRow(
+        "-", "use_vllm", "none", "the harness config has no vLLM field; TRL runs use_vllm=False"
+    ),
+    MapRow("rollout.max_prompt_tokens", "-", "none", "TRL 1.16 has no prompt truncation; use null"),
+    MapRow("rollout.chat_template", "-", "must", "none (plain-text prompts) only"),
+    MapRow("device", "use_cpu", "exact", "cpu → use_cpu = true; cuda → the accelerator's device"),
+)
+
+
+# TRL's fixed group/batch std epsilon (``advantages / (std_rewards + 1e-4)``).
+TRL_STD_EPS = 1e-4
+
+
+def _model_opt(cfg: Any, name: str, default: Any) -> Any:
+    return getattr(getattr(cfg, "model_options", None), name, default)
+
+
+def _policy_loss(cfg: Any) -> str:
+    return str(getattr(cfg.ppo, "policy_loss", "ppo"))
+
+
+def trl_problems(cfg: Any) -> list[tuple[str, str]]:
+    """Every option of ``cfg`` that TRL's GRPOTrainer cannot express, as (field, reason)."""
+    p, r = cfg.ppo, cfg.rollout
+    out: list[tuple[str, str]] = []
+    if cfg.critic.enabled:
+        out.append(("critic.enabled", "GRPOTrainer has no value model (critic/GAE)"))
+    if r.staleness:
+        out.append(("rollout.staleness", "GRPOTrainer always samples with the current policy"))
+    if p.use_decoupled_loss:
+        out.append(("ppo.use_decoupled_loss", "TRL has a separate proximal policy only with vLLM"))
+    if p.behave_imp_weight_mode != "disabled" or p.rejection_sampling is not None:
+        field = "behave_imp_weight_mode" if p.rejection_sampling is None else "rejection_sampling"
+        out.append((f"ppo.{field}", "behaviour weights need a separate vLLM sampler in TRL"))
+    if p.adv_norm is not None:
+        out.append(("ppo.adv_norm", "TRL has no token-level advantage normalization; set null"))
+    n = p.reward_norm
+    if n is None or n.mean_level != "group":
+        out.append(
+            (
+                "ppo.reward_norm",
+                "TRL always centres rewards by the group mean; use mean_level: group",
+            )
+        )
+    elif n.mean_leave1out:
+        out.append(("ppo.reward_norm.mean_leave1out", "TRL has no leave-one-out mean"))
+    elif n.std_level is not None and not n.std_unbiased:
+        out.append(("ppo.reward_norm.std_unbiased", "TRL's std is always Bessel-corrected"))
+    if p.kl_ctl > 0:
+        out.append(
+            (
+                "ppo.kl_ctl",
+                "the harness's KL is in the reward, TRL's beta is a k3 KL in the loss; use 0",
+            )
+        )
+    if p.discount != 1.0 or p.gae_lambda != 1.0:
+        which = "ppo.discount" if p.discount != 1.0 else "ppo.gae_lambda"
+        out.append((which, "without a critic TRL gives every token the sequence advantage; use 1"))
+    if p.c_clip is not None:
+        hi = p.eps_clip if p.eps_clip_higher is None else p.eps_clip_higher
+        if not p.c_clip > 1 + hi:
+            out.append(
+                (
+                    "ppo.c_clip",
+                    f"TRL's delta equals the dual clip only when > 1 + eps_clip_higher ({1 + hi:g})",
+                )
+            )
+    pl = _policy_loss(cfg)
+    if pl == "cispo" and getattr(p, "cispo_ratio_min", None) is not None:
+        out.append(("ppo.cispo_ratio_min", "TRL's cispo has no floor on the IS weight; use null"))
+    elif pl == "cispo" and p.loss_agg_mode != "token-mean":
+        out.append(("ppo.loss_agg_mode", "TRL's cispo loss is token-mean only"))
+    elif pl == "sapo" and p.loss_agg_mode != "seq-mean-token-mean":
+        out.append(("ppo.loss_agg_mode", "TRL's sapo loss is seq-mean-token-mean only"))
+    elif pl not in ("ppo", "cispo", "sapo"):
+        out.append(("ppo.policy_loss", f"TRL has no loss_type for {pl!r} (ppo, cispo, sapo)"))
+    if getattr(r, "max_prompt_tokens", None) is not None:
+        out.append(
+            ("rollout.max_prompt_tokens", "TRL 1.16's GRPOTrainer does not truncate prompts")
+        )
+    template = getattr(r, "chat_template", "none")
+    if template != "none":
+        # The trainer hands TRL the task's prompt strings, and TRL renders a chat template only
+        # for conversational (message-list) prompts: `auto` or a template file would silently
+        # not be applied, so it is refused with the other inexpressible options.
+        what = "auto" if template == "auto" else "a template file"
+        out.append(
+            (
+                "rollout.chat_template",
+                f"the trainer feeds TRL the task's prompts as plain text, so {what} cannot be "
+                "applied; use none",
+            )
+        )
+    if r.n_samples < 2:
+        out.append(("rollout.n_samples", "TRL's GRPOTrainer needs at least 2 samples per prompt"))
+    batch = r.prompts_per_step * r.n_samples
+    if batch % p.ppo_n_minibatches:
+        out.append(
+            (
+                "ppo.ppo_n_minibatches",
+                f"must divide prompts_per_step × n_samples ({batch}) for TRL's equal minibatches",
+            )
+        )
+    return out
+
+
+def approximations(cfg: Any) -> list[str]:
+    """The documented differences a TRL run of ``cfg`` has from the harness's own loop."""
+    p = cfg.ppo
+    out = []
+    if p.ppo_n_minibatches > 1:
+        out.append("minibatches: equal rows of a shuffled batch (harness: token-balanced bins)")
+    n = p.reward_norm
+    if n is not None and n.std_level == "batch":
+        out.append("batch std about the batch mean (harness: pooled about the group means)")
+    if n is not None and n.std_level is not None and not math.isclose(n.eps, TRL_STD_EPS):
+        out.append(f"std eps {TRL_STD_EPS:g} (harness: {n.eps:g})")
+    if p.loss_agg_mode == "seq-mean-token-sum-norm":
+        out.append("dr_grpo divides by max_completion_length (harness: padded minibatch width)")
+    if p.entropy_coef:
+        out.append("entropy bonus averaged per micro-batch")
+    if cfg.optim.weight_decay:
+        out.append("weight decay skips biases and norm weights (HF)")
+    return out
+
+
+_LOSS_TYPE = {
+    "token-mean": "bnpo",
+    "seq-mean-token-mean": "grpo",
+    "seq-mean-token-sum": "luspo",
+    "seq-mean-token-sum-norm": "dr_grpo",
+}
+_SCHEDULE = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
+
+
+def grpo_kwargs(cfg: Any, *, strict: bool = True) -> dict[str, Any]:
+    """The algorithm's ``GRPOConfig`` keyword arguments for ``cfg``.  ``strict``: raise
+    ``ValueError`` naming the first inexpressible option; otherwise leave out what TRL cannot say
+    (``harness export`` names it in a comment)."""
+    problems = trl_problems(cfg)
+    if problems and strict:
+        field, reason = problems[0]
+        raise ValueError(f"{field}: not expressible with trainer: trl ({reason})")
+    p, r, o = cfg.ppo, cfg.rollout, cfg.optim
+    batch = r.prompts_per_step * r.n_samples
+    pl = _policy_loss(cfg)
+    loss_type = _LOSS_TYPE[p.loss_agg_mode] if pl == "ppo" else pl
+    bad = {field.split(".")[1] if "." in field else field for field, _ in problems}
+    kw: dict[str, Any] = {
+        "epsilon": p.eps_clip,
+        "epsilon_high": p.eps_clip if p.eps_clip_higher is None else p.eps_clip_higher,
+        "importance_sampling_level": p.importance_sampling_level,
+        "loss_type": loss_type,
+        "num_iterations": p.ppo_epochs,
+        "steps_per_generation": p.ppo_n_minibatches,
+        "per_device_train_batch_size": batch // p.ppo_n_minibatches,
+        "gradient_accumulation_steps": 1,
+        "beta": 0.0,
+        "entropy_coef": p.entropy_coef,
+        "temperature": p.temperature,
+        "num_generations": r.n_samples,
+        "max_completion_length": r.max_new_tokens,
+        "top_p": r.top_p,
+        "top_k": 0,
+        "learning_rate": o.lr,
+        "adam_beta1": o.beta1,
+        "adam_beta2": o.beta2,
+        "weight_decay": o.weight_decay,
+        "lr_scheduler_type": _SCHEDULE[o.schedule],
+        "warmup_steps": o.warmup_steps,
+        "max_grad_norm": o.grad_clip if o.grad_clip is not None else 0.0,
+        "max_steps": cfg.steps * p.ppo_n_minibatches * p.ppo_epochs,
+        "seed": cfg.seed,
+        # GPU-side options the harness config has (pass-throughs): bf16 autocast with float32
+        # master weights is HF's bf16=True; gradient checkpointing is applied to the model
+        # before the warm start (as in the harness loop) and named here for TRL's own setup.
+        "bf16": _model_opt(cfg, "dtype", "float32") == "bfloat16",
+        "gradient_checkpointing": bool(_model_opt(cfg, "gradient_checkpointing", False)),
+    }
+    norm = p.reward_norm
+    if norm is not None and "reward_norm" not in bad:
+        kw["scale_rewards"] = {"group": "group", "batch": "batch", None: "none"}[norm.std_level]
+    if p.c_clip is not None and "c_clip" not in bad:
+        kw["delta"] = p.c_clip
+    if "policy_loss" in bad:
+        del kw["loss_type"]
+    if "ppo_n_minibatches" in bad:  # uneven split: one optimizer step per generation batch
+        kw["steps_per_generation"], kw["per_device_train_batch_size"] = 1, batch
+    if pl == "cispo":
+        # TRL's cispo caps the IS weight itself at epsilon_high (ScaleRL's ε_max).
+        kw["epsilon_high"] = p.cispo_ratio_max
+    if pl == "sapo":
+        kw["sapo_temperature_pos"] = p.sapo_temperature_pos
+        kw["sapo_temperature_neg"] = p.sapo_temperature_neg
+    return kw
+
+
+def markdown() -> str:
+    lines = [
+        f"| harness option | TRL {TRL_VERSION} `GRPOConfig` | fidelity | how |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| `{m.harness}` | `{m.trl}` | {m.kind} | {m.note} |" for m in TRL_MAPPING]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

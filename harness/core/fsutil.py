@@ -1,0 +1,166 @@
+"""Checks on the results directory before anything is written there, the file-mode policy,
+recognising a full disk, and whole-file (atomic) writes.
+
+Why explicit modes: containers often run with umask 000, where every file a library creates
+(the Optuna journal, MLflow's database and artifacts, reports) would be world-writable.  The CLI
+therefore raises the process umask to at least 022 before it creates anything (children inherit
+it), and directories the harness creates get mode 0755 explicitly.  A directory the harness did
+not create is never chmod-ed: ``--results-dir /tmp`` (a shared sticky directory) must keep its
+mode.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from harness.core.configtools import ConfigError
+
+MIN_FREE_BYTES = 50 * 1024 * 1024
+DIR_MODE = 0o755
+
+
+def restrict_umask() -> None:
+    """Mask at least group/other write for every file this process (and its children) creates."""
+    current = os.umask(0o022)
+    os.umask(current | 0o022)
+
+
+def make_dirs(path: Path) -> list[Path]:
+    """``mkdir -p`` with mode 0755 on each directory it creates (and only on those).
+
+    Returns the directories created, outermost first.
+    """
+    missing: list[Path] = []
+    cur = path
+    while not cur.exists() and not cur.is_symlink():
+        missing.append(cur)
+        if cur.parent == cur:
+            break
+        cur = cur.parent
+    created: list[Path] = []
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, DIR_MODE)
+        except FileExistsError:
+            continue  # another worker made it first: not ours to chmod
+        os.chmod(d, DIR_MODE)  # mkdir's mode is filtered by the umask; make it exact
+        created.append(d)
+    return created
+
+
+def ensure_results_dir(path: Path | str) -> Path:
+    """Create ``path`` (mode 0755) if missing and check it is a writable directory, not full."""
+    p = Path(path)
+    try:
+        make_dirs(p)
+    except OSError as err:
+        raise ConfigError(f"results dir {str(p)!r}: cannot create it ({err.strerror})") from None
+    if not p.is_dir():
+        raise ConfigError(f"results dir {str(p)!r}: exists and is not a directory")
+    probe = p / f".write-probe-{os.getpid()}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError(f"results dir {str(p)!r}: not writable ({err.strerror})") from None
+    free = shutil.disk_usage(p).free
+    if free < MIN_FREE_BYTES:
+        raise ConfigError(
+            f"results dir {str(p)!r}: only {free // (1024 * 1024)} MiB free (need at least "
+            f"{MIN_FREE_BYTES // (1024 * 1024)} MiB)"
+        )
+    return p
+
+
+# --------------------------------------------------------------------------------------------
+# A full disk.  Every store the harness writes (the Optuna journal, MLflow's SQLite database and
+# artifacts, reports, the warm-start cache) reports it differently: OSError ENOSPC/EDQUOT,
+# SQLite's SQLITE_FULL ("database or disk is full", wrapped by SQLAlchemy and then MLflow), or
+# PostgreSQL's disk_full (SQLSTATE 53100).  The sweep must recognise all of them, so that it stops
+# with one line instead of retrying, failing trial after trial, or printing tracebacks.
+
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+_DISK_FULL_TEXT = ("database or disk is full", "no space left on device", "disk quota exceeded")
+
+
+def _error_chain(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and everything it wraps: causes, contexts (unless ``raise ... from None`` hid
+    them) and SQLAlchemy's ``orig``."""
+    todo: list[BaseException] = [error]
+    seen: set[int] = set()
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        context = None if e.__suppress_context__ else e.__context__
+        for nxt in (e.__cause__, context, getattr(e, "orig", None)):
+            if isinstance(nxt, BaseException):
+                todo.append(nxt)
+
+
+class DiskFullError(OSError):
+    """A full disk reported elsewhere (by a worker); ``str()`` is its one-line reason."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(errno.ENOSPC, reason)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """True if ``error`` is (or wraps) a write refused for lack of space or quota."""
+    for e in _error_chain(error):
+        if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
+            return True
+        if getattr(e, "sqlite_errorcode", None) == 13:  # SQLITE_FULL
+            return True
+        if getattr(e, "pgcode", None) == "53100":  # PostgreSQL disk_full
+            return True
+        message = str(e).lower()
+        if any(text in message for text in _DISK_FULL_TEXT):
+            return True
+    return False
+
+
+def disk_full_message(error: BaseException) -> str:
+    """One line for a full disk: what was refused, and where when the error says so."""
+    for e in _error_chain(error):
+        if isinstance(e, DiskFullError):
+            return e.reason
+    for e in _error_chain(error):
+        if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
+            where = f" writing {e.filename}" if e.filename else ""
+            return f"disk full ({e.strerror or os.strerror(e.errno or 0)}{where})"
+    for e in _error_chain(error):
+        for text in _DISK_FULL_TEXT:
+            if text in str(e).lower():
+                return f"disk full ({text})"
+    return "disk full"
+
+
+def atomic_write(path: Path, data: bytes | str) -> Path:
+    """Write ``path`` whole or not at all: a temp file in the same directory, then ``os.replace``.
+
+    Readers (and a second process writing the same report) see the old file or the new one,
+    never a half-written or missing one; a failed write (a full disk) removes its temp file and
+    leaves the old file as it was.
+    """
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(raw)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path

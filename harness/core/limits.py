@@ -1,0 +1,65 @@
+"""Size and time bounds on everything a user hands the harness, stated once.
+
+Every reader of user files is bounded before it parses (a 200 MB YAML file took over a minute;
+one 2 MB prompt padded into a batch with 320 others took 23 GB). The README states these sizes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+MIB = 1024 * 1024
+MAX_YAML_BYTES = 1 * MIB  # run and experiment files (the shipped ones are a few KB)
+MAX_TASK_FILE_BYTES = 64 * MIB  # jsonl task files (GSM8K's train split is ~4 MB)
+MAX_TEXT_CHARS = 1 * MIB  # one prompt or answer, in characters
+MAX_TEMPLATE_BYTES = 1 * MIB  # a chat template file
+MAX_MODEL_CONFIG_BYTES = 4 * MIB  # a model directory's config.json
+TEMPLATE_RENDER_SECONDS = 10.0  # rendering every probed prompt through the chat template
+
+
+def file_too_big(path: str | Path, limit: int, what: str) -> str | None:
+    """The one-line reason ``path`` is refused for its size, or None when it is small enough."""
+    try:
+        size = Path(path).stat().st_size
+    except OSError:
+        return None  # the reader reports a missing or unreadable file itself
+    if size <= limit:
+        return None
+    return f"{path}: is {size:,} bytes; {what} may be at most {limit:,} bytes ({limit // MIB} MiB)"
+
+
+class RenderTimeout(Exception):
+    """A chat template took longer than its time bound to render."""
+
+
+@contextlib.contextmanager
+def time_bound(seconds: float) -> Iterator[None]:
+    """Raise :class:`RenderTimeout` in this block after ``seconds`` (wall clock).
+
+    Why a signal timer: a Jinja template is Python code (``{% for i in range(100000) %}`` nested
+    is 10^10 iterations), and SIGALRM interrupts it between bytecodes; a thread could not be
+    stopped. Only the main thread can take signals: elsewhere the block runs unbounded. An
+    enclosing timer (e.g. a test runner's) is restored, less the time spent here."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(
+        signal, "setitimer"
+    ):
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise RenderTimeout
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        left, _ = signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (seconds - left), 1e-3))

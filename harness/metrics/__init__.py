@@ -1,0 +1,137 @@
+"""The metric vocabulary: every per-step key the training loop logs, defined once.
+
+Names follow what TRL / CleanRL users know (``policy/clipfrac_low``, ``policy/approx_kl``,
+``objective/reward``, ``stability/grad_norm``).  ``docs/metrics.md`` is generated from this table
+(``python -m harness.metrics > docs/metrics.md``) and a test keeps the two in step.  Per-run
+summaries (``final/*``, ``best/*``, ``stability/*`` over a whole run) are defined in
+``harness/metrics/stability.py`` and ``docs/stability.md``.
+"""
+
+from __future__ import annotations
+
+STEP_METRICS: dict[str, str] = {
+    # objective
+    "objective/reward": "Mean task reward of the step's sampled completions (before shaping/normalization).",
+    "objective/reward_std": "Standard deviation of those rewards.",
+    "objective/kl": "Mean per-token KL estimate (ppo.kl_estimator) of the behaviour log-probs against the frozen reference; 0 without a reference (kl_ctl = 0).",
+    # evaluation
+    "eval/reward": "Mean reward of greedy completions on the held-out prompts (every eval.every steps and at the end; NaN otherwise).",
+    "eval/accuracy": "Fraction of held-out prompts answered exactly (greedy).",
+    # policy / loss statistics, token-weighted over valid tokens of all minibatch steps
+    "policy/entropy": "Mean entropy of the (tempered) policy at the generated tokens.",
+    "policy/approx_kl": "k3 estimate of KL(π_prox‖π_θ): mean of (r − 1) − log r, r = π_θ/π_prox (CleanRL's approx_kl).",
+    "policy/approx_kl_k1": "k1 estimate: mean of log π_prox − log π_θ (CleanRL's old_approx_kl).",
+    "policy/ratio_mean": "Mean policy ratio r = π_θ/π_prox over valid tokens.",
+    "policy/ratio_min": "Smallest policy ratio.",
+    "policy/ratio_max": "Largest policy ratio.",
+    "policy/sampler_logprob_gap": "Mean abs(log π_behave − log π_θ) over the valid tokens of the step's first minibatch, before any update on the batch: how far the learner's log-probs are from the sampler's. With fresh rollouts this is numerics only: ~1e-7 in float32; under bfloat16 autocast up to ~1e-4 (per-token ratios within about 1 ± 1e-3), because the sampler's KV-cache decoding and the learner's full forward round differently. With staleness it also holds the policy lag.",
+    "policy/clipfrac": "Fraction of valid tokens where the PPO clip binds (gradient zeroed): A>0 with r>1+ε_hi, or A<0 with r<1−ε.",
+    "policy/clipfrac_low": "Fraction of valid tokens clipped at the lower bound (A<0, r<1−ε).",
+    "policy/clipfrac_high": "Fraction of valid tokens clipped at the upper bound (A>0, r>1+ε_hi).",
+    "policy/dual_clipfrac": "Fraction of valid tokens where the dual clip c·|A| binds (only possible for A<0).",
+    "policy/silenced_frac": "Fraction of valid tokens whose policy gradient the objective (ppo.policy_loss) zeroed: PPO/Clip-Cov clip and dual clip, Clip-Cov's detached tokens, GMPO's log-space clip; 0 for CISPO, SAPO, KL-Cov.",
+    "policy/reweighted_frac": "Fraction of valid tokens the objective kept but re-weighted: CISPO IS weight capped, SAPO gate weight below 0.5, KL-Cov penalised tokens; 0 for PPO, Clip-Cov, GMPO.",
+    "policy/gate_mean": "Mean per-token gate/weight of the objective: CISPO the capped IS weight, SAPO the gradient weight 4σ(1−σ) (1 = unclipped), GMPO the clipped sequence ratio (cispo/sapo/gmpo only).",
+    "policy/cov_selected": "Tokens selected by the covariance rule per optimizer step: detached (clip_cov) or KL-penalised (kl_cov).",
+    "policy/cov_candidates": "Clip-Cov: tokens per optimizer step inside the covariance band (clip_cov_lb, clip_cov_ub) and not already clipped, from which the selection is drawn.",
+    "policy/cov_threshold": "Covariance threshold of the selection: the smallest covariance among selected tokens (KL-Cov: the top-k cut-off), mean over optimizer steps that selected any.",
+    "policy/cov_penalty_kl": "KL-Cov: mean |log π_θ − log π_prox| on the penalised tokens.",
+    "policy/loss": "Mean PPO loss over the step's optimizer steps (including the entropy bonus).",
+    "policy/behave_weight_mean": "Mean behaviour importance weight w = π_prox/π_behave after capping/masking (weighting on).",
+    "policy/behave_weight_min": "Smallest behaviour weight.",
+    "policy/behave_weight_max": "Largest behaviour weight.",
+    "policy/behave_ess": "Kish effective sample size of the behaviour weights, (Σw)²/(n·Σw²), as a fraction of tokens.",
+    "policy/behave_approx_kl": "Mean log π_prox − log π_behave over tokens kept by the behaviour weight.",
+    "policy/filtered_fraction": "Fraction of valid tokens dropped (mask modes) or truncated (truncate/clamp modes) by the behaviour weight.",
+    # advantages
+    "advantages/mean": "Mean advantage over valid tokens (after adv_norm).",
+    "advantages/std": "Standard deviation of the advantages.",
+    "advantages/abs_max": "Largest |advantage|.",
+    # critic
+    "critic/value_loss": "Clipped value loss of the critic update (critic on).",
+    "critic/explained_variance": "1 − Var(G − V)/Var(G) of the pre-update values V against returns G.",
+    # rollout
+    "rollout/response_length": "Mean generated tokens per completion (EOS included).",
+    "rollout/truncated_frac": "Fraction of completions that hit max_new_tokens without EOS.",
+    "rollout/zero_std_groups": "Fraction of prompts whose n samples all got the same reward (no learning signal under group normalization).",
+    "rollout/staleness": "How many updates the behaviour policy lagged the current policy.",
+    # stability
+    "stability/grad_norm": "Mean gradient norm before clipping over the step's optimizer steps.",
+    "stability/grad_norm_max": "Largest gradient norm before clipping in the step.",
+    "stability/skipped_updates": "Optimizer steps skipped in this step because the loss or gradient norm was not finite.",
+    "stability/nonfinite_count": "Non-finite loss/gradient events in this step.",
+    "stability/optimizer_steps": "Optimizer steps taken in this step.",
+    # optimizer / performance
+    "optim/lr": "Policy learning rate after this step.",
+    "perf/step_time": "Wall time of the step (s).",
+    "perf/rollout_time": "Wall time of sampling (s).",
+    "perf/update_time": "Wall time of the PPO (and critic) updates (s).",
+    "perf/tokens_per_sec": "Generated tokens per second of step time.",
+}
+
+_KNOWN = frozenset(STEP_METRICS)
+
+# Logged only under the ppo.policy_loss objectives that define them.
+OBJECTIVE_METRICS = frozenset(
+    {
+        "policy/gate_mean",
+        "policy/cov_selected",
+        "policy/cov_candidates",
+        "policy/cov_threshold",
+        "policy/cov_penalty_kl",
+    }
+)
+
+
+def check_names(metrics: dict[str, float]) -> None:
+    """Guard against a key that is not in the vocabulary (a typo would silently fork a metric)."""
+    unknown = [k for k in metrics if k not in _KNOWN]
+    if unknown:
+        raise KeyError(f"metric names not in harness.metrics.STEP_METRICS: {unknown}")
+
+
+def markdown() -> str:
+    lines = [
+        "# Metrics",
+        "",
+        "Every per-step metric the training loop logs (generated from `harness/metrics/__init__.py`; "
+        "regenerate with `python -m harness.metrics > docs/metrics.md`).  Per-run summaries "
+        "(`final/*`, `best/*`, run-level `stability/*`) are defined in [stability.md](stability.md).",
+        "",
+        "| key | definition |",
+        "|---|---|",
+    ]
+    lines += [f"| `{k}` | {v} |" for k, v in STEP_METRICS.items()]
+    lines += _trl_section()
+    return "\n".join(lines) + "\n"
+
+
+def _trl_section() -> list[str]:
+    """How ``trainer: trl`` fills the same keys from TRL's logs (data in ``trl_map.TRL_METRICS``)."""
+    from harness.metrics.trl import TRL_METRICS
+
+    how = {"mean": "mean over the step's optimizer steps", "last": "last optimizer step"}
+    lines = [
+        "",
+        "## `trainer: trl`",
+        "",
+        "A TRL run logs the same keys, once per harness step (one generation cycle of "
+        "`ppo_n_minibatches × ppo_epochs` optimizer steps). From TRL's own logs:",
+        "",
+        "| TRL `GRPOTrainer` log key | harness key | combined as |",
+        "|---|---|---|",
+    ]
+    lines += [f"| `{t}` | `{k}` | {how.get(c, c)} |" for t, (k, c) in TRL_METRICS.items()]
+    lines += [
+        "",
+        "Computed by the harness where TRL computes them (its reward function and "
+        "`_generate_and_score_completions`): `objective/reward`, `objective/reward_std`, "
+        "`rollout/zero_std_groups` (raw task scores), `advantages/*` (token-weighted over the "
+        "completion mask), `perf/*`, `stability/grad_norm_max`, `stability/optimizer_steps`, "
+        "`stability/nonfinite_count`, `eval/*` (the same greedy evaluation). `objective/kl` and "
+        "`rollout/staleness` are 0 (TRL runs have no reference in the reward and no lag); "
+        "`stability/skipped_updates` is 0 (HF's Trainer steps even on a non-finite loss). Not "
+        "logged by TRL, so absent: `policy/approx_kl*`, `policy/ratio_*`, `policy/dual_clipfrac`, "
+        "`policy/sampler_logprob_gap`, `policy/behave_*`, `critic/*`.",
+    ]
+    return lines

@@ -1,0 +1,5 @@
+"""``python -m harness.metrics > docs/metrics.md``."""
+
+from harness.metrics import markdown
+
+print(markdown(), end="")

@@ -1,0 +1,136 @@
+"""What a run says about its model: the tiny model's shape, LoRA, precision and loading options.
+
+Plain dataclasses with a help string and bounds per field, importable without torch, so that
+parsing a run config (``--dry-run``, ``harness fields``) never loads torch or transformers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class TinyModelConfig:
+    """Shape of the tiny Llama policy (defaults: ~0.4M parameters, fast on one CPU core)."""
+
+    # Bounds (ge/le) are checked by harness.core.configtools when a config is built from YAML.
+    hidden_size: int = field(
+        default=128, metadata={"help": "Width of the residual stream.", "ge": 1, "le": 65_536}
+    )
+    num_layers: int = field(
+        default=2, metadata={"help": "Number of transformer blocks.", "ge": 1, "le": 1024}
+    )
+    num_heads: int = field(
+        default=4,
+        metadata={
+            "help": "Attention heads per block (must divide hidden_size).",
+            "ge": 1,
+            "le": 1024,
+        },
+    )
+    intermediate_size: int = field(
+        default=256,
+        metadata={"help": "Hidden width of each block's SwiGLU MLP.", "ge": 1, "le": 262_144},
+    )
+    max_position_embeddings: int = field(
+        default=512,
+        metadata={
+            "help": "Longest prompt + completion the RoPE tables cover.",
+            "ge": 1,
+            "le": 1_048_576,
+        },
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"tiny.{name} must be positive; got {getattr(self, name)}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"tiny.hidden_size ({self.hidden_size}) must be divisible by tiny.num_heads "
+                f"({self.num_heads})"
+            )
+
+
+@dataclass
+class LoraOptions:
+    """LoRA adapters through ``peft`` (the optional ``harness[lora]`` extra)."""
+
+    r: int = field(default=8, metadata={"help": "Adapter rank.", "ge": 1, "le": 65_536})
+    alpha: int = field(
+        default=16,
+        metadata={"help": "LoRA scaling numerator (scale = alpha / r).", "ge": 1, "le": 1_000_000},
+    )
+    dropout: float = field(
+        default=0.0,
+        metadata={
+            "help": "Dropout on the adapter input, live in the update's forward only (sampling, "
+            "recompute and reference run without it); keep 0 for ratio = 1 on fresh data.",
+            "ge": 0,
+            "lt": 1,
+        },
+    )
+    target_modules: list[str] = field(
+        default_factory=lambda: ["all-linear"],
+        metadata={
+            "help": "Module names to adapt, e.g. [q_proj, v_proj]; [all-linear] = every "
+            "linear layer except the output head."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.r < 1:
+            raise ValueError(f"lora.r must be >= 1; got {self.r}")
+        if not self.alpha > 0:
+            raise ValueError(f"lora.alpha must be > 0; got {self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora.dropout must be in [0, 1); got {self.dropout}")
+        if not self.target_modules or not all(
+            isinstance(t, str) and t for t in self.target_modules
+        ):
+            raise ValueError("lora.target_modules must be a non-empty list of module names")
+
+
+@dataclass
+class ModelOptions:
+    """How the policy is loaded and run (any model spec; some options only matter for HF dirs).
+
+    Precision: ``bfloat16`` runs every forward (sampler, recompute, reference, update, critic)
+    under ``torch.autocast(bfloat16)`` on the model's device, CPU included, while the weights
+    and AdamW state stay float32 (the master copy). Why autocast rather than bf16 weights: the
+    same context wraps all passes, so sampled and recomputed log-probs come from the same
+    bf16 matmuls, and small Adam updates are not lost to bf16 rounding of the weights.
+    """
+
+    dtype: Literal["float32", "bfloat16"] = field(
+        default="float32",
+        metadata={
+            "help": "Compute precision of every forward pass: float32, or bfloat16 autocast "
+            "with float32 master weights (CPU and CUDA)."
+        },
+    )
+    attn_implementation: Literal["sdpa", "eager"] = field(
+        default="sdpa",
+        metadata={
+            "help": "Attention kernel of a loaded HF model (sdpa falls back to eager, with a "
+            "warning, for architectures without an SDPA kernel, e.g. Gemma2)."
+        },
+    )
+    trust_remote_code: bool = field(
+        default=False,
+        metadata={
+            "help": "Run Python code shipped in the model directory (false by default: "
+            "a directory with custom modeling code is refused unless you set this)."
+        },
+    )
+    gradient_checkpointing: bool = field(
+        default=False,
+        metadata={"help": "Recompute activations in the backward pass (less memory, ~30% slower)."},
+    )
+    lora: LoraOptions | None = field(
+        default=None,
+        metadata={
+            "help": "LoRA adapters {r, alpha, dropout, target_modules}; null = full fine-tune."
+        },
+    )

@@ -1,0 +1,67 @@
+"""Chat templates: show an instruct model its prompts the way it was trained to see them.
+
+``rollout.chat_template``: ``none`` (default) feeds the task's prompt text as is; ``auto`` wraps
+each prompt as one user turn with the tokenizer's own template when it has one (and leaves the
+text alone when it has none, e.g. the built-in tiny tokenizer); a path reads a Jinja template
+from that file. The rendered text already holds the model's special tokens (BOS, turn
+markers), so it is tokenized with ``add_special_tokens=False``, never with a second BOS.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import PreTrainedTokenizerBase
+
+
+def resolve_chat_template(spec: str, tokenizer: PreTrainedTokenizerBase) -> str | None:
+    """The Jinja template ``spec`` selects for ``tokenizer``, or None for plain prompts."""
+    if spec == "none":
+        return None
+    if spec == "auto":
+        template = getattr(tokenizer, "chat_template", None)
+        return template if isinstance(template, str) and template else None
+    from harness.core.limits import MAX_TEMPLATE_BYTES, file_too_big
+
+    path = Path(spec)
+    if not path.is_file():
+        raise ValueError(
+            f"rollout.chat_template: file {spec!r} not found (use auto, none or a path)"
+        )
+    too_big = file_too_big(path, MAX_TEMPLATE_BYTES, "a chat template")
+    if too_big:
+        raise ValueError(f"rollout.chat_template: {too_big}")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"rollout.chat_template: {spec}: is not valid UTF-8 (byte {err.start})"
+        ) from None
+    except OSError as err:
+        raise ValueError(
+            f"rollout.chat_template: {spec}: cannot be read ({err.strerror})"
+        ) from None
+    if not text.strip():  # renders every prompt as no tokens: an IndexError mid-run
+        raise ValueError(f"rollout.chat_template: {spec}: is empty (use none for plain prompts)")
+    return text
+
+
+def apply_chat_template(
+    tokenizer: PreTrainedTokenizerBase, prompts: list[str], template: str | None
+) -> list[str]:
+    """Each prompt as one user turn followed by the assistant's generation prompt."""
+    if template is None:
+        return list(prompts)
+    out = []
+    for p in prompts:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": p}],
+            chat_template=template,
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        out.append(str(text))
+    return out
+
+
+__all__ = ["apply_chat_template", "resolve_chat_template"]

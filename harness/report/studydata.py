@@ -1,0 +1,98 @@
+"""What a finished (or running) ablation study holds, in one plain structure.
+
+The report, the end-of-sweep summary table and the findings all read a ``StudyData``; the sweep
+code fills it from the Optuna study (cells, seeds, outcomes) and the tracker (metric histories).
+Keeping this boundary plain (no Optuna or MLflow objects) lets the report be tested on stored
+fixtures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:  # a plain module: the stats (SciPy) are not imported to read a study
+    from harness.report.stats import Interval
+
+RunStatus = Literal["completed", "diverged", "failed", "running", "waiting"]
+
+
+@dataclass
+class RunData:
+    """One (cell, seed) training run."""
+
+    cell: str  # the cell's label, e.g. "eps_clip=0.2 c_clip=3"
+    seed: int
+    status: RunStatus
+    reason: str = ""  # e.g. "diverged at step 17: non-finite policy parameters after the update"
+    summary: dict[str, float] = field(
+        default_factory=dict
+    )  # final/*, best/*, stability/* (run level)
+    history: dict[str, list[float]] = field(
+        default_factory=dict
+    )  # per-step keys, NaN where missing
+    inert_clip: bool = False  # the configuration makes the policy ratio identically 1
+    task: str = ""  # task spec of the run (stratification key when a study spans several tasks)
+    run_id: str | None = None  # tracker (MLflow) run id
+    wall_time: float = float("nan")
+
+
+@dataclass
+class StudyData:
+    """An ablation study: the grid, its cells, and every run."""
+
+    study: str  # Optuna study name
+    experiment: str  # the experiment file's `name` (also the MLflow experiment)
+    description: str
+    base_config: dict[str, Any]  # the resolved base RunConfig as a plain dict
+    axes: dict[str, list[Any]]  # axis (dotted path or 'variant') -> its values
+    cells: dict[str, dict[str, Any]]  # cell label -> {dotted path: value} overrides, in grid order
+    baseline: str | None  # label of the baseline cell
+    metric: str  # run-summary key the ranking uses, e.g. "final/reward"
+    direction: Literal["maximize", "minimize"]
+    seeds: list[int]
+    steps: int
+    runs: list[RunData]
+    wall_time: float = float("nan")  # sum of run wall times (s)
+    parent_run_id: str | None = None
+    command: str = ""  # the command line that produced the study
+
+    def runs_of(self, cell: str) -> list[RunData]:
+        return [r for r in self.runs if r.cell == cell]
+
+
+@dataclass(frozen=True)
+class CellRow:
+    """One cell of the ranking: interval estimates always next to seeds and failures.
+
+    ``scores`` holds, per run of the cell (``data.runs_of(label)`` order), the value the
+    statistics used: the run's ``data.metric``, the imputed worst value for a diverged run (under
+    ``diverged="worst"``), NaN for a run that was left out (failed, unfinished, excluded diverged,
+    or no finite metric).  ``n_used`` counts the finite ones.  ``p_improve`` is None for the
+    baseline itself and when the study has no baseline.
+    """
+
+    label: str
+    overrides: dict[str, Any]
+    is_baseline: bool
+    n_seeds: int
+    n_completed: int
+    n_diverged: int
+    n_failed: int
+    n_unfinished: int
+    n_used: int
+    iqm: Interval
+    mean: Interval
+    median: float
+    p_improve: Interval | None
+    collapse_rate: float
+    n_collapsed: int
+    final_kl: float
+    clipfrac_low: float
+    clipfrac_high: float
+    dual_clipfrac: float
+    inert_clip: bool
+    scores: tuple[float, ...]
+    diverged_reasons: tuple[str, ...] = ()
+    failed_reasons: tuple[str, ...] = ()
+    n_missing_metric: int = 0  # completed runs whose summary lacks a finite data.metric

@@ -1,0 +1,135 @@
+"""One training run recorded in a tracker: params, tags, the resolved config, step metrics and
+the final summaries.  Shared by ``harness run`` and the sweep workers."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.config import RunConfig
+from harness.core.configtools import flatten, to_dict
+from harness.core.provenance import provenance_tags
+from harness.run.loop import RunResult
+from harness.run.trainers import train
+from harness.tracking import RunStatus, Tracker
+
+
+def start_tracked_run(
+    cfg: RunConfig,
+    tracker: Tracker,
+    *,
+    experiment: str,
+    run_name: str,
+    parent_run_id: str | None = None,
+    tags: dict[str, str] | None = None,
+    run_id: str | None = None,
+) -> str:
+    """Create (or resume) the run and log its params, tags and resolved config."""
+    all_tags = {**provenance_tags(), "seed": str(cfg.seed), **(tags or {})}
+    rid = tracker.start_run(
+        experiment=experiment,
+        run_name=run_name,
+        parent_run_id=parent_run_id,
+        tags=all_tags,
+        run_id=run_id,
+    )
+    resolved = to_dict(cfg)
+    try:
+        tracker.log_params(rid, flatten(resolved))
+        tracker.log_text(rid, yaml.safe_dump(resolved, sort_keys=False), "config.yaml")
+    except BaseException as err:  # e.g. a full disk: the run exists, so it must not stay RUNNING
+        close_failed_run(tracker, rid, err)
+        raise
+    return rid
+
+
+def close_failed_run(tracker: Tracker, rid: str, err: BaseException) -> None:
+    """End a run whose training (or recording) raised ``err``, keeping ``err`` the one raised.
+
+    A full disk or Ctrl-C interrupts the run (KILLED, resumable); any other error fails it
+    (FAILED, with the reason).  Closing is best effort: on a full disk the tracking store may
+    refuse it too, and that second error must not hide the first.
+    """
+    from harness.core.fsutil import disk_full_message, is_disk_full
+
+    if is_disk_full(err):
+        status: RunStatus = "KILLED"
+        tags = {"run.status": "interrupted", "run.reason": disk_full_message(err)}
+    else:
+        status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
+        tags = {"run.status": "failed", "run.reason": f"{type(err).__name__}: {err}"[:500]}
+    try:
+        tracker.set_tags(rid, tags)
+    except Exception:
+        pass  # the status below matters more than the reason
+    try:
+        tracker.end_run(rid, status)
+    except Exception:
+        pass  # left RUNNING: the next attempt of its trial closes it (worker._end_orphaned_runs)
+
+
+def finish_tracked_run(tracker: Tracker, rid: str, result: RunResult) -> None:
+    """Final summaries, tags and status: FINISHED, FAILED (diverged, reason tagged) or KILLED."""
+    final = {k: v for k, v in result.summary.items() if isinstance(v, float) and math.isfinite(v)}
+    final["final/steps_done"] = float(result.steps_done)
+    final["final/wall_time"] = result.wall_time
+    # Run-level values, logged once at step 0 as MLflow's own summaries are: the runs table
+    # lists them as columns and the chart view compares them as bars (at the last step they
+    # charted as lone dots on a line chart).
+    tracker.log_metrics(rid, final, step=0)
+    tags = {**result.tags, "run.status": result.status}
+    if result.reason:
+        tags["run.reason"] = result.reason
+    tracker.set_tags(rid, tags)
+    statuses: dict[str, RunStatus] = {
+        "completed": "FINISHED",
+        "diverged": "FAILED",
+        "interrupted": "KILLED",
+    }
+    tracker.end_run(rid, statuses[result.status])
+
+
+def tracked_run(
+    cfg: RunConfig,
+    tracker: Tracker,
+    *,
+    experiment: str,
+    run_name: str,
+    parent_run_id: str | None = None,
+    tags: dict[str, str] | None = None,
+    run_id: str | None = None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    results_dir: Path | str = "results",
+) -> tuple[RunResult, str]:
+    """Run ``cfg`` with every step logged to ``tracker``; an exception marks the run FAILED."""
+    rid = start_tracked_run(
+        cfg,
+        tracker,
+        experiment=experiment,
+        run_name=run_name,
+        parent_run_id=parent_run_id,
+        tags=tags,
+        run_id=run_id,
+    )
+
+    def on_metrics(step: int, metrics: dict[str, Any]) -> None:
+        tracker.log_metrics(rid, metrics, step)
+        if on_step is not None:
+            on_step(step, metrics)
+
+    try:
+        result = train(cfg, on_metrics=on_metrics, should_stop=should_stop, results_dir=results_dir)
+    except BaseException as err:
+        close_failed_run(tracker, rid, err)
+        raise
+    try:
+        finish_tracked_run(tracker, rid, result)
+    except BaseException as err:  # the summaries could not be written (a full disk)
+        close_failed_run(tracker, rid, err)
+        raise
+    return result, rid

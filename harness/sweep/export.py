@@ -1,0 +1,542 @@
+"""``harness export``: one cell's settings in another framework's own names and format.
+
+    trl     a Python snippet: ``args = GRPOConfig(...)`` (TRL 1.16; ``harness/config/trl_map.py``)
+            and, with LoRA, ``peft_config = LoraConfig(...)`` for ``GRPOTrainer``
+    verl    Hydra overrides (``actor_rollout_ref.actor.clip_ratio_low=...``, one per line,
+            shell-quoted where the shell would otherwise read them)
+    areal   YAML under AReaL's keys (``actor.eps_clip``, ``actor.adv_norm.mean_level``, ...)
+
+An option the target lacks is a ``#`` comment line naming it and why — never dropped silently.
+Only settings of the algorithm, its budget and how the model is trained (precision, gradient
+checkpointing, LoRA) are exported; not paths, devices (beyond what TRL must be told) or trackers.
+
+Everything user-controlled that reaches the text (file names, cell labels, LoRA module names) is
+escaped for the target: comments are one line whatever they quote (:func:`comment`), TRL values
+are Python literals (``repr``), AReaL values go through ``yaml.safe_dump``, and verl strings are
+refused unless they are plain module names (Hydra would interpolate ``${...}`` inside quotes).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from harness.config import RunConfig
+from harness.config.trl_map import approximations, grpo_kwargs, trl_problems
+from harness.core.configtools import ConfigError, to_dict
+
+if TYPE_CHECKING:
+    from harness.sweep.spec import StudySpec
+
+TARGETS = ("trl", "verl", "areal")
+
+
+def one_line(text: Any) -> str:
+    """``text`` with every character that could end a line (in Python, YAML or a shell: \\n,
+    \\r, \\x85, \\u2028, ...) or hide one (any other non-printable) written as its escape."""
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text)
+    )
+
+
+def comment(text: Any) -> str:
+    """A ``#`` comment line that stays one line (and so stays a comment) whatever it quotes."""
+    return "# " + one_line(text)
+
+
+def _py(v: Any) -> str:
+    """A Python literal of ``v`` (``repr``; ±inf as ``float('inf')``, which has no literal)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        if math.isnan(v):
+            raise ValueError("NaN has no exported value")
+        return "float('inf')" if v > 0 else "-float('inf')"
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_py(x) for x in v) + "]"
+    return repr(v)
+
+
+def _lora_targets(cfg: RunConfig) -> str | list[str]:
+    """The LoRA target modules as peft takes them (the harness's ``[all-linear]`` is peft's
+    ``"all-linear"`` shorthand, as in ``harness.model.lora.apply_lora``)."""
+    lora = cfg.model_options.lora
+    assert lora is not None
+    targets = list(lora.target_modules)
+    return "all-linear" if targets == ["all-linear"] else targets
+
+
+def _trl_use_cpu(cfg: RunConfig) -> tuple[bool, str | None]:
+    """``use_cpu`` for the cell's device (HF refuses ``bf16=True`` on a CPU-only machine unless
+    it is told to train on the CPU).  ``auto`` is resolved on this machine, and says so."""
+    dev = str(cfg.device).strip().lower()
+    if dev == "cpu":
+        return True, None
+    if dev == "auto":
+        import torch
+
+        cpu = not torch.cuda.is_available()
+        return cpu, f"device auto: resolved on this machine ({'no CUDA' if cpu else 'CUDA'})"
+    return False, None
+
+
+def export_trl(cfg: RunConfig) -> str:
+    """A snippet that builds TRL's ``GRPOConfig`` (and peft's ``LoraConfig`` under LoRA)."""
+    lines = [
+        comment(f"{field}: not expressible in TRL ({why})") for field, why in trl_problems(cfg)
+    ]
+    lines += [comment(f"approximate: {a}") for a in approximations(cfg)]
+    kw = grpo_kwargs(cfg, strict=False)
+    use_cpu, note = _trl_use_cpu(cfg)
+    kw["use_cpu"] = use_cpu
+    if note:
+        lines.append(comment(note))
+    lora = cfg.model_options.lora
+    code = []
+    if lora is not None:
+        code.append("from peft import LoraConfig")
+    code += ["from trl import GRPOConfig", ""]
+    if lora is not None:
+        lora_kw = {
+            "r": lora.r,
+            "lora_alpha": lora.alpha,
+            "lora_dropout": lora.dropout,
+            "target_modules": _lora_targets(cfg),
+            "bias": "none",
+            "task_type": "CAUSAL_LM",
+        }
+        code.append(
+            "peft_config = LoraConfig("
+            + ", ".join(f"{k}={_py(v)}" for k, v in lora_kw.items())
+            + ")"
+        )
+    code.append("args = GRPOConfig(")
+    code += [f"    {k}={_py(v)}," for k, v in kw.items()]
+    code.append(")")
+    trainer = "GRPOTrainer(model=..., reward_funcs=..., args=args"
+    trainer += ", peft_config=peft_config)" if lora is not None else ")"
+    code.append(comment(f"then: {trainer}"))
+    return "\n".join(lines + code) + "\n"
+
+
+_VERL_KL = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}
+_VERL_LOSS = {
+    "ppo": "vanilla",
+    "cispo": "cispo",
+    "sapo": "sapo",
+    "gmpo": "geo_mean",
+    "clip_cov": "clip_cov",
+    "kl_cov": "kl_cov",
+}
+
+
+def _verl_estimator(cfg: RunConfig) -> tuple[str | None, list[str], list[str]]:
+    """(adv_estimator, extra overrides, comments) for the harness's advantage recipe."""
+    p = cfg.ppo
+    n, a = p.reward_norm, p.adv_norm
+    if cfg.critic.enabled:
+        notes = []
+        if a is None or a.mean_level != "batch" or a.std_level != "batch":
+            notes.append("# ppo.adv_norm: verl's gae always whitens advantages over the batch")
+        return "gae", [], notes
+    if n is not None and n.mean_level == "group" and n.mean_leave1out and n.std_level is None:
+        return "rloo", [], []
+    if n is not None and n.mean_level == "group" and not n.mean_leave1out:
+        notes = []
+        if a is not None:
+            notes.append(
+                "# ppo.adv_norm: verl's grpo estimator has no further token-level "
+                "advantage normalization"
+            )
+        if n.std_level == "group":
+            return "grpo", [], notes
+        if n.std_level is None:
+            return "grpo", ["algorithm.norm_adv_by_std_in_grpo=False"], notes
+        return (
+            "reinforce_plus_plus_baseline",
+            [],
+            [
+                "# ppo.reward_norm: group mean then batch whitening (token-weighted) approximates "
+                "group mean + batch std"
+            ],
+        )
+    if n is None and a is not None and a.mean_level == "batch" and a.std_level == "batch":
+        return "reinforce_plus_plus", [], []
+    return None, [], [f"# ppo.reward_norm / adv_norm: no verl adv_estimator matches {to_dict(n)}"]
+
+
+# A string verl gets unquoted: a plain module name.  Anything else is refused rather than
+# quoted: Hydra still resolves ${...} inside quoted values, and words such as true/null/inf
+# would change type.
+_VERL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
+_HYDRA_WORDS = {"true", "false", "null", "none", "inf", "nan"}
+
+
+def _hydra(v: Any, where: str) -> str:
+    """A Hydra override value for ``v`` (bool, number, None, plain name, or a list of them)."""
+    if isinstance(v, bool):
+        return "True" if v else "False"
+    if v is None:
+        return "null"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            raise ValueError("NaN has no exported value")
+        if not math.isfinite(v):
+            return "inf" if v > 0 else "-inf"
+        text = repr(v)
+        if "e" not in text and len(text) > 8:  # 1000000000.0 -> 1e9, when exact
+            digits = next(d for d in range(17) if float(f"{v:.{d}e}") == v)
+            mantissa, exp = f"{v:.{digits}e}".split("e")
+            short = f"{mantissa}e{int(exp)}"
+            text = short if len(short) < len(text) else text
+        return text
+    if isinstance(v, list | tuple):
+        return "[" + ",".join(_hydra(x, where) for x in v) + "]"
+    text = str(v)
+    if not _VERL_NAME.fullmatch(text) or text.lower() in _HYDRA_WORDS:
+        raise ConfigError(
+            f"{where}: {text!r} cannot be written as a verl override (module names are letters, "
+            "digits, '_', '.', '-', starting with a letter or '_')"
+        )
+    return text
+
+
+def _override(key: str, value: Any, where: str = "") -> str:
+    """``key=value`` for verl's command line, shell-quoted when the shell would read it
+    (``[...]`` is a glob pattern)."""
+    return shlex.quote(f"{key}={_hydra(value, where or key)}")
+
+
+def export_verl(cfg: RunConfig) -> str:
+    p, r, o, m = cfg.ppo, cfg.rollout, cfg.optim, cfg.model_options
+    A = "actor_rollout_ref.actor"
+    kv: list[tuple[str, Any]] = []
+    notes: list[str] = []
+    est, extra, est_notes = _verl_estimator(cfg)
+    notes += est_notes
+    if est is not None:
+        kv.append(("algorithm.adv_estimator", est))
+    kv += [tuple(e.split("=", 1)) for e in extra]  # type: ignore[misc]
+    hi = p.eps_clip if p.eps_clip_higher is None else p.eps_clip_higher
+    kv += [(f"{A}.clip_ratio_low", p.eps_clip), (f"{A}.clip_ratio_high", hi)]
+    if p.c_clip is not None:
+        kv.append((f"{A}.clip_ratio_c", p.c_clip))
+    else:  # verl's vanilla loss always applies the dual clip; a huge c switches it off
+        kv.append((f"{A}.clip_ratio_c", 1e9))
+        notes.append("# ppo.c_clip null: verl always dual-clips; clip_ratio_c=1e9 disables it")
+    loss_mode = _VERL_LOSS[p.policy_loss]
+    if p.policy_loss == "ppo" and p.importance_sampling_level == "sequence":
+        loss_mode = "gspo"
+    kv.append((f"{A}.policy_loss.loss_mode", loss_mode))
+    if p.policy_loss == "clip_cov":
+        kv += [
+            (f"{A}.policy_loss.clip_cov_ratio", p.clip_cov_ratio),
+            (f"{A}.policy_loss.clip_cov_lb", p.clip_cov_lb),
+            (f"{A}.policy_loss.clip_cov_ub", p.clip_cov_ub),
+        ]
+    if p.policy_loss == "kl_cov":
+        kv += [
+            (f"{A}.policy_loss.kl_cov_ratio", p.kl_cov_ratio),
+            (f"{A}.policy_loss.ppo_kl_coef", p.kl_cov_coef),
+        ]
+    if p.policy_loss in ("cispo", "sapo", "gmpo"):
+        notes.append(
+            f"# ppo.{p.policy_loss} hyper-parameters: not exported (verl's names for them are "
+            "not pinned here; check verl's policy_loss config)"
+        )
+    kv.append((f"{A}.loss_agg_mode", p.loss_agg_mode))
+    if r.prompts_per_step % p.ppo_n_minibatches:
+        notes.append(
+            f"# ppo.ppo_n_minibatches={p.ppo_n_minibatches}: verl's mini-batches count prompts "
+            f"and {r.prompts_per_step} prompts do not divide evenly"
+        )
+    else:
+        kv.append((f"{A}.ppo_mini_batch_size", r.prompts_per_step // p.ppo_n_minibatches))
+    kv += [
+        (f"{A}.ppo_epochs", p.ppo_epochs),
+        (f"{A}.entropy_coeff", p.entropy_coef),
+        (f"{A}.optim.lr", o.lr),
+        (f"{A}.optim.weight_decay", o.weight_decay),
+        (f"{A}.optim.betas", [o.beta1, o.beta2]),
+        (f"{A}.grad_clip", o.grad_clip if o.grad_clip is not None else 1e9),
+    ]
+    if o.warmup_steps:
+        kv.append((f"{A}.optim.lr_warmup_steps", o.warmup_steps))
+    # verl's FSDP optimizer config allows warmup_style constant or cosine (asserted there).
+    if o.schedule == "constant":
+        kv.append((f"{A}.optim.warmup_style", "constant"))
+    elif o.schedule == "cosine":  # the harness decays over half a cycle to 0, as verl's cosine
+        kv += [
+            (f"{A}.optim.warmup_style", "cosine"),
+            (f"{A}.optim.min_lr_ratio", 0.0),
+            (f"{A}.optim.num_cycles", 0.5),
+        ]
+    else:
+        notes.append(
+            f"# optim.schedule={o.schedule}: verl's FSDP optimizer has warmup_style constant or "
+            "cosine only (no linear decay); not mapped"
+        )
+    kv.append(("actor_rollout_ref.model.enable_gradient_checkpointing", m.gradient_checkpointing))
+    if m.lora is not None:
+        kv += [
+            ("actor_rollout_ref.model.lora_rank", m.lora.r),
+            ("actor_rollout_ref.model.lora_alpha", m.lora.alpha),
+            ("actor_rollout_ref.model.target_modules", _lora_targets(cfg)),
+        ]
+        if m.lora.dropout:
+            notes.append(
+                f"# model_options.lora.dropout={m.lora.dropout}: verl's LoRA has no dropout "
+                "option (its adapters run without dropout)"
+            )
+    kv.append(("actor_rollout_ref.rollout.dtype", m.dtype))
+    if m.dtype == "bfloat16":
+        notes.append(
+            "# model_options.dtype=bfloat16: verl's FSDP actor already computes in bf16 over "
+            "float32 master weights (its default mixed precision); rollout.dtype set above"
+        )
+    else:
+        notes.append(
+            "# model_options.dtype=float32: verl's FSDP actor computes in bf16 by default; for "
+            "float32 set its fsdp_config mixed_precision param_dtype to fp32 (where that key "
+            "lives differs between verl versions)"
+        )
+    kv += [
+        ("data.train_batch_size", r.prompts_per_step),
+        ("data.max_response_length", r.max_new_tokens),
+        ("actor_rollout_ref.rollout.n", r.n_samples),
+        ("actor_rollout_ref.rollout.temperature", p.temperature),
+        ("actor_rollout_ref.rollout.top_p", r.top_p),
+        ("algorithm.gamma", p.discount),
+        ("algorithm.lam", p.gae_lambda),
+    ]
+    if p.kl_ctl > 0:
+        kv += [
+            ("algorithm.use_kl_in_reward", True),
+            ("algorithm.kl_penalty", _VERL_KL[p.kl_estimator]),
+            ("algorithm.kl_ctrl.type", "fixed"),
+            ("algorithm.kl_ctrl.kl_coef", p.kl_ctl),
+        ]
+    if cfg.critic.enabled:
+        kv.append(("critic.optim.lr", cfg.critic.lr))
+        if cfg.critic.value_clip is not None:
+            kv.append(("critic.cliprange_value", cfg.critic.value_clip))
+    if r.staleness:
+        notes.append("# rollout.staleness: verl's main trainer is synchronous (no lagged policy)")
+    if p.use_decoupled_loss or p.behave_imp_weight_mode != "disabled" or p.rejection_sampling:
+        notes.append(
+            "# ppo.use_decoupled_loss / behaviour weights: verl's algorithm.rollout_correction "
+            "weighs rollout-vs-old policy mismatch, not a lagged sampler; not mapped"
+        )
+    if (p.reward_scaling, p.reward_bias) != (1.0, 0.0):
+        notes.append("# ppo.reward_scaling / reward_bias: verl has no reward shaping option")
+    where = {"actor_rollout_ref.model.target_modules": "model_options.lora.target_modules"}
+    out = [_override(k, _typed(v), where.get(k, k)) for k, v in kv]
+    return "\n".join([comment(n.removeprefix("# ")) for n in notes] + out) + "\n"
+
+
+def _typed(v: Any) -> Any:
+    """The estimator's extra overrides come as text ('False'); everything else is typed."""
+    return {"False": False, "True": True}.get(v, v) if isinstance(v, str) else v
+
+
+def export_areal(cfg: RunConfig) -> str:
+    p, r, o, m = cfg.ppo, cfg.rollout, cfg.optim, cfg.model_options
+    notes: list[str] = []
+
+    def norm(n: Any) -> Any:
+        # AReaL's NormConfig takes the group size from its own field (default 1: groups of one
+        # sample, i.e. no group normalization at all): the cell's group is n_samples.
+        d = to_dict(n)
+        if isinstance(d, dict):
+            d["group_size"] = r.n_samples
+        return d
+
+    actor: dict[str, Any] = {
+        "group_size": r.n_samples,
+        "eps_clip": p.eps_clip,
+        "eps_clip_higher": p.eps_clip_higher,
+        "c_clip": p.c_clip,
+        "use_decoupled_loss": p.use_decoupled_loss,
+        "recompute_logprob": p.recompute_logprob,
+        "importance_sampling_level": p.importance_sampling_level,
+        "ppo_n_minibatches": p.ppo_n_minibatches,
+        "adv_norm": norm(p.adv_norm),
+        "reward_norm": norm(p.reward_norm),
+        "kl_ctl": p.kl_ctl,
+        "kl_estimator": p.kl_estimator,
+        "discount": p.discount,
+        "gae_lambda": p.gae_lambda,
+        "reward_scaling": p.reward_scaling,
+        "reward_bias": p.reward_bias,
+        "reward_clip": p.reward_clip,
+        "temperature": p.temperature,
+        "dtype": m.dtype,
+        "gradient_checkpointing": m.gradient_checkpointing,
+        "optimizer": {
+            "lr": o.lr,
+            "weight_decay": o.weight_decay,
+            "beta1": o.beta1,
+            "beta2": o.beta2,
+            "gradient_clipping": o.grad_clip if o.grad_clip is not None else 1e9,
+            "lr_scheduler_type": o.schedule,
+        },
+    }
+    if m.lora is not None:
+        for name in m.lora.target_modules:
+            if "${" in name:  # AReaL reads its YAML through OmegaConf, which would interpolate
+                raise ConfigError(
+                    f"model_options.lora.target_modules: {name!r} cannot be exported to AReaL "
+                    "(OmegaConf would resolve '${...}' in it)"
+                )
+        actor.update(
+            use_lora=True,
+            lora_rank=m.lora.r,
+            lora_alpha=m.lora.alpha,
+            target_modules=list(m.lora.target_modules),
+        )
+        if m.lora.dropout:
+            notes.append(
+                f"# model_options.lora.dropout={m.lora.dropout}: AReaL's LoRA has no dropout option"
+            )
+    if m.dtype == "bfloat16":
+        notes.append(
+            "# model_options.dtype=bfloat16: approximate; AReaL's actor.dtype is the parameter "
+            "dtype, the harness keeps float32 master weights under bf16 autocast"
+        )
+    if p.rejection_sampling is not None:
+        actor["rejection_sampling"] = to_dict(p.rejection_sampling)
+    elif p.behave_imp_weight_mode != "disabled":
+        actor["behave_imp_weight_mode"] = p.behave_imp_weight_mode
+        actor["behave_imp_weight_cap"] = p.behave_imp_weight_cap
+    if o.warmup_steps:
+        notes.append(
+            f"# optim.warmup_steps={o.warmup_steps}: AReaL takes a proportion "
+            "(optimizer.warmup_steps_proportion) of the total steps"
+        )
+    else:  # AReaL's default proportion is 0.001, not none
+        actor["optimizer"]["warmup_steps_proportion"] = 0.0
+    if p.ppo_epochs != 1:
+        notes.append(f"# ppo.ppo_epochs={p.ppo_epochs}: AReaL's actor makes one pass per batch")
+    if p.loss_agg_mode != "token-mean":
+        notes.append(f"# ppo.loss_agg_mode={p.loss_agg_mode}: AReaL's loss is the token mean")
+    if p.policy_loss != "ppo":
+        notes.append(f"# ppo.policy_loss={p.policy_loss}: AReaL's actor loss is PPO-clip")
+    if p.entropy_coef:
+        notes.append("# ppo.entropy_coef: AReaL's actor has no entropy bonus")
+    if cfg.critic.enabled:
+        notes.append("# critic.*: AReaL configures a critic as its own `critic:` engine block")
+    doc: dict[str, Any] = {
+        "actor": actor,
+        "gconfig": {
+            "n_samples": r.n_samples,
+            "max_new_tokens": r.max_new_tokens,
+            "temperature": p.temperature,
+            "top_p": r.top_p,
+        },
+        "train_dataset": {"batch_size": r.prompts_per_step},
+        "rollout": {"max_head_offpolicyness": r.staleness},
+    }
+    body = yaml.safe_dump(doc, sort_keys=False)
+    lines = [comment(n.removeprefix("# ")) for n in notes]
+    return "\n".join(lines) + ("\n" if lines else "") + body
+
+
+def export_cell(cfg: RunConfig, target: str, header: list[str] | tuple[str, ...] = ()) -> str:
+    """The cell in ``target``'s format, ``header`` lines first as (one-line) comments."""
+    if target == "trl":
+        body = export_trl(cfg)
+    elif target == "verl":
+        body = export_verl(cfg)
+    elif target == "areal":
+        body = export_areal(cfg)
+    else:
+        raise ValueError(f"--to must be one of {', '.join(TARGETS)}; got {target!r}")
+    return "".join(comment(h) + "\n" for h in header) + body
+
+
+def _tokens(text: str) -> dict[str, str]:
+    """'eps_clip=0.2 c_clip=3' → {'eps_clip': '0.2', 'c_clip': '3'} with values normalised the way
+    cell labels print them (so 3, 3.0 and 3.00 agree)."""
+    from harness.config.experiment import _fmt_value
+    from harness.core.configtools import parse_override
+
+    out = {}
+    for tok in text.split():
+        key, value = parse_override(tok)
+        out[key] = _fmt_value(value)
+    return out
+
+
+def resolve_cell(spec: Any, text: str) -> tuple[str, dict[str, Any]]:
+    """The experiment's cell that ``text`` names: its label, or ``key=value`` pairs that pick out
+    exactly one cell (short or dotted keys, any order).  Raises ConfigError otherwise."""
+    from harness.core.configtools import ConfigError
+
+    for c in spec.cells:
+        if c.label == text.strip():
+            return c.label, dict(c.overrides)
+    try:
+        want = _tokens(text)
+    except ConfigError:
+        raise ConfigError(
+            f"--cell {text!r}: expected the cell's label or KEY=VALUE pairs"
+        ) from None
+    matches = []
+    for c in spec.cells:
+        have = _tokens(c.label)
+        dotted = {k: v for k, v in have.items()}
+        for axis in spec.axes:  # dotted names of each axis are accepted too
+            short = next((k for k in have if axis == k or axis.endswith("." + k)), None)
+            if short is not None:
+                dotted[axis] = have[short]
+        if all(dotted.get(k) == v for k, v in want.items()):
+            matches.append(c)
+    labels = ", ".join(repr(c.label) for c in spec.cells)
+    if len(matches) != 1:
+        what = "matches no cell" if not matches else f"matches {len(matches)} cells"
+        raise ConfigError(f"--cell {text!r} {what} of {spec.name} (cells: {labels})")
+    return matches[0].label, dict(matches[0].overrides)
+
+
+def best_to_export(spec: StudySpec, study: Any) -> tuple[str, dict[str, Any], list[str]]:
+    """(label, overrides, header notes) of a study's best point: a grid's top cell by the
+    report's ranking, a search's best trial; the notes give its uncertainty.  ConfigError when
+    the study is not finished (a grid) or no run of it completed."""
+    from optuna.trial import TrialState
+
+    from harness.sweep.study import best_point
+
+    trials = study.get_trials(deepcopy=False)
+    name = study.study_name
+    if spec.kind == "grid":
+        from harness.sweep.results import load_study_data
+
+        runs = load_study_data(study, None).runs
+        pending = [r for r in runs if r.status in ("running", "waiting")]
+        if pending or not runs:
+            raise ConfigError(
+                f"--best: study {name!r} is not finished "
+                f"({len(runs) - len(pending)} of {len(runs)} runs done)"
+            )
+    best = best_point(study, spec)
+    if best is None:
+        states = [t.state for t in trials]
+        diverged = sum(
+            t.state == TrialState.FAIL and t.user_attrs.get("outcome") == "diverged" for t in trials
+        )
+        failed = states.count(TrialState.FAIL) - diverged
+        raise ConfigError(
+            f"--best: no run of study {name!r} completed ({failed} failed, {diverged} "
+            f"diverged, {states.count(TrialState.PRUNED)} pruned); nothing to export "
+            f"(see `harness report {name}`)"
+        )
+    what = "top cell by the IQM of" if spec.kind == "grid" else "best trial by the mean of"
+    notes = [f"{what} {best.metric}: {best.spread()}"]
+    if spec.kind == "search":
+        done = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+        notes.append(f"{done} of {spec.expected_trials} search trials finished")
+    return best.label, dict(best.overrides), notes
