@@ -93,7 +93,7 @@ def test_checkpoints_are_never_unpickled():
         for m in re.finditer(r"torch\.load\(([^)]*)\)", text):
             assert "weights_only=True" in m.group(1), f"{path}: {m.group(0)}"
         assert "pickle.load" not in text, path
-    assert "safetensors" in (ROOT / "harness" / "warmstart.py").read_text()
+    assert "safetensors" in (ROOT / "harness" / "run" / "warmstart.py").read_text()
 
 
 def test_nothing_in_results_is_world_writable_even_under_umask_000(tmp_path):
