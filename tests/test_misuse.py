@@ -12,7 +12,7 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from harness import cli
+from harness import tracking
 from harness.cli import app
 from harness.config import build_run_config, load_run_config
 from harness.tracking import MemoryTracker
@@ -176,7 +176,7 @@ def test_the_readme_model_yaml_runs_as_written(tmp_path, monkeypatch):
     cfg = load_run_config("my-model.yaml")
     assert cfg.model == str(target) and cfg.model_options.lora is not None
     tracker = MemoryTracker()
-    monkeypatch.setattr(cli, "_tracker", lambda uri, results_dir: tracker)
+    monkeypatch.setattr(tracking, "open_tracker", lambda uri, results_dir: tracker)
     fast = [s for s in FAST if not s.startswith("tiny.")]
     r = CliRunner().invoke(app, ["run", "my-model.yaml", *sets(*fast, "steps=1")])
     assert r.exit_code == 0, r.output
@@ -217,7 +217,7 @@ def test_the_readme_task_examples_run_as_written(tmp_path, monkeypatch):
     ]
     assert len(commands) == 3
     tracker = MemoryTracker()
-    monkeypatch.setattr(cli, "_tracker", lambda uri, results_dir: tracker)
+    monkeypatch.setattr(tracking, "open_tracker", lambda uri, results_dir: tracker)
     for argv in commands:
         r = CliRunner().invoke(app, [*argv, *sets(*FAST)])  # later --set wins: a short run
         assert r.exit_code == 0, (argv, r.output)
@@ -266,7 +266,7 @@ def test_fields_table_on_a_narrow_terminal_keeps_names_and_brackets():
 
     from rich.console import Console
 
-    from harness.cli import fields_table
+    from harness.cli.run import fields_table
 
     rows = [
         ("model_options.gradient_checkpointing", "False", "Recompute activations."),

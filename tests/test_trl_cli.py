@@ -8,7 +8,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from harness import cli
+from harness import tracking
 from harness.cli import app
 from harness.cli.console import PROGRESS_KEYS, progress_info
 from harness.config import ConfigError, load_run_config
@@ -81,7 +81,7 @@ def test_progress_line_shows_only_what_the_trainer_logged():
 )
 def test_harness_run_with_trainer_trl(minibatches, epochs, every, tmp_path, monkeypatch):
     tracker = MemoryTracker()
-    monkeypatch.setattr(cli, "_tracker", lambda uri, results_dir: tracker)
+    monkeypatch.setattr(tracking, "open_tracker", lambda uri, results_dir: tracker)
     path = trl_yaml(tmp_path, minibatches=minibatches, epochs=epochs, every=every)
     r = CliRunner().invoke(app, ["run", str(path), "--results-dir", str(tmp_path / "results")])
     assert r.exit_code == 0, r.output
@@ -226,7 +226,7 @@ def test_a_refusal_names_its_source(file, sets, expect, tmp_path):
 
 def test_the_cli_takes_the_reported_flags_together(tmp_path, monkeypatch):
     tracker = MemoryTracker()
-    monkeypatch.setattr(cli, "_tracker", lambda uri, results_dir: tracker)
+    monkeypatch.setattr(tracking, "open_tracker", lambda uri, results_dir: tracker)
     sets = [
         "trainer=trl",
         "ppo.reward_norm.mean_level=group",

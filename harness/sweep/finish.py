@@ -138,7 +138,7 @@ def finish_search(
     from optuna.trial import TrialState
     from rich.table import Table
 
-    from harness.sweep.study import search_seed_values, seed_spread
+    from harness.sweep.study import search_front, search_seed_values, seed_spread, top_of_front
 
     console = wide_console()
     tracker.flush()
@@ -158,9 +158,8 @@ def finish_search(
         t.state == TrialState.FAIL and t.user_attrs.get("outcome") in SPENT_OUTCOMES for t in trials
     )
     done = len(complete) + len(pruned) + spent >= spec.expected_trials
-    best: list[Any] = []
-    if complete:
-        best = study.best_trials if len(objectives) > 1 else [study.best_trial]
+    best = search_front(study, spec)
+    if best:
         title = "Pareto front" if len(objectives) > 1 else "best trial"
         table = Table(
             title=f"{study.study_name}: {title} ({len(complete)} complete, {len(pruned)} pruned)"
@@ -172,7 +171,7 @@ def finish_search(
         for t in best:
             table.add_row(str(t.number), *[f"{v:.4g}" for v in t.values], _fmt_point(t.params))
         console.print(table)
-        top = best[0]
+        top = top_of_front(best, spec)
         console.print(
             f"trial {top.number}: " + seed_spread(search_seed_values(top), what=objectives[0][0]),
             markup=False,
@@ -186,7 +185,7 @@ def finish_search(
         if parent:
             tracker.log_artifact(parent, path, "report")
     if parent and best:
-        top = best[0]
+        top = top_of_front(best, spec)
         tracker.set_tags(
             parent, {"search.best_trial": str(top.number), "search.pareto_size": str(len(best))}
         )
@@ -219,7 +218,7 @@ def write_search_report(study: Any, spec: StudySpec, best: list[Any], out_dir: P
 
     from harness.core.failures import count_reasons, reason_lines
     from harness.core.fsutil import ensure_results_dir
-    from harness.sweep.study import search_seed_values, seed_spread
+    from harness.sweep.study import search_seed_values, seed_spread, top_of_front
 
     ensure_results_dir(out_dir)
     assert spec.search is not None
@@ -256,7 +255,7 @@ def write_search_report(study: Any, spec: StudySpec, best: list[Any], out_dir: P
         for t in best:
             values = " | ".join(cell(v) for v in t.values)
             lines.append(f"| {t.number} | {values} | {_fmt_point(t.params)} |")
-        top = best[0]
+        top = top_of_front(best, spec)
         lines += [
             "",
             f"Trial {top.number}, seed by seed: "

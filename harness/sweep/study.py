@@ -232,7 +232,8 @@ def study_counts(study: Any, spec: StudySpec | None) -> StudyCounts:
 @dataclass(frozen=True)
 class BestPoint:
     """The best configuration a study found: a grid's top cell in the report's ranking (IQM of
-    the metric over its seeds), or a search's best trial (the first of the Pareto front).
+    the metric over its seeds), or a search's best trial (with several objectives: the best by
+    the first objective among the Pareto front).
     Only a point with at least one completed run qualifies (diverged-only cells do not)."""
 
     label: str  # the cell's label, or "trial N"
@@ -281,20 +282,34 @@ def search_seed_values(trial: Any) -> tuple[float, ...]:
     return tuple(float(v) for v in raw[0] if v is not None)
 
 
-def best_point(study: Any, spec: StudySpec) -> BestPoint | None:
-    """None when no run has completed yet.  ``spec.run_config(best.overrides, seed)`` rebuilds
-    the winning configuration."""
-    import math
-
+def search_front(study: Any, spec: StudySpec) -> list[Any]:
+    """A search's best trials: the Pareto front with several objectives, else the one best
+    trial; empty while no trial has completed."""
     from optuna.trial import TrialState
 
-    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    if not complete:
-        return None
+    if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        return []
+    return list(study.best_trials) if len(spec.objectives) > 1 else [study.best_trial]
+
+
+def top_of_front(front: list[Any], spec: StudySpec) -> Any:
+    """The search's best point among its best trials: the best by the first objective (the
+    one trial of a single-objective search)."""
     sign = 1.0 if spec.direction == "maximize" else -1.0
+    return max(front, key=lambda t: sign * t.values[0])
+
+
+def best_point(study: Any, spec: StudySpec) -> BestPoint | None:
+    """The best point of a study, for ``harness export --best``, the end of a search and its
+    report; None when no run has completed yet.  ``spec.run_config(best.overrides, seed)``
+    rebuilds the winning configuration."""
+    import math
+
     if spec.kind == "search":
-        best = study.best_trials if len(spec.objectives) > 1 else [study.best_trial]
-        top = max(best, key=lambda t: sign * t.values[0])
+        front = search_front(study, spec)
+        if not front:
+            return None
+        top = top_of_front(front, spec)
         return BestPoint(
             label=f"trial {top.number}",
             overrides=dict(top.params),
@@ -303,6 +318,10 @@ def best_point(study: Any, spec: StudySpec) -> BestPoint | None:
             metric=spec.objectives[0][0],
             seed_values=search_seed_values(top),
         )
+    from optuna.trial import TrialState
+
+    if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        return None
     # A grid's best cell is the report's: top of the ranking by the IQM of the metric, among
     # cells with a completed run (a diverged-only cell scored as the worst value is no winner).
     from harness.report import ranking

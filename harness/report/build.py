@@ -1,0 +1,360 @@
+"""What a report contains, section by section, and ``build_report``, which writes it (report.md,
+report.html and the plots) from a ``StudyData`` alone."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.core.configtools import flatten
+from harness.report.format import _code, _fmt_duration, fmt
+from harness.report.plots import (
+    PlotFile,
+    plot_clip_fractions,
+    plot_intervals,
+    plot_metric_curves,
+    plot_performance_profile,
+)
+from harness.report.prose import conclusion, warnings_for
+from harness.report.render import RANKING_HEADER, _Doc, _ranking_cells
+from harness.report.scores import (
+    APPROX_KL,
+    REWARD,
+    CurveFitRow,
+    DivergedPolicy,
+    _mean_finite,
+    _tasks_of,
+    _worst_by_task,
+    fit_curves,
+    ranking,
+)
+from harness.report.studydata import CellRow, StudyData
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    """What :func:`build_report` wrote (the CLI logs these as MLflow artifacts)."""
+
+    markdown: Path
+    html: Path
+    pngs: list[Path]
+
+
+PLOT_DIR = "plots"
+_CURVES = (
+    # (file stem, history key, title, y label, sparse)
+    ("reward", REWARD, "Reward per step", "mean reward of the batch", False),
+    ("eval_accuracy", "eval/accuracy", "Eval accuracy", "greedy exact-match accuracy", True),
+    ("approx_kl", APPROX_KL, "Approximate KL per update", "approx KL (k3)", False),
+    ("grad_norm", "stability/grad_norm", "Gradient norm (before clipping)", "grad norm", False),
+    ("entropy", "policy/entropy", "Policy entropy", "entropy (nats/token)", False),
+    ("behave_ess", "policy/behave_ess", "Behaviour-weight ESS", "ESS / tokens", False),
+)
+
+
+def _plots(
+    data: StudyData, rows: Sequence[CellRow], plot_dir: Path, n_boot: int, seed: int
+) -> tuple[list[PlotFile], list[str]]:
+    """Draw every figure; returns the written ones and the metrics that nobody logged."""
+    written: list[PlotFile] = []
+    absent: list[str] = []
+
+    def keep(p: PlotFile | None, what: str) -> None:
+        if p is None:
+            absent.append(what)
+        else:
+            written.append(p)
+
+    for stem, key, title, ylabel, sparse in _CURVES[:2]:
+        keep(
+            plot_metric_curves(
+                data, key, plot_dir / f"{stem}.png", title=title, ylabel=ylabel, markers=sparse
+            ),
+            key,
+        )
+    keep(plot_clip_fractions(data, plot_dir / "clip_fractions.png"), "policy/clipfrac_*")
+    for stem, key, title, ylabel, sparse in _CURVES[2:]:
+        keep(
+            plot_metric_curves(
+                data, key, plot_dir / f"{stem}.png", title=title, ylabel=ylabel, markers=sparse
+            ),
+            key,
+        )
+    scored = [
+        plot_intervals(rows, data, plot_dir / "intervals.png"),
+        plot_performance_profile(
+            rows, data, plot_dir / "performance_profile.png", n_boot=n_boot, seed=seed
+        ),
+    ]
+    written += [p for p in scored if p is not None]
+    return written, absent
+
+
+def _header(doc: _Doc, data: StudyData, rows: Sequence[CellRow]) -> None:
+    runs = data.runs
+    count = {s: sum(r.status == s for r in runs) for s in ("completed", "diverged", "failed")}
+    unfinished = sum(r.status in ("running", "waiting") for r in runs)
+    tasks = _tasks_of(runs)
+    doc.heading(1, f"Ablation report: {data.study}")
+    if data.description:
+        doc.para(data.description.strip())
+    facts = [
+        ("study", data.study),
+        ("experiment", data.experiment),
+        ("metric", f"{data.metric} ({data.direction})"),
+        ("baseline", data.baseline or "none"),
+        ("cells", str(len(data.cells))),
+        ("seeds", ", ".join(str(s) for s in data.seeds)),
+        ("steps per run", str(data.steps)),
+        (
+            "runs",
+            f"{len(runs)}: {count['completed']} completed, {count['diverged']} diverged, "
+            f"{count['failed']} failed, {unfinished} unfinished",
+        ),
+        ("wall time (sum over runs)", _fmt_duration(data.wall_time)),
+    ]
+    if tasks != [""]:
+        facts.insert(-1, ("tasks", ", ".join(t or "(unnamed)" for t in tasks)))
+    doc.table(["", "value"], [list(f) for f in facts])
+    doc.heading(2, "What was varied")
+    doc.table(
+        ["axis", "values"],
+        [[k, ", ".join(_value_str(v) for v in vs)] for k, vs in data.axes.items()],
+        code_col=0,
+    )
+    by_label = {r.label: r for r in rows}
+    doc.table(
+        ["cell", "overrides", "runs"],
+        [
+            [
+                label,
+                ", ".join(f"{k}={_value_str(v)}" for k, v in flatten(ov).items()) or "(base)",
+                f"{by_label[label].n_seeds}" if label in by_label else "0",
+            ]
+            for label, ov in data.cells.items()
+        ],
+        code_col=0,
+    )
+    if data.command:
+        doc.para("Produced by:")
+        doc.code(data.command)
+
+
+def _ranking_section(
+    doc: _Doc,
+    data: StudyData,
+    rows: Sequence[CellRow],
+    n_boot: int,
+    seed: int,
+    diverged: DivergedPolicy,
+) -> None:
+    doc.heading(2, "Ranking")
+    strat = len(_tasks_of(data.runs)) > 1
+    worst = _worst_by_task(data)
+    if diverged == "worst":
+        wtxt = ", ".join(f"{fmt(v)}" + (f" on {t}" if t else "") for t, v in sorted(worst.items()))
+        div_txt = (
+            "Diverged runs are **scored as the worst value of the metric observed in the study** "
+            f"on their task ({wtxt or '—'}), so divergence counts against a cell"
+        )
+    else:
+        div_txt = "Diverged runs are **left out of the statistics** (and counted)"
+    doc.para(
+        f"Cells ranked by the IQM (25 % trimmed mean) of each run's {_code(data.metric)} "
+        f"({'higher' if data.direction == 'maximize' else 'lower'} is better). Intervals are 95 % "
+        f"percentile-bootstrap CIs ({n_boot} resamples, seed {seed}"
+        + ("; stratified: runs resampled within each task" if strat else "")
+        + f"). {div_txt}; failed and unfinished runs have no score and are left out. "
+        "P(improve) is the probability that a run of the cell beats a run of the baseline "
+        "(ties count half). Collapse = share of runs flagged `stability/collapsed`; final KL = "
+        "mean over runs of the last logged `policy/approx_kl`; clip fractions = mean over runs of "
+        "the last 10 % of logged steps."
+    )
+    doc.table(
+        list(RANKING_HEADER), [_ranking_cells(i, r) for i, r in enumerate(rows, 1)], code_col=1
+    )
+
+
+SUMMARY_COLUMNS = (
+    ("start/reward", "start reward"),
+    ("final/reward", "final reward"),
+    ("best/reward", "best reward"),
+    ("final/eval_accuracy", "eval acc"),
+    ("start/eval_reward", "start eval reward"),
+    ("final/eval_reward", "final eval reward"),
+    ("stability/entropy_ratio", "entropy end/start"),
+    ("stability/mean_approx_kl", "mean KL"),
+    ("stability/max_approx_kl", "max KL"),
+    ("stability/kl_spikes", "KL spikes"),
+    ("stability/grad_norm_spikes", "grad-norm spikes"),
+    ("stability/mean_clipfrac", "clip frac (mean)"),
+    ("stability/max_drawdown", "max drawdown"),
+)
+
+
+def summary_table(data: StudyData) -> tuple[list[str], list[list[str]]]:
+    """Per cell: the mean over its completed and diverged runs of each run-level summary."""
+    header = ["cell", "runs"] + [label for _, label in SUMMARY_COLUMNS]
+    rows = []
+    for cell in data.cells:
+        runs = [r for r in data.runs_of(cell) if r.status in ("completed", "diverged")]
+        values = [
+            fmt(_mean_finite(r.summary.get(key, math.nan) for r in runs))
+            for key, _ in SUMMARY_COLUMNS
+        ]
+        rows.append([cell, str(len(runs)), *values])
+    return header, rows
+
+
+def _summary_section(doc: _Doc, data: StudyData) -> None:
+    doc.heading(2, "Stability summaries per cell")
+    doc.para(
+        "Mean over each cell's completed and diverged runs of the run-level summaries defined in "
+        "docs/stability.md (start reward = mean of the first 10 steps; entropy end/start < 1 "
+        "means the policy sharpened; spikes are steps per run above 5× the run's own running "
+        "median, so a KL that is high throughout is not a spike; clip frac = mean "
+        "policy/clipfrac)."
+    )
+    header, rows = summary_table(data)
+    doc.table(header, rows, code_col=0)
+
+
+def _fit_section(doc: _Doc, fits: Sequence[CurveFitRow]) -> None:
+    doc.heading(2, "Saturating curve fits")
+    doc.para(
+        "A sigmoid r(t) = r0 + (A − r0) / (1 + (t_half / t)^B) fitted to each cell's mean reward "
+        "curve over its completed runs (ScaleRL, arXiv 2510.13786, with steps for compute). "
+        "A is the fitted ceiling; the half-step is where half of the gain A − r0 is reached "
+        "(efficiency). An extrapolated fit (half-step beyond the last step) is a guess."
+    )
+    rows = []
+    for f in fits:
+        c = f.fit
+        note = c.reason if not c.ok else ("extrapolated" if c.extrapolated else "")
+        rows.append(
+            [
+                f.label,
+                fmt(c.asymptote),
+                fmt(c.half_step),
+                fmt(c.r0),
+                fmt(c.rmse),
+                str(f.n_runs),
+                note,
+            ]
+        )
+    doc.table(["cell", "asymptote A", "half-step", "r0", "rmse", "runs", "note"], rows, code_col=0)
+
+
+def _fixed_section(doc: _Doc, data: StudyData) -> None:
+    doc.heading(2, "What was held fixed")
+    varied = _varied_keys(data)
+    base = flatten(data.base_config)
+    if "steps" in base:  # every run used the study's steps, not the base config's
+        base["steps"] = data.steps
+    flat = [(k, _value_str(v)) for k, v in base.items() if k not in varied]
+    doc.para(
+        "The base configuration every cell starts from, flattened; keys a cell overrides "
+        f"({', '.join(_code(k) for k in sorted(varied)) or 'none'}) are listed under "
+        "*What was varied* instead; `seed` is each run's seed (see *seeds* above)."
+    )
+    half = (len(flat) + 1) // 2
+    left, right = flat[:half], flat[half:]
+    table_rows = []
+    for i in range(half):
+        rk, rv = right[i] if i < len(right) else ("", "")
+        table_rows.append([f"`{left[i][0]}`", left[i][1], f"`{rk}`" if rk else "", rv])
+    doc.table(["key", "value", "key", "value"], table_rows)
+
+
+def build_report(
+    data: StudyData,
+    out_dir: Path,
+    *,
+    n_boot: int = 2000,
+    seed: int = 0,
+    diverged: DivergedPolicy = "worst",
+    fit: bool = True,
+) -> ReportFiles:
+    """Write ``out_dir/report.md``, ``out_dir/report.html`` and ``out_dir/plots/*.png``.
+
+    The HTML is self-contained (inline CSS, PNGs as base64 data URIs, no scripts, no external
+    resources) so it can be mailed or attached to an MLflow run and still open.  The markdown
+    links the PNGs relatively.  Sections: header (study, varied axes and cells, command),
+    conclusion, warnings, ranking, plots, saturating fits (``fit=True``), held-fixed config.
+    """
+    import time
+
+    from harness.core.fsutil import atomic_write
+
+    out_dir = Path(out_dir)
+    plot_dir = out_dir / PLOT_DIR
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    rows = ranking(data, n_boot=n_boot, seed=seed, diverged=diverged)
+    plots, absent = _plots(data, rows, plot_dir, n_boot, seed)
+    doc = _Doc()
+    _header(doc, data, rows)
+    doc.heading(2, "Conclusion")
+    doc.bullets(conclusion(rows, data), css="conclusion")
+    doc.heading(2, "Warnings")
+    warns = warnings_for(rows, data)
+    if warns:
+        doc.bullets(warns, css="warnings")
+    else:
+        doc.para(
+            "None: no inert clipping, no diverged or failed runs, no collapses, and every "
+            "cell's CI separates from the baseline's."
+        )
+    _ranking_section(doc, data, rows, n_boot, seed, diverged)
+    _summary_section(doc, data)
+    doc.heading(2, "Plots")
+    if absent:
+        doc.para("Not logged by any run (no plot): " + ", ".join(_code(a) for a in absent) + ".")
+    if not any(math.isfinite(r.iqm.point) for r in rows):
+        doc.para("No run has a score yet, so there is no interval plot or performance profile.")
+    for p in plots:
+        doc.figure(p, f"{PLOT_DIR}/{p.path.name}")
+    if fit:
+        _fit_section(doc, fit_curves(data))
+    _fixed_section(doc, data)
+    md_path, html_path = out_dir / "report.md", out_dir / "report.html"
+    # Each file is replaced whole, so two coordinators reporting on one study at once (or a
+    # full disk) leave a complete report, never a missing or half-written file.
+    atomic_write(md_path, "\n".join(doc.md).rstrip() + "\n")
+    atomic_write(html_path, doc.render_html(f"Ablation report: {data.study}"))
+    _remove_stale_plots(plot_dir, {p.path.name for p in plots}, started)
+    return ReportFiles(markdown=md_path, html=html_path, pngs=[p.path for p in plots])
+
+
+def _remove_stale_plots(plot_dir: Path, keep: set[str], started: float) -> None:
+    """Remove plots of an earlier report that this one no longer draws (a metric no longer
+    logged).  Plots written since this report started belong to a concurrent writer: kept."""
+    for png in plot_dir.glob("*.png"):
+        if png.name in keep:
+            continue
+        try:
+            if png.stat().st_mtime < started:
+                png.unlink()
+        except FileNotFoundError:
+            pass  # another writer removed it first
+
+
+def _value_str(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    try:
+        return json.dumps(v, default=str)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def _varied_keys(data: StudyData) -> set[str]:
+    """Config keys that differ between runs: the grid's overrides and the run seed."""
+    keys = {k for k in data.axes if k != "variant"} | {"seed"}
+    for ov in data.cells.values():
+        keys |= set(flatten(ov))
+    return keys

@@ -1,0 +1,135 @@
+"""A saturating learning-curve fit (sigmoid or exponential) of a cell's reward curve."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy import optimize, special
+
+
+@dataclass(frozen=True)
+class CurveFit:
+    """A fitted saturating reward curve; ``ok`` False (and NaN numbers) with a ``reason`` if not.
+
+    ``asymptote`` is A, ``r0`` the reward at step 0, ``half_step`` the step at which half of the
+    gain ``A − r0`` is reached (ScaleRL's C_mid), ``exponent`` the sigmoid's B (NaN for the
+    exponential form), ``rmse`` the root-mean-square residual, ``extrapolated`` True when
+    ``half_step`` lies beyond the last observed step (then A is an extrapolation).
+    """
+
+    form: str
+    ok: bool
+    reason: str
+    asymptote: float = math.nan
+    r0: float = math.nan
+    half_step: float = math.nan
+    exponent: float = math.nan
+    rmse: float = math.nan
+    extrapolated: bool = False
+
+    def predict(self, steps: ArrayLike) -> np.ndarray:
+        t = np.asarray(steps, dtype=float)
+        if self.form == "sigmoid":
+            return _sigmoid(t, self.r0, self.asymptote, self.half_step, self.exponent)
+        return _exponential(t, self.r0, self.asymptote, self.half_step)
+
+
+def _sigmoid(t: np.ndarray, r0: float, a: float, c_mid: float, b: float) -> np.ndarray:
+    # r0 + (A − r0) / (1 + (C_mid/t)^B), written as expit(B (ln t − ln C_mid)) so t = 0 gives r0.
+    with np.errstate(divide="ignore"):
+        return r0 + (a - r0) * special.expit(b * (np.log(t) - np.log(c_mid)))
+
+
+def _exponential(t: np.ndarray, r0: float, a: float, t_half: float) -> np.ndarray:
+    # A − (A − r0) · 2^(−t / t_half): half the gain at t_half.
+    return a - (a - r0) * np.exp2(-t / t_half)
+
+
+def fit_saturating_curve(
+    steps: ArrayLike,
+    rewards: ArrayLike,
+    *,
+    form: Literal["sigmoid", "exponential"] = "sigmoid",
+) -> CurveFit:
+    """Fit a saturating curve to a (cell's mean) reward curve; never raises for bad data.
+
+    * ``form="sigmoid"`` (ScaleRL, Khatri et al. 2025, arXiv 2510.13786, with compute replaced by
+      steps): ``r(t) = r0 + (A − r0) / (1 + (C_mid / t)^B)``; four parameters, ``r(0) = r0``.
+    * ``form="exponential"``: ``r(t) = A − (A − r0) 2^(−t / t_half)``; three parameters.
+
+    Both report ``half_step`` = the step where half of the gain ``A − r0`` is reached (C_mid or
+    t_half): "efficiency", separate from the ceiling A.  Fitted with
+    ``scipy.optimize.curve_fit`` (trust-region, bounded: ``C_mid``, ``t_half`` in
+    ``(0, 100 t_max]``, ``B`` in ``[0.05, 20]``) from a few starting points, keeping the best.
+
+    Steps must be >= 0.  Non-finite points are ignored.  Returns ``CurveFit(ok=False, reason=...)``
+    when there are too few points, no variation, or the optimizer fails.
+    """
+    if form not in ("sigmoid", "exponential"):
+        raise ValueError(f"form must be 'sigmoid' or 'exponential', got {form!r}")
+    n_params = 4 if form == "sigmoid" else 3
+    try:
+        t = np.asarray(steps, dtype=float).ravel()
+        r = np.asarray(rewards, dtype=float).ravel()
+    except (TypeError, ValueError) as e:
+        return CurveFit(form, False, f"could not read steps/rewards as numbers: {e}")
+    if t.shape != r.shape:
+        return CurveFit(form, False, f"steps {t.shape} and rewards {r.shape} differ in length")
+    keep = np.isfinite(t) & np.isfinite(r)
+    t, r = t[keep], r[keep]
+    if t.size < n_params + 1:
+        return CurveFit(form, False, f"{t.size} finite points; need at least {n_params + 1}")
+    if (t < 0).any():
+        return CurveFit(form, False, "steps must be >= 0")
+    span = float(r.max() - r.min())
+    if span == 0.0 or float(t.max() - t.min()) == 0.0:
+        return CurveFit(form, False, "no variation in the rewards or the steps")
+    t_max = float(t.max())
+    order = np.argsort(t)
+    head = float(np.mean(r[order][: max(1, t.size // 10)]))
+    tail = float(np.mean(r[order][-max(1, t.size // 10) :]))
+    lo_r, hi_r = float(r.min()) - 10 * span, float(r.max()) + 10 * span
+    if form == "sigmoid":
+        model: Callable[..., np.ndarray] = _sigmoid
+        lower, upper = [lo_r, lo_r, 1e-9 * t_max, 0.05], [hi_r, hi_r, 100 * t_max, 20.0]
+        starts = [[head, tail, c * t_max, b] for c in (0.1, 0.3, 1.0) for b in (1.0, 2.5)]
+    else:
+        model = _exponential
+        lower, upper = [lo_r, lo_r, 1e-9 * t_max], [hi_r, hi_r, 100 * t_max]
+        starts = [[head, tail, c * t_max] for c in (0.05, 0.2, 1.0)]
+    best, best_sse, last_err = None, math.inf, "optimizer did not converge"
+    for start in starts:
+        p0 = np.clip(start, lower, upper)
+        try:
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", optimize.OptimizeWarning)
+                p, _ = optimize.curve_fit(
+                    model, t, r, p0=p0, bounds=(lower, upper), method="trf", maxfev=5000
+                )
+                sse = float(np.sum((model(t, *p) - r) ** 2))
+        except (RuntimeError, ValueError, optimize.OptimizeWarning, FloatingPointError) as e:
+            last_err = f"curve_fit failed: {e}"
+            continue
+        if np.all(np.isfinite(p)) and np.isfinite(sse) and sse < best_sse:
+            best, best_sse = p, sse
+    if best is None:
+        return CurveFit(form, False, last_err)
+    r0, a, half = float(best[0]), float(best[1]), float(best[2])
+    b = float(best[3]) if form == "sigmoid" else math.nan
+    return CurveFit(
+        form=form,
+        ok=True,
+        reason="",
+        asymptote=a,
+        r0=r0,
+        half_step=half,
+        exponent=b,
+        rmse=math.sqrt(best_sse / t.size),
+        extrapolated=half > t_max,
+    )

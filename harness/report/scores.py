@@ -1,0 +1,245 @@
+"""What the report computes: each run's score (diverged runs scored as the worst value, or left
+out), the ranking of the cells with their interval estimates, and the curve fits."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from harness.report import stats
+from harness.report.plots import (
+    step_matrix,
+)
+from harness.report.studydata import CellRow, RunData, StudyData
+
+DivergedPolicy = Literal["worst", "exclude"]
+
+APPROX_KL = "policy/approx_kl"
+CLIP_LOW, CLIP_HIGH, CLIP_DUAL = (
+    "policy/clipfrac_low",
+    "policy/clipfrac_high",
+    "policy/dual_clipfrac",
+)
+REWARD = "objective/reward"
+CLIP_TAIL = 0.10  # clip fractions are averaged over the last 10 % of a run's logged steps
+
+
+def _metric_value(run: RunData, metric: str) -> float:
+    try:
+        v = float(run.summary.get(metric, math.nan))
+    except (TypeError, ValueError):
+        return math.nan
+    return v if math.isfinite(v) else math.nan
+
+
+def _worst_by_task(data: StudyData) -> dict[str, float]:
+    """The worst finite ``data.metric`` among completed and diverged runs, per task."""
+    pick = min if data.direction == "maximize" else max
+    seen: dict[str, list[float]] = {}
+    for r in data.runs:
+        v = _metric_value(r, data.metric)
+        if r.status in ("completed", "diverged") and math.isfinite(v):
+            seen.setdefault(r.task, []).append(v)
+    return {t: float(pick(vs)) for t, vs in seen.items()}
+
+
+def run_scores(data: StudyData, *, diverged: DivergedPolicy = "worst") -> list[float]:
+    """The score of every run in ``data.runs`` (same order) that the statistics use.
+
+    Completed runs score their ``summary[data.metric]``; diverged runs the study's worst value on
+    their task (``"worst"``) or NaN (``"exclude"``); failed and unfinished runs NaN.  NaN scores
+    are left out of every statistic and counted.
+    """
+    if diverged not in ("worst", "exclude"):
+        raise ValueError(f"diverged must be 'worst' or 'exclude', got {diverged!r}")
+    worst = _worst_by_task(data)
+    out = []
+    for r in data.runs:
+        if r.status == "completed":
+            out.append(_metric_value(r, data.metric))
+        elif r.status == "diverged" and diverged == "worst":
+            out.append(worst.get(r.task, math.nan))
+        else:
+            out.append(math.nan)
+    return out
+
+
+def _last_finite(run: RunData, key: str) -> float:
+    a = step_matrix([run], key)[0]
+    ok = np.flatnonzero(np.isfinite(a))
+    return float(a[ok[-1]]) if ok.size else math.nan
+
+
+def _tail_mean(run: RunData, key: str) -> float:
+    """Mean of the last 10 % (at least one) of the run's logged values of ``key``."""
+    a = step_matrix([run], key)[0]
+    a = a[np.isfinite(a)]
+    if a.size == 0:
+        return math.nan
+    k = max(1, math.ceil(CLIP_TAIL * a.size))
+    return float(np.mean(a[-k:]))
+
+
+def _mean_finite(values: Iterable[float]) -> float:
+    v = np.asarray(list(values), dtype=float)
+    v = v[np.isfinite(v)]
+    return float(np.mean(v)) if v.size else math.nan
+
+
+def _by_task(runs: Sequence[RunData], values: Sequence[float], tasks: Sequence[str]) -> Any:
+    """Values as an array (one task) or a task -> array mapping (stratified statistics)."""
+    if len(tasks) <= 1:
+        return np.asarray(values, dtype=float)
+    return {
+        t: np.asarray([v for r, v in zip(runs, values, strict=True) if r.task == t], dtype=float)
+        for t in tasks
+    }
+
+
+def _finite_only(values: Any) -> Any:
+    if isinstance(values, Mapping):
+        return {t: v[np.isfinite(v)] for t, v in values.items()}
+    return values[np.isfinite(values)]
+
+
+def _flip(values: Any, sign: float) -> Any:
+    if isinstance(values, Mapping):
+        return {t: sign * v for t, v in values.items()}
+    return sign * values
+
+
+def _tasks_of(runs: Sequence[RunData]) -> list[str]:
+    return sorted({r.task for r in runs})
+
+
+def ranking(
+    data: StudyData,
+    *,
+    n_boot: int = 2000,
+    seed: int = 0,
+    diverged: DivergedPolicy = "worst",
+) -> list[CellRow]:
+    """One :class:`CellRow` per cell, best first by the IQM of ``data.metric``.
+
+    Statistics come from :func:`harness.report.stats.summarize_cell` on the scores of
+    :func:`run_scores` (IQM and mean with 95 % percentile-bootstrap CIs, median, collapse rate);
+    with several distinct ``RunData.task`` values they use the stratified bootstrap (runs
+    resampled within each task).  P(improve over the baseline) uses
+    :func:`harness.report.stats.probability_of_improvement_ci`; for ``direction="minimize"`` it is
+    computed on negated scores, so it always means "probability of doing better".  Every
+    bootstrap uses the same ``seed``: the same call gives the same numbers.  Cells whose IQM is
+    NaN (no usable run) sort last; ties keep grid order.
+    """
+    scores = run_scores(data, diverged=diverged)
+    score_of = {id(r): s for r, s in zip(data.runs, scores, strict=True)}
+    tasks = _tasks_of(data.runs)
+    sign = 1.0 if data.direction == "maximize" else -1.0
+    base_vals = None
+    if data.baseline is not None and data.baseline in data.cells:
+        base_runs = data.runs_of(data.baseline)
+        base_vals = _by_task(base_runs, [score_of[id(r)] for r in base_runs], tasks)
+    rows: list[CellRow] = []
+    for label, overrides in data.cells.items():
+        runs = data.runs_of(label)
+        vals_list = [score_of[id(r)] for r in runs]
+        vals = _by_task(runs, vals_list, tasks)
+        collapsed = [_metric_value(r, "stability/collapsed") for r in runs]
+        div_flags = [1.0 if r.status == "diverged" else 0.0 for r in runs]
+        summary = stats.summarize_cell(
+            vals,
+            collapsed=np.asarray(collapsed, dtype=float),
+            diverged=np.asarray(div_flags, dtype=float),
+            seed=seed,
+            n_boot=n_boot,
+        )
+        p_iv = None
+        if base_vals is not None and label != data.baseline:
+            p_iv = stats.probability_of_improvement_ci(
+                _flip(_finite_only(vals), sign),
+                _flip(_finite_only(base_vals), sign),
+                n_boot=n_boot,
+                seed=seed,
+            )
+        flags = np.asarray(collapsed, dtype=float)
+        rows.append(
+            CellRow(
+                label=label,
+                overrides=dict(overrides),
+                is_baseline=label == data.baseline,
+                n_seeds=len(runs),
+                n_completed=sum(r.status == "completed" for r in runs),
+                n_diverged=summary.n_diverged,
+                n_failed=sum(r.status == "failed" for r in runs),
+                n_unfinished=sum(r.status in ("running", "waiting") for r in runs),
+                n_used=summary.n_used,
+                iqm=summary.iqm,
+                mean=summary.mean,
+                median=summary.median,
+                p_improve=p_iv,
+                collapse_rate=summary.collapse_rate,
+                n_collapsed=int(np.sum(flags[np.isfinite(flags)] > 0)),
+                final_kl=_mean_finite(_last_finite(r, APPROX_KL) for r in runs),
+                clipfrac_low=_mean_finite(_tail_mean(r, CLIP_LOW) for r in runs),
+                clipfrac_high=_mean_finite(_tail_mean(r, CLIP_HIGH) for r in runs),
+                dual_clipfrac=_mean_finite(_tail_mean(r, CLIP_DUAL) for r in runs),
+                inert_clip=any(r.inert_clip for r in runs),
+                scores=tuple(vals_list),
+                diverged_reasons=tuple(_run_note(r) for r in runs if r.status == "diverged"),
+                failed_reasons=tuple(
+                    _run_note(r) for r in runs if r.status in ("failed", "running", "waiting")
+                ),
+                n_missing_metric=sum(
+                    r.status == "completed" and math.isnan(_metric_value(r, data.metric))
+                    for r in runs
+                ),
+            )
+        )
+    order = {label: i for i, label in enumerate(data.cells)}
+
+    def key(r: CellRow) -> tuple[bool, float, int]:
+        bad = math.isnan(r.iqm.point)
+        return bad, 0.0 if bad else -sign * r.iqm.point, order[r.label]
+
+    return sorted(rows, key=key)
+
+
+def _run_note(run: RunData) -> str:
+    task = f" ({run.task})" if run.task else ""
+    reason = run.reason or f"status {run.status}, no reason recorded"
+    if run.status in ("running", "waiting"):
+        reason = f"{run.status}, not finished"
+    return f"seed {run.seed}{task}: {reason}"
+
+
+@dataclass(frozen=True)
+class CurveFitRow:
+    """A saturating fit of one cell's mean reward curve (completed runs only)."""
+
+    label: str
+    fit: stats.CurveFit
+    n_runs: int
+
+
+def fit_curves(data: StudyData) -> list[CurveFitRow]:
+    """Fit ``stats.fit_saturating_curve`` (sigmoid) to each cell's mean reward curve.
+
+    Only completed runs enter the mean: a diverged run's truncated curve would bend the mean
+    where it stops.  A fit that fails is kept with its reason.
+    """
+    out = []
+    for label in data.cells:
+        runs = [r for r in data.runs_of(label) if r.status == "completed"]
+        m = step_matrix(runs, REWARD, data.steps)
+        if runs and np.isfinite(m).any():
+            with np.errstate(all="ignore"):
+                cnt = np.isfinite(m).sum(axis=0)
+                mean = np.where(cnt > 0, np.nansum(m, axis=0) / np.maximum(cnt, 1), np.nan)
+            fit = stats.fit_saturating_curve(np.arange(mean.size), mean)
+        else:
+            fit = stats.CurveFit("sigmoid", False, "no completed run logged objective/reward")
+        out.append(CurveFitRow(label, fit, len(runs)))
+    return out

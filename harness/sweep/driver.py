@@ -1,0 +1,202 @@
+"""The one path of ``harness ablate`` and ``harness search``: open the study (its parent MLflow
+run), enqueue what is missing, run the workers, then finish the study (ranking or best point,
+report).  Returns the command's exit code; a sweep stopped by Ctrl-C/SIGTERM or a full disk
+ends its parent run KILLED instead of leaving it RUNNING."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from harness.sweep.launch_checks import LaunchChoice
+
+INTERRUPTED_HINT = "interrupted: run the same command again to resume"
+
+
+class _Interrupted(Exception):
+    """Ctrl-C/SIGTERM during a sweep, after its parent run was closed KILLED."""
+
+
+def sweep(
+    exp: Any,
+    *,
+    optuna_storage: Any,
+    tracker: Any,
+    storage: str | None,
+    tracking_uri: str | None,
+    results_dir: Path,
+    study_name: str | None,
+    workers: int,
+    device_list: list[str] | None,
+    command: str,
+    choice: LaunchChoice,
+    say: Callable[[str], None],
+    max_retries: int = 0,
+    fail_fast: bool = False,
+    report: bool = True,
+) -> int:
+    """Run the experiment ``exp`` (a grid or a search) to its end; ``say`` prints a line for the
+    user.  0 when it finished, 1 when a grid is unfinished or no trial completed, 130 when
+    interrupted (resumable)."""
+    from harness.sweep.study import enqueue_missing, open_study
+
+    study, study_spec = open_study(
+        exp,
+        storage=optuna_storage,
+        tracker=tracker,
+        study_name=study_name,
+        tracking_uri=tracking_uri,
+        max_retries=max_retries,
+        command=command,
+    )
+    try:
+        with _parent_closed_on_abort(tracker, study_spec):
+            enqueued, done = enqueue_missing(study, study_spec)
+            if exp.search is None:
+                say(
+                    f"study {study.study_name!r}: {exp.n_trials} trials ({len(exp.cells)} cells x "
+                    f"{len(exp.seeds)} seeds), {done} already done, {enqueued} enqueued; "
+                    f"{workers} worker(s)"
+                )
+            else:
+                say(
+                    f"study {study.study_name!r}: up to {exp.search.n_trials} trials x "
+                    f"{len(exp.seeds)} seeds, {workers} worker(s)"
+                )
+            return _run_and_finish(
+                study,
+                study_spec,
+                tracker,
+                storage=storage,
+                tracking_uri=tracking_uri,
+                results_dir=results_dir,
+                workers=workers,
+                device_list=device_list,
+                done=done,
+                fail_fast=fail_fast,
+                command=command,
+                report=report,
+                choice=choice,
+                say=say,
+            )
+    except _Interrupted:
+        say(INTERRUPTED_HINT)
+        return 130
+
+
+def _run_and_finish(
+    study: Any,
+    spec: Any,
+    tracker: Any,
+    *,
+    storage: str | None,
+    tracking_uri: str | None,
+    results_dir: Path,
+    workers: int,
+    device_list: list[str] | None,
+    done: int,
+    command: str,
+    fail_fast: bool,
+    report: bool,
+    choice: LaunchChoice,
+    say: Callable[[str], None],
+) -> int:
+    """Run the workers of an opened study (grid or search), then finish it."""
+    import signal
+
+    from harness.core.fsutil import DiskFullError
+    from harness.sweep.finish import finish_study
+    from harness.sweep.launch import Resources, make_launcher, run_workers
+    from harness.sweep.worker import WorkerOptions
+
+    opts = WorkerOptions(
+        study=study.study_name,
+        storage=storage,
+        results_dir=results_dir,
+        tracking_uri=tracking_uri,
+        threads=1,  # one torch thread per run: results must not depend on the worker count
+    )
+    fatal: list[str] = []
+
+    def on_event(e: dict[str, Any]) -> None:
+        if e["event"] == "fatal":
+            fatal.append(str(e.get("reason") or "disk full"))
+
+    counts = run_workers(
+        make_launcher(choice.name, ray_address=choice.ray_address),
+        workers,
+        opts,
+        resources=Resources(devices=tuple(device_list or ()), gpus=choice.gpus, cpus=choice.cpus),
+        total=spec.expected_trials,
+        done_before=done,
+        fail_fast=fail_fast,
+        on_event=on_event,
+    )
+    if fatal:  # a worker found the disk full: no report from a store that cannot take it
+        raise DiskFullError(fatal[0])
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # SIGTERM while finishing: close the parent run, as on Ctrl-C
+
+    old_term = signal.signal(signal.SIGTERM, stop)
+    try:
+        finished = finish_study(
+            study, tracker, spec, command=command, results_dir=results_dir, write_report=report
+        )
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+    if counts.get("interrupted_by_user"):
+        say(INTERRUPTED_HINT)
+        return 130
+    if not finished.complete and spec.kind == "grid":
+        return 1
+    if not finished.completed:  # a search in which every trial failed (reasons printed above)
+        return 1
+    return 0
+
+
+@contextlib.contextmanager
+def _parent_closed_on_abort(tracker: Any, spec: Any) -> Iterator[None]:
+    """Ctrl-C/SIGTERM or a full disk after the parent MLflow run was opened: end that run KILLED
+    (where the store still takes it).  An interrupt becomes :class:`_Interrupted` (the command
+    ends with exit 130 and the resume hint, no traceback); a full disk propagates."""
+    import signal
+
+    from harness.core.fsutil import disk_full_message, is_disk_full
+
+    try:
+        yield
+    except (KeyboardInterrupt, Exception) as err:
+        if isinstance(err, KeyboardInterrupt):
+            reason = "interrupted"
+        elif is_disk_full(err):
+            reason = disk_full_message(err)
+        else:
+            raise
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this
+        try:
+            close_parent(tracker, spec, reason)
+        finally:
+            signal.signal(signal.SIGINT, old)
+        if isinstance(err, KeyboardInterrupt):
+            raise _Interrupted from None
+        raise
+
+
+def close_parent(tracker: Any, spec: Any, reason: str) -> None:
+    """End the sweep's parent run KILLED with ``reason``, as far as the tracking store allows."""
+    from harness.sweep.finish import OUTCOME_TAG
+
+    parent = spec.parent_run_id
+    if not parent:
+        return
+    for call in (
+        lambda: tracker.set_tags(parent, {OUTCOME_TAG: reason}),
+        lambda: tracker.end_run(parent, "KILLED"),
+    ):
+        try:
+            call()
+        except Exception:
+            pass  # a full disk may refuse it too; the next run of the command ends it
