@@ -256,7 +256,9 @@ def test_trl_trains_every_builtin_task_in_the_harness_vocabulary(task, tmp_path)
 def test_trl_sees_the_harness_prompts_in_order_and_is_deterministic(tmp_path):
     c = cfg(**{"rollout.prompts_per_step": 3, "warm_start.steps": 10})
     order: list[tuple[int, list[str]]] = []
-    a = train(c, results_dir=tmp_path, on_prompts=lambda step, prompts: order.append((step, prompts)))
+    a = train(
+        c, results_dir=tmp_path, on_prompts=lambda step, prompts: order.append((step, prompts))
+    )
     rng = random.Random(c.seed)
     task = get_task("reverse")
     harness_prompts = [e.prompt for _ in range(3) for e in task.sample(rng, 3)]
