@@ -250,37 +250,20 @@ def test_the_prompts_are_the_same_for_both_trainers(
 def test_the_warm_start_is_the_shared_cached_one(trainer: str, tmp_path: Path) -> None:
     """The trainer starts from the warm start the cache holds for this model, task and seed:
     it reuses the entry made outside it (no new one) and its start eval is those weights'."""
-    from harness.core.configtools import to_dict
     from harness.model.build import load_model_and_tokenizer
-    from harness.run.scaffold import evaluate
-    from harness.run.warmstart import cached_warm_start
+    from harness.run.scaffold import evaluate, warm_start
 
     c = cfg(trainer)
     task = get_task(c.task)
     model, tok = load_model_and_tokenizer(c.model, seed=c.seed, device="cpu", tiny=c.tiny)
-    model, info = cached_warm_start(
-        model,
-        tok,
-        task,
-        model_spec=c.model,
-        task_spec=c.task,
-        steps=c.warm_start.steps,
-        batch_size=c.warm_start.batch_size,
-        lr=c.warm_start.lr,
-        seed=c.seed,
-        cache_dir=tmp_path / "warmstart",
-        key_parts={
-            "tiny": to_dict(c.tiny),
-            "task_options": c.task_options,
-            "model_options": to_dict(c.model_options),
-        },
-    )
+    model, key = warm_start(c, model, tok, task, results_dir=tmp_path, chat_template=None)
     entries = sorted(p.name for p in (tmp_path / "warmstart").iterdir())
+    assert len(entries) >= 1 and key
     expect = evaluate(model, tok, task, task.eval_examples(4), max_new_tokens=5, device="cpu")
 
     res, _ = logged_run(c, tmp_path)
     assert res.status == "completed", res.reason
-    assert res.tags["warm_start.cache_key"] == info["key"] != ""
+    assert res.tags["warm_start.cache_key"] == key
     assert sorted(p.name for p in (tmp_path / "warmstart").iterdir()) == entries
     assert res.summary["start/eval_reward"] == pytest.approx(expect["eval/reward"])
     assert res.summary["start/eval_accuracy"] == pytest.approx(expect["eval/accuracy"])

@@ -244,28 +244,15 @@ def open_run(cfg: RunConfig, hooks: Hooks) -> Run:
     }
     tags = {"inert_clip": str(clip_is_inert(cfg)).lower()}
     if cfg.warm_start.steps > 0:
-        from harness.run.warmstart import cached_warm_start
-
-        model, info = cached_warm_start(
+        model, key = warm_start(
+            cfg,
             model,
             tokenizer,
             task,
-            model_spec=cfg.model,
-            task_spec=cfg.task,
-            steps=cfg.warm_start.steps,
-            batch_size=cfg.warm_start.batch_size,
-            lr=cfg.warm_start.lr,
-            seed=cfg.seed,
-            cache_dir=Path(hooks.get("results_dir", "results")) / "warmstart",
+            results_dir=hooks.get("results_dir", "results"),
             chat_template=sample_kw["chat_template"],
-            key_parts={
-                "tiny": to_dict(cfg.tiny),
-                "task_options": cfg.task_options,
-                # LoRA rank/targets, checkpointing and precision change what training produces.
-                "model_options": to_dict(cfg.model_options),
-            },
         )
-        tags["warm_start.cache_key"] = str(info.get("key", ""))
+        tags["warm_start.cache_key"] = key
     run = Run(
         cfg=cfg,
         hooks=hooks,
@@ -280,6 +267,42 @@ def open_run(cfg: RunConfig, hooks: Hooks) -> Run:
     )
     run.start_eval = run.evaluate()
     return run
+
+
+def warm_start(
+    cfg: RunConfig,
+    model: Any,
+    tokenizer: Any,
+    task: Task,
+    *,
+    results_dir: Path | str,
+    chat_template: str | None,
+) -> tuple[Any, str]:
+    """``cfg``'s supervised warm start of ``model``, trained once and then loaded from the cache
+    under ``results_dir``; the model and its cache key.  Every trainer calls this, with the same
+    key parts, so a cell's trainers share one entry."""
+    from harness.run.warmstart import cached_warm_start
+
+    model, info = cached_warm_start(
+        model,
+        tokenizer,
+        task,
+        model_spec=cfg.model,
+        task_spec=cfg.task,
+        steps=cfg.warm_start.steps,
+        batch_size=cfg.warm_start.batch_size,
+        lr=cfg.warm_start.lr,
+        seed=cfg.seed,
+        cache_dir=Path(results_dir) / "warmstart",
+        chat_template=chat_template,
+        key_parts={
+            "tiny": to_dict(cfg.tiny),
+            "task_options": cfg.task_options,
+            # LoRA rank/targets, checkpointing and precision change what training produces.
+            "model_options": to_dict(cfg.model_options),
+        },
+    )
+    return model, str(info.get("key", ""))
 
 
 def execute(cfg: RunConfig, steps: Callable[[Run], None], hooks: Hooks) -> RunResult:
