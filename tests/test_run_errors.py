@@ -20,9 +20,9 @@ from rich.console import Console
 
 import harness.run.loop as train_mod
 from harness.config import build_run_config
-from harness.run.loop import is_numeric_overflow
 from harness.run.rollout import NonFiniteLogits
 from harness.run.rollout import sample as real_sample
+from harness.run.scaffold import is_numeric_overflow
 from harness.run.tracked import tracked_run
 from harness.run.trainers import train
 from harness.tracking import MemoryTracker

@@ -10,7 +10,8 @@ import torch
 
 from harness.config import build_run_config
 from harness.metrics import OBJECTIVE_METRICS, STEP_METRICS
-from harness.run.loop import clip_is_inert, run
+from harness.run.loop import run
+from harness.run.scaffold import clip_is_inert
 from harness.run.tracked import tracked_run
 from harness.tracking import MemoryTracker
 

@@ -19,7 +19,6 @@ from harness.cli import app
 from harness.config import ConfigError, build_run_config
 from harness.config.trl_map import TRL_MAPPING, grpo_kwargs, markdown, trl_problems
 from harness.metrics import STEP_METRICS
-from harness.run import trl_trainer
 from harness.run.tracked import tracked_run
 from harness.run.trainers import train
 from harness.tasks import get_task
@@ -256,14 +255,19 @@ def test_trl_trains_every_builtin_task_in_the_harness_vocabulary(task, tmp_path)
 
 def test_trl_sees_the_harness_prompts_in_order_and_is_deterministic(tmp_path):
     c = cfg(**{"rollout.prompts_per_step": 3, "warm_start.steps": 10})
-    a = train(c, results_dir=tmp_path)
-    order = [list(x) for x in trl_trainer.LAST_PROMPT_ORDER]
-    # step t scores prompts 3t..3t+2, each n_samples times in a row: the harness loop's draw
-    assert order == [[i for i in range(3 * t, 3 * t + 3) for _ in range(2)] for t in range(3)]
+    order: list[tuple[int, list[str]]] = []
+    a = train(
+        c, results_dir=tmp_path, on_prompts=lambda step, prompts: order.append((step, prompts))
+    )
     rng = random.Random(c.seed)
     task = get_task("reverse")
     harness_prompts = [e.prompt for _ in range(3) for e in task.sample(rng, 3)]
     assert len(set(harness_prompts)) > 1
+    # step t scores prompts 3t..3t+2, each n_samples times in a row: the harness loop's draw
+    assert order == [
+        (t, [harness_prompts[i] for i in range(3 * t, 3 * t + 3) for _ in range(2)])
+        for t in range(3)
+    ]
     b = train(c, results_dir=tmp_path)
     for k, v in a.history.items():
         if not k.startswith("perf/"):

@@ -6,37 +6,32 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Required, TypedDict, Unpack
 
 import yaml
 
 from harness.config import RunConfig
 from harness.core.configtools import flatten, to_dict
 from harness.core.provenance import provenance_tags
-from harness.run.loop import RunResult
+from harness.run.scaffold import RunResult
 from harness.run.trainers import train
 from harness.tracking import RunStatus, Tracker
 
 
-def start_tracked_run(
-    cfg: RunConfig,
-    tracker: Tracker,
-    *,
-    experiment: str,
-    run_name: str,
-    parent_run_id: str | None = None,
-    tags: dict[str, str] | None = None,
-    run_id: str | None = None,
-) -> str:
+class RunIdentity(TypedDict, total=False):
+    """Which tracker run a training run is recorded in: ``Tracker.start_run``'s arguments."""
+
+    experiment: Required[str]
+    run_name: Required[str]
+    parent_run_id: str | None
+    tags: dict[str, str] | None  # on top of the provenance tags and the seed
+    run_id: str | None  # resume this run instead of starting one
+
+
+def start_tracked_run(cfg: RunConfig, tracker: Tracker, **identity: Unpack[RunIdentity]) -> str:
     """Create (or resume) the run and log its params, tags and resolved config."""
-    all_tags = {**provenance_tags(), "seed": str(cfg.seed), **(tags or {})}
-    rid = tracker.start_run(
-        experiment=experiment,
-        run_name=run_name,
-        parent_run_id=parent_run_id,
-        tags=all_tags,
-        run_id=run_id,
-    )
+    identity["tags"] = {**provenance_tags(), "seed": str(cfg.seed), **(identity.get("tags") or {})}
+    rid = tracker.start_run(**identity)
     resolved = to_dict(cfg)
     try:
         tracker.log_params(rid, flatten(resolved))
@@ -97,25 +92,13 @@ def tracked_run(
     cfg: RunConfig,
     tracker: Tracker,
     *,
-    experiment: str,
-    run_name: str,
-    parent_run_id: str | None = None,
-    tags: dict[str, str] | None = None,
-    run_id: str | None = None,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     results_dir: Path | str = "results",
+    **identity: Unpack[RunIdentity],
 ) -> tuple[RunResult, str]:
     """Run ``cfg`` with every step logged to ``tracker``; an exception marks the run FAILED."""
-    rid = start_tracked_run(
-        cfg,
-        tracker,
-        experiment=experiment,
-        run_name=run_name,
-        parent_run_id=parent_run_id,
-        tags=tags,
-        run_id=run_id,
-    )
+    rid = start_tracked_run(cfg, tracker, **identity)
 
     def on_metrics(step: int, metrics: dict[str, Any]) -> None:
         tracker.log_metrics(rid, metrics, step)

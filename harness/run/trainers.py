@@ -5,32 +5,25 @@
     trl       TRL's GRPOTrainer (``harness.run.trl_trainer.run_trl``), options mapped by
               ``harness.config.trl_map``
 
-``RunConfig.trainer`` picks one; ``train`` dispatches.  Sweeps, the tracker and the report never
-know which trainer ran a cell.
+Both are the run scaffold (``harness/run/scaffold.py``) around their own steps, so both take the
+same hooks and keep the same contract (tests/test_trainer_contract.py).  ``RunConfig.trainer``
+picks one; ``train`` dispatches.  Sweeps, the tracker and the report never know which trainer ran
+a cell.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, Unpack
 
 if TYPE_CHECKING:
     from harness.config import RunConfig
-    from harness.run.loop import RunResult
+    from harness.run.scaffold import Hooks, RunResult
 
 TRAINERS = ("harness", "trl")
 
 
 class Trainer(Protocol):
-    def __call__(
-        self,
-        cfg: RunConfig,
-        *,
-        on_metrics: Callable[[int, dict[str, float]], None] | None = None,
-        should_stop: Callable[[], bool] | None = None,
-        results_dir: Path | str = "results",
-    ) -> RunResult: ...
+    def __call__(self, cfg: RunConfig, **hooks: Unpack[Hooks]) -> RunResult: ...
 
 
 def get_trainer(name: str) -> Trainer:
@@ -45,14 +38,6 @@ def get_trainer(name: str) -> Trainer:
     raise ValueError(f"trainer must be one of {', '.join(TRAINERS)}; got {name!r}")
 
 
-def train(
-    cfg: RunConfig,
-    *,
-    on_metrics: Callable[[int, dict[str, float]], None] | None = None,
-    should_stop: Callable[[], bool] | None = None,
-    results_dir: Path | str = "results",
-) -> RunResult:
+def train(cfg: RunConfig, **hooks: Unpack[Hooks]) -> RunResult:
     """Run ``cfg`` with the trainer it names."""
-    return get_trainer(cfg.trainer)(
-        cfg, on_metrics=on_metrics, should_stop=should_stop, results_dir=results_dir
-    )
+    return get_trainer(cfg.trainer)(cfg, **hooks)

@@ -4,7 +4,9 @@ One harness step is one TRL generation cycle: ``prompts_per_step × n_samples`` 
 sampled once, then ``ppo_n_minibatches × ppo_epochs`` optimizer steps use them
 (``steps_per_generation`` × ``num_iterations``).  The prompts are the ones the harness loop would
 draw (``task.sample`` with ``random.Random(seed)``, step by step), fed in order
-(``shuffle_dataset=False``), and the model is the same (warm-started from the same cache).
+(``shuffle_dataset=False``), and the model is the same: the run scaffold
+(``harness/run/scaffold.py``) builds and warm-starts it, evaluates it, records each step and
+writes the summary, for this trainer as for the harness loop.
 
 TRL logs after every optimizer step (``logging_steps=1``); the callback gathers the logs of one
 cycle and emits one metrics dict in the harness vocabulary (``TRL_METRICS`` says which TRL key
@@ -20,101 +22,45 @@ import random
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 
 from harness.config import RunConfig
 from harness.config.trl_map import approximations, grpo_kwargs
-from harness.core.configtools import to_dict
-from harness.metrics import check_names
-from harness.metrics.stability import RUN_SMOOTH, START_WINDOW, summarize_run
 from harness.metrics.trl import TRL_METRICS
-from harness.model.build import eos_ids, load_model_and_tokenizer, max_positions, resolve_device
-from harness.model.lora import prepare_for_training
 from harness.ppo.advantages import shape_rewards
-from harness.tasks import get_task
+from harness.run.scaffold import (
+    Diverged,
+    Hooks,
+    Run,
+    RunResult,
+    execute,
+    is_numeric_overflow,
+    params_finite,
+)
 
 
-def _combine(values: list[float], how: str) -> float:
-    vals = [v for v in values if v is not None]
-    if not vals:
-        return math.nan
-    if how == "max":
-        return max(vals)
-    if how == "last":
-        return vals[-1]
-    return sum(vals) / len(vals)
-
-
-def run_trl(
-    cfg: RunConfig,
-    *,
-    on_metrics: Callable[[int, dict[str, float]], None] | None = None,
-    should_stop: Callable[[], bool] | None = None,
-    results_dir: Path | str = "results",
-) -> Any:
+def run_trl(cfg: RunConfig, **hooks: Unpack[Hooks]) -> RunResult:
     """Train ``cfg`` with ``trl.GRPOTrainer``; a ``RunResult`` like ``harness.run.loop.run``'s."""
+    kwargs = grpo_kwargs(cfg)  # raises for what TRL cannot express (validated earlier too)
+    return execute(cfg, lambda run: grpo_steps(run, kwargs), hooks)
+
+
+def grpo_steps(run: Run, grpo_config: dict[str, Any]) -> None:
+    """``GRPOTrainer.train()`` on the scaffold's warm-started policy, one generation cycle per
+    harness step; ``grpo_config`` is :func:`harness.config.trl_map.grpo_kwargs` of ``run.cfg``."""
     from datasets import Dataset
     from transformers import TrainerCallback
     from transformers.trainer_callback import PrinterCallback
     from transformers.utils import logging as hf_logging
     from trl import GRPOConfig, GRPOTrainer
 
-    from harness.run.loop import Diverged, RunResult, evaluate
-
-    t_start = time.perf_counter()
-    kwargs = grpo_kwargs(cfg)  # raises for what TRL cannot express (validated earlier too)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
-    device = resolve_device(cfg.device)
-    task = get_task(cfg.task, **cfg.task_options)
-    model, tokenizer = load_model_and_tokenizer(
-        cfg.model, seed=cfg.seed, device=str(device), tiny=cfg.tiny, options=cfg.model_options
-    )
-    # Gradient checkpointing and LoRA exactly as the harness loop applies them, so the warm start
-    # (and its cache entry) is the same; TRL then trains the (peft) model it is handed.
-    model = prepare_for_training(model, cfg.model_options)
-    sample_kw: dict[str, Any] = {
-        "eos_token_ids": eos_ids(model, tokenizer),
-        "max_positions": max_positions(model.config),
-    }
-    tags: dict[str, str] = {"trainer": "trl", "inert_clip": "false"}
-    if cfg.warm_start.steps > 0:
-        from harness.run.warmstart import cached_warm_start
-
-        model, info = cached_warm_start(
-            model,
-            tokenizer,
-            task,
-            model_spec=cfg.model,
-            task_spec=cfg.task,
-            steps=cfg.warm_start.steps,
-            batch_size=cfg.warm_start.batch_size,
-            lr=cfg.warm_start.lr,
-            seed=cfg.seed,
-            cache_dir=Path(results_dir) / "warmstart",
-            chat_template=None,
-            # The same key parts as harness.run.loop.run: both trainers share one cache entry.
-            key_parts={
-                "tiny": to_dict(cfg.tiny),
-                "task_options": cfg.task_options,
-                "model_options": to_dict(cfg.model_options),
-            },
-        )
-        tags["warm_start.cache_key"] = str(info.get("key", ""))
+    cfg, task = run.cfg, run.task
+    run.tags["trainer"] = "trl"
     approx = approximations(cfg)
     if approx:
-        tags["trl.approximations"] = "; ".join(approx)[:500]
-
-    from harness.run.loop import clip_is_inert
-
-    inert = clip_is_inert(cfg)
-    tags["inert_clip"] = str(inert).lower()
+        run.tags["trl.approximations"] = "; ".join(approx)[:500]
 
     # The harness loop's prompts, step by step, in order.
     rng = random.Random(cfg.seed)
@@ -126,12 +72,11 @@ def run_trl(
     per_cycle = p.ppo_n_minibatches * p.ppo_epochs
     n_samples = cfg.rollout.n_samples
     raw_rewards: list[list[float]] = []  # per generation cycle, the task's unshaped scores
-    seen_idx: list[list[int]] = []  # per generation cycle, the prompt indices TRL scored
 
     def reward(
         prompts: list[str], completions: list[str], idx: list[int], **_: Any
     ) -> list[float | None]:
-        seen_idx.append(list(idx))
+        run.scored(run.steps_done, [examples[i].prompt for i in idx])
         scores = [task.score(examples[i], c) for i, c in zip(idx, completions, strict=True)]
         raw_rewards.append(scores)
         shaped = shape_rewards(
@@ -155,7 +100,7 @@ def run_trl(
                 what = _sampling_divergence(err, self.model)
                 if what is None:  # out of memory, a device or library error: an error
                     raise
-                raise Diverged(rs.step, what) from None
+                raise Diverged(run.steps_done, what) from None
             m = out["completion_mask"].bool()
             adv = out["advantages"].unsqueeze(1).expand_as(m)[m].float()
             gen_stats.append(
@@ -169,129 +114,44 @@ def run_trl(
             )
             return out
 
-    class _State:
-        step = 0  # harness steps completed
-        logs: list[dict[str, float]] = []
-        t_cycle = 0.0
-        status, reason = "completed", ""
-        bad_steps = 0
-        diverged_step: int | None = None
-
-    rs = _State()
-    history: dict[str, list[float]] = {}
-    eval_examples = task.eval_examples(cfg.eval.n_prompts)
-    # The start that final/eval_reward is compared with, as in the harness loop: the warm-started
-    # policy, greedy, on the same held-out prompts, before any update.
-    start_eval = evaluate(
-        model,
-        tokenizer,
-        task,
-        eval_examples,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        device=device,
-        **sample_kw,
-    )
-
-    def record(step: int, metrics: dict[str, float]) -> None:
-        for k, v in metrics.items():
-            history.setdefault(k, [math.nan] * step).append(float(v))
-        for seq in history.values():
-            if len(seq) < step + 1:
-                seq.append(math.nan)
-        if on_metrics is not None:
-            on_metrics(step, metrics)
+    cycle_logs: list[dict[str, float]] = []  # TRL's logs of the current generation cycle
+    t_cycle = [0.0]  # when the current cycle began (the previous one's bookkeeping excluded)
 
     def end_of_cycle(trainer_model: torch.nn.Module) -> bool:
-        """Emit one harness step; True when training must stop."""
-        step = rs.step
-        if not _params_finite(trainer_model):
+        """Record one harness step; True when training must stop."""
+        step = run.steps_done
+        if not params_finite(trainer_model):
             raise Diverged(step, "non-finite policy parameters after the update")
         # The step's time runs from the end of the previous cycle's bookkeeping (evaluation
         # excluded, as in the harness loop) to TRL's log of its last optimizer step.
-        step_time = time.perf_counter() - rs.t_cycle
-        metrics: dict[str, float] = {}
-        for trl_key, (key, how) in TRL_METRICS.items():
-            vals = [lg[trl_key] for lg in rs.logs if lg.get(trl_key) is not None]
-            if vals:
-                metrics[key] = _combine(vals, how)
-        grads = [lg["grad_norm"] for lg in rs.logs if lg.get("grad_norm") is not None]
-        # An optimizer step is non-finite when its logged loss or gradient norm is (HF logs no
-        # grad_norm when clipping is off, so only what was logged counts).
-        nonfinite = sum(
-            1
-            for lg in rs.logs
-            if any(
-                lg.get(k) is not None and not math.isfinite(float(lg[k]))
-                for k in ("loss", "grad_norm")
-            )
-        )
-        if grads:
-            metrics["stability/grad_norm_max"] = max(grads)
-        scores = raw_rewards[-1] if raw_rewards else []
+        step_time = time.perf_counter() - t_cycle[0]
         g = gen_stats[-1] if gen_stats else {}
-        if scores:
-            r = torch.tensor(scores, dtype=torch.float32)
-            groups = r.view(-1, n_samples)
-            metrics["objective/reward"] = float(r.mean())
-            metrics["objective/reward_std"] = float(r.std()) if r.numel() > 1 else 0.0
-            metrics["rollout/zero_std_groups"] = float(
-                (groups.max(1).values == groups.min(1).values).float().mean()
-            )
-        metrics.update({k: v for k, v in g.items() if k.startswith("advantages/")})
-        metrics["objective/kl"] = 0.0
-        metrics["rollout/staleness"] = 0.0
-        rs_logs_n = len(rs.logs)
-        metrics["stability/optimizer_steps"] = float(rs_logs_n)
-        metrics["stability/nonfinite_count"] = float(nonfinite)
-        metrics["stability/skipped_updates"] = 0.0  # HF's Trainer steps even on a NaN loss
+        metrics = _cycle_metrics(cycle_logs, raw_rewards[-1] if raw_rewards else [], g, n_samples)
         metrics["perf/step_time"] = step_time
         metrics["perf/rollout_time"] = g.get("time", math.nan)
         metrics["perf/update_time"] = step_time - g.get("time", 0.0)
         metrics["perf/tokens_per_sec"] = g.get("tokens", 0.0) / step_time if step_time > 0 else 0.0
-        rs.logs = []
-        is_last = step == cfg.steps - 1
-        if is_last or (cfg.eval.every and (step + 1) % cfg.eval.every == 0):
-            metrics.update(
-                evaluate(
-                    trainer_model,
-                    tokenizer,
-                    task,
-                    eval_examples,
-                    max_new_tokens=cfg.rollout.max_new_tokens,
-                    device=device,
-                    **sample_kw,
-                )
-            )
-        check_names(metrics)
-        record(step, metrics)
-        rs.t_cycle = time.perf_counter()
-        rs.step = step + 1
-        rs.bad_steps = rs.bad_steps + 1 if rs_logs_n and nonfinite == rs_logs_n else 0
-        if rs.bad_steps >= cfg.diverge_after:
-            raise Diverged(
-                step,
-                f"loss or gradient norm non-finite in every update for {rs.bad_steps} "
-                "consecutive steps",
-            )
-        if should_stop is not None and should_stop() and rs.step < cfg.steps:
-            rs.status, rs.reason = "interrupted", f"interrupted at step {rs.step}"
-            return True
-        return False
+        n_updates, n_bad = len(cycle_logs), metrics["stability/nonfinite_count"]
+        cycle_logs.clear()
+        if run.eval_due(step):
+            metrics.update(run.evaluate(trainer_model))
+        run.record(step, metrics, all_updates_nonfinite=bool(n_updates) and n_bad == n_updates)
+        t_cycle[0] = time.perf_counter()
+        return run.steps_done < cfg.steps and run.stop_requested(run.steps_done)
 
     class _Bridge(TrainerCallback):  # type: ignore[misc]
         """Collects TRL's per-optimizer-step logs; the last one of a cycle closes the step."""
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-            rs.t_cycle = time.perf_counter()
-            if should_stop is not None and should_stop():
-                rs.status, rs.reason = "interrupted", "interrupted at step 0"
+            t_cycle[0] = time.perf_counter()
+            if run.stop_requested(0):
                 control.should_training_stop = True
 
         def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
             logs = kwargs.get("logs")
             if not logs or "train_runtime" in logs:  # the end-of-training summary
                 return
-            rs.logs.append(dict(logs))
+            cycle_logs.append(dict(logs))
             if state.global_step % per_cycle == 0 and end_of_cycle(kwargs["model"]):
                 control.should_training_stop = True
 
@@ -301,70 +161,86 @@ def run_trl(
         warnings.simplefilter("ignore")
         args = GRPOConfig(
             output_dir=out_dir,
-            use_cpu=device.type == "cpu",
+            use_cpu=run.device.type == "cpu",
             report_to="none",
             logging_steps=1,
             save_strategy="no",
             shuffle_dataset=False,
             disable_tqdm=True,
             dataloader_num_workers=0,
-            **kwargs,
+            **grpo_config,
         )
         trainer = _Trainer(
-            model=model,
+            model=run.model,
             reward_funcs=reward,
             args=args,
             train_dataset=data,
-            processing_class=tokenizer,
+            processing_class=run.tokenizer,
             callbacks=[_Bridge()],
         )
         # With tqdm off, HF prints every log dict to stdout; the harness reports through callbacks.
         trainer.remove_callback(PrinterCallback)
-        try:
-            trainer.train()
-        except Diverged as err:
-            rs.status, rs.reason = "diverged", str(err)
-            rs.diverged_step = err.step
-            tags["diverged_step"] = str(err.step)
+        trainer.train()  # a Diverged raised in a callback ends it: the scaffold records it
 
-    LAST_PROMPT_ORDER[:] = seen_idx
-    summary = summarize_run(history, smooth=RUN_SMOOTH, diverged_step=rs.diverged_step)
-    first = [v for v in history.get("objective/reward", [])[:START_WINDOW] if math.isfinite(v)]
-    summary["start/reward"] = sum(first) / len(first) if first else math.nan
-    summary["start/eval_reward"] = start_eval["eval/reward"]
-    summary["start/eval_accuracy"] = start_eval["eval/accuracy"]
-    evals = [v for v in history.get("eval/reward", []) if math.isfinite(v)]
-    summary["final/eval_reward"] = evals[-1] if evals else math.nan
-    return RunResult(
-        status=rs.status,
-        reason=rs.reason,
-        steps_done=rs.step,
-        history=history,
-        summary=summary,
-        wall_time=time.perf_counter() - t_start,
-        inert_clip=inert,
-        tags=tags,
+
+def _cycle_metrics(
+    logs: list[dict[str, float]], scores: list[float], gen: dict[str, float], n_samples: int
+) -> dict[str, float]:
+    """One generation cycle's metrics in the harness vocabulary: TRL's per-optimizer-step
+    ``logs`` combined as ``TRL_METRICS`` says, the task's raw ``scores`` and the generation's
+    advantage statistics ``gen``."""
+    metrics: dict[str, float] = {}
+    for trl_key, (key, how) in TRL_METRICS.items():
+        vals = [lg[trl_key] for lg in logs if lg.get(trl_key) is not None]
+        if vals:
+            metrics[key] = _combine(vals, how)
+    grads = [lg["grad_norm"] for lg in logs if lg.get("grad_norm") is not None]
+    # An optimizer step is non-finite when its logged loss or gradient norm is (HF logs no
+    # grad_norm when clipping is off, so only what was logged counts).
+    nonfinite = sum(
+        1
+        for lg in logs
+        if any(
+            lg.get(k) is not None and not math.isfinite(float(lg[k])) for k in ("loss", "grad_norm")
+        )
     )
+    if grads:
+        metrics["stability/grad_norm_max"] = max(grads)
+    if scores:
+        r = torch.tensor(scores, dtype=torch.float32)
+        groups = r.view(-1, n_samples)
+        metrics["objective/reward"] = float(r.mean())
+        metrics["objective/reward_std"] = float(r.std()) if r.numel() > 1 else 0.0
+        metrics["rollout/zero_std_groups"] = float(
+            (groups.max(1).values == groups.min(1).values).float().mean()
+        )
+    metrics.update({k: v for k, v in gen.items() if k.startswith("advantages/")})
+    metrics["objective/kl"] = 0.0
+    metrics["rollout/staleness"] = 0.0
+    metrics["stability/optimizer_steps"] = float(len(logs))
+    metrics["stability/nonfinite_count"] = float(nonfinite)
+    metrics["stability/skipped_updates"] = 0.0  # HF's Trainer steps even on a NaN loss
+    return metrics
 
 
-# For tests: the prompt indices of each generation cycle of the last run in this process.
-LAST_PROMPT_ORDER: list[list[int]] = []
+def _combine(values: list[float], how: str) -> float:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return math.nan
+    if how == "max":
+        return max(vals)
+    if how == "last":
+        return vals[-1]
+    return sum(vals) / len(vals)
 
 
 def _sampling_divergence(err: RuntimeError, model: torch.nn.Module | None) -> str | None:
     """Why a failure inside TRL's generation is the policy diverging (multinomial on NaN/inf
     probabilities, non-finite weights), or None when it is not (it must stay an error)."""
-    from harness.run.loop import is_numeric_overflow
-
     if isinstance(err, torch.OutOfMemoryError):
         return None
-    if model is not None and not _params_finite(model):
+    if model is not None and not params_finite(model):
         return "non-finite policy parameters while sampling"
     if is_numeric_overflow(err):
         return f"non-finite probabilities while sampling ({str(err).splitlines()[0][:200]})"
     return None
-
-
-def _params_finite(model: torch.nn.Module) -> bool:
-    norms = torch._foreach_norm([p.detach() for p in model.parameters()])
-    return bool(torch.isfinite(torch.stack(norms)).all())

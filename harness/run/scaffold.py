@@ -1,0 +1,316 @@
+"""The run scaffold: what every trainer shares, around the one part that differs.
+
+    setup    seeds, device, task, model (checkpointing, LoRA), the cached warm start, the
+             held-out prompts and the start eval                                  (open_run)
+    steps    the trainer's own: the harness PPO loop (harness/run/loop.py) or TRL's
+             GRPOTrainer (harness/run/trl_trainer.py); before each step it asks
+             ``run.stop_requested(step)``, after it calls ``run.record(step, metrics, ...)``,
+             and it raises :class:`Diverged` when the numbers stop being finite
+    finish   the outcome (completed, diverged with its reason, interrupted), the summary
+             (``summarize_run`` plus the start and final evals) and the :class:`RunResult`
+
+A trainer is a function ``steps(run)`` handed to :func:`execute`; so both trainers warm-start,
+record, diverge, stop and summarise in one way, and the trainer contract
+(tests/test_trainer_contract.py) holds for both.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypedDict
+
+import torch
+
+from harness.config import RunConfig
+from harness.core.configtools import to_dict
+from harness.metrics import check_names
+from harness.metrics.stability import RUN_SMOOTH, START_WINDOW, summarize_run
+from harness.model.build import eos_ids, load_model_and_tokenizer, max_positions, resolve_device
+from harness.model.lora import prepare_for_training
+from harness.model.prompting import resolve_chat_template
+from harness.run.rollout import sample
+from harness.tasks import Example, Task, get_task
+
+
+class Diverged(RuntimeError):
+    """The run's numbers stopped being finite; the message is 'diverged at step N: <what>'."""
+
+    def __init__(self, step: int, what: str) -> None:
+        super().__init__(f"diverged at step {step}: {what}")
+        self.step = step
+
+
+# A number that stopped being finite, in a torch error message ("value cannot be converted to
+# type float without overflow"), as whole words: "inference", "information" are not "inf".
+_NONFINITE_WORDS = re.compile(r"\b(overflow|nan|inf)\b", re.IGNORECASE)
+
+
+def is_numeric_overflow(err: BaseException) -> bool:
+    """True for a torch error that reports a non-finite number; an out-of-memory never is."""
+    if isinstance(err, (MemoryError, torch.OutOfMemoryError)):
+        return False
+    lines = str(err).splitlines()
+    return bool(lines and _NONFINITE_WORDS.search(lines[0]))
+
+
+def params_finite(model: torch.nn.Module) -> bool:
+    """All parameters finite, checked with one fused norm over every tensor (not one per tensor)."""
+    norms = torch._foreach_norm([p.detach() for p in model.parameters()])
+    return bool(torch.isfinite(torch.stack(norms)).all())
+
+
+def clip_is_inert(cfg: RunConfig) -> bool:
+    """True when the configuration makes the policy ratio identically 1, so that eps_clip,
+    eps_clip_higher and c_clip cannot change anything (TRL #3120, verl #791): a single optimizer
+    step per batch sees the weights that produced ℓp — the behaviour policy itself when rollouts
+    are fresh, or the recomputed proximal policy in decoupled mode."""
+    p = cfg.ppo
+    single_step = p.ppo_n_minibatches * p.ppo_epochs == 1
+    return single_step and (cfg.rollout.staleness == 0 or p.use_decoupled_loss)
+
+
+@dataclass
+class RunResult:
+    status: str  # "completed" | "diverged" | "interrupted"
+    reason: str
+    steps_done: int
+    history: dict[str, list[float]]
+    summary: dict[str, float]
+    wall_time: float
+    inert_clip: bool
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+class Hooks(TypedDict, total=False):
+    """What a caller may hand a trainer; every key is optional."""
+
+    on_metrics: Callable[[int, dict[str, float]], None] | None  # each step's metrics, once
+    should_stop: Callable[[], bool] | None  # asked before each step; True interrupts the run
+    on_prompts: Callable[[int, list[str]], None] | None  # each step's prompts, one per completion
+    results_dir: Path | str  # the warm-start cache lives under it (default "results")
+
+
+def evaluate(
+    model, tokenizer, task, examples, *, max_new_tokens: int, device, **sample_kw: Any
+) -> dict[str, float]:
+    """Greedy completions on held-out prompts: mean reward and exact-match accuracy.
+    ``sample_kw`` (EOS ids, prompt truncation, position limit) go to :func:`sample`."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    was_training = model.training
+    model.eval()
+    batch = sample(
+        model,
+        tokenizer,
+        [e.prompt for e in examples],
+        n_samples=1,
+        max_new_tokens=max_new_tokens,
+        generator=gen,
+        greedy=True,
+        **sample_kw,
+    )
+    model.train(was_training)
+    scores = [task.score(e, c) for e, c in zip(examples, batch.completions, strict=True)]
+    exact = [float(c.strip() == e.answer) for e, c in zip(examples, batch.completions, strict=True)]
+    return {"eval/reward": sum(scores) / len(scores), "eval/accuracy": sum(exact) / len(exact)}
+
+
+@dataclass
+class Run:
+    """One run as a trainer sees it: what setup built, and the bookkeeping every step ends in."""
+
+    cfg: RunConfig
+    hooks: Hooks
+    device: torch.device
+    task: Task
+    model: Any  # the (warm-started, possibly LoRA-wrapped) policy
+    tokenizer: Any
+    sample_kw: dict[str, Any]  # EOS ids, prompt truncation, position limit, chat template
+    eval_examples: list[Example]
+    start_eval: dict[str, float]
+    tags: dict[str, str]
+    history: dict[str, list[float]] = field(default_factory=dict)
+    steps_done: int = 0
+    status: str = "completed"
+    reason: str = ""
+    bad_steps: int = 0  # consecutive steps whose every update was non-finite
+    diverged_step: int | None = None
+
+    def evaluate(self, model: torch.nn.Module | None = None) -> dict[str, float]:
+        """The greedy eval on the held-out prompts (of ``model``, default the policy)."""
+        return evaluate(
+            self.model if model is None else model,
+            self.tokenizer,
+            self.task,
+            self.eval_examples,
+            max_new_tokens=self.cfg.rollout.max_new_tokens,
+            device=self.device,
+            **self.sample_kw,
+        )
+
+    def eval_due(self, step: int) -> bool:
+        every = self.cfg.eval.every
+        return step == self.cfg.steps - 1 or bool(every and (step + 1) % every == 0)
+
+    def stop_requested(self, step: int) -> bool:
+        """Asked before step ``step``: True (and the run interrupted) when the caller says stop."""
+        stop = self.hooks.get("should_stop")
+        if stop is None or not stop():
+            return False
+        self.status, self.reason = "interrupted", f"interrupted at step {step}"
+        return True
+
+    def scored(self, step: int, prompts: list[str]) -> None:
+        """The prompts step ``step`` scored, one per completion, for an ``on_prompts`` caller."""
+        on_prompts = self.hooks.get("on_prompts")
+        if on_prompts is not None:
+            on_prompts(step, prompts)
+
+    def record(self, step: int, metrics: dict[str, float], *, all_updates_nonfinite: bool) -> None:
+        """Keep step ``step``'s metrics, hand them to ``on_metrics``, and diverge after
+        ``cfg.diverge_after`` consecutive steps in which no update was finite."""
+        check_names(metrics)
+        for k, v in metrics.items():
+            self.history.setdefault(k, [math.nan] * step).append(float(v))
+        for seq in self.history.values():  # keys not logged this step get NaN
+            if len(seq) < step + 1:
+                seq.append(math.nan)
+        on_metrics = self.hooks.get("on_metrics")
+        if on_metrics is not None:
+            on_metrics(step, metrics)
+        self.steps_done = step + 1
+        self.bad_steps = self.bad_steps + 1 if all_updates_nonfinite else 0
+        if self.bad_steps >= self.cfg.diverge_after:
+            raise Diverged(
+                step,
+                f"loss or gradient norm non-finite in every update for {self.bad_steps} "
+                "consecutive steps",
+            )
+
+    def diverged(self, err: Diverged) -> None:
+        self.status, self.reason = "diverged", str(err)
+        self.diverged_step = err.step
+        self.tags["diverged_step"] = str(err.step)
+
+    def result(self, wall_time: float) -> RunResult:
+        """The outcome and the summary of what was recorded (a partial run's too)."""
+        history = self.history
+        # drawdown/collapse on a moving average: one noisy batch is no collapse
+        summary = summarize_run(history, smooth=RUN_SMOOTH, diverged_step=self.diverged_step)
+        first = [v for v in history.get("objective/reward", [])[:START_WINDOW] if math.isfinite(v)]
+        summary["start/reward"] = sum(first) / len(first) if first else math.nan
+        summary["start/eval_reward"] = self.start_eval["eval/reward"]
+        summary["start/eval_accuracy"] = self.start_eval["eval/accuracy"]
+        evals = [v for v in history.get("eval/reward", []) if math.isfinite(v)]
+        summary["final/eval_reward"] = evals[-1] if evals else math.nan
+        return RunResult(
+            status=self.status,
+            reason=self.reason,
+            steps_done=self.steps_done,
+            history=history,
+            summary=summary,
+            wall_time=wall_time,
+            inert_clip=clip_is_inert(self.cfg),
+            tags=self.tags,
+        )
+
+
+def open_run(cfg: RunConfig, hooks: Hooks) -> Run:
+    """Seeds, device, task and the warm-started model, then the start eval: the warm-started
+    policy, greedy, on the held-out prompts every later eval uses, before any update (the start
+    ``final/eval_reward`` is compared with; its own generator leaves the training RNGs alone)."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    device = resolve_device(cfg.device)
+    task = get_task(cfg.task, **cfg.task_options)
+    model, tokenizer = load_model_and_tokenizer(
+        cfg.model, seed=cfg.seed, device=str(device), tiny=cfg.tiny, options=cfg.model_options
+    )
+    # Gradient checkpointing and LoRA before the warm start, so that every trainer warm-starts
+    # (and caches) the same model and then trains that one.
+    model = prepare_for_training(model, cfg.model_options)
+    sample_kw: dict[str, Any] = {
+        "eos_token_ids": eos_ids(model, tokenizer),
+        "max_prompt_tokens": cfg.rollout.max_prompt_tokens,
+        "max_positions": max_positions(model.config),
+        "chat_template": resolve_chat_template(cfg.rollout.chat_template, tokenizer),
+    }
+    tags = {"inert_clip": str(clip_is_inert(cfg)).lower()}
+    if cfg.warm_start.steps > 0:
+        model, key = warm_start(
+            cfg,
+            model,
+            tokenizer,
+            task,
+            results_dir=hooks.get("results_dir", "results"),
+            chat_template=sample_kw["chat_template"],
+        )
+        tags["warm_start.cache_key"] = key
+    run = Run(
+        cfg=cfg,
+        hooks=hooks,
+        device=device,
+        task=task,
+        model=model,
+        tokenizer=tokenizer,
+        sample_kw=sample_kw,
+        eval_examples=task.eval_examples(cfg.eval.n_prompts),
+        start_eval={},
+        tags=tags,
+    )
+    run.start_eval = run.evaluate()
+    return run
+
+
+def warm_start(
+    cfg: RunConfig,
+    model: Any,
+    tokenizer: Any,
+    task: Task,
+    *,
+    results_dir: Path | str,
+    chat_template: str | None,
+) -> tuple[Any, str]:
+    """``cfg``'s supervised warm start of ``model``, trained once and then loaded from the cache
+    under ``results_dir``; the model and its cache key.  Every trainer calls this, with the same
+    key parts, so a cell's trainers share one entry."""
+    from harness.run.warmstart import cached_warm_start
+
+    model, info = cached_warm_start(
+        model,
+        tokenizer,
+        task,
+        model_spec=cfg.model,
+        task_spec=cfg.task,
+        steps=cfg.warm_start.steps,
+        batch_size=cfg.warm_start.batch_size,
+        lr=cfg.warm_start.lr,
+        seed=cfg.seed,
+        cache_dir=Path(results_dir) / "warmstart",
+        chat_template=chat_template,
+        key_parts={
+            "tiny": to_dict(cfg.tiny),
+            "task_options": cfg.task_options,
+            # LoRA rank/targets, checkpointing and precision change what training produces.
+            "model_options": to_dict(cfg.model_options),
+        },
+    )
+    return model, str(info.get("key", ""))
+
+
+def execute(cfg: RunConfig, steps: Callable[[Run], None], hooks: Hooks) -> RunResult:
+    """Set up, run the trainer's ``steps``, and finish; a divergence is a result, never raised."""
+    t_start = time.perf_counter()
+    run = open_run(cfg, hooks)
+    try:
+        steps(run)
+    except Diverged as err:
+        run.diverged(err)
+    return run.result(time.perf_counter() - t_start)
