@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from harness.config import RunConfig
-from harness.run.loop import RunResult
+from harness.run.scaffold import RunResult
 from harness.run.tracked import tracked_run
 from harness.tracking import Tracker
 
