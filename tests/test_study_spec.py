@@ -1,5 +1,6 @@
-"""The typed study contract: StudySpec round trips, old payloads still read, the one RunConfig
-builder, and `status` / `report` on search studies (issue 15: KeyError 'axes', miscounts)."""
+"""The typed study contract: StudySpec round trips, older payloads refused in one line, the one
+RunConfig builder, and `status` / `report` on search studies (once a KeyError 'axes' and
+miscounted)."""
 
 from __future__ import annotations
 
@@ -101,7 +102,7 @@ def test_schema_1_payloads_still_read() -> None:
 
 
 def test_search_study_status_report_and_best_point(tmp_path: Path) -> None:
-    """Issue 15: `harness report <search study>` was a KeyError traceback; `harness status`
+    """`harness report <search study>` was once a KeyError traceback; `harness status`
     showed 2 completed search trials as 1 done of 0."""
     exp = search_file(tmp_path)
     results = tmp_path / "results"
