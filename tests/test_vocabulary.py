@@ -169,3 +169,38 @@ def test_a_finished_run_logs_only_run_keys():
     with pytest.raises(KeyError, match="final/rewards"):
         finish_tracked_run(tracker, rid2, RunResult(**{**result.__dict__, "summary": bad}))
     assert not tracker.runs[rid2].metrics  # refused before anything was logged
+
+
+# ---------------------------------------------------------------- the semantics doc's names
+SEMANTICS = ROOT / "docs" / "ppo-semantics.md"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_every_cited_section_and_quirk_of_the_semantics_doc_exists():
+    headings = [
+        line.lstrip("#").strip()
+        for line in SEMANTICS.read_text().splitlines()
+        if line.startswith("#")
+    ]
+    slugs = {_slug(h) for h in headings}
+    quirks = {h.split(":")[0] for h in headings if re.match(r"Q\d+: ", h)}
+    assert {"Q1", "Q4", "Q6", "Q8"} <= quirks
+    sources = [*(ROOT / "harness").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]
+    sources += [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+    cited, anchors, numbers = set(), set(), set()
+    for path in sources:
+        # Join wrapped comment/docstring lines so that a heading split over two lines reads whole.
+        text = re.sub(r"\s*\n\s*(#(?!#)\s*)?", " ", path.read_text())
+        cited |= set(re.findall(r'ppo-semantics\.md(?:``)?,? "([^"]+)"', text))
+        anchors |= set(re.findall(r"ppo-semantics\.md#([\w-]+)", text))
+        if path != SEMANTICS:
+            numbers |= set(re.findall(r"\bQ\d+\b", text))
+    assert len(cited) >= 10 and anchors
+    assert not {c for c in cited if c not in headings}, "cited headings that do not exist"
+    assert not {a for a in anchors if a not in slugs}, "links to anchors that do not exist"
+    assert numbers and not numbers - quirks, f"quirks without a heading: {numbers - quirks}"

@@ -376,7 +376,8 @@ def base_stats(
     dual_clip_mask: torch.Tensor,
 ) -> dict[str, torch.Tensor | float]:
     """The per-token stats contract every objective returns (see ``ppo_actor_loss``)."""
-    # As AReaL main: docs/ppo-semantics.md, "Q8: clip and ratio statistics use the pre-filter mask".
+    # As AReaL main (docs/ppo-semantics.md, "Q8: clip and ratio statistics use the pre-filter
+    # mask").
     stat_mask = p.m
     adv = p.adv
     stats: dict[str, torch.Tensor | float] = {
