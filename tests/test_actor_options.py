@@ -121,9 +121,9 @@ def test_kl_ctl_changes_advantages_only_with_a_reference(setup):
     with_ref = PPOActor(dataclasses.replace(BASE, kl_ctl=0.5), model).compute_advantages(
         {**batch, "ref_logprobs": ref}
     )["advantages"]
-    assert torch.equal(
-        plain, no_ref
-    )  # no reference model: no KL term at all (not AReaL's Q1 bonus)
+    # No reference model: no KL term at all (docs/ppo-semantics.md, "Q1: a KL coefficient
+    # without a reference model").
+    assert torch.equal(plain, no_ref)
     assert not torch.allclose(plain, with_ref)
     k3 = PPOActor(
         dataclasses.replace(BASE, kl_ctl=0.5, kl_estimator="k3"), model
@@ -167,8 +167,8 @@ def test_nonfinite_gradient_step_is_skipped(setup):
     assert torch.equal(before, after)
 
 
-def test_brief_examples_run_with_only_import_changes():
-    """The three examples of seed-ppo-guide.md, with the import lines changed."""
+def test_areal_style_examples_run_with_only_import_changes():
+    """The three AReaL-style examples of the README's "Python API", with new import lines."""
     from harness.ppo import NormConfig as NC
     from harness.ppo import PPOActor as Actor
     from harness.ppo import PPOConfig

@@ -1,5 +1,5 @@
-"""Issue 14.1 follow-up: the settings that leaked from the `decoupled` variant into the `naive`
-cells (behave_imp_weight_mode=token_mask, cap 5) change nothing when the decoupled loss is off.
+"""Settings that once leaked from the `decoupled` variant into the `naive` cells
+(behave_imp_weight_mode=token_mask, cap 5) change nothing when the decoupled loss is off.
 
 Why they should not: without the decoupled loss the loop sets old = prox = behaviour log-probs,
 so every behaviour weight is exp(0) = 1 exactly and the token_mask cap of 5 never binds.  This

@@ -1,4 +1,4 @@
-"""Every cell of every shipped experiment is exactly base + its own overrides (issue 14, point 1).
+"""Every cell of every shipped experiment is exactly base + its own overrides (none leaks in).
 
 The reference is computed without the experiment loader: the raw YAML's ``base`` plus the cell's
 own settings, built into a ``RunConfig`` on a fresh copy each time.  The loader, the grid hash,

@@ -1,4 +1,5 @@
-"""Golden values from ppo-semantics.md §9 (produced by running AReaL's own functions, float32)."""
+"""Golden values produced by running AReaL's own functions (float32): docs/ppo-semantics.md
+"Golden values"."""
 
 import math
 
@@ -194,7 +195,8 @@ def test_singleton_group_mean_without_leave_one_out_warns():
         normalize(T([1.0, 2.0]), NormConfig("group", False, None, group_size=1))
 
 
-# GAE and advantages example (§9): B = 2, T = 6, layout already rolled ("predicting").
+# GAE and advantages example (docs/ppo-semantics.md "Golden values"): B = 2, T = 6, layout
+# already rolled ("predicting").
 ATTN = T([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])
 LOSS_MASK_TOKENS = T([[0, 0, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1]])
 INF_LOGP = T([[0, 0, -0.5, -1, -0.2, 0], [0, 0, -0.3, -0.6, -0.9, -1.2]])
@@ -204,7 +206,8 @@ VALUES = T([[0.1, 0.2, 0.3, 0.4, 0.5, 0.6], [0.7, 0.8, 0.9, 1.0, 1.1, 1.2]])
 
 
 def _token_rewards(kl_ctl, kind):
-    """AReaL §3 steps 4-7, written out for the golden example."""
+    """AReaL's per-token rewards (docs/ppo-semantics.md "Per-token rewards"), written out for the
+    golden example."""
     m = torch.roll(LOSS_MASK_TOKENS, -1, dims=1).float()
     old = torch.roll(INF_LOGP, -1, dims=1) * m
     ref = REF_LOGP * m

@@ -1,6 +1,6 @@
 """The math core against deliberately naive per-element loops, on hundreds of random cases.
 
-The references below are written from ppo-semantics.md §2–§4 with Python floats and explicit
+The references below are written from docs/ppo-semantics.md with Python floats and explicit
 loops; they share no code with harness.ppo.
 """
 
@@ -16,7 +16,7 @@ from harness.ppo import NormConfig, RejectionSampling, gae, normalize, ppo_actor
 
 
 def naive_normalize(x, mask, mean_level, loo, std_level, unbiased, eps, groups):
-    """x: list of rows (lists); mask same; groups: list of row-index lists (AReaL main, §4.2).
+    """x: list of rows (lists); mask same; groups: list of row-index lists (AReaL main).
 
     A scope is a list of rows; "singleton" means a group of one row (AReaL tests the slice's row
     count), whatever its number of tokens or valid entries.
@@ -299,9 +299,10 @@ def test_gae_long_sequences_no_underflow(gamma_lam):
     )
 
 
-# ---------------------------------------------------------------- §4 edge rules, hand-derived
+# ---------------------------------------------------------------- normalization edge rules
 # Each case: (x, mask or None, NormConfig, group_sizes, expected), expected derived by hand from
-# ppo-semantics.md §4.2 (AReaL main).  Both normalize() and the naive loop must give it.
+# docs/ppo-semantics.md "Normalization" (AReaL main).  Both normalize() and the naive loop must
+# give it.
 
 E = 1e-5  # default eps
 NORM_RULES = {
@@ -414,7 +415,7 @@ def test_normalization_rules_golden_and_naive_agree(name):
     )
 
 
-# §9 normalization table and §8 unit values (AReaL's own outputs): the naive loop agrees too.
+# The golden normalization table and unit values (AReaL's own outputs): the naive loop agrees too.
 R8 = [1.0, 0, 0, 0, 1, 1, 1, 1]
 SPEC_TABLE = [
     (

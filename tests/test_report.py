@@ -472,7 +472,7 @@ def test_html_renders_in_headless_chromium(report: ReportFiles, tmp_path: Path) 
 
 
 def test_summary_columns_vary_across_cells(study: StudyData) -> None:
-    """Issue 14.3: no stability column may be saturated or constant by construction.  The fixture
+    """No stability column may be saturated or constant by construction.  The fixture
     has KL bursts at step 30 in every baseline seed (two in seed 4, with a grad-norm burst), none
     elsewhere, and the c_clip=3 cell's entropy decays half as fast."""
     header, rows = summary_table(study)

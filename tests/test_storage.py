@@ -170,7 +170,7 @@ def test_enqueue_is_idempotent_and_claims_never_create_trials(
 def test_four_workers_complete_every_trial_exactly_once(
     storage_url: str | None, tmp_results: Path
 ) -> None:
-    """Issue 6 point 4: 4 processes pull 24 enqueued trials; none lost, none run twice."""
+    """4 processes pull 24 enqueued trials; none lost, none run twice."""
     study = optuna.create_study(study_name="grid", storage=_storage(storage_url, tmp_results))
     expected = _enqueue_grid(study)
     ctx = mp.get_context("spawn")
@@ -199,7 +199,7 @@ def test_four_workers_complete_every_trial_exactly_once(
 def test_trial_of_a_killed_worker_is_failed_and_retried(
     storage_url: str | None, tmp_results: Path
 ) -> None:
-    """Issue 6 point 1: SIGKILL mid-trial; the heartbeat goes stale, the trial is re-enqueued."""
+    """SIGKILL mid-trial: the heartbeat goes stale, the trial is re-enqueued."""
     study = optuna.create_study(study_name="kill", storage=_storage(storage_url, tmp_results))
     study.enqueue_trial({"cell": 0, "seed": 0}, user_attrs={"cell": 0, "seed": 0})
     study.enqueue_trial({"cell": 1, "seed": 0}, user_attrs={"cell": 1, "seed": 0})

@@ -1,5 +1,6 @@
-"""The typed study contract: StudySpec round trips, old payloads still read, the one RunConfig
-builder, and `status` / `report` on search studies (issue 15: KeyError 'axes', miscounts)."""
+"""The typed study contract: StudySpec round trips, older payloads refused in one line, the one
+RunConfig builder, and `status` / `report` on search studies (once a KeyError 'axes' and
+miscounted)."""
 
 from __future__ import annotations
 
@@ -69,7 +70,9 @@ def test_search_spec_round_trips_and_samples(tmp_path: Path) -> None:
     assert spec.run_config(point, 0).ppo.eps_clip == point["ppo.eps_clip"]
 
 
-def test_schema_1_payloads_still_read() -> None:
+def test_schema_1_payloads_are_refused_in_one_line(tmp_path: Path) -> None:
+    """A study made by harness <= 0.1 stored an untyped spec (no "schema"); reading it is one
+    ConfigError line, from the API and from `harness report`, not a guess at missing fields."""
     base = to_dict(load_experiment(SMOKE).base)
     grid = {
         "experiment": "old",
@@ -83,25 +86,21 @@ def test_schema_1_payloads_still_read() -> None:
         "direction": "maximize",
         "heartbeat_interval": 7,
     }
-    spec = StudySpec.from_json(json.dumps(grid))
-    assert spec.kind == "grid" and spec.heartbeat_interval == 7
-    assert spec.cell_config("c_clip=3", 0).ppo.c_clip == 3.0
-    search = {
-        "kind": "search",
-        "experiment": "old",
-        "base": base,
-        "seeds": [0, 1],
-        "steps": 2,
-        "objectives": [["final/reward", "maximize"], ["stability/max_drawdown", "minimize"]],
-        "n_trials": 5,
-    }
-    spec = StudySpec.from_json(json.dumps(search))
-    assert spec.kind == "search" and spec.expected_trials == 5
-    assert spec.metric == "final/reward" and spec.directions == ["maximize", "minimize"]
+    with pytest.raises(ConfigError, match=r"schema 1 \(an older harness\).*reads schema 2"):
+        StudySpec.from_json(json.dumps(grid))
+    with pytest.raises(ConfigError, match="schema 3"):
+        StudySpec.from_json(json.dumps({**grid, "schema": 3}))
+    results = tmp_path / "results"
+    study = optuna.create_study(study_name="old", storage=make_storage(None, results))
+    study.set_user_attr(SPEC_ATTR, json.dumps(grid))
+    r = CliRunner().invoke(app, ["report", "old", "--results-dir", str(results)])
+    assert r.exit_code == 2, r.output
+    lines = [line for line in r.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "schema 1" in lines[0] and "Traceback" not in r.output
 
 
 def test_search_study_status_report_and_best_point(tmp_path: Path) -> None:
-    """Issue 15: `harness report <search study>` was a KeyError traceback; `harness status`
+    """`harness report <search study>` was once a KeyError traceback; `harness status`
     showed 2 completed search trials as 1 done of 0."""
     exp = search_file(tmp_path)
     results = tmp_path / "results"

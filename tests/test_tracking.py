@@ -1,7 +1,7 @@
 """Tracker contract: one suite run against MemoryTracker and MlflowTracker (SQLite, PostgreSQL).
 
 Plus MLflow-only checks: batching, race-free experiment creation, and 4 processes writing to
-one SQLite store at once (issue 6, point 4).
+one SQLite store at once.
 """
 
 from __future__ import annotations
@@ -318,7 +318,7 @@ def _four_writers(tmp_path: Path, runs: int, steps: int) -> None:
 
 @pytest.mark.slow
 def test_four_processes_share_one_sqlite_store(tmp_path: Path) -> None:
-    """Issue 6 point 4: 4 writers start at once on a fresh database; no lock or schema error."""
+    """4 writers start at once on a fresh database; no lock or schema error."""
     _four_writers(tmp_path, runs=2, steps=50)
 
 
@@ -402,7 +402,7 @@ def test_importing_tracking_does_not_import_mlflow() -> None:
 
 
 def test_mlflow_on_postgresql_rides_out_a_restart(pg, mlflow_pg_url: str, experiment: str) -> None:
-    """Issue 6 point 5 for tracking: the server is down 2 s while a run logs every step."""
+    """The tracking server is down 2 s while a run logs every step."""
     tracker = MlflowTracker(mlflow_pg_url, flush_every_steps=1)
     run_id = tracker.start_run(experiment=experiment, run_name="r")
     outage = threading.Thread(target=pg.restart, kwargs={"down_seconds": 2.0})

@@ -1,7 +1,7 @@
 """`harness ui --start` serves the MLflow UI and optuna-dashboard on 127.0.0.1: the parent run and
 its children are readable through MLflow's REST API, the sweep left what a person comparing
 cells needs (saved view, summaries as single values, ranking on the parent, trial params), and
-the servers keep secrets out of argv and never outlive `harness ui` (issue 15, points 4-6)."""
+the servers keep secrets out of argv and never outlive `harness ui`."""
 
 from __future__ import annotations
 
@@ -249,7 +249,7 @@ def test_optuna_dashboard_shows_cell_params_and_named_metric(served: Served):
 def test_ui_with_postgresql_stores_keeps_the_password_out_of_argv_and_stops_on_sigterm(
     pg, tmp_path
 ):
-    """Issue 15, points 4 and 5: PostgreSQL storage works (psycopg2 driver), no process shows
+    """PostgreSQL storage works (psycopg2 driver), no process shows
     the password in its argv, and SIGTERM to `harness ui` stops every server process."""
     import optuna
 
@@ -315,7 +315,7 @@ class _AuthServer(BaseHTTPRequestHandler):
 
 @pytest.mark.slow
 def test_tracking_credentials_come_from_mlflow_environment_variables(tmp_path, monkeypatch):
-    """Issue 15, point 6: user:pass@ in an http tracking URI is refused with one line naming
+    """user:pass@ in an http tracking URI is refused with one line naming
     MLflow's variables (and nothing written); the variables themselves are used and checked."""
     from harness.tracking import make_tracker
 

@@ -1,8 +1,8 @@
 """The run configuration: one typed dataclass tree, validated once (defaults < file < --set).
 
-``PPOActorConfig`` uses AReaL's field names (and the brief's); ``RunConfig`` wraps it with the
-model, task, rollout, optimizer, critic, warm start, evaluation and device settings of one PPO
-training run.  The same ``RunConfig`` is what an ablation cell overrides.
+``PPOActorConfig`` uses AReaL's field names; ``RunConfig`` wraps it with the model, task,
+rollout, optimizer, critic, warm start, evaluation and device settings of one PPO training run.
+The same ``RunConfig`` is what an ablation cell overrides.
 """
 
 from __future__ import annotations

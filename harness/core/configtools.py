@@ -283,7 +283,8 @@ def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     """Recursive dict merge into a new tree; values in ``update`` win; a None in update replaces
     a sub-dict. Neither input is modified and the result shares no mutable object with them:
     callers then write into the result with ``set_path``, and a shared nested dict would carry
-    one cell's settings into the next (the leak of issue 14)."""
+    one cell's settings into the next (an experiment's cells once trained with each other's
+    settings that way)."""
     out = copy.deepcopy(base)
     for k, v in update.items():
         if isinstance(v, dict) and isinstance(out.get(k), dict):

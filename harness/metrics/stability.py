@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from numpy.typing import ArrayLike
 
-__all__ = ["OBJECTIVE_KEYS", "RUN_SUMMARY_KEYS", "summarize_run"]
+__all__ = ["OBJECTIVE_KEYS", "RUN_KEYS", "RUN_SUMMARY_KEYS", "check_run_names", "summarize_run"]
 
 REWARD = "objective/reward"
 EVAL_ACCURACY = "eval/accuracy"
@@ -62,6 +62,21 @@ OBJECTIVE_KEYS: tuple[str, ...] = (
     "start/eval_reward",
     "start/eval_accuracy",
 )
+
+#: Logged once per run beside the summaries (not objectives): how far it got, how long it took.
+STEPS_DONE = "final/steps_done"
+WALL_TIME = "final/wall_time"
+
+#: Every key a run logs once, at its end.
+RUN_KEYS: frozenset[str] = frozenset((*OBJECTIVE_KEYS, STEPS_DONE, WALL_TIME))
+
+
+def check_run_names(summary: Mapping[str, float]) -> None:
+    """Guard against a run-level key that is not defined here (a typo would fork a summary)."""
+    unknown = [k for k in summary if k not in RUN_KEYS]
+    if unknown:
+        raise KeyError(f"run summary names not in harness.metrics.stability.RUN_KEYS: {unknown}")
+
 
 #: The windows a run's start and end are averaged over: ``start/reward`` is the mean of the
 #: first START_WINDOW logged rewards (set by the training loops), ``final/reward`` the mean of

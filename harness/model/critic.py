@@ -24,7 +24,7 @@ def value_loss(
     *,
     value_clip: float | None,
 ) -> torch.Tensor:
-    """AReaL's ``ppo_critic_loss_fn`` (``ppo-semantics.md`` §3, critic loss):
+    """AReaL's ``ppo_critic_loss_fn`` (docs/ppo-semantics.md "Critic loss"):
 
     V_clip = V_old + clamp(V − V_old, −ε_v, ε_v)
     loss   = masked mean of max(½(V − G)², ½(V_clip − G)²)      (no clipping: ½(V − G)²)

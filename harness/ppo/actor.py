@@ -17,8 +17,9 @@ produced by ``harness.run.rollout.sample``:
                                   (token layout, carrying the gradient)
 
 ``compute_advantages`` rolls everything into the *predicting* layout used by the math (position t
-holds the quantity for predicting token t+1, AReaL §1) and adds ``mask``, ``old_logprobs``,
-``prox_logprobs``, ``advantages``, ``returns``, ``kl_rewards`` and ``token_rewards``.
+holds the quantity for predicting token t+1, as in AReaL; docs/ppo-semantics.md "Data layout")
+and adds ``mask``, ``old_logprobs``, ``prox_logprobs``, ``advantages``, ``returns``,
+``kl_rewards`` and ``token_rewards``.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def minibatch_indices(token_counts: list[int], n: int) -> list[list[int]]:
 
 
 class PPOActor:
-    """PPO actor with AReaL's semantics and the brief's API.
+    """PPO actor with AReaL's semantics and AReaL's Python API (``PPOActor(config)``,
+    ``compute_loss``; docs/ppo-semantics.md "Departures from AReaL", API).
 
     ``PPOActor(config)`` works without a model for pure loss computations (the batch then carries
     ``current_logprobs``); ``PPOActor(config, model=..., optimizer=...)`` can also recompute
@@ -127,7 +129,7 @@ class PPOActor:
 
     # ------------------------------------------------------------------ advantages
     def compute_advantages(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """AReaL §3: shape → reward_norm → KL penalty → GAE → adv_norm.  Returns the batch with
+        """As AReaL: shape → reward_norm → KL penalty → GAE → adv_norm.  Returns the batch with
         predicting-layout keys added (it is modified in place and returned)."""
         cfg = self.config
         loss_mask = batch["loss_mask"]
@@ -136,7 +138,8 @@ class PPOActor:
         mf = m.float()
         group_sizes = batch.get("group_sizes") or None
 
-        # Old (behaviour, or recomputed) and proximal log-probs, predicting layout (§2.1).
+        # Old (behaviour, or recomputed) and proximal log-probs, predicting layout
+        # (docs/ppo-semantics.md "Log-probability roles").
         needs_recompute = cfg.use_decoupled_loss or cfg.recompute_logprob
         behaviour = _roll_left(batch["logprobs"].float()) * mf
         recomputed = None
@@ -166,8 +169,9 @@ class PPOActor:
         batch["normalized_rewards"] = rewards
 
         # Per-token rewards: −kl_ctl·KL to the reference, plus R at the last generated token.
-        # With no reference model there is no KL term at all (AReaL's quirk Q1 would turn
-        # −kl_ctl·ℓ_old into a surprisal bonus).
+        # With no reference model there is no KL term at all (AReaL would turn −kl_ctl·ℓ_old
+        # into a surprisal bonus): docs/ppo-semantics.md, "Q1: a KL coefficient without a
+        # reference model".
         if cfg.kl_ctl > 0 and batch.get("ref_logprobs") is not None:
             ref = _roll_left(batch["ref_logprobs"].float()) * mf
             kl = kl_estimate(old, ref, cfg.kl_estimator) * mf

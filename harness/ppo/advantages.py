@@ -1,7 +1,7 @@
 """Reward shaping, KL estimators and token-level GAE, following AReaL's ``PPOActor.compute_advantages``.
 
 Source: AReaL ``areal/trainer/ppo/actor.py`` and ``areal/trainer/ppo/gae.py`` (main),
-``areal/utils/data.py`` (``KLEstimator``); ``ppo-semantics.md`` §3.
+``areal/utils/data.py`` (``KLEstimator``); ``docs/ppo-semantics.md`` "Advantages".
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ KLKind = Literal["k1", "k2", "k3"]
 def shape_rewards(
     rewards: torch.Tensor, *, scaling: float = 1.0, bias: float = 0.0, clip: float = 20.0
 ) -> torch.Tensor:
-    """Scale and clip sequence rewards (AReaL §3 step 2).
+    """Scale and clip sequence rewards (AReaL's order: before ``reward_norm``).
 
     R ← clip((R + bias) · scaling, −clip, +clip)
     """
@@ -29,7 +29,7 @@ def shape_rewards(
 def kl_estimate(
     logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind = "k1"
 ) -> torch.Tensor:
-    """Per-token KL estimate of π against π_ref from sampled-token log-probs (AReaL §3 step 7).
+    """Per-token KL estimate of π against π_ref from sampled-token log-probs.
 
     With x = logprobs − ref_logprobs (Schulman's estimators, as in AReaL's ``KLEstimator``):
         k1 = x,   k2 = x² / 2,   k3 = e^(−x) − 1 + x,
@@ -60,7 +60,7 @@ def gae(
     lam: float,
     bootstrap: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token-level GAE with AReaL's masked-skip recurrence (AReaL §3 step 8).
+    """Token-level GAE with AReaL's masked-skip recurrence (docs/ppo-semantics.md "GAE").
 
     Inputs are [B, T] in the "predicting" layout: position t holds the reward, value and mask for
     predicting token t+1.  AReaL's loop, for t = T−2 … 0, starting from last = 0 and

@@ -20,7 +20,7 @@ _h = meta
 
 @dataclass
 class PPOActorConfig:
-    """PPO actor options (AReaL's ``PPOActorConfig`` names; the brief's API)."""
+    """PPO actor options, under AReaL's ``PPOActorConfig`` names."""
 
     eps_clip: float = field(
         default=0.2, metadata=_h("Lower clip ε: ratio clipped to [1-ε, 1+ε_hi].", gt=0)
@@ -197,5 +197,5 @@ class PPOActorConfig:
             )
 
 
-# The brief calls it PPOConfig; AReaL's PPOConfig is the whole experiment, the actor knobs live here.
+# AReaL users type PPOConfig for these knobs; AReaL's own PPOConfig is the whole experiment.
 PPOConfig = PPOActorConfig

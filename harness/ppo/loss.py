@@ -2,7 +2,7 @@
 
 Source: AReaL ``areal/utils/functional/functional.py`` (``ppo_actor_loss_fn``,
 ``apply_rejection_sampling``), main branch; legacy ``behave_imp_weight_mode`` from
-v1.0.0.post1–v1.0.3.  ``ppo-semantics.md`` §2.
+v1.0.0.post1–v1.0.3.  ``docs/ppo-semantics.md`` "PPO actor loss".
 """
 
 from __future__ import annotations
@@ -15,9 +15,6 @@ from typing import Any, Literal
 
 import torch
 
-BehaveMode = Literal[
-    "disabled", "token_mask", "token_truncate", "sequence_mask", "sequence_truncate"
-]
 BEHAVE_MODES = ("disabled", "token_mask", "token_truncate", "sequence_mask", "sequence_truncate")
 IS_LEVELS = ("token", "sequence")
 LOSS_AGG_MODES = (
@@ -179,7 +176,7 @@ def behaviour_weights(
     loss_mask: torch.Tensor,
     rs: RejectionSampling,
 ) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """AReaL's ``apply_rejection_sampling`` (§2.4): returns (narrowed mask m′, weight w, filtered fraction).
+    """AReaL's ``apply_rejection_sampling``: (narrowed mask m′, weight w, filtered fraction).
 
     ℓr = ℓp − ℓb (non-finite → 0); w = e^ℓr per token, or at sequence level with metric 'ratio'
     the sequence's geometric mean.  'mask' keeps a token iff lower ≤ metric ≤ upper; 'clamp'
@@ -300,8 +297,9 @@ def prepare_policy_inputs(
     rejection_sampling: RejectionSampling | None = None,
     importance_sampling_level: str = "token",
 ) -> PolicyInputs:
-    """Behaviour weights (§2.4/§2.5) and the policy ratio (token, or GSPO's sequence ratio) of
-    [B, T] inputs — the part shared by ``ppo_actor_loss`` and the objectives in ``objectives.py``."""
+    """Behaviour weights (rejection sampling or the legacy modes) and the policy ratio (token, or
+    GSPO's sequence ratio) of [B, T] inputs — the part shared by ``ppo_actor_loss`` and the
+    objectives in ``objectives.py``."""
     m = loss_mask.bool()
     n0 = max(int(m.sum()), 1)
     prox = proximal_logprobs.detach()
@@ -378,7 +376,9 @@ def base_stats(
     dual_clip_mask: torch.Tensor,
 ) -> dict[str, torch.Tensor | float]:
     """The per-token stats contract every objective returns (see ``ppo_actor_loss``)."""
-    stat_mask = p.m  # main: the clip statistics use the pre-filter mask (#1572)
+    # As AReaL main (docs/ppo-semantics.md, "Q8: clip and ratio statistics use the pre-filter
+    # mask").
+    stat_mask = p.m
     adv = p.adv
     stats: dict[str, torch.Tensor | float] = {
         "loss": pg.detach(),
@@ -432,16 +432,16 @@ def ppo_actor_loss(
     importance_sampling_level: str = "token",
     loss_agg_mode: str = "token-mean",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
-    """AReaL's PPO actor loss (``ppo_actor_loss_fn``, main; ``ppo-semantics.md`` §2.3).
+    """AReaL's PPO actor loss (``ppo_actor_loss_fn``, main; docs/ppo-semantics.md "Ratio and clip").
 
     Inputs are [B, T] (a 1-D tensor is one sequence).  ℓθ = ``logprobs`` (carries the gradient),
     ℓp = proximal, ℓb = old/behaviour, m = ``loss_mask``:
 
         N0 = max(Σm, 1)                              (taken before any filtering)
-        m′, w = behaviour weights (if enabled)       (§2.4 / §2.5; w detached)
+        m′, w = behaviour weights (if enabled)       (w detached)
         r  = exp(ℓθ − ℓp) on m, else 0               (token level)
         r  = exp(mean_{m′}(ℓθ − ℓp)) per sequence, Ā = mean_{m′}(A)   (sequence level = GSPO,
-             with the #1346 fix: padding never enters the means)
+             as fixed in areal-project/AReaL#1346: padding never enters the means)
         r̃  = clamp(r, 1 − ε, 1 + ε_hi)               (ε_hi = ε when eps_clip_higher is None)
         L  = max(−A·r, −A·r̃);   clip_mask = −A·r < −A·r̃
         L  = min(L, c·|A|) if c_clip;  dual_clip_mask = c·|A| < L   (binds only where A < 0)

@@ -2,7 +2,7 @@
 
 Source: AReaL ``areal/api/cli_args.py`` (``NormConfig``) and ``areal/utils/data.py``
 (``Normalization.__call__``, ``_compute_mean``, ``_compute_std``), main branch semantics;
-``ppo-semantics.md`` §4, checked line by line against §4.2, the §8 unit values and the §9 table.
+``docs/ppo-semantics.md`` "Normalization" (its golden values are in tests/test_ppo_golden.py).
 
 A *scope* is the whole batch, or one group of consecutive rows (``group_sizes``, else fixed slices
 of ``group_size`` rows).  Within a scope, with validity mask M (all ones without a mask):
@@ -26,15 +26,18 @@ of ``group_size`` rows).  Within a scope, with validity mask M (all ones without
 So with both levels None the output is x·M: masked entries are 0 like everywhere else, valid ones
 pass through.  If Σ M = 0 over the whole batch, x is returned unchanged.  The std is taken about
 whatever μ the mean level produced (so "group mean, batch std", LitePPO, pools deviations from the
-group means over the batch; leave-one-out pools deviations from the per-element means, quirk Q6).
+group means over the batch; leave-one-out pools deviations from the per-element means:
+docs/ppo-semantics.md "Q6: leave-one-out std pools per-element deviations").
 With eps = 0 a zero-variance scope gives 0/0 = NaN, exactly as in AReaL (the default eps avoids it).
 
 Deviations from AReaL main, on purpose (each has a test in tests/test_ppo_golden.py):
 
 * Masked-out entries are *selected away* (``torch.where``), never multiplied by 0, so a NaN or inf
-  in a padding slot cannot poison the statistics (AReaL issue #1347).  Identical for finite input.
+  in a padding slot cannot poison the statistics (AReaL multiplies by the mask, so it can:
+  areal-project/AReaL#1347).  Identical for finite input.
 * A fixed ``group_size`` that does not divide the batch raises ``ValueError`` instead of silently
-  dividing the leftover rows by ``eps`` (AReaL quirk Q4: ``[1, 3, 5]`` with groups of 2 gives
+  dividing the leftover rows by ``eps`` (docs/ppo-semantics.md "Q4: group size that does not
+  divide the batch": ``[1, 3, 5]`` with groups of 2 gives
   ``500000.0`` for the last entry there).
 * Every statistic stays in float64 until the final cast.  AReaL writes group-level μ and σ into a
   buffer of x's dtype and centres in that dtype (float32 for float32 input), while batch-level

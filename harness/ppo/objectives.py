@@ -7,8 +7,9 @@ multiplies every objective's per-token loss after its own gate, and ``loss_agg_m
 it, exactly as for PPO-clip.  Every objective adds two per-token masks to the stats:
 ``silenced_mask`` (valid tokens whose policy gradient the objective zeroed) and
 ``reweighted_mask`` (valid tokens it kept but re-weighted or penalised), and where it has one a
-per-token ``gate`` (its weight/gate).  Semantics: ``shared/reference/policy-losses.md``; peers:
-TRL 1.16 ``trl/trainer/grpo_trainer.py`` (``_compute_loss``), verl ``core_algos.py``.
+per-token ``gate`` (its weight/gate).  Semantics: docs/ppo-semantics.md "Other policy
+objectives"; peers: TRL 1.16 ``huggingface/trl trl/trainer/grpo_trainer.py``
+(``_compute_loss``), verl ``volcengine/verl verl/trainer/ppo/core_algos.py``.
 """
 
 from __future__ import annotations

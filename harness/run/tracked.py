@@ -13,6 +13,7 @@ import yaml
 from harness.config import RunConfig
 from harness.core.configtools import flatten, to_dict
 from harness.core.provenance import provenance_tags
+from harness.metrics.stability import STEPS_DONE, WALL_TIME, check_run_names
 from harness.run.scaffold import RunResult
 from harness.run.trainers import train
 from harness.tracking import RunStatus, Tracker
@@ -70,8 +71,9 @@ def close_failed_run(tracker: Tracker, rid: str, err: BaseException) -> None:
 def finish_tracked_run(tracker: Tracker, rid: str, result: RunResult) -> None:
     """Final summaries, tags and status: FINISHED, FAILED (diverged, reason tagged) or KILLED."""
     final = {k: v for k, v in result.summary.items() if isinstance(v, float) and math.isfinite(v)}
-    final["final/steps_done"] = float(result.steps_done)
-    final["final/wall_time"] = result.wall_time
+    final[STEPS_DONE] = float(result.steps_done)
+    final[WALL_TIME] = result.wall_time
+    check_run_names(final)
     # Run-level values, logged once at step 0 as MLflow's own summaries are: the runs table
     # lists them as columns and the chart view compares them as bars (at the last step they
     # charted as lone dots on a line chart).

@@ -30,7 +30,7 @@ SPEC_ATTR = "harness.spec"  # StudySpec.to_json()
 PARENT_ATTR = "harness.parent_run_id"  # the MLflow parent run
 HASH_ATTR = "harness.grid_hash"  # identity of what the study computes
 COMMAND_ATTR = "harness.command"  # the command line that ran the sweep (shown in its report)
-SCHEMA = 2  # 1: the untyped payloads of harness <= 0.1 (still readable)
+SCHEMA = 2  # the stored spec's format; a study made under another one is refused in one line
 
 StudyKind = Literal["grid", "search"]
 
@@ -234,19 +234,19 @@ class StudySpec:
 
     @classmethod
     def from_json(cls, text: str) -> StudySpec:
-        """Parse a stored spec, including the untyped payloads of studies made before it."""
+        """Parse a stored spec (``ConfigError`` for one of another schema)."""
         d = json.loads(text)
         if not isinstance(d, dict):
             raise ConfigError("study: its stored spec is not a mapping")
-        legacy_search = "kind" not in d and "objectives" in d  # schema 1 search payload
-        kind: StudyKind = "search" if d.get("kind") == "search" or legacy_search else "grid"
+        if d.get("schema") != SCHEMA:
+            raise ConfigError(
+                f"study: its stored spec has schema {d.get('schema', 1)} (an older harness); this "
+                f"harness reads schema {SCHEMA}: run the experiment again under a new --study-name"
+            )
+        kind: StudyKind = "search" if d["kind"] == "search" else "grid"
         search = None
         if kind == "search":
-            raw = d.get("search") or {
-                "n_trials": d.get("n_trials", 0),
-                "params": [],
-                "objectives": d.get("objectives", []),
-            }
+            raw = d["search"]
             search = SearchPlan(
                 n_trials=int(raw["n_trials"]),
                 params=tuple(
@@ -264,7 +264,6 @@ class StudySpec:
                 pruner=raw.get("pruner", "median"),
                 sampler_seed=int(raw.get("sampler_seed", 0)),
             )
-        first = search.objectives[0] if search and search.objectives else (None, None)
         return cls(
             kind=kind,
             experiment=d["experiment"],
@@ -273,8 +272,8 @@ class StudySpec:
             base=d["base"],
             seeds=tuple(int(s) for s in d["seeds"]),
             steps=int(d["steps"]),
-            metric=d.get("metric") or first[0] or "final/reward",
-            direction=d.get("direction") or first[1] or "maximize",
+            metric=d["metric"],
+            direction=d["direction"],
             axes=d.get("axes") or {},
             cells=d.get("cells") or {},
             choices=d.get("choices") or {},

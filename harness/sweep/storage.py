@@ -76,7 +76,7 @@ def make_storage(
     *,
     heartbeat_interval: int = 10,
     grace_period: int | None = None,
-    failed_trial_callback: StaleTrialCallback | None = None,
+    stale_trial_callback: StaleTrialCallback | None = None,
     max_retry: int | None = DEFAULT_MAX_RETRY,
     outage_s: float | None = None,
 ) -> BaseStorage:
@@ -91,9 +91,8 @@ def make_storage(
         grace_period: Seconds without a heartbeat after which a RUNNING trial is stale;
             ``None`` means ``4 * heartbeat_interval``: Optuna's default of 2 intervals
             failed live trials on a loaded 2-core machine, where a beat can be late by seconds.
-        failed_trial_callback: Called with each stale trial once it is marked FAIL (Optuna's
-            ``heartbeat_stale_trial_callback``; ``failed_trial_callback`` is its deprecated
-            Optuna name, kept here for the harness API). Default:
+        stale_trial_callback: Called with each stale trial once it is marked FAIL (Optuna's
+            ``heartbeat_stale_trial_callback``). Default:
             ``RetryHeartbeatStaleTrialCallback(max_retry=max_retry)``.
         max_retry: How many times the default callback re-enqueues the same stale trial;
             ``None`` retries forever.
@@ -109,7 +108,7 @@ def make_storage(
 
     if heartbeat_interval < 1:
         raise ValueError(f"storage: heartbeat_interval must be >= 1 s; got {heartbeat_interval}")
-    callback = failed_trial_callback or default_stale_trial_callback(max_retry)
+    callback = stale_trial_callback or default_stale_trial_callback(max_retry)
     heartbeat: dict[str, Any] = {
         "heartbeat_interval": heartbeat_interval,
         "grace_period": grace_period if grace_period is not None else 4 * heartbeat_interval,

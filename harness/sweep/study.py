@@ -28,9 +28,6 @@ from harness.sweep.spec import (
     load_study_spec,
 )
 
-# Grid outcomes that are results: re-running would give the same (a diverged run diverges again).
-DONE_OUTCOMES = ("completed", "diverged")
-
 
 def open_study(
     exp: ExperimentSpec,
