@@ -8,6 +8,7 @@ The layers are listed in ``docs/architecture.md``.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -167,3 +168,22 @@ def test_the_checker_sees_what_it_must() -> None:
 @pytest.mark.parametrize("module", ["harness.ppo.loss", "harness.ppo.normalization"])
 def test_the_math_imports_no_harness_module_outside_ppo_and_core(module: str) -> None:
     assert {package(t) for t in GRAPH[module]} <= {"ppo", "core"}
+
+
+DOCS = [ROOT.parent / "README.md", *sorted((ROOT.parent / "docs").glob("*.md"))]
+
+
+def test_every_layer_is_described_and_every_cited_path_exists() -> None:
+    """docs/architecture.md and the README's architecture section match the tree."""
+    arch = (ROOT.parent / "docs" / "architecture.md").read_text()
+    packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
+    assert packages == set(RANKS) - {"__main__"}
+    for pkg, rank in RANKS.items():
+        if pkg != "__main__":
+            assert f"| `{pkg}` | {rank} |" in arch, f"docs/architecture.md: no row for {pkg}"
+    missing = []
+    for doc in DOCS:
+        for cited in re.findall(r"harness/[\w/]+(?:\.py)?", doc.read_text()):
+            if not (ROOT.parent / cited).exists():
+                missing.append(f"{doc.name}: {cited}")
+    assert not missing, "paths cited in the docs that are not in the tree:\n" + "\n".join(missing)
