@@ -61,9 +61,10 @@ class RolloutConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.chat_template not in ("auto", "none"):
-            self.chat_template = os.path.expanduser(self.chat_template)
-        if self.chat_template not in ("auto", "none") and not Path(self.chat_template).is_file():
+        if self.chat_template in ("auto", "none"):
+            return
+        self.chat_template = os.path.expanduser(self.chat_template)
+        if not Path(self.chat_template).is_file():
             raise ValueError(
                 f"chat_template: file {self.chat_template!r} not found (use auto, none or a path)"
             )

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from harness.config.experiment_schema import SearchParam, SearchSpec
@@ -185,8 +185,7 @@ class StudySpec:
         if kind == "search":
             raw = d.get("search") or {
                 "n_trials": d.get("n_trials", 0),
-                "params": [],
-                "objectives": d.get("objectives", []),
+                "objectives": d["objectives"],
             }
             search = SearchPlan(
                 n_trials=int(raw["n_trials"]),
@@ -199,25 +198,18 @@ class StudySpec:
                 sampler_seed=int(raw.get("sampler_seed", 0)),
             )
         first = search.objectives[0] if search and search.objectives else (None, None)
+        # Every stored field as stored; a null or absent one takes the field's default.
+        fixed = {"kind", "search", "seeds", "metric", "direction", "description", "grid_hash"}
+        known = {f.name for f in fields(cls)} - fixed
         return cls(
+            **{k: v for k, v in d.items() if k in known and v is not None},
             kind=kind,
-            experiment=d["experiment"],
             description=d.get("description", ""),
             grid_hash=d.get("grid_hash", ""),
-            base=d["base"],
+            search=search,
             seeds=tuple(int(s) for s in d["seeds"]),
-            steps=int(d["steps"]),
             metric=d.get("metric") or first[0] or "final/reward",
             direction=d.get("direction") or first[1] or "maximize",
-            axes=d.get("axes") or {},
-            cells=d.get("cells") or {},
-            choices=d.get("choices") or {},
-            baseline=d.get("baseline"),
-            search=search,
-            tracking_uri=d.get("tracking_uri"),
-            max_retries=int(d.get("max_retries", 0)),
-            heartbeat_interval=int(d.get("heartbeat_interval", 5)),
-            parent_run_id=d.get("parent_run_id"),
         )
 
 
