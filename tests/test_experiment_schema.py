@@ -117,6 +117,17 @@ def test_search_param_alias_and_int_range_keep_their_types(tmp_path: Path) -> No
             "search.sampler_seed: must be an integer in [0, 4_294_967_295]; got -1",
         ),
         ({"grid": {3: [1]}}, "grid: keys must be strings; got 3"),
+        (  # an alias is named as written, once
+            {
+                "grid": None,
+                "search": {
+                    "n_trials": 2,
+                    "params": {"adv_norm.mean_level": {"type": "categorical", "choices": ["x"]}},
+                },
+            },
+            "search.params.adv_norm.mean_level: value 'x' rejected: must be one of 'batch', "
+            "'group' or null; got 'x'",
+        ),
         (
             {"grid": None, "search": SEARCH, "baseline": "x"},
             "baseline: only applies to grids",

@@ -177,7 +177,7 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
         for key, param in doc.search.params.items():  # every end of a range is a valid value
             values = param.choices if param.type == "categorical" else (param.low, param.high)
             for v in values or ():
-                _check_overrides(file, f"search.params.{key}", {resolve_alias(key): v}, base)
+                _check_overrides(file, f"search.params.{key}", {key: v}, base)
     else:
         assert doc.grid is not None  # ExperimentFile refuses a file with neither
         axes, variants, cells = _expand_grid(file, doc.grid, base)
