@@ -102,11 +102,14 @@ CASES = {
         exp(seeds=[0, -1]),
         "seeds[1]: must be an integer in [0, 4_294_967_295]; got -1",
     ),
-    "zero-seeds": (exp(seeds=0), "seeds: must be a count in [1, 10000]"),
-    "seeds-wrong-type": (exp(seeds="three"), "seeds: must be a count"),
+    "zero-seeds": (exp(seeds=0), "seeds: must be an integer in [1, 10_000]; got 0"),
+    "seeds-wrong-type": (exp(seeds="three"), "seeds: must be an integer or a list; got 'three'"),
     "zero-steps": (exp(steps=0), "steps: must be an integer in [1, 10_000_000]; got 0"),
     "bad-metric": (exp(metric="reward"), "metric: 'reward' is not a run-summary key"),
-    "bad-direction": (exp(direction="up"), "direction: must be 'maximize' or 'minimize'"),
+    "bad-direction": (
+        exp(direction="up"),
+        "direction: must be one of 'maximize', 'minimize'; got 'up'",
+    ),
     "variant-clash": (
         exp(grid={"ppo.eps_clip": [0.2], "variant": {"a": {"ppo.eps_clip": 0.3}}}),
         "also a grid axis",
@@ -136,7 +139,7 @@ CASES = {
     "metric-unknown-stability-key": (exp(metric="stability/wobble"), "not a run-summary key"),
     "steps-overflow": (exp(steps=10**23), "steps: must be an integer in [1, 10_000_000]"),
     "steps-float": (exp(steps=1.0e23), "steps: must be an integer"),
-    "seeds-huge-count": (exp(seeds=10**9), "seeds: must be a count in [1, 10000]"),
+    "seeds-huge-count": (exp(seeds=10**9), "seeds: must be an integer in [1, 10_000]"),
     "seed-overflow": (exp(seeds=[0, 2**40]), "seeds[1]: must be an integer in [0, 4_294_967_295]"),
     "eps-clip-inf": (
         exp(grid={"ppo.eps_clip": [float("inf")]}),
@@ -157,7 +160,7 @@ CASES = {
                 },
             },
         ),
-        "search.params.ppo.eps_clip.step: must be a number in (0, high - low = 0.2]",
+        "search.params.ppo.eps_clip.step: must be a number or null; got 'abc'",
     ),
     "search-choice-bad-not-doubled": (
         exp(
@@ -655,7 +658,7 @@ FRESH_EXPERIMENTS = {
     ),
     "yaml-alias-bomb": (None, "expands to more than 100000 values"),
     "grid-scalar-axis": (exp(grid={"ppo.eps_clip": 0.2}), "must be a non-empty list of values"),
-    "seeds-float": (exp(seeds=[0, 0.5]), "seeds: must be a count >= 1 or a non-empty list of integers"),
+    "seeds-float": (exp(seeds=[0, 0.5]), "seeds[1]: must be an integer; got 0.5"),
     "task-option-huge": (
         exp(base=with_base(task_options={"max_len": 10**12})),
         "base: task_options.max_len: must be an integer in [1, 256]",

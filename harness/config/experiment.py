@@ -14,8 +14,11 @@
     metric: final/reward            # run-summary key used for the ranking
     direction: maximize
 
-A search file has ``search:`` instead of ``grid:`` (see ``SearchSpec``).  Every problem is reported
-as a ``ConfigError`` whose message names the file, the key and what is allowed.
+A search file has ``search:`` instead of ``grid:``.  What each key may hold is declared in
+``experiment_schema`` (and checked by ``configtools.from_dict``); this module checks what needs
+the run config: axes are config paths, every value is valid on the base, every cell fits.  Every
+problem is reported as a ``ConfigError`` whose message names the file, the key and what is
+allowed.
 """
 
 from __future__ import annotations
@@ -37,29 +40,11 @@ from harness.config import (
     resolve_alias,
     validate_task,
 )
+from harness.config.experiment_schema import ExperimentFile, SearchParam, SearchSpec
 from harness.config.preflight import check_memory
-from harness.core.configtools import (
-    ConfigError,
-    check_declared,
-    check_name,
-    declared_fields,
-    is_config_path,
-    to_dict,
-)
+from harness.core.configtools import ConfigError, from_dict, is_config_path, to_dict
 
-MAX_SEEDS = 10_000
-TOP_KEYS = {
-    "name",
-    "description",
-    "base",
-    "grid",
-    "seeds",
-    "steps",
-    "baseline",
-    "metric",
-    "direction",
-    "search",
-}
+__all__ = ["Cell", "ExperimentSpec", "SearchParam", "SearchSpec", "cell_label", "load_experiment"]
 
 
 @dataclass(frozen=True)
@@ -67,26 +52,6 @@ class Cell:
     label: str  # human-readable, unique: "eps_clip=0.1 c_clip=3"
     overrides: dict[str, Any]  # dotted path -> value (variants expanded)
     choice: dict[str, Any]  # axis -> chosen value (variant name for 'variant')
-
-
-@dataclass
-class SearchParam:
-    path: str
-    type: str  # float | int | categorical
-    low: float | None = None
-    high: float | None = None
-    log: bool = False
-    step: float | None = None
-    choices: list[Any] | None = None
-
-
-@dataclass
-class SearchSpec:
-    n_trials: int
-    params: list[SearchParam]
-    objectives: list[tuple[str, str]]  # (metric, direction)
-    pruner: str = "median"  # median | wilcoxon | none
-    sampler_seed: int = 0
 
 
 @dataclass
@@ -151,25 +116,6 @@ def _err(file: str, key: str, msg: str) -> ConfigError:
     return ConfigError(f"{file}: {key}: {msg}")
 
 
-def _check_metric(file: str, key: str, metric: Any) -> str:
-    """A ranking/search metric must be a key every run summary has (docs/stability.md), else
-    every trial trains and then fails for want of its value."""
-    from difflib import get_close_matches
-
-    from harness.metrics.stability import OBJECTIVE_KEYS
-
-    if isinstance(metric, str) and metric in OBJECTIVE_KEYS:
-        return metric
-    close = get_close_matches(str(metric), OBJECTIVE_KEYS, n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    raise _err(
-        file,
-        key,
-        f"{metric!r} is not a run-summary key ({hint}see docs/stability.md; e.g. final/reward, "
-        "best/reward, final/eval_accuracy, stability/max_drawdown)",
-    )
-
-
 def _check_overrides(
     file: str, where: str, overrides: dict[str, Any], base: dict[str, Any], *, defer: bool = False
 ) -> ConfigError | None:
@@ -217,16 +163,44 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
     """Parse and completely validate an experiment file (raises ConfigError)."""
     file = str(path)
     raw = load_yaml(path)
-    unknown = sorted(set(raw) - TOP_KEYS)
-    if unknown:
-        raise _err(file, unknown[0], f"unknown key (allowed: {', '.join(sorted(TOP_KEYS))})")
-    name = check_name(raw.get("name"), f"{file}: name")
-    description = raw.get("description", "")
-    if not isinstance(description, str):
-        raise _err(file, "description", "must be a string")
+    try:  # keys, types and ranges, from the declarations in experiment_schema
+        doc = from_dict(ExperimentFile, raw)
+    except ConfigError as err:
+        raise ConfigError(f"{file}: {err}") from None
+    base, base_cfg = _load_base(file, doc.base)
+    search = None
+    axes: dict[str, list[Any]] = {}
+    variants: dict[str, dict[str, Any]] = {}
+    cells: list[Cell] = []
+    if doc.search is not None:
+        search = doc.search.resolve(doc.metric, doc.direction)
+        for key, param in doc.search.params.items():  # every end of a range is a valid value
+            values = param.choices if param.type == "categorical" else (param.low, param.high)
+            for v in values or ():
+                _check_overrides(file, f"search.params.{key}", {key: v}, base)
+    else:
+        assert doc.grid is not None  # ExperimentFile refuses a file with neither
+        axes, variants, cells = _expand_grid(file, doc.grid, base)
+    return ExperimentSpec(
+        name=doc.name,
+        description=doc.description.strip(),
+        base=base,
+        axes=axes,
+        variants=variants,
+        cells=cells,
+        seeds=doc.seed_list,
+        steps=doc.steps if doc.steps is not None else base_cfg.steps,
+        baseline=None if doc.baseline is None else _baseline(file, doc.baseline, cells, axes),
+        metric=doc.metric,
+        direction=doc.direction,
+        search=search,
+        path=file,
+        raw=raw,
+    )
 
-    # base: mapping or a path relative to the experiment file
-    base_raw = raw.get("base", {})
+
+def _load_base(file: str, base_raw: dict[str, Any] | str) -> tuple[dict[str, Any], RunConfig]:
+    """The base run config: a mapping, or a path relative to the experiment file; validated."""
     if isinstance(base_raw, str):
         base_path = Path(file).parent / base_raw
         if not base_path.is_file():
@@ -234,8 +208,6 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
                 file, "base", f"file {base_raw!r} not found (relative to {Path(file).parent})"
             )
         base_raw = load_yaml(base_path)
-    if not isinstance(base_raw, dict):
-        raise _err(file, "base", "must be a mapping of run-config keys or a path to a run config")
     base = expand_aliases(base_raw)
     try:
         with warnings.catch_warnings():
@@ -244,292 +216,100 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
             validate_task(base_cfg)
     except ConfigError as err:
         raise _err(file, "base", str(err)) from None
+    return base, base_cfg
 
-    steps = raw.get("steps", base_cfg.steps)
-    if isinstance(steps, bool) or not isinstance(steps, int):
-        raise _err(file, "steps", f"must be an integer >= 1; got {steps!r}")
-    declared = declared_fields(RunConfig)
-    try:  # the same declared range as the run config's own steps / seed fields
-        check_declared(steps, declared["steps"][1], f"{file}: steps")
-        if isinstance(seeds_raw := raw.get("seeds", 1), list):
-            for i, s in enumerate(seeds_raw):
-                check_declared(s, declared["seed"][1], f"{file}: seeds[{i}]")
-    except ConfigError as err:
-        raise ConfigError(str(err)) from None
-    if isinstance(seeds_raw, int) and not isinstance(seeds_raw, bool):
-        if not 1 <= seeds_raw <= MAX_SEEDS:
-            raise _err(
-                file,
-                "seeds",
-                f"must be a count in [1, {MAX_SEEDS}] or a list of seeds >= 0; got {seeds_raw}",
-            )
-        seeds = list(range(seeds_raw))
-    elif (
-        isinstance(seeds_raw, list)
-        and seeds_raw
-        and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds_raw)
-    ):
-        if any(s < 0 for s in seeds_raw):
-            raise _err(file, "seeds", f"seeds must be >= 0; got {seeds_raw}")
-        if len(set(seeds_raw)) != len(seeds_raw):
-            raise _err(file, "seeds", f"duplicate seeds in {seeds_raw}")
-        seeds = list(seeds_raw)
-    else:
-        raise _err(
-            file,
-            "seeds",
-            f"must be a count >= 1 or a non-empty list of integers; got {seeds_raw!r}",
-        )
 
-    metric = raw.get("metric", "final/reward")
-    metric = _check_metric(file, "metric", metric)
-    direction = raw.get("direction", "maximize")
-    if direction not in ("maximize", "minimize"):
-        raise _err(file, "direction", f"must be 'maximize' or 'minimize'; got {direction!r}")
-
-    search = None
+def _expand_grid(
+    file: str, grid: dict[str, Any], base: dict[str, Any]
+) -> tuple[dict[str, list[Any]], dict[str, dict[str, Any]], list[Cell]]:
+    """Axes, variants and the cells of their product, each value and each cell checked."""
     axes: dict[str, list[Any]] = {}
     variants: dict[str, dict[str, Any]] = {}
+    # (axis, value index) → the value's problem when checked alone on the base
+    alone: dict[tuple[str, int], ConfigError] = {}
+    for axis, values in grid.items():
+        canonical = "variant" if axis == "variant" else resolve_alias(axis)
+        if canonical in axes:
+            raise _err(file, f"grid.{axis}", "duplicate axis (the same config path appears twice)")
+        if axis == "variant":
+            if not isinstance(values, dict) or not values:
+                raise _err(
+                    file,
+                    "grid.variant",
+                    "must be a non-empty mapping of variant name -> {config path: value}",
+                )
+            for vname, vover in values.items():
+                if not isinstance(vover, dict):
+                    raise _err(
+                        file, f"grid.variant.{vname}", "must be a mapping of config path -> value"
+                    )
+                problem = _check_overrides(file, f"grid.variant.{vname}", vover, base, defer=True)
+                if problem is not None:
+                    alone[("variant", len(variants))] = problem
+                variants[str(vname)] = {resolve_alias(k): v for k, v in vover.items()}
+            axes["variant"] = list(variants)
+            continue
+        if not isinstance(values, list) or not values:
+            raise _err(file, f"grid.{axis}", f"must be a non-empty list of values; got {values!r}")
+        if len({json.dumps(v, sort_keys=True, default=str) for v in values}) != len(values):
+            raise _err(file, f"grid.{axis}", f"duplicate values in {values}")
+        for i, v in enumerate(values):
+            problem = _check_overrides(file, "grid", {axis: v}, base, defer=True)
+            if problem is not None:
+                alone[(canonical, i)] = problem
+        axes[canonical] = values
+    for vname, vover in variants.items():  # variants and plain axes must not set the same key
+        clash = set(vover) & set(axes)
+        if clash:
+            raise _err(
+                file,
+                f"grid.variant.{vname}",
+                f"sets {sorted(clash)[0]!r}, which is also a grid axis",
+            )
+    axis_names = list(axes)
     cells: list[Cell] = []
-    if "grid" in raw and "search" in raw:
-        raise _err(file, "search", "give either grid or search, not both")
-    if "search" in raw:
-        search = _parse_search(file, raw["search"], base, metric, direction)
-        cells = []
+    for picks in itertools.product(*(range(len(v)) for v in axes.values())):
+        choice = {a: axes[a][i] for a, i in zip(axis_names, picks, strict=True)}
+        overrides: dict[str, Any] = {}
+        for a, v in choice.items():
+            overrides.update(variants[v] if a == "variant" else {a: v})
+        label = cell_label(choice, axis_names)
+        suspects = [alone[key] for key in zip(axis_names, picks, strict=True) if key in alone]
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                cfg = build_run_config(apply_overrides(base, overrides))
+                if suspects:  # the checks the value alone failed, now on the whole cell
+                    validate_task(cfg)
+            # Each axis value was checked alone; together (width x depth) they may not fit.
+            check_memory(cfg)
+        except ConfigError as err:
+            if suspects:  # the value's own message says best which axis value is wrong
+                raise suspects[0] from None
+            raise _err(file, "grid", f"cell {label!r} is invalid: {err}") from None
+        except ValueError as err:
+            raise _err(file, "grid", f"cell {label!r}: {err}") from None
+        del cfg
+        cells.append(Cell(label=label, overrides=overrides, choice=choice))
+    return axes, variants, cells
+
+
+def _baseline(file: str, b: str | dict[str, Any], cells: list[Cell], axes: dict[str, Any]) -> str:
+    """The label of the one cell that ``baseline:`` (a label or {axis: value}) names."""
+    if isinstance(b, str):
+        match = [c for c in cells if c.label == b]
     else:
-        grid = raw.get("grid")
-        if not isinstance(grid, dict) or not grid:
-            raise _err(file, "grid", "must be a non-empty mapping of axis -> list of values")
-        seen: set[str] = set()
-        # (axis, value index) → the value's problem when checked alone on the base
-        alone: dict[tuple[str, int], ConfigError] = {}
-        for axis, values in grid.items():
-            if not isinstance(axis, str):
-                raise _err(file, "grid", f"axis names must be strings; got {axis!r}")
-            canonical = "variant" if axis == "variant" else resolve_alias(axis)
-            if canonical in seen:
-                raise _err(
-                    file, f"grid.{axis}", "duplicate axis (the same config path appears twice)"
-                )
-            seen.add(canonical)
-            if axis == "variant":
-                if not isinstance(values, dict) or not values:
-                    raise _err(
-                        file,
-                        "grid.variant",
-                        "must be a non-empty mapping of variant name -> {config path: value}",
-                    )
-                for vname, vover in values.items():
-                    if not isinstance(vover, dict):
-                        raise _err(
-                            file,
-                            f"grid.variant.{vname}",
-                            "must be a mapping of config path -> value",
-                        )
-                    problem = _check_overrides(
-                        file, f"grid.variant.{vname}", vover, base, defer=True
-                    )
-                    if problem is not None:
-                        alone[("variant", len(variants))] = problem
-                    variants[str(vname)] = {resolve_alias(k): v for k, v in vover.items()}
-                axes["variant"] = list(variants)
-            else:
-                if not isinstance(values, list) or not values:
-                    raise _err(
-                        file, f"grid.{axis}", f"must be a non-empty list of values; got {values!r}"
-                    )
-                if len({json.dumps(v, sort_keys=True, default=str) for v in values}) != len(values):
-                    raise _err(file, f"grid.{axis}", f"duplicate values in {values}")
-                for i, v in enumerate(values):
-                    problem = _check_overrides(file, "grid", {axis: v}, base, defer=True)
-                    if problem is not None:
-                        alone[(canonical, i)] = problem
-                axes[canonical] = values
-        # variants and plain axes must not set the same key
-        for vname, vover in variants.items():
-            clash = set(vover) & set(axes)
-            if clash:
-                raise _err(
-                    file,
-                    f"grid.variant.{vname}",
-                    f"sets {sorted(clash)[0]!r}, which is also a grid axis",
-                )
-        axis_names = list(axes)
-        for picks in itertools.product(*(range(len(v)) for v in axes.values())):
-            choice = {a: axes[a][i] for a, i in zip(axis_names, picks, strict=True)}
-            overrides: dict[str, Any] = {}
-            for a, v in choice.items():
-                if a == "variant":
-                    overrides.update(variants[v])
-                else:
-                    overrides[a] = v
-            label = cell_label(choice, axis_names)
-            keys = zip(axis_names, picks, strict=True)
-            suspects = [alone[key] for key in keys if key in alone]
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    cfg = build_run_config(apply_overrides(base, overrides))
-                    if suspects:  # the checks the value alone failed, now on the whole cell
-                        validate_task(cfg)
-                # Each axis value was checked alone; together (width x depth) they may not fit.
-                check_memory(cfg)
-            except ConfigError as err:
-                if suspects:  # the value's own message says best which axis value is wrong
-                    raise suspects[0] from None
-                raise _err(file, "grid", f"cell {label!r} is invalid: {err}") from None
-            except ValueError as err:
-                raise _err(file, "grid", f"cell {label!r}: {err}") from None
-            del cfg
-            cells.append(Cell(label=label, overrides=overrides, choice=choice))
-
-    baseline = None
-    if "baseline" in raw:
-        if search is not None:
-            raise _err(file, "baseline", "only applies to grids")
-        b = raw["baseline"]
-        if isinstance(b, str):
-            match = [c for c in cells if c.label == b]
-        elif isinstance(b, dict):
-            want = {("variant" if k == "variant" else resolve_alias(k)): v for k, v in b.items()}
-            unknown_axes = [k for k in want if k not in axes]
-            if unknown_axes:
-                raise _err(
-                    file,
-                    "baseline",
-                    f"{unknown_axes[0]!r} is not a grid axis (axes: {', '.join(axes)})",
-                )
-            match = [c for c in cells if all(c.choice.get(k) == v for k, v in want.items())]
-        else:
-            raise _err(file, "baseline", "must be a cell label or a mapping axis -> value")
-        if len(match) != 1:
-            labels = "; ".join(c.label for c in cells[:6]) + ("; ..." if len(cells) > 6 else "")
-            what = "matches several cells" if match else "is not a cell of the grid"
-            raise _err(file, "baseline", f"{b!r} {what} (cells: {labels})")
-        baseline = match[0].label
-
-    return ExperimentSpec(
-        name=name,
-        description=description.strip(),
-        base=base,
-        axes=axes,
-        variants=variants,
-        cells=cells,
-        seeds=seeds,
-        steps=steps,
-        baseline=baseline,
-        metric=metric,
-        direction=direction,
-        search=search,
-        path=file,
-        raw=raw,
-    )
-
-
-def _parse_search(
-    file: str, raw: Any, base: dict[str, Any], metric: str, direction: str
-) -> SearchSpec:
-    if not isinstance(raw, dict):
-        raise _err(file, "search", "must be a mapping with n_trials, params, objectives, pruner")
-    allowed = {"n_trials", "params", "objectives", "pruner", "sampler_seed"}
-    unknown = sorted(set(raw) - allowed)
-    if unknown:
-        raise _err(
-            file, f"search.{unknown[0]}", f"unknown key (allowed: {', '.join(sorted(allowed))})"
-        )
-    n_trials = raw.get("n_trials")
-    if isinstance(n_trials, bool) or not isinstance(n_trials, int) or not 1 <= n_trials <= 100_000:
-        raise _err(file, "search.n_trials", f"must be an integer in [1, 100_000]; got {n_trials!r}")
-    params_raw = raw.get("params")
-    if not isinstance(params_raw, dict) or not params_raw:
-        raise _err(file, "search.params", "must be a non-empty mapping of config path -> range")
-    params = []
-    for path, spec in params_raw.items():
-        where = f"search.params.{path}"
-        full = resolve_alias(path)
-        if not is_config_path(RunConfig, full):
-            raise _err(file, where, f"{path!r} is not a run-config path")
-        if not isinstance(spec, dict) or spec.get("type") not in ("float", "int", "categorical"):
-            raise _err(file, where, "must be {type: float|int|categorical, ...}")
-        t = spec["type"]
-        extra = sorted(set(spec) - {"type", "low", "high", "log", "step", "choices"})
-        if extra:
+        want = {resolve_alias(k): v for k, v in b.items()}  # "variant" is no alias
+        unknown_axes = [k for k in want if k not in axes]
+        if unknown_axes:
             raise _err(
                 file,
-                f"{where}.{extra[0]}",
-                "unknown key (allowed: type, low, high, log, step, choices)",
+                "baseline",
+                f"{unknown_axes[0]!r} is not a grid axis (axes: {', '.join(axes)})",
             )
-        if t == "categorical":
-            choices = spec.get("choices")
-            if not isinstance(choices, list) or not choices:
-                raise _err(file, f"{where}.choices", "must be a non-empty list")
-            for v in choices:
-                _check_overrides(file, where, {full: v}, base)
-            params.append(SearchParam(full, t, choices=choices))
-        else:
-            low, high = spec.get("low"), spec.get("high")
-            num = (int,) if t == "int" else (int, float)
-            if (
-                not isinstance(low, num)
-                or not isinstance(high, num)
-                or isinstance(low, bool)
-                or low >= high
-            ):
-                raise _err(file, where, f"needs numeric low < high; got low={low!r}, high={high!r}")
-            log = spec.get("log", False)
-            if not isinstance(log, bool) or (log and low <= 0):
-                raise _err(file, f"{where}.log", "must be true/false, and log ranges need low > 0")
-            for v in (low, high):
-                _check_overrides(file, where, {full: v}, base)
-            step = spec.get("step")
-            if step is not None:
-                step_num = (int,) if t == "int" else (int, float)
-                if (
-                    isinstance(step, bool)
-                    or not isinstance(step, step_num)
-                    or not 0 < step <= high - low
-                ):
-                    kind = "an integer" if t == "int" else "a number"
-                    raise _err(
-                        file,
-                        f"{where}.step",
-                        f"must be {kind} in (0, high - low = {high - low:g}] or null; got {step!r}",
-                    )
-                if log:
-                    raise _err(file, f"{where}.step", "cannot be combined with log: true")
-            params.append(SearchParam(full, t, low=low, high=high, log=log, step=step))
-    objectives_raw = raw.get("objectives", [{"metric": metric, "direction": direction}])
-    if not isinstance(objectives_raw, list) or not 1 <= len(objectives_raw) <= 2:
-        raise _err(file, "search.objectives", "must be a list of one or two {metric, direction}")
-    objectives = []
-    for i, o in enumerate(objectives_raw):
-        if not isinstance(o, dict) or set(o) - {"metric", "direction"}:
-            raise _err(
-                file,
-                f"search.objectives[{i}]",
-                "must be {metric: KEY, direction: maximize|minimize}",
-            )
-        m, d = o.get("metric"), o.get("direction", "maximize")
-        m = _check_metric(file, f"search.objectives[{i}].metric", m)
-        if d not in ("maximize", "minimize"):
-            raise _err(
-                file,
-                f"search.objectives[{i}].direction",
-                f"must be maximize or minimize; got {d!r}",
-            )
-        objectives.append((m, d))
-    if len(objectives) == 2 and objectives[0][0] == objectives[1][0]:
-        raise _err(file, "search.objectives", f"names {objectives[0][0]!r} twice")
-    pruner = raw.get("pruner", "median")
-    if pruner not in ("median", "wilcoxon", "none"):
-        raise _err(file, "search.pruner", f"must be median, wilcoxon or none; got {pruner!r}")
-    if len(objectives) > 1 and pruner != "none":
-        pruner = "none"  # Optuna cannot prune multi-objective studies
-    seed = raw.get("sampler_seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= 2**32 - 1:
-        raise _err(
-            file, "search.sampler_seed", f"must be an integer in [0, 2**32 - 1]; got {seed!r}"
-        )
-    return SearchSpec(
-        n_trials=n_trials, params=params, objectives=objectives, pruner=pruner, sampler_seed=seed
-    )
+        match = [c for c in cells if all(c.choice.get(k) == v for k, v in want.items())]
+    if len(match) != 1:
+        labels = "; ".join(c.label for c in cells[:6]) + ("; ..." if len(cells) > 6 else "")
+        what = "matches several cells" if match else "is not a cell of the grid"
+        raise _err(file, "baseline", f"{b!r} {what} (cells: {labels})")
+    return match[0].label

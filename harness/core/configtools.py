@@ -29,7 +29,7 @@ import re
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 
@@ -40,9 +40,22 @@ class ConfigError(ValueError):
     """A bad configuration value; ``str(err)`` is one line naming the field and what is allowed."""
 
 
+class BadValue(ConfigError):
+    """A value of the right kind that is not allowed (outside its declared range, a mapping with
+    a bad key): a union arm that fits by kind reports this, rather than "must be X or Y"."""
+
+
 BOUND_KEYS = ("ge", "gt", "le", "lt")
 _OPS = {"ge": operator.ge, "gt": operator.gt, "le": operator.le, "lt": operator.lt}
-_META_KEYS = {"help", "inf", *BOUND_KEYS}
+_META_KEYS = {"help", "inf", "from_key", *BOUND_KEYS}
+
+
+class Meta(dict[str, Any]):
+    """Field metadata; hashable, so that it can also annotate a type (``Annotated[int, meta(...)]``
+    declares the range of a list's items)."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted(self.items())))
 
 
 def meta(
@@ -53,17 +66,22 @@ def meta(
     le: float | None = None,
     lt: float | None = None,
     inf: str | None = None,
-) -> dict[str, Any]:
+    from_key: bool = False,
+) -> Meta:
     """Field metadata: the help string shown by ``harness fields`` and the allowed range.
 
     ``inf`` (floats only) allows an infinite value and says what it means, e.g. ``"no clipping"``.
+    ``from_key``: in a ``dict[str, ThisClass]`` the mapping's key fills this field (it is not a
+    key the file may give).
     """
     if ge is not None and gt is not None or le is not None and lt is not None:
         raise TypeError("give at most one lower (ge/gt) and one upper (le/lt) bound")
-    out: dict[str, Any] = {"help": help}
+    out = Meta(help=help)
     for key, value in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt), ("inf", inf)):
         if value is not None:
             out[key] = value
+    if from_key:
+        out["from_key"] = True
     return out
 
 
@@ -102,7 +120,7 @@ def check_declared(value: Any, md: Any, path: str) -> None:
     # NaN compares False with everything, so it must be refused before the bounds are tried.
     finite_ok = not math.isnan(value) and (math.isfinite(value) or bool(md.get("inf")))
     if not finite_ok or not all(_OPS[k](value, md[k]) for k in BOUND_KEYS if md.get(k) is not None):
-        raise ConfigError(f"{path}: must be {describe_range(md, is_int)}; got {value!r}")
+        raise BadValue(f"{path}: must be {describe_range(md, is_int)}; got {value!r}")
 
 
 NAME_MAX = 100
@@ -127,19 +145,27 @@ def check_name(value: Any, where: str) -> str:
     )
 
 
+_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
 def _type_name(tp: Any) -> str:
     origin = get_origin(tp)
+    if origin is Annotated:
+        return _type_name(get_args(tp)[0])
+    if tp in _NAMES:
+        return _NAMES[tp]
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in get_args(tp))
     if origin in (Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in get_args(tp))
+        args = [a for a in get_args(tp) if not (a is int and float in get_args(tp))]
+        return " or ".join(_type_name(a) for a in args)  # int | float: "a number"
     if tp is type(None):
         return "null"
     if dataclasses.is_dataclass(tp):
         return "a mapping"
     if origin is dict:
         return "a mapping"
-    if origin is list:
+    if origin in (list, tuple):
         return "a list"
     return getattr(tp, "__name__", str(tp))
 
@@ -148,6 +174,9 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     origin = get_origin(tp)
     if tp is Any:
         return value
+    if origin is Annotated:  # Annotated[int, meta(...)]: a declared range for a list item
+        inner, md = get_args(tp)[:2]
+        return check_value(value, inner, md, path)
     if origin is Literal:
         allowed = get_args(tp)
         if value in allowed and not (
@@ -169,8 +198,9 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
                 return _convert(value, arg, path)
             except ConfigError as err:
                 errors.append(err)
-        if len(errors) == 1 and not str(errors[0]).startswith(f"{path}: must be "):
-            raise errors[0]  # a problem inside a sub-config: its own path says where
+        inner = [e for e in errors if isinstance(e, BadValue) or not str(e).startswith(f"{path}: ")]
+        if inner:  # the value fits an arm by type: its own problem (and path) says what is wrong
+            raise inner[0]
         raise ConfigError(f"{path}: must be {_type_name(tp)}; got {value!r}")
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):  # type: ignore[arg-type]
@@ -203,12 +233,26 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: must be a mapping; got {value!r}")
-        return dict(value)
-    if origin is list:
-        if not isinstance(value, list):
+        key_tp, item_tp = get_args(tp) or (Any, Any)
+        bad = [k for k in value if key_tp is str and not isinstance(k, str)]
+        if bad:
+            raise BadValue(f"{path}: keys must be strings; got {bad[0]!r}")
+        if item_tp is Any:
+            return dict(value)
+        if dataclasses.is_dataclass(item_tp):  # the key may fill a field (see meta's from_key)
+            return {
+                k: _convert(v, item_tp, f"{path}.{k}")
+                if not isinstance(v, dict)
+                else from_dict(item_tp, v, f"{path}.{k}", key=k)  # type: ignore[arg-type]
+                for k, v in value.items()
+            }
+        return {k: _convert(v, item_tp, f"{path}.{k}") for k, v in value.items()}
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)) or (origin is list and isinstance(value, tuple)):
             raise ConfigError(f"{path}: must be a list; got {value!r}")
-        (item_tp,) = get_args(tp) or (Any,)
-        return [_convert(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value)]
+        item_tp = (get_args(tp) or (Any,))[0]
+        items = [_convert(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
     raise ConfigError(f"{path}: unsupported field type {tp!r}")  # pragma: no cover
 
 
@@ -221,18 +265,33 @@ def check_value(value: Any, tp: Any, md: Any, path: str) -> Any:
     return converted
 
 
-def from_dict(cls: type[T], data: dict[str, Any], path: str = "") -> T:
-    """Build dataclass ``cls`` from ``data``; unknown keys and wrong types raise ConfigError."""
-    hints = typing.get_type_hints(cls)
+def from_dict(cls: type[T], data: dict[str, Any], path: str = "", key: str | None = None) -> T:
+    """Build dataclass ``cls`` from ``data``; unknown keys, missing required keys and wrong
+    types raise ConfigError.  ``key`` (an entry of a ``dict[str, cls]``) fills the field whose
+    metadata says ``from_key``."""
+    hints = typing.get_type_hints(cls, include_extras=True)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
     kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        where = f"{path}.{key}" if path else str(key)
-        if key not in fields:
-            allowed = ", ".join(sorted(fields))
-            raise ConfigError(f"{where}: unknown key (allowed here: {allowed})")
-        kwargs[key] = _convert(value, hints[key], where)
-        check_declared(kwargs[key], fields[key].metadata, where)
+    for name, f in list(fields.items()):
+        if f.metadata.get("from_key"):
+            del fields[name]
+            if key is not None:
+                kwargs[name] = key
+    unknown = sorted((k for k in data if k not in fields), key=str)
+    if unknown:  # before any value: a misspelt key is the likelier mistake
+        where = f"{path}.{unknown[0]}" if path else str(unknown[0])
+        raise ConfigError(f"{where}: unknown key (allowed: {', '.join(sorted(fields))})")
+    for k, value in data.items():
+        where = f"{path}.{k}" if path else str(k)
+        kwargs[k] = _convert(value, hints[k], where)
+        check_declared(kwargs[k], fields[k].metadata, where)
+    for name, f in fields.items():
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if required and name not in kwargs:
+            where = f"{path}.{name}" if path else name
+            tp = hints[name]
+            what = describe_range(f.metadata, tp is int) if tp in (int, float) else _type_name(tp)
+            raise ConfigError(f"{where}: missing (must be {what})")
     try:
         return cls(**kwargs)
     except ConfigError:

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from harness.core.configtools import ConfigError
+from harness.config.experiment_schema import SearchParam, SearchSpec
+from harness.core.configtools import ConfigError, check_value, meta
 
 if TYPE_CHECKING:
     from harness.config import RunConfig
@@ -43,52 +44,12 @@ def heartbeat_interval_from_env() -> int:
     import os
 
     raw = os.environ.get("HARNESS_HEARTBEAT_S", "5")
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"HARNESS_HEARTBEAT_S: must be an integer >= 1; got {raw!r}") from None
-    if value < 1:
-        raise ConfigError(f"HARNESS_HEARTBEAT_S: must be an integer >= 1; got {raw!r}")
-    return value
+    value = int(raw) if raw.strip().lstrip("+-").isdigit() else raw
+    return check_value(value, int, meta("Heartbeat seconds.", ge=1), "HARNESS_HEARTBEAT_S")
 
 
-@dataclass(frozen=True)
-class SearchParam:
-    """One searched run-config field (``experiment.SearchParam``, frozen for the study)."""
-
-    path: str
-    type: Literal["float", "int", "categorical"]
-    low: float | None = None
-    high: float | None = None
-    log: bool = False
-    step: float | None = None
-    choices: tuple[Any, ...] | None = None
-
-    def suggest(self, trial: Any) -> Any:
-        """Sample this field on an Optuna trial (the trial records it under ``path``)."""
-        if self.type == "categorical":
-            return trial.suggest_categorical(self.path, list(self.choices or ()))
-        if self.type == "int":
-            return trial.suggest_int(
-                self.path, int(self.low or 0), int(self.high or 0), log=self.log
-            )
-        return trial.suggest_float(
-            self.path, float(self.low or 0.0), float(self.high or 0.0), log=self.log, step=self.step
-        )
-
-
-@dataclass(frozen=True)
-class SearchPlan:
-    """What a search study samples and optimizes."""
-
-    n_trials: int
-    params: tuple[SearchParam, ...]
-    objectives: tuple[tuple[str, str], ...]  # (metric, maximize|minimize)
-    pruner: str = "median"  # median | wilcoxon | none
-    sampler_seed: int = 0
-
-    def suggest(self, trial: Any) -> dict[str, Any]:
-        return {p.path: p.suggest(trial) for p in self.params}
+# What a search study samples: the experiment file's own classes (one description of a point).
+SearchPlan = SearchSpec
 
 
 @dataclass(frozen=True)
@@ -130,27 +91,7 @@ class StudySpec:
         from harness.core.configtools import to_dict
         from harness.core.redact import redact_url
 
-        search = None
-        if spec.search is not None:
-            s = spec.search
-            search = SearchPlan(
-                n_trials=s.n_trials,
-                params=tuple(
-                    SearchParam(
-                        path=p.path,
-                        type=p.type,  # type: ignore[arg-type]
-                        low=p.low,
-                        high=p.high,
-                        log=p.log,
-                        step=p.step,
-                        choices=tuple(p.choices) if p.choices is not None else None,
-                    )
-                    for p in s.params
-                ),
-                objectives=tuple((m, d) for m, d in s.objectives),
-                pruner=s.pruner,
-                sampler_seed=s.sampler_seed,
-            )
+        search = spec.search
         metric, direction = search.objectives[0] if search else (spec.metric, spec.direction)
         return cls(
             kind="search" if search else "grid",
@@ -250,39 +191,23 @@ class StudySpec:
             search = SearchPlan(
                 n_trials=int(raw["n_trials"]),
                 params=tuple(
-                    SearchParam(
-                        **{
-                            **p,
-                            "choices": tuple(p["choices"])
-                            if p.get("choices") is not None
-                            else None,
-                        }
-                    )
+                    SearchParam(**{**p, "choices": p.get("choices") and tuple(p["choices"])})
                     for p in raw.get("params", [])
                 ),
                 objectives=tuple((m, dr) for m, dr in raw.get("objectives", [])),
                 pruner=raw.get("pruner", "median"),
                 sampler_seed=int(raw.get("sampler_seed", 0)),
             )
+        # Every stored field as stored; a null or absent one takes the field's default.
+        fixed = {"kind", "search", "seeds", "description", "grid_hash"}
+        known = {f.name for f in fields(cls)} - fixed
         return cls(
+            **{k: v for k, v in d.items() if k in known and v is not None},
             kind=kind,
-            experiment=d["experiment"],
             description=d.get("description", ""),
             grid_hash=d.get("grid_hash", ""),
-            base=d["base"],
-            seeds=tuple(int(s) for s in d["seeds"]),
-            steps=int(d["steps"]),
-            metric=d["metric"],
-            direction=d["direction"],
-            axes=d.get("axes") or {},
-            cells=d.get("cells") or {},
-            choices=d.get("choices") or {},
-            baseline=d.get("baseline"),
             search=search,
-            tracking_uri=d.get("tracking_uri"),
-            max_retries=int(d.get("max_retries", 0)),
-            heartbeat_interval=int(d.get("heartbeat_interval", 5)),
-            parent_run_id=d.get("parent_run_id"),
+            seeds=tuple(int(s) for s in d["seeds"]),
         )
 
 

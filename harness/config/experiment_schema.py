@@ -1,0 +1,211 @@
+"""What an experiment file may say: typed dataclasses with help and bounds per field, read by
+``configtools.from_dict`` exactly like a run config (unknown keys, types, ranges, one-line
+errors that name the dotted key).  ``__post_init__`` holds only what a declaration cannot say
+(fields that must agree, a metric that must exist).  The checks that need the run config (is an
+axis a config path, is a value valid on the base, do the cells fit) are in ``experiment.py``.
+
+``SearchParam`` and ``SearchSpec`` are also what a search study stores and samples from
+(``harness.sweep.spec``), so a search point is described by one class from file to worker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Annotated, Any, Literal
+
+from harness.config.loading import resolve_alias
+from harness.config.schema import RunConfig
+from harness.core.configtools import check_name, meta
+
+Direction = Literal["maximize", "minimize"]
+Pruner = Literal["median", "wilcoxon", "none"]
+ParamType = Literal["float", "int", "categorical"]
+
+MAX_SEEDS = 10_000
+MAX_TRIALS = 100_000
+# The experiment's seeds and steps are the run config's own fields: the same declared ranges.
+_RUN = {f.name: f.metadata for f in fields(RunConfig)}
+_SEED_RANGE = {k: _RUN["seed"][k] for k in ("ge", "le")}
+SeedCount = Annotated[int, meta("Seeds 0..n-1.", ge=1, le=MAX_SEEDS)]
+Seed = Annotated[int, meta("A seed.", **_SEED_RANGE)]
+
+
+def check_metric(metric: str) -> None:
+    """A ranking/search metric must be a key every run summary has (docs/stability.md), else
+    every trial trains and then fails for want of its value."""
+    from difflib import get_close_matches
+
+    from harness.metrics.stability import OBJECTIVE_KEYS
+
+    if metric in OBJECTIVE_KEYS:
+        return
+    close = get_close_matches(metric, OBJECTIVE_KEYS, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ValueError(
+        f"metric: {metric!r} is not a run-summary key ({hint}see docs/stability.md; e.g. "
+        "final/reward, best/reward, final/eval_accuracy, stability/max_drawdown)"
+    )
+
+
+@dataclass(frozen=True)
+class SearchParam:
+    """One searched run-config field: a float or int range, or a list of choices."""
+
+    type: ParamType = field(metadata=meta("float | int (a range) or categorical (choices)."))
+    path: str = field(
+        default="",
+        metadata=meta("The run-config path: the key under search.params.", from_key=True),
+    )
+    low: int | float | None = field(default=None, metadata=meta("Lower end of the range."))
+    high: int | float | None = field(default=None, metadata=meta("Upper end of the range."))
+    log: bool = field(default=False, metadata=meta("Sample on a log scale (needs low > 0)."))
+    step: int | float | None = field(
+        default=None, metadata=meta("Spacing of the sampled values (null = continuous).")
+    )
+    choices: tuple[Any, ...] | None = field(
+        default=None, metadata=meta("The values of a categorical parameter.")
+    )
+
+    def __post_init__(self) -> None:
+        if self.type == "categorical":
+            if not self.choices:
+                raise ValueError("choices: must be a non-empty list for type: categorical")
+            return
+        low, high, step = self.low, self.high, self.step
+        num = (int,) if self.type == "int" else (int, float)
+        kind = "an integer" if self.type == "int" else "a number"
+        if not isinstance(low, num) or not isinstance(high, num) or low >= high:
+            raise ValueError(f"low: must be {kind} below high; got low={low!r}, high={high!r}")
+        if self.log and low <= 0:
+            raise ValueError(f"log: log ranges need low > 0; got low={low!r}")
+        if step is not None:
+            if not isinstance(step, num) or not 0 < step <= high - low:
+                raise ValueError(
+                    f"step: must be {kind} in (0, high - low = {high - low:g}] or null; "
+                    f"got {step!r}"
+                )
+            if self.log:
+                raise ValueError("step: cannot be combined with log: true")
+
+    def suggest(self, trial: Any) -> Any:
+        """Sample this field on an Optuna trial (the trial records it under ``path``)."""
+        if self.type == "categorical":
+            return trial.suggest_categorical(self.path, list(self.choices or ()))
+        if self.type == "int":
+            return trial.suggest_int(
+                self.path, int(self.low or 0), int(self.high or 0), log=self.log
+            )
+        return trial.suggest_float(
+            self.path, float(self.low or 0.0), float(self.high or 0.0), log=self.log, step=self.step
+        )
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    """What a search study samples and optimizes (resolved from the file's ``search:``)."""
+
+    n_trials: int
+    params: tuple[SearchParam, ...]
+    objectives: tuple[tuple[str, str], ...]  # (metric, maximize|minimize)
+    pruner: str = "median"  # median | wilcoxon | none
+    sampler_seed: int = 0
+
+    def suggest(self, trial: Any) -> dict[str, Any]:
+        return {p.path: p.suggest(trial) for p in self.params}
+
+
+@dataclass
+class Objective:
+    metric: str = field(metadata=meta("Run-summary key to optimize (docs/stability.md)."))
+    direction: Direction = field(default="maximize", metadata=meta("maximize | minimize."))
+
+    def __post_init__(self) -> None:
+        check_metric(self.metric)
+
+
+@dataclass
+class SearchFile:
+    """The ``search:`` block of an experiment file."""
+
+    n_trials: int = field(metadata=meta("Trials to run.", ge=1, le=MAX_TRIALS))
+    params: dict[str, SearchParam] = field(
+        metadata=meta("Run-config path -> {type, low, high, log, step} or {type, choices}.")
+    )
+    objectives: list[Objective] | None = field(
+        default=None,
+        metadata=meta("One or two {metric, direction} (null = the file's metric and direction)."),
+    )
+    pruner: Pruner = field(
+        default="median", metadata=meta("Stop unpromising trials between seeds (one objective).")
+    )
+    sampler_seed: int = field(
+        default=0, metadata=meta("Seed of the TPE sampler (worker k: seed + k).", **_SEED_RANGE)
+    )
+
+    def __post_init__(self) -> None:
+        if not self.params:
+            raise ValueError("params: must be a non-empty mapping of config path -> range")
+        if self.objectives is not None and not 1 <= len(self.objectives) <= 2:
+            raise ValueError("objectives: must be a list of one or two {metric, direction}")
+        if self.objectives and len({o.metric for o in self.objectives}) < len(self.objectives):
+            raise ValueError(f"objectives: names {self.objectives[0].metric!r} twice")
+
+    def resolve(self, metric: str, direction: str) -> SearchSpec:
+        objectives = self.objectives or [Objective(metric, direction)]  # type: ignore[arg-type]
+        return SearchSpec(
+            n_trials=self.n_trials,
+            params=tuple(replace(p, path=resolve_alias(k)) for k, p in self.params.items()),
+            objectives=tuple((o.metric, o.direction) for o in objectives),
+            # Optuna cannot prune multi-objective studies
+            pruner=self.pruner if len(objectives) == 1 else "none",
+            sampler_seed=self.sampler_seed,
+        )
+
+
+@dataclass
+class ExperimentFile:
+    """An experiment file: a grid (or a search) over a base run config."""
+
+    name: str = field(default="", metadata=meta("Study and MLflow experiment name."))
+    description: str = field(default="", metadata=meta("Shown in the report."))
+    base: dict[str, Any] | str = field(
+        default_factory=dict,
+        metadata=meta("A run config (mapping) or the path of one, relative to this file."),
+    )
+    grid: dict[str, Any] | None = field(
+        default=None,
+        metadata=meta(
+            "Axis (dotted run-config path) -> list of values; variant -> name -> {path: value}."
+        ),
+    )
+    search: SearchFile | None = field(default=None, metadata=meta("A search space (not a grid)."))
+    seeds: SeedCount | list[Seed] = field(
+        default=1, metadata=meta("A count n (seeds 0..n-1) or a list of seeds.")
+    )
+    steps: int | None = field(
+        default=None,
+        metadata={**_RUN["steps"], "help": "Steps of every trial (null = the base's steps)."},
+    )
+    baseline: str | dict[str, Any] | None = field(
+        default=None, metadata=meta("The reference cell: its label or {axis: value}.")
+    )
+    metric: str = field(default="final/reward", metadata=meta("Run-summary key for the ranking."))
+    direction: Direction = field(default="maximize", metadata=meta("maximize | minimize."))
+
+    def __post_init__(self) -> None:
+        check_name(self.name, "name")
+        check_metric(self.metric)
+        if self.grid is not None and self.search is not None:
+            raise ValueError("search: give either grid or search, not both")
+        if self.search is None and not self.grid:
+            raise ValueError("grid: must be a non-empty mapping of axis -> list of values")
+        if self.baseline is not None and self.search is not None:
+            raise ValueError("baseline: only applies to grids")
+        if isinstance(self.seeds, list) and not self.seeds:
+            raise ValueError("seeds: must be a count >= 1 or a non-empty list of integers")
+        if isinstance(self.seeds, list) and len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds: duplicate seeds in {self.seeds}")
+
+    @property
+    def seed_list(self) -> list[int]:
+        return list(range(self.seeds)) if isinstance(self.seeds, int) else list(self.seeds)

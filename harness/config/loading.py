@@ -1,0 +1,235 @@
+"""Reading run configs: YAML (duplicate keys and oversized expansions refused), ``--set``
+overrides, the short aliases, and the one-line error that names where a problem comes from.
+
+defaults < file < ``--set``: ``build_run_config`` merges and validates once, ``load_run_config``
+adds the file, the task check and the blame (which flag or file brought the problem in).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.config.schema import RunConfig
+from harness.core.configtools import ConfigError, from_dict, parse_override, set_path
+
+# Short names accepted for --set and experiment axes.
+ALIASES = {"adv_norm": "ppo.adv_norm", "reward_norm": "ppo.reward_norm"}
+
+
+def resolve_alias(path: str) -> str:
+    head, _, rest = path.partition(".")
+    if head in ALIASES:
+        return ALIASES[head] + ("." + rest if rest else "")
+    return path
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last
+    one silently, so ``steps:`` written twice would quietly change a run)."""
+
+
+def _no_duplicate_keys(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+        try:
+            hash(key)
+        except TypeError:
+            continue  # the base constructor reports unhashable keys itself
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"duplicate key {key!r} (first on line {seen[key] + 1})",
+                key_node.start_mark,
+            )
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+    _no_duplicate_keys,  # type: ignore[arg-type]
+)
+
+
+MAX_YAML_VALUES = 100_000
+
+
+def parse_yaml_text(text: str) -> Any:
+    """YAML (safe subset) with duplicate keys refused; raises ``yaml.YAMLError``.
+
+    Aliases share objects, so a few lines can stand for billions of values ("billion laughs");
+    the expanded size is bounded before anything copies, hashes or walks the data."""
+    data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    stack, seen = [data], 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > MAX_YAML_VALUES:
+            raise yaml.YAMLError(f"expands to more than {MAX_YAML_VALUES} values (nested aliases?)")
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return data
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    from harness.core.limits import MAX_YAML_BYTES, file_too_big
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{path}: file not found")
+    too_big = file_too_big(p, MAX_YAML_BYTES, "a run or experiment file")
+    if too_big:  # refused before parsing: PyYAML takes minutes over hundreds of MB
+        raise ConfigError(too_big)
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"{path}: is not a UTF-8 text file (byte {err.start}); expected a YAML file"
+        ) from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot be read ({err.strerror})") from None
+    if "\x00" in text:
+        raise ConfigError(f"{path}: holds NUL bytes (a binary file?); expected a YAML file")
+    try:
+        data = parse_yaml_text(text) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(
+            f"{path}:{where} is not valid YAML ({getattr(err, 'problem', err)})"
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: must hold a mapping of config keys")
+    return data
+
+
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Set dotted keys (aliases resolved) in a deep copy of a plain config dict; ``data`` and
+    ``overrides`` are never modified."""
+    out = copy.deepcopy(data)
+    for key, value in overrides.items():
+        set_path(out, resolve_alias(key), copy.deepcopy(value))
+    return out
+
+
+def expand_aliases(data: dict[str, Any]) -> dict[str, Any]:
+    """Top-level ``adv_norm:``/``reward_norm:`` blocks move under ``ppo`` (in a deep copy)."""
+    out = copy.deepcopy(data)
+    for short, full in ALIASES.items():
+        if short in out:
+            value = out.pop(short)
+            set_path(out, full, value)
+    return out
+
+
+def build_run_config(
+    data: dict[str, Any] | None = None, overrides: list[str] | dict[str, Any] | None = None
+) -> RunConfig:
+    """defaults < data < overrides → validated RunConfig (raises ConfigError)."""
+    merged = expand_aliases(data or {})
+    if isinstance(overrides, list):
+        overrides = dict(parse_override(o) for o in overrides)
+    merged = apply_overrides(merged, overrides or {})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return from_dict(RunConfig, merged)
+
+
+def validate_task(cfg: RunConfig) -> None:
+    """Resolve the task spec now, so a bad task fails before anything runs or is written."""
+    from harness.tasks import get_task
+
+    try:
+        task = get_task(cfg.task, **cfg.task_options)
+    except (ValueError, TypeError) as err:
+        msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError(msg if msg.startswith("task") else f"task: {msg}") from None
+    from harness.config.preflight import check_lengths
+
+    try:
+        check_lengths(cfg, task)
+        lora = cfg.model_options.lora
+        if lora is not None:  # peft is installed: check_lengths says so otherwise
+            from harness.model.lora import check_target_modules, model_modules
+
+            modules = model_modules(
+                cfg.model, tiny=cfg.tiny, trust_remote_code=cfg.model_options.trust_remote_code
+            )
+            check_target_modules(lora.target_modules, modules)
+    except ValueError as err:
+        raise ConfigError(str(err).splitlines()[0]) from None
+
+
+def load_run_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+    """File < ``--set`` overrides → validated RunConfig.
+
+    The merged result is validated once: flags that are only valid together (``trainer=trl``
+    with the ``reward_norm`` it needs, ``c_clip=null`` with ``policy_loss=cispo``) are accepted
+    together.  A problem names where it comes from: the ``--set`` flag whose key the message
+    names, else the file or the first flag that brings the problem in (see ``_blame``)."""
+    data = load_yaml(path) if path is not None else {}
+    parsed = [(text, parse_override(text)) for text in overrides or []]
+    try:
+        cfg = build_run_config(data, dict(kv for _, kv in parsed))
+    except ConfigError as err:
+        raise ConfigError(_blame(str(err), path, data, parsed)) from None
+    try:
+        validate_task(cfg)  # the task, the model's files and lengths: messages name the field
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}" if path and not parsed else str(err)) from None
+    return cfg
+
+
+def _error_key(message: str) -> str:
+    """The dotted config path a validation message starts with ('ppo.c_clip: ...',
+    'ppo.adv_norm.group_size 3 must ...', "task 'x': ..." → 'task'), list indices dropped."""
+    head = message.split(":", 1)[0].split(" ", 1)[0]
+    return head.split("[", 1)[0]
+
+
+def _related(a: str, b: str) -> bool:
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def _blame(
+    message: str,
+    path: str | Path | None,
+    data: dict[str, Any],
+    parsed: list[tuple[str, tuple[str, Any]]],
+) -> str:
+    """Attach a source to a validation message of the merged config (only called on failure).
+
+    1. the last ``--set`` flag whose key is, contains or lies inside the key the message names;
+    2. else the file, if it fails alone with a message about the same key;
+    3. else the first flag that, added in command-line order, brings in that key's problem;
+    4. else the message as it is (a problem of the flags together)."""
+    key = _error_key(message)
+    for text, (flag_key, _) in reversed(parsed):
+        if _related(resolve_alias(flag_key), key):
+            return f"--set {text}: {_strip_path(message, resolve_alias(flag_key))}"
+    prefix: dict[str, Any] = {}
+    for i in range(len(parsed) + 1):
+        if i:
+            prefix[parsed[i - 1][1][0]] = parsed[i - 1][1][1]
+        try:
+            build_run_config(data, prefix)
+        except ConfigError as err:
+            if _error_key(str(err)) == key:  # the merged config's own message, with its source
+                if i == 0:
+                    return f"{path}: {message}" if path is not None else message
+                return f"--set {parsed[i - 1][0]}: {message}"
+    return f"--set: {message}" if parsed else message
+
+
+def _strip_path(message: str, key: str) -> str:
+    """'ppo.eps_clip: must be > 0' → 'must be > 0' when the flag already names ppo.eps_clip."""
+    return message[len(key) + 2 :] if message.startswith(key + ": ") else message

@@ -1,0 +1,216 @@
+"""The run configuration: one typed dataclass tree whose fields declare their help and bounds.
+
+``PPOActorConfig`` uses AReaL's field names; ``RunConfig`` wraps it with the
+model, task, rollout, optimizer, critic, warm start, evaluation and device settings of one PPO
+training run.  The same ``RunConfig`` is what an ablation cell overrides.  Values are checked
+against the declarations by ``harness.core.configtools.from_dict``; ``__post_init__`` holds only
+what a declaration cannot say (files that must exist, fields that must agree).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from harness.core.configtools import is_device_name, meta
+from harness.model.options import ModelOptions, TinyModelConfig
+from harness.ppo.config import PPOActorConfig
+
+# Field metadata: help text plus the declared range (see harness.core.configtools.meta); every numeric
+# field is range- and finiteness-checked from these declarations when a config is built.
+_h = meta
+BIG = 10_000_000  # upper bound of step-like counts: far beyond any CPU/GPU run, far below overflow
+
+
+@dataclass
+class RolloutConfig:
+    prompts_per_step: int = field(
+        default=8, metadata=_h("Prompts sampled per training step.", ge=1, le=100_000)
+    )
+    n_samples: int = field(
+        default=4, metadata=_h("Completions per prompt (the group).", ge=1, le=10_000)
+    )
+    max_new_tokens: int = field(default=12, metadata=_h("Longest completion.", ge=1, le=100_000))
+    top_p: float = field(
+        default=1.0, metadata=_h("Nucleus sampling threshold (1 = off).", gt=0, le=1)
+    )
+    staleness: int = field(
+        default=0,
+        metadata=_h(
+            "Sample with the policy as it was k updates ago (emulates async RL).", ge=0, le=10_000
+        ),
+    )
+    chat_template: str = field(
+        default="none",
+        metadata=_h(
+            "none = prompts as is; auto = the tokenizer's chat template when it has one (one "
+            "user turn + generation prompt); or a path to a Jinja template file (~ expanded; "
+            "relative to the current directory)."
+        ),
+    )
+    max_prompt_tokens: int | None = field(
+        default=None,
+        metadata=_h(
+            "Keep only the last N tokens of longer prompts (null = never truncate; a prompt "
+            "+ max_new_tokens past the model's positions is then a config error).",
+            ge=1,
+            le=1_048_576,
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.chat_template in ("auto", "none"):
+            return
+        self.chat_template = os.path.expanduser(self.chat_template)
+        if not Path(self.chat_template).is_file():
+            raise ValueError(
+                f"chat_template: file {self.chat_template!r} not found (use auto, none or a path)"
+            )
+
+
+@dataclass
+class OptimConfig:
+    lr: float = field(default=3e-4, metadata=_h("AdamW learning rate of the policy.", gt=0))
+    weight_decay: float = field(default=0.0, metadata=_h("AdamW weight decay.", ge=0))
+    beta1: float = field(default=0.9, metadata=_h("AdamW β1.", ge=0, lt=1))
+    beta2: float = field(default=0.999, metadata=_h("AdamW β2.", ge=0, lt=1))
+    schedule: Literal["constant", "linear", "cosine"] = field(
+        default="constant", metadata=_h("Learning-rate schedule over the run.")
+    )
+    warmup_steps: int = field(
+        default=0, metadata=_h("Linear warm-up, in optimizer steps.", ge=0, le=BIG)
+    )
+    grad_clip: float | None = field(
+        default=1.0, metadata=_h("Clip the gradient norm to this (null = no clipping).", gt=0)
+    )
+
+
+@dataclass
+class CriticConfig:
+    enabled: bool = field(
+        default=False, metadata=_h("Train a value model for GAE (PPO); off = critic-free.")
+    )
+    lr: float = field(default=1e-3, metadata=_h("Critic learning rate.", gt=0))
+    value_clip: float | None = field(
+        default=0.5, metadata=_h("Value clipping ε_v around the old values (null = off).", gt=0)
+    )
+
+
+@dataclass
+class WarmStartConfig:
+    steps: int = field(
+        default=0,
+        metadata=_h("Supervised steps on demonstrations before RL (0 = off).", ge=0, le=BIG),
+    )
+    lr: float = field(default=3e-3, metadata=_h("Warm-start learning rate.", gt=0))
+    batch_size: int = field(default=32, metadata=_h("Warm-start batch size.", ge=1, le=100_000))
+
+
+@dataclass
+class EvalConfig:
+    every: int = field(
+        default=25,
+        metadata=_h("Greedy evaluation every N steps (0 = only at the end).", ge=0, le=BIG),
+    )
+    n_prompts: int = field(
+        default=64, metadata=_h("Held-out prompts per evaluation.", ge=1, le=100_000)
+    )
+
+
+@dataclass
+class RunConfig:
+    """One PPO training run."""
+
+    seed: int = field(
+        default=0, metadata=_h("Seed of model init, prompts and sampling.", ge=0, le=2**32 - 1)
+    )
+    steps: int = field(default=200, metadata=_h("Training steps (rollout + update).", ge=1, le=BIG))
+    model: str = field(
+        default="tiny",
+        metadata=_h(
+            "'tiny' or a local Hugging Face model directory (~ expanded; a relative path is "
+            "relative to the current directory, not to the YAML file)."
+        ),
+    )
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig, metadata=_h("Tiny model shape."))
+    model_options: ModelOptions = field(
+        default_factory=ModelOptions,
+        metadata=_h(
+            "How the model is loaded and run: dtype, attn_implementation, trust_remote_code, "
+            "gradient_checkpointing, lora."
+        ),
+    )
+    task: str = field(
+        default="reverse",
+        metadata=_h(
+            "reverse | add | sort | mixed-scale | jsonl:PATH | python:MODULE:FUNCTION"
+            "[@PATH.jsonl] (JSONL lines {prompt, answer}; FUNCTION(prompt, completion, answer) "
+            "-> float; paths: ~ expanded, relative to the current directory)."
+        ),
+    )
+    task_options: dict[str, Any] = field(default_factory=dict, metadata=_h("Task keyword options."))
+    rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata=_h("Sampling."))
+    ppo: PPOActorConfig = field(default_factory=PPOActorConfig, metadata=_h("PPO actor."))
+    optim: OptimConfig = field(default_factory=OptimConfig, metadata=_h("Policy optimizer."))
+    critic: CriticConfig = field(default_factory=CriticConfig, metadata=_h("Value model."))
+    warm_start: WarmStartConfig = field(
+        default_factory=WarmStartConfig, metadata=_h("SFT warm-up.")
+    )
+    eval: EvalConfig = field(default_factory=EvalConfig, metadata=_h("Held-out evaluation."))
+    device: str = field(default="cpu", metadata=_h("auto | cpu | cuda | cuda:N."))
+    bf16: bool = field(
+        default=False,
+        metadata=_h("Shorthand for model_options.dtype=bfloat16 (autocast, CPU and CUDA)."),
+    )
+    threads: int = field(
+        default=0, metadata=_h("torch CPU threads (0 = leave torch's default).", ge=0, le=1024)
+    )
+    trainer: Literal["harness", "trl"] = field(
+        default="harness",
+        metadata=_h(
+            "Who trains the cell: the harness's PPO loop or TRL's GRPOTrainer (options mapped "
+            "as in the README's TRL table; what TRL cannot express is an error)."
+        ),
+    )
+    diverge_after: int = field(
+        default=3,
+        metadata=_h(
+            "Consecutive steps whose every update was non-finite before a run counts as diverged.",
+            ge=1,
+            le=BIG,
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.bf16:
+            self.model_options.dtype = "bfloat16"
+        if self.model != "tiny":
+            # YAML does no shell expansion: `model: ~/models/x` (the README's own example) would
+            # otherwise name a directory literally called '~'.
+            self.model = os.path.expanduser(self.model)
+        dev = self.device
+        if not is_device_name(dev):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N; got {dev!r}")
+        if self.model != "tiny" and not Path(self.model).is_dir():
+            raise ValueError(
+                f"model: directory {self.model!r} does not exist "
+                "(use 'tiny' or a local Hugging Face model directory)"
+            )
+        if self.trainer == "trl":
+            from harness.config.trl_map import trl_problems
+
+            problems = trl_problems(self)
+            if problems:
+                where, why = problems[0]
+                raise ValueError(f"{where}: not expressible with trainer: trl ({why})")
+        for name, norm in (("adv_norm", self.ppo.adv_norm), ("reward_norm", self.ppo.reward_norm)):
+            if norm is not None and norm.uses_groups:
+                # The loop passes the real group sizes (to reward_norm and adv_norm alike); a
+                # fixed group_size that disagrees with them would be silently ignored.
+                if norm.group_size not in (1, self.rollout.n_samples):
+                    raise ValueError(
+                        f"ppo.{name}.group_size {norm.group_size} must equal rollout.n_samples "
+                        f"({self.rollout.n_samples}) or be left at 1"
+                    )
