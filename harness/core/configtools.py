@@ -229,6 +229,10 @@ def from_dict(cls: type[T], data: dict[str, Any], path: str = "") -> T:
     for key, value in data.items():
         where = f"{path}.{key}" if path else str(key)
         if key not in fields:
+            # A retired key a class declares (``RENAMED_KEYS``: old → new) names its new spelling.
+            new = getattr(cls, "RENAMED_KEYS", {}).get(key)
+            if new is not None:
+                raise ConfigError(f"{where}: renamed to {path + '.' if path else ''}{new}")
             allowed = ", ".join(sorted(fields))
             raise ConfigError(f"{where}: unknown key (allowed here: {allowed})")
         kwargs[key] = _convert(value, hints[key], where)
