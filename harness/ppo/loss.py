@@ -302,7 +302,7 @@ def prepare_policy_inputs(
     importance_sampling_level: str = "token",
 ) -> PolicyInputs:
     """Behaviour weights (§2.4/§2.5) and the policy ratio (token, or GSPO's sequence ratio) of
-    [B, T] inputs — the part shared by ``ppo_actor_loss`` and the objectives in ``objectives.py``."""
+    [B, T] inputs — the part shared by ``ppo_actor_loss`` and every objective in ``harness.ppo.objectives``."""
     m = loss_mask.bool()
     n0 = max(int(m.sum()), 1)
     prox = proximal_logprobs.detach()

@@ -210,15 +210,16 @@ def _verl_policy_loss(p: Any, A: str) -> tuple[list[tuple[str, Any]], list[str]]
     peer = o.verl
     if peer is None:
         return [], [f"# ppo.policy_loss={o.name}: verl has no loss_mode for it"]
-    mode = peer.levels.get(p.importance_sampling_level, peer.name)
+    options = getattr(p, o.name, None)
+    mode = peer.name_for(p.importance_sampling_level, options)
     kv: list[tuple[str, Any]] = [(f"{A}.policy_loss.loss_mode", mode)]
     if peer.options is None:
-        notes = [
-            f"# ppo.{o.name} hyper-parameters: not exported (verl's names for them are "
-            "not pinned here; check verl's policy_loss config)"
-        ]
+        why = (
+            peer.note
+            or "verl's names for them are not pinned here; check verl's policy_loss config"
+        )
+        notes = [f"# ppo.{o.name} hyper-parameters: not exported ({why})"]
         return (kv, notes) if o.options is not None else (kv, [])
-    options = getattr(p, o.name, None)
     kv += [
         (f"{A}.policy_loss.{theirs}", getattr(options, ours))
         for ours, theirs in peer.options.items()

@@ -32,7 +32,8 @@ def _peers_cell(o: Objective) -> str:
         elif lib == "TRL":
             out.append(f'TRL `loss_type="{peer.name}"`')
         elif lib == "verl":
-            names = [peer.name, *peer.levels.values()]
+            by = list(peer.by_option[1].values()) if peer.by_option else [peer.name]
+            names = [*by, *peer.levels.values()]
             out.append("verl " + "/".join(f"`{n}`" for n in names))
         else:
             out.append(lib)

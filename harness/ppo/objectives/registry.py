@@ -92,14 +92,23 @@ class Peer:
     option → the peer's key (same value), ``None`` = the peer's names are not pinned (not
     exported); ``fixed``: option → (the only value the peer expresses, why); ``aggregations``:
     the only ``loss_agg_mode``s it expresses; ``levels``: importance-sampling level → the peer's
-    name at that level (verl's ``gspo``); ``note``: what differs."""
+    name at that level (verl's ``gspo``); ``by_option``: (option, its value → the peer's name)
+    where the name depends on an option; ``note``: what differs."""
 
     name: str
     options: Mapping[str, str] | None = field(default_factory=dict)
     fixed: Mapping[str, tuple[Any, str]] = field(default_factory=dict)
     aggregations: tuple[str, ...] | None = None
     levels: Mapping[str, str] = field(default_factory=dict)
+    by_option: tuple[str, Mapping[Any, str]] | None = None
     note: str = ""
+
+    def name_for(self, level: str, options: Any) -> str:
+        """The peer's name for this configuration (``levels``, then ``by_option``)."""
+        if self.by_option is not None and options is not None:
+            option, names = self.by_option
+            return names[getattr(options, option)]
+        return self.levels.get(level, self.name)
 
 
 @dataclass
