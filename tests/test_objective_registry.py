@@ -167,3 +167,27 @@ def test_registering_twice_or_an_unknown_metric_is_refused(made_up):
     with pytest.raises(KeyError, match="not in harness.metrics.STEP_METRICS"):
         register("bad_metric", summary="x", stats={"policy/nope": "?"})(_scaled_terms)
     assert "bad_metric" not in OBJECTIVES
+
+
+@pytest.mark.parametrize(
+    "base, grid, expect",
+    [
+        (
+            "{}",
+            "{ppo.cispo_ratio_max: [2.0, 5.0]}",
+            "ppo.cispo_ratio_max: renamed to ppo.cispo.ratio_max",
+        ),
+        (
+            "{ppo: {sapo_temperature_pos: 2.0}}",
+            "{ppo.eps_clip: [0.1, 0.2]}",
+            "base: ppo.sapo_temperature_pos: renamed to ppo.sapo.temperature_pos",
+        ),
+    ],
+)
+def test_retired_keys_in_an_experiment_file_name_the_new_key(base, grid, expect, tmp_path):
+    f = tmp_path / "g.yaml"
+    f.write_text(f"name: g\nbase: {base}\ngrid: {grid}\nseeds: 1\nsteps: 2\nmetric: final/reward\n")
+    r = CliRunner().invoke(app, ["ablate", str(f), "--dry-run", "--results-dir", str(tmp_path)])
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in (r.stderr or r.output).splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expect in lines[0], lines

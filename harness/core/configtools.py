@@ -334,6 +334,10 @@ def is_config_path(cls: type, dotted: str) -> bool:
             return get_origin(tp) is dict  # free-form mapping (e.g. task options)
         hints = typing.get_type_hints(tp)
         if part not in hints:
+            new = getattr(tp, "RENAMED_KEYS", {}).get(part)
+            if new is not None:  # a retired key: say its new name rather than "not a path"
+                head = dotted[: dotted.index(part)] if dotted != part else ""
+                raise ConfigError(f"{dotted}: renamed to {head}{new}")
             return False
         tp = hints[part]
     return True
