@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import harness.ppo.objectives  # noqa: F401  (registers what each objective reports)
 from harness.metrics import STEP_METRICS, markdown
 
 ROOT = Path(__file__).resolve().parent.parent

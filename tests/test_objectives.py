@@ -10,13 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.ppo import RejectionSampling, ppo_actor_loss
+from harness.ppo.config import PPOActorConfig
 from harness.ppo.objectives import (
     cispo_loss,
     clip_cov_loss,
     gmpo_loss,
     kl_cov_loss,
     sapo_loss,
-    validate_objective,
 )
 
 settings.register_profile("harness", deadline=None, max_examples=60)
@@ -545,40 +545,54 @@ def test_one_dimensional_inputs_are_one_sequence():
         ),
         (
             "ppo",
-            {"sapo_temperature_pos": 2.0},
-            "sapo_temperature_pos means nothing under policy_loss 'ppo'",
+            {"sapo": {"temperature_pos": 2.0}},
+            "sapo.temperature_pos means nothing under policy_loss 'ppo'",
         ),
         (
             "kl_cov",
-            {"clip_cov_ratio": 0.1},
-            "clip_cov_ratio means nothing under policy_loss 'kl_cov'",
+            {"clip_cov": {"ratio": 0.1}},
+            "clip_cov.ratio means nothing under policy_loss 'kl_cov'",
         ),
         (
             "gmpo",
-            {"cispo_ratio_max": 3.0},
-            "cispo_ratio_max means nothing under policy_loss 'gmpo'",
+            {"cispo": {"ratio_max": 3.0}},
+            "cispo.ratio_max means nothing under policy_loss 'gmpo'",
         ),
-        ("cispo", {"cispo_ratio_max": 1.0}, "cispo_ratio_max must be > 1"),
-        ("cispo", {"cispo_ratio_min": 1.0}, "cispo_ratio_min must be in [0, 1)"),
-        ("sapo", {"sapo_temperature_neg": 0.0}, "sapo_temperature_neg must be a finite number > 0"),
-        ("gmpo", {"gmpo_log_clip": 0.0}, "gmpo_log_clip must be > 0"),
-        ("clip_cov", {"clip_cov_lb": 5.0}, "clip_cov_lb (5.0) must be < clip_cov_ub (5.0)"),
-        ("kl_cov", {"kl_cov_ratio": 1.5}, "kl_cov_ratio must be in [0, 1]"),
+        ("cispo", {"cispo": {"ratio_max": 1.0}}, "cispo.ratio_max: must be a finite number > 1"),
+        (
+            "cispo",
+            {"cispo": {"ratio_min": 1.0}},
+            "cispo.ratio_min: must be a finite number in [0, 1)",
+        ),
+        (
+            "sapo",
+            {"sapo": {"temperature_neg": 0.0}},
+            "sapo.temperature_neg: must be a finite number > 0",
+        ),
+        ("gmpo", {"gmpo": {"log_clip": 0.0}}, "gmpo.log_clip: must be a finite number > 0"),
+        (
+            "clip_cov",
+            {"clip_cov": {"cov_lb": 5.0}},
+            "clip_cov.cov_lb (5.0) must be < clip_cov.cov_ub (5.0)",
+        ),
+        ("kl_cov", {"kl_cov": {"ratio": 1.5}}, "kl_cov.ratio: must be a finite number in [0, 1]"),
         ("nope", {}, "policy_loss must be one of ppo, cispo, sapo, gmpo, clip_cov, kl_cov"),
     ],
 )
 def test_meaningless_or_bad_options_name_both(objective, options, msg):
+    from harness.core.configtools import from_dict
+
     with pytest.raises(ValueError, match=None) as err:
-        validate_objective(objective, "token", **options)
+        from_dict(PPOActorConfig, {"policy_loss": objective, **options}, "ppo")
     assert msg in str(err.value) and "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("objective", ["gmpo", "clip_cov", "kl_cov"])
 def test_sequence_level_means_nothing_for_sequence_or_covariance_objectives(objective):
     with pytest.raises(ValueError, match="importance_sampling_level 'sequence' means nothing"):
-        validate_objective(objective, "sequence")
-    validate_objective("cispo", "sequence")
-    validate_objective("sapo", "sequence")
+        PPOActorConfig(policy_loss=objective, importance_sampling_level="sequence")
+    PPOActorConfig(policy_loss="cispo", importance_sampling_level="sequence")
+    PPOActorConfig(policy_loss="sapo", importance_sampling_level="sequence")
 
 
 @given(

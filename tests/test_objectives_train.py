@@ -39,8 +39,12 @@ OBJECTIVE_KEYS = {
     "kl_cov": {"policy/cov_selected", "policy/cov_threshold", "policy/cov_penalty_kl"},
 }
 EXTRA = {
-    "clip_cov": {"ppo.clip_cov_ratio": 0.2, "ppo.clip_cov_lb": -100.0, "ppo.clip_cov_ub": 100.0},
-    "kl_cov": {"ppo.kl_cov_ratio": 0.1},
+    "clip_cov": {
+        "ppo.clip_cov.ratio": 0.2,
+        "ppo.clip_cov.cov_lb": -100.0,
+        "ppo.clip_cov.cov_ub": 100.0,
+    },
+    "kl_cov": {"ppo.kl_cov.ratio": 0.1},
 }
 
 
@@ -109,14 +113,14 @@ def test_actor_default_objective_is_ppo_actor_loss():
     [
         ({"ppo.policy_loss": "cispo", "ppo.c_clip": 3.0}, "ppo.c_clip means nothing under"),
         ({"ppo.policy_loss": "sapo", "ppo.eps_clip": 0.3}, "ppo.eps_clip means nothing under"),
-        ({"ppo.kl_cov_coef": 2.0}, "ppo.kl_cov_coef means nothing under policy_loss 'ppo'"),
+        ({"ppo.kl_cov.coef": 2.0}, "ppo.kl_cov.coef means nothing under policy_loss 'ppo'"),
         (
             {"ppo.policy_loss": "gmpo", "ppo.importance_sampling_level": "sequence"},
             "importance_sampling_level 'sequence' means nothing under policy_loss 'gmpo'",
         ),
         (
-            {"ppo.policy_loss": "cispo", "ppo.cispo_ratio_max": 0.5},
-            "cispo_ratio_max: must be a finite number > 1",
+            {"ppo.policy_loss": "cispo", "ppo.cispo.ratio_max": 0.5},
+            "cispo.ratio_max: must be a finite number > 1",
         ),
     ],
 )

@@ -122,7 +122,7 @@ def test_reward_norm_maps_to_scale_rewards(std_level, scale):
 def test_cispo_and_sapo_map_to_their_loss_types(tmp_path):
     from trl import GRPOConfig
 
-    c = cfg(**{"ppo.policy_loss": "cispo", "ppo.cispo_ratio_max": 4.0})
+    c = cfg(**{"ppo.policy_loss": "cispo", "ppo.cispo.ratio_max": 4.0})
     kw = grpo_kwargs(c)
     assert kw["loss_type"] == "cispo" and kw["epsilon_high"] == 4.0
     GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **kw)
@@ -130,7 +130,7 @@ def test_cispo_and_sapo_map_to_their_loss_types(tmp_path):
         **{
             "ppo.policy_loss": "sapo",
             "ppo.loss_agg_mode": "seq-mean-token-mean",
-            "ppo.sapo_temperature_neg": 2.0,
+            "ppo.sapo.temperature_neg": 2.0,
         }
     )
     kw = grpo_kwargs(s)
@@ -145,8 +145,8 @@ BAD = {
     "gmpo": ({"ppo.policy_loss": "gmpo"}, "ppo.policy_loss"),
     "sapo-token-mean": ({"ppo.policy_loss": "sapo"}, "ppo.loss_agg_mode"),
     "cispo-floor": (
-        {"ppo.policy_loss": "cispo", "ppo.cispo_ratio_min": 0.5},
-        "ppo.cispo_ratio_min",
+        {"ppo.policy_loss": "cispo", "ppo.cispo.ratio_min": 0.5},
+        "ppo.cispo.ratio_min",
     ),
     "critic": ({"critic.enabled": True}, "critic.enabled"),
     "staleness": ({"rollout.staleness": 2}, "rollout.staleness"),

@@ -21,6 +21,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from harness.ppo.objectives import OBJECTIVES, lookup
+
 TRL_VERSION = "1.16"
 
 
@@ -30,6 +32,32 @@ class MapRow:
     trl: str
     kind: str  # exact | approx | must | none
     note: str
+
+
+def _policy_loss_note() -> str:
+    """How each registered objective maps to TRL (from its declaration's ``trl`` peer)."""
+    parts, missing = [], []
+    for o in OBJECTIVES.values():
+        peer = o.trl
+        if peer is None:
+            missing.append(o.name)
+            continue
+        if not peer.name:
+            parts.append(f"{o.name} → {peer.note}")
+            continue
+        how = []
+        if peer.aggregations:
+            how.append(f"{' / '.join(peer.aggregations)} only")
+        how += [f"{o.name}.{ours} → {theirs}" for ours, theirs in (peer.options or {}).items()]
+        how += [f"{o.name}.{ours} must be {_shown(v)}" for ours, (v, _) in peer.fixed.items()]
+        parts.append(f"{o.name} → {peer.name}" + (f" ({', '.join(how)})" if how else ""))
+    if missing:
+        parts.append(f"{', '.join(missing)} have no TRL loss_type")
+    return "; ".join(parts)
+
+
+def _shown(value: Any) -> str:
+    return "null" if value is None else str(value)
 
 
 TRL_MAPPING: tuple[MapRow, ...] = (
@@ -63,14 +91,7 @@ TRL_MAPPING: tuple[MapRow, ...] = (
         "token sum, mean over sequences); seq-mean-token-sum-norm → dr_grpo (approx: TRL divides "
         "by max_completion_length, the harness by the minibatch's padded width)",
     ),
-    MapRow(
-        "ppo.policy_loss",
-        "loss_type",
-        "must",
-        "ppo → the clip losses above; cispo → cispo (token-mean only, cispo_ratio_max → "
-        "epsilon_high, cispo_ratio_min must be null); sapo → sapo (seq-mean-token-mean only, "
-        "sapo_temperature_pos/neg → the same names); gmpo, clip_cov, kl_cov have no TRL loss_type",
-    ),
+    MapRow("ppo.policy_loss", "loss_type", "must", _policy_loss_note()),
     MapRow(
         "ppo.reward_norm",
         "scale_rewards",
@@ -225,6 +246,24 @@ def _policy_loss(cfg: Any) -> str:
     return str(getattr(cfg.ppo, "policy_loss", "ppo"))
 
 
+def _objective_problems(cfg: Any) -> list[tuple[str, str]]:
+    """What TRL cannot say about the objective, from its declaration (at most one problem)."""
+    p, pl = cfg.ppo, _policy_loss(cfg)
+    o = lookup(pl)
+    peer = o.trl
+    if peer is None:
+        have = ", ".join(x.name for x in OBJECTIVES.values() if x.trl is not None)
+        return [("ppo.policy_loss", f"TRL has no loss_type for {pl!r} ({have})")]
+    options = getattr(p, pl, None)
+    for ours, (value, why) in peer.fixed.items():
+        if getattr(options, ours) != value:
+            return [(f"ppo.{pl}.{ours}", f"{why}; use {_shown(value)}")]
+    if peer.aggregations and p.loss_agg_mode not in peer.aggregations:
+        only = " / ".join(peer.aggregations)
+        return [("ppo.loss_agg_mode", f"TRL's {peer.name} loss is {only} only")]
+    return []
+
+
 def trl_problems(cfg: Any) -> list[tuple[str, str]]:
     """Every option of ``cfg`` that TRL's GRPOTrainer cannot express, as (field, reason)."""
     p, r = cfg.ppo, cfg.rollout
@@ -271,15 +310,7 @@ def trl_problems(cfg: Any) -> list[tuple[str, str]]:
                     f"TRL's delta equals the dual clip only when > 1 + eps_clip_higher ({1 + hi:g})",
                 )
             )
-    pl = _policy_loss(cfg)
-    if pl == "cispo" and getattr(p, "cispo_ratio_min", None) is not None:
-        out.append(("ppo.cispo_ratio_min", "TRL's cispo has no floor on the IS weight; use null"))
-    elif pl == "cispo" and p.loss_agg_mode != "token-mean":
-        out.append(("ppo.loss_agg_mode", "TRL's cispo loss is token-mean only"))
-    elif pl == "sapo" and p.loss_agg_mode != "seq-mean-token-mean":
-        out.append(("ppo.loss_agg_mode", "TRL's sapo loss is seq-mean-token-mean only"))
-    elif pl not in ("ppo", "cispo", "sapo"):
-        out.append(("ppo.policy_loss", f"TRL has no loss_type for {pl!r} (ppo, cispo, sapo)"))
+    out += _objective_problems(cfg)
     if getattr(r, "max_prompt_tokens", None) is not None:
         out.append(
             ("rollout.max_prompt_tokens", "TRL 1.16's GRPOTrainer does not truncate prompts")
@@ -350,7 +381,10 @@ def grpo_kwargs(cfg: Any, *, strict: bool = True) -> dict[str, Any]:
     p, r, o = cfg.ppo, cfg.rollout, cfg.optim
     batch = r.prompts_per_step * r.n_samples
     pl = _policy_loss(cfg)
-    loss_type = _LOSS_TYPE[p.loss_agg_mode] if pl == "ppo" else pl
+    trl_peer = lookup(pl).trl
+    loss_type = (
+        trl_peer.name if trl_peer is not None and trl_peer.name else _LOSS_TYPE[p.loss_agg_mode]
+    )
     bad = {field.split(".")[1] if "." in field else field for field, _ in problems}
     kw: dict[str, Any] = {
         "epsilon": p.eps_clip,
@@ -392,12 +426,12 @@ def grpo_kwargs(cfg: Any, *, strict: bool = True) -> dict[str, Any]:
         del kw["loss_type"]
     if "ppo_n_minibatches" in bad:  # uneven split: one optimizer step per generation batch
         kw["steps_per_generation"], kw["per_device_train_batch_size"] = 1, batch
-    if pl == "cispo":
-        # TRL's cispo caps the IS weight itself at epsilon_high (ScaleRL's ε_max).
-        kw["epsilon_high"] = p.cispo_ratio_max
-    if pl == "sapo":
-        kw["sapo_temperature_pos"] = p.sapo_temperature_pos
-        kw["sapo_temperature_neg"] = p.sapo_temperature_neg
+    peer = lookup(pl).trl
+    if peer is not None and peer.options:
+        # The objective's own options under TRL's names (cispo's cap is TRL's epsilon_high).
+        options = getattr(p, pl)
+        for ours, theirs in peer.options.items():
+            kw[theirs] = getattr(options, ours)
     return kw
 
 

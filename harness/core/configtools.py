@@ -280,6 +280,10 @@ def from_dict(cls: type[T], data: dict[str, Any], path: str = "", key: str | Non
     unknown = sorted((k for k in data if k not in fields), key=str)
     if unknown:  # before any value: a misspelt key is the likelier mistake
         where = f"{path}.{unknown[0]}" if path else str(unknown[0])
+        # A retired key a class declares (``RENAMED_KEYS``: old → new) names its new spelling.
+        renamed = getattr(cls, "RENAMED_KEYS", {}).get(unknown[0])
+        if renamed is not None:
+            raise ConfigError(f"{where}: renamed to {path + '.' if path else ''}{renamed}")
         raise ConfigError(f"{where}: unknown key (allowed: {', '.join(sorted(fields))})")
     for k, value in data.items():
         where = f"{path}.{k}" if path else str(k)
@@ -390,6 +394,10 @@ def is_config_path(cls: type, dotted: str) -> bool:
             return get_origin(tp) is dict  # free-form mapping (e.g. task options)
         hints = typing.get_type_hints(tp)
         if part not in hints:
+            new = getattr(tp, "RENAMED_KEYS", {}).get(part)
+            if new is not None:  # a retired key: say its new name rather than "not a path"
+                head = dotted[: dotted.index(part)] if dotted != part else ""
+                raise ConfigError(f"{dotted}: renamed to {head}{new}")
             return False
         tp = hints[part]
     return True

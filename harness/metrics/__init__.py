@@ -29,11 +29,11 @@ STEP_METRICS: dict[str, str] = {
     "policy/clipfrac_low": "Fraction of valid tokens clipped at the lower bound (A<0, r<1−ε).",
     "policy/clipfrac_high": "Fraction of valid tokens clipped at the upper bound (A>0, r>1+ε_hi).",
     "policy/dual_clipfrac": "Fraction of valid tokens where the dual clip c·|A| binds (only possible for A<0).",
-    "policy/silenced_frac": "Fraction of valid tokens whose policy gradient the objective (ppo.policy_loss) zeroed: PPO/Clip-Cov clip and dual clip, Clip-Cov's detached tokens, GMPO's log-space clip; 0 for CISPO, SAPO, KL-Cov.",
-    "policy/reweighted_frac": "Fraction of valid tokens the objective kept but re-weighted: CISPO IS weight capped, SAPO gate weight below 0.5, KL-Cov penalised tokens; 0 for PPO, Clip-Cov, GMPO.",
-    "policy/gate_mean": "Mean per-token gate/weight of the objective: CISPO the capped IS weight, SAPO the gradient weight 4σ(1−σ) (1 = unclipped), GMPO the clipped sequence ratio (cispo/sapo/gmpo only).",
+    "policy/silenced_frac": "Fraction of valid tokens whose policy gradient the objective (ppo.policy_loss) zeroed (which tokens: see the per-objective table below).",
+    "policy/reweighted_frac": "Fraction of valid tokens the objective kept but re-weighted or penalised (per objective: below).",
+    "policy/gate_mean": "Mean per-token gate/weight of the objective (per objective: below; only the objectives that have one).",
     "policy/cov_selected": "Tokens selected by the covariance rule per optimizer step: detached (clip_cov) or KL-penalised (kl_cov).",
-    "policy/cov_candidates": "Clip-Cov: tokens per optimizer step inside the covariance band (clip_cov_lb, clip_cov_ub) and not already clipped, from which the selection is drawn.",
+    "policy/cov_candidates": "Clip-Cov: tokens per optimizer step inside the covariance band (ppo.clip_cov.cov_lb, ppo.clip_cov.cov_ub) and not already clipped, from which the selection is drawn.",
     "policy/cov_threshold": "Covariance threshold of the selection: the smallest covariance among selected tokens (KL-Cov: the top-k cut-off), mean over optimizer steps that selected any.",
     "policy/cov_penalty_kl": "KL-Cov: mean |log π_θ − log π_prox| on the penalised tokens.",
     "policy/loss": "Mean PPO loss over the step's optimizer steps (including the entropy bonus).",
@@ -71,6 +71,26 @@ STEP_METRICS: dict[str, str] = {
 
 _KNOWN = frozenset(STEP_METRICS)
 
+# What each policy objective reports, declared by the objective itself (harness.ppo.objectives
+# registers them on import): objective → {metric key → what it means under that objective}.
+OBJECTIVE_STATS: dict[str, dict[str, str]] = {}
+
+
+def declare_objective_stats(objective: str, stats: dict[str, str]) -> None:
+    """Record the step metrics ``objective`` reports; every key must be in the vocabulary."""
+    unknown = [k for k in stats if k not in _KNOWN]
+    if unknown:
+        raise KeyError(
+            f"objective {objective!r} reports metrics not in harness.metrics.STEP_METRICS: "
+            f"{unknown} (add them to the vocabulary)"
+        )
+    OBJECTIVE_STATS[objective] = dict(stats)
+
+
+def forget_objective_stats(objective: str) -> None:
+    OBJECTIVE_STATS.pop(objective, None)
+
+
 # Logged only under the ppo.policy_loss objectives that define them.
 OBJECTIVE_METRICS = frozenset(
     {
@@ -94,16 +114,36 @@ def markdown() -> str:
     lines = [
         "# Metrics",
         "",
-        "Every per-step metric the training loop logs (generated from `harness/metrics/__init__.py`; "
-        "regenerate with `python -m harness.metrics > docs/metrics.md`).  Per-run summaries "
+        "Every per-step metric the training loop logs (generated from `harness/metrics/__init__.py` "
+        "and the objectives' declarations in `harness/ppo/objectives/`; regenerate with "
+        "`python -m harness.ppo.objectives metrics > docs/metrics.md`).  Per-run summaries "
         "(`final/*`, `best/*`, run-level `stability/*`) are defined in [stability.md](stability.md).",
         "",
         "| key | definition |",
         "|---|---|",
     ]
     lines += [f"| `{k}` | {v} |" for k, v in STEP_METRICS.items()]
+    lines += _objective_section()
     lines += _trl_section()
     return "\n".join(lines) + "\n"
+
+
+def _objective_section() -> list[str]:
+    """What each registered objective's statistics mean under it (``OBJECTIVE_STATS``)."""
+    lines = [
+        "",
+        "## Per objective (`ppo.policy_loss`)",
+        "",
+        "What the objective statistics mean under each objective (declared by the objective's "
+        "module in `harness/ppo/objectives/`); a key an objective does not list is not logged "
+        "under it.",
+        "",
+        "| objective | key | meaning |",
+        "|---|---|---|",
+    ]
+    for name, stats in OBJECTIVE_STATS.items():
+        lines += [f"| `{name}` | `{k}` | {v} |" for k, v in stats.items()]
+    return lines
 
 
 def _trl_section() -> list[str]:

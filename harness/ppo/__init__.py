@@ -11,15 +11,16 @@ from harness.ppo.loss import (
     LOSS_AGG_MODES,
     RejectionSampling,
     behaviour_weights,
-    ppo_actor_loss,
 )
 from harness.ppo.normalization import NormConfig, normalize
 from harness.ppo.objectives import (
+    OBJECTIVES,
     POLICY_LOSSES,
     cispo_loss,
     clip_cov_loss,
     gmpo_loss,
     kl_cov_loss,
+    ppo_actor_loss,
     sapo_loss,
 )
 
@@ -27,6 +28,7 @@ __all__ = [
     "BEHAVE_MODES",
     "LOSS_AGG_MODES",
     "NormConfig",
+    "OBJECTIVES",
     "POLICY_LOSSES",
     "PPOActor",
     "PPOActorConfig",

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from harness.metrics import OBJECTIVE_METRICS
 from harness.ppo.advantages import gae, kl_estimate, shape_rewards
 from harness.ppo.normalization import normalize
 from harness.ppo.objectives import objective_loss
@@ -381,9 +382,10 @@ class _StatsAccumulator:
         if "gate" in stats:
             self._put("gate", stats["gate"][m].double())
             self.n_gate += n
-        for key in ("cov_selected", "cov_candidates", "cov_threshold", "cov_penalty_kl"):
-            if key in stats:
-                self.cov.setdefault(key, []).append(float(stats[key]))
+        # Per-step floats an objective reports (``cov_selected`` ...): ``policy/<key>``.
+        for key, value in stats.items():
+            if isinstance(value, float) and f"policy/{key}" in OBJECTIVE_METRICS:
+                self.cov.setdefault(key, []).append(value)
         if "entropy" in stats:
             self._put("entropy", stats["entropy"][m])
         self._put("advantages", mb["advantages"][m])

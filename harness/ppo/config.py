@@ -7,31 +7,54 @@ run configuration; ``harness.config.RunConfig`` nests it as ``ppo``.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
 
 from harness.core.configtools import meta
 from harness.ppo.loss import RejectionSampling, validate_clip_options
 from harness.ppo.normalization import NormConfig
-from harness.ppo.objectives import OBJECTIVE_OPTIONS, validate_objective
+from harness.ppo.objectives import OBJECTIVES, ClipOptions, renamed_keys, validate_selection
 
 _h = meta
+_CLIP = {f.name: f for f in fields(ClipOptions)}
+
+
+def _clip_field(name: str) -> Any:
+    """A PPO-clip option, with the default and declaration ``ClipOptions`` gives it."""
+    f = _CLIP[name]
+    return field(default=f.default, metadata=f.metadata)
+
+
+def _with_objective_blocks(cls: type) -> type:
+    """One nested options block per registered objective, after ``policy_loss``
+    (``ppo.cispo.ratio_max``); the declarations are the objectives' own."""
+    annotations = dict(cls.__annotations__)
+    cls.__annotations__.clear()
+    for name, tp in annotations.items():
+        cls.__annotations__[name] = tp
+        if name == "policy_loss":
+            for o in OBJECTIVES.values():
+                if o.options is None:
+                    continue
+                cls.__annotations__[o.name] = o.options
+                block = field(
+                    default_factory=o.options,
+                    metadata=_h(f"Options of policy_loss {o.name!r} (left at defaults otherwise)."),
+                )
+                setattr(cls, o.name, block)
+    # Retired flat keys (ppo.cispo_ratio_max): configtools.from_dict names the new key.
+    cls.RENAMED_KEYS = renamed_keys()  # type: ignore[attr-defined]
+    return cls
 
 
 @dataclass
+@_with_objective_blocks
 class PPOActorConfig:
     """PPO actor options, under AReaL's ``PPOActorConfig`` names."""
 
-    eps_clip: float = field(
-        default=0.2, metadata=_h("Lower clip ε: ratio clipped to [1-ε, 1+ε_hi].", gt=0)
-    )
-    eps_clip_higher: float | None = field(
-        default=None, metadata=_h("Upper clip ε_hi (DAPO clip-higher); null = eps_clip.", ge=0)
-    )
-    c_clip: float | None = field(
-        default=None,
-        metadata=_h("Dual clip: caps the loss at c·|A| where A < 0; must be > 1.", gt=1),
-    )
+    eps_clip: float = _clip_field("eps_clip")
+    eps_clip_higher: float | None = _clip_field("eps_clip_higher")
+    c_clip: float | None = _clip_field("c_clip")
     behave_imp_weight_mode: Literal[
         "disabled", "token_mask", "token_truncate", "sequence_mask", "sequence_truncate"
     ] = field(
@@ -64,79 +87,12 @@ class PPOActorConfig:
     loss_agg_mode: Literal[
         "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
     ] = field(default="token-mean", metadata=_h("How per-token losses become one number."))
-    policy_loss: Literal["ppo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov"] = field(
+    policy_loss: str = field(
         default="ppo",
         metadata=_h(
-            "Policy objective: ppo (PPO-clip, clip-higher, dual clip, GSPO), cispo (MiniMax-M1), "
-            "sapo (soft gate), gmpo (geometric mean), clip_cov / kl_cov (arXiv 2505.22617)."
+            "Policy objective (one of the registered objectives; its options are the block "
+            "ppo.<name>): " + ", ".join(OBJECTIVES) + "."
         ),
-    )
-    cispo_ratio_max: float = field(
-        default=5.0,
-        metadata=_h(
-            "CISPO: absolute cap on the IS weight sg(r) (TRL's epsilon_high under loss_type "
-            "'cispo'; 5.0 as TRL recommends after ScaleRL, arXiv 2510.13786).",
-            gt=1,
-        ),
-    )
-    cispo_ratio_min: float | None = field(
-        default=None,
-        metadata=_h(
-            "CISPO: floor on the IS weight (MiniMax-M1's 1 - eps_low^IS); null = none, as in TRL.",
-            ge=0,
-            lt=1,
-        ),
-    )
-    sapo_temperature_pos: float = field(
-        default=1.0,
-        metadata=_h(
-            "SAPO: gate temperature where A > 0 (TRL default 1.0, arXiv 2511.20347).", gt=0
-        ),
-    )
-    sapo_temperature_neg: float = field(
-        default=1.05,
-        metadata=_h(
-            "SAPO: gate temperature where A <= 0 (TRL default 1.05, arXiv 2511.20347).", gt=0
-        ),
-    )
-    gmpo_log_clip: float = field(
-        default=0.4,
-        metadata=_h(
-            "GMPO: token log-ratio clipped to [-eps, eps_hi] (arXiv 2507.20673 uses 0.4; verl "
-            "reuses clip_ratio).",
-            gt=0,
-        ),
-    )
-    gmpo_log_clip_higher: float | None = field(
-        default=None, metadata=_h("GMPO: upper log-space bound eps_hi; null = gmpo_log_clip.", gt=0)
-    )
-    clip_cov_ratio: float = field(
-        default=2e-4,
-        metadata=_h(
-            "Clip-Cov: share of valid tokens whose gradient is detached (paper/verl 2e-4; "
-            "0 = plain PPO-clip).",
-            ge=0,
-            le=1,
-        ),
-    )
-    clip_cov_lb: float = field(
-        default=1.0, metadata=_h("Clip-Cov: candidates have covariance > this (verl default 1).")
-    )
-    clip_cov_ub: float = field(
-        default=5.0, metadata=_h("Clip-Cov: candidates have covariance < this (verl default 5).")
-    )
-    kl_cov_ratio: float = field(
-        default=2e-4,
-        metadata=_h(
-            "KL-Cov: share of valid tokens, largest covariance first, given the KL penalty "
-            "(paper/verl 2e-4; 0 = unclipped policy gradient).",
-            ge=0,
-            le=1,
-        ),
-    )
-    kl_cov_coef: float = field(
-        default=1.0,
-        metadata=_h("KL-Cov: coefficient of the |log-ratio| penalty (verl ppo_kl_coef, 1).", ge=0),
     )
     ppo_n_minibatches: int = field(
         default=4,
@@ -182,10 +138,12 @@ class PPOActorConfig:
             self.importance_sampling_level,
             self.loss_agg_mode,
         )
-        validate_objective(
+        validate_selection(
             self.policy_loss,
             self.importance_sampling_level,
-            **{name: getattr(self, name) for name in OBJECTIVE_OPTIONS},
+            self.loss_agg_mode,
+            {name: getattr(self, name) for name in _CLIP},
+            {o.name: getattr(self, o.name, None) for o in OBJECTIVES.values()},
         )
         weighting = self.behave_imp_weight_mode != "disabled" or self.rejection_sampling is not None
         if weighting and not self.use_decoupled_loss:

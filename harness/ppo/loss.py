@@ -1,4 +1,5 @@
-"""The PPO actor loss: asymmetric clip, dual clip, behaviour importance weights, GSPO.
+"""What every policy objective starts from: behaviour importance weights, the ratio (token or GSPO's
+sequence ratio), the aggregation and the stats contract (the objectives: ``harness.ppo.objectives``).
 
 Source: AReaL ``areal/utils/functional/functional.py`` (``ppo_actor_loss_fn``,
 ``apply_rejection_sampling``), main branch; legacy ``behave_imp_weight_mode`` from
@@ -298,8 +299,8 @@ def prepare_policy_inputs(
     importance_sampling_level: str = "token",
 ) -> PolicyInputs:
     """Behaviour weights (rejection sampling or the legacy modes) and the policy ratio (token, or
-    GSPO's sequence ratio) of [B, T] inputs — the part shared by ``ppo_actor_loss`` and the
-    objectives in ``objectives.py``."""
+    GSPO's sequence ratio) of [B, T] inputs — the part shared by every objective in
+    ``harness.ppo.objectives``."""
     m = loss_mask.bool()
     n0 = max(int(m.sum()), 1)
     prox = proximal_logprobs.detach()
@@ -414,124 +415,3 @@ def one_row(
         k: (v[0] if isinstance(v, torch.Tensor) and v.dim() == 2 else v)
         for k, v in row_stats.items()
     }
-
-
-def ppo_actor_loss(
-    logprobs: torch.Tensor,
-    proximal_logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    loss_mask: torch.Tensor,
-    *,
-    eps_clip: float,
-    eps_clip_higher: float | None = None,
-    c_clip: float | None = None,
-    behave_imp_weight_mode: str = "disabled",
-    behave_imp_weight_cap: float | None = None,
-    rejection_sampling: RejectionSampling | None = None,
-    importance_sampling_level: str = "token",
-    loss_agg_mode: str = "token-mean",
-) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
-    """AReaL's PPO actor loss (``ppo_actor_loss_fn``, main; docs/ppo-semantics.md "Ratio and clip").
-
-    Inputs are [B, T] (a 1-D tensor is one sequence).  ℓθ = ``logprobs`` (carries the gradient),
-    ℓp = proximal, ℓb = old/behaviour, m = ``loss_mask``:
-
-        N0 = max(Σm, 1)                              (taken before any filtering)
-        m′, w = behaviour weights (if enabled)       (w detached)
-        r  = exp(ℓθ − ℓp) on m, else 0               (token level)
-        r  = exp(mean_{m′}(ℓθ − ℓp)) per sequence, Ā = mean_{m′}(A)   (sequence level = GSPO,
-             as fixed in areal-project/AReaL#1346: padding never enters the means)
-        r̃  = clamp(r, 1 − ε, 1 + ε_hi)               (ε_hi = ε when eps_clip_higher is None)
-        L  = max(−A·r, −A·r̃);   clip_mask = −A·r < −A·r̃
-        L  = min(L, c·|A|) if c_clip;  dual_clip_mask = c·|A| < L   (binds only where A < 0)
-        L  = L·w                                     (after the dual clip)
-        loss = Σ m′·L / N0                           (token-mean; other ``loss_agg_mode``s below)
-
-    ``behave_imp_weight_mode`` (AReaL v1.0.0.post1–v1.0.3) and ``rejection_sampling`` (v1.0.4+)
-    are two spellings of the behaviour weight.  The legacy modes never narrow the loss mask (the
-    weight is 0 on dropped tokens, so the loss value is the same), and their cap may be None (no
-    bound).  Giving both is an error.
-
-    ``loss_agg_mode`` (beyond AReaL, whose loss is always the global token mean; verl's names):
-      * ``token-mean``: Σ m′L / N0 (AReaL).
-      * ``seq-mean-token-mean``: mean over non-empty sequences of Σ_t m′L / max(Σ_t m, 1).
-      * ``seq-mean-token-sum``: mean over non-empty sequences of Σ_t m′L.
-      * ``seq-mean-token-sum-norm``: Σ m′L / (#non-empty sequences · T), T the padded width
-        (Dr. GRPO's constant normalizer).
-
-    Returns (loss, stats).  Per-token stats (detached): ``loss`` (unmasked L), ``importance_weight``
-    (r), ``approx_kl`` (ℓθ − ℓp, a log-ratio), ``clip_mask``, ``clip_low_mask`` (A<0, r<1−ε),
-    ``clip_high_mask`` (A>0, r>1+ε_hi), ``dual_clip_mask`` (all ∧ m); with weighting on also
-    ``behave_imp_weight`` (w), ``behave_mask`` ((w>0) ∧ m′), ``behave_approx_kl`` (ℓp − ℓb on
-    behave_mask) and the float ``filtered_fraction``.
-    """
-    validate_clip_options(
-        eps_clip,
-        eps_clip_higher,
-        c_clip,
-        behave_imp_weight_mode,
-        behave_imp_weight_cap,
-        rejection_sampling,
-        importance_sampling_level,
-        loss_agg_mode,
-    )
-    _check_shapes(
-        logprobs=logprobs,
-        proximal_logprobs=proximal_logprobs,
-        old_logprobs=old_logprobs,
-        advantages=advantages,
-        loss_mask=loss_mask,
-    )
-    kw = dict(
-        eps_clip=eps_clip,
-        eps_clip_higher=eps_clip_higher,
-        c_clip=c_clip,
-        behave_imp_weight_mode=behave_imp_weight_mode,
-        behave_imp_weight_cap=behave_imp_weight_cap,
-        rejection_sampling=rejection_sampling,
-        importance_sampling_level=importance_sampling_level,
-        loss_agg_mode=loss_agg_mode,
-    )
-    if logprobs.dim() == 1:
-        return one_row(
-            ppo_actor_loss, logprobs, proximal_logprobs, old_logprobs, advantages, loss_mask, **kw
-        )
-    if logprobs.dim() != 2:
-        raise ValueError(f"expected [B, T] or [T] tensors; got {tuple(logprobs.shape)}")
-
-    p = prepare_policy_inputs(
-        logprobs,
-        proximal_logprobs,
-        old_logprobs,
-        advantages,
-        loss_mask,
-        behave_imp_weight_mode=behave_imp_weight_mode,
-        behave_imp_weight_cap=behave_imp_weight_cap,
-        rejection_sampling=rejection_sampling,
-        importance_sampling_level=importance_sampling_level,
-    )
-    pg, clip_mask, dual_clip_mask = ppo_clip_terms(p, eps_clip, eps_clip_higher, c_clip)
-    pg = behaviour_weighted(pg, p)
-    loss = aggregate(pg, p, loss_agg_mode)
-    return loss, base_stats(p, pg, clip_mask, dual_clip_mask)
-
-
-def ppo_clip_terms(
-    p: PolicyInputs, eps_clip: float, eps_clip_higher: float | None, c_clip: float | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-token PPO-clip loss L (before the behaviour weight), clip_mask and dual_clip_mask."""
-    adv, ratio = p.adv, p.ratio
-    eps_hi = eps_clip if eps_clip_higher is None else eps_clip_higher
-    clipped_ratio = ratio.clamp(1.0 - eps_clip, 1.0 + eps_hi)
-    pg1 = -adv * ratio
-    pg2 = -adv * clipped_ratio
-    clip_mask = pg1.detach() < pg2.detach()
-    pg = torch.maximum(pg1, pg2)
-    if c_clip is not None:
-        pg3 = torch.sign(adv) * c_clip * adv
-        dual_clip_mask = pg3.detach() < pg.detach()
-        pg = torch.minimum(pg, pg3)
-    else:
-        dual_clip_mask = torch.zeros_like(p.m)
-    return pg, clip_mask, dual_clip_mask

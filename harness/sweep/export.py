@@ -28,6 +28,7 @@ import yaml
 from harness.config import RunConfig
 from harness.config.trl_map import approximations, grpo_kwargs, trl_problems
 from harness.core.configtools import ConfigError, to_dict
+from harness.ppo.objectives import lookup
 
 if TYPE_CHECKING:
     from harness.sweep.spec import StudySpec
@@ -122,14 +123,6 @@ def export_trl(cfg: RunConfig) -> str:
 
 
 _VERL_KL = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}
-_VERL_LOSS = {
-    "ppo": "vanilla",
-    "cispo": "cispo",
-    "sapo": "sapo",
-    "gmpo": "geo_mean",
-    "clip_cov": "clip_cov",
-    "kl_cov": "kl_cov",
-}
 
 
 def _verl_estimator(cfg: RunConfig) -> tuple[str | None, list[str], list[str]]:
@@ -211,6 +204,29 @@ def _override(key: str, value: Any, where: str = "") -> str:
     return shlex.quote(f"{key}={_hydra(value, where or key)}")
 
 
+def _verl_policy_loss(p: Any, A: str) -> tuple[list[tuple[str, Any]], list[str]]:
+    """verl's ``policy_loss.loss_mode`` and the objective's options, from its declaration."""
+    o = lookup(p.policy_loss)
+    peer = o.verl
+    if peer is None:
+        return [], [f"# ppo.policy_loss={o.name}: verl has no loss_mode for it"]
+    options = getattr(p, o.name, None)
+    mode = peer.name_for(p.importance_sampling_level, options)
+    kv: list[tuple[str, Any]] = [(f"{A}.policy_loss.loss_mode", mode)]
+    if peer.options is None:
+        why = (
+            peer.note
+            or "verl's names for them are not pinned here; check verl's policy_loss config"
+        )
+        notes = [f"# ppo.{o.name} hyper-parameters: not exported ({why})"]
+        return (kv, notes) if o.options is not None else (kv, [])
+    kv += [
+        (f"{A}.policy_loss.{theirs}", getattr(options, ours))
+        for ours, theirs in peer.options.items()
+    ]
+    return kv, []
+
+
 def export_verl(cfg: RunConfig) -> str:
     p, r, o, m = cfg.ppo, cfg.rollout, cfg.optim, cfg.model_options
     A = "actor_rollout_ref.actor"
@@ -228,26 +244,9 @@ def export_verl(cfg: RunConfig) -> str:
     else:  # verl's vanilla loss always applies the dual clip; a huge c switches it off
         kv.append((f"{A}.clip_ratio_c", 1e9))
         notes.append("# ppo.c_clip null: verl always dual-clips; clip_ratio_c=1e9 disables it")
-    loss_mode = _VERL_LOSS[p.policy_loss]
-    if p.policy_loss == "ppo" and p.importance_sampling_level == "sequence":
-        loss_mode = "gspo"
-    kv.append((f"{A}.policy_loss.loss_mode", loss_mode))
-    if p.policy_loss == "clip_cov":
-        kv += [
-            (f"{A}.policy_loss.clip_cov_ratio", p.clip_cov_ratio),
-            (f"{A}.policy_loss.clip_cov_lb", p.clip_cov_lb),
-            (f"{A}.policy_loss.clip_cov_ub", p.clip_cov_ub),
-        ]
-    if p.policy_loss == "kl_cov":
-        kv += [
-            (f"{A}.policy_loss.kl_cov_ratio", p.kl_cov_ratio),
-            (f"{A}.policy_loss.ppo_kl_coef", p.kl_cov_coef),
-        ]
-    if p.policy_loss in ("cispo", "sapo", "gmpo"):
-        notes.append(
-            f"# ppo.{p.policy_loss} hyper-parameters: not exported (verl's names for them are "
-            "not pinned here; check verl's policy_loss config)"
-        )
+    kv_loss, loss_notes = _verl_policy_loss(p, A)
+    kv += kv_loss
+    notes += loss_notes
     kv.append((f"{A}.loss_agg_mode", p.loss_agg_mode))
     if r.prompts_per_step % p.ppo_n_minibatches:
         notes.append(
@@ -423,7 +422,7 @@ def export_areal(cfg: RunConfig) -> str:
         notes.append(f"# ppo.ppo_epochs={p.ppo_epochs}: AReaL's actor makes one pass per batch")
     if p.loss_agg_mode != "token-mean":
         notes.append(f"# ppo.loss_agg_mode={p.loss_agg_mode}: AReaL's loss is the token mean")
-    if p.policy_loss != "ppo":
+    if lookup(p.policy_loss).areal is None:
         notes.append(f"# ppo.policy_loss={p.policy_loss}: AReaL's actor loss is PPO-clip")
     if p.entropy_coef:
         notes.append("# ppo.entropy_coef: AReaL's actor has no entropy bonus")

@@ -1,0 +1,62 @@
+"""The policy objectives (``ppo.policy_loss``): one module per objective, registered on import.
+
+Every module of this package is imported here, so a new objective is one new file that calls
+``registry.register`` (plus its tests); nothing else names it.  ``registry.py`` says what a
+declaration holds and what is derived from it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from harness.ppo.objectives.registry import (
+    OBJECTIVES,
+    ClipOptions,
+    Objective,
+    Options,
+    Peer,
+    Terms,
+    lookup,
+    objective_loss,
+    register,
+    renamed_keys,
+    validate_selection,
+)
+
+_HELPERS = {"registry", "docs", "covariance", "__main__"}
+for _mod in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    if _mod not in _HELPERS:
+        importlib.import_module(f"{__name__}.{_mod}")
+
+from harness.ppo.objectives.cispo import cispo_loss  # noqa: E402
+from harness.ppo.objectives.clip_cov import clip_cov_loss  # noqa: E402
+from harness.ppo.objectives.gmpo import gmpo_loss  # noqa: E402
+from harness.ppo.objectives.kl_cov import kl_cov_loss  # noqa: E402
+from harness.ppo.objectives.ppo import ppo_actor_loss, ppo_clip_terms  # noqa: E402
+from harness.ppo.objectives.sapo import sapo_loss  # noqa: E402
+
+# The objectives registered at import (a snapshot; ``OBJECTIVES`` is the live registry).
+POLICY_LOSSES = tuple(OBJECTIVES)
+
+__all__ = [
+    "OBJECTIVES",
+    "POLICY_LOSSES",
+    "ClipOptions",
+    "Objective",
+    "Options",
+    "Peer",
+    "Terms",
+    "cispo_loss",
+    "clip_cov_loss",
+    "gmpo_loss",
+    "kl_cov_loss",
+    "lookup",
+    "objective_loss",
+    "ppo_actor_loss",
+    "ppo_clip_terms",
+    "register",
+    "renamed_keys",
+    "sapo_loss",
+    "validate_selection",
+]

@@ -1,0 +1,30 @@
+"""The token covariance shared by Clip-Cov and KL-Cov (arXiv 2505.22617 §4)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from harness.ppo.loss import PolicyInputs
+
+
+def covariance(p: PolicyInputs) -> torch.Tensor:
+    """cov_t = (A_t − mean(A))·(ℓθ_t − mean(sg ℓθ)), means over the tokens in the loss (−inf off
+    them) — the centred per-token covariance of arXiv 2505.22617 §4 (verl ``clip_cov``/``kl_cov``)."""
+    ml = p.m_loss
+    n = max(int(ml.sum()), 1)
+    a = p.adv.double()
+    lt = p.logprobs.detach().double()
+    zero = torch.zeros((), dtype=torch.float64)
+    a_mean = torch.where(ml, a, zero).sum() / n
+    l_mean = torch.where(ml, lt, zero).sum() / n
+    cov = (a - a_mean) * (lt - l_mean)
+    return torch.where(ml, cov, torch.full((), -math.inf, dtype=torch.float64))
+
+
+def n_selected(ratio: float, n_valid: int) -> int:
+    """verl: max(⌊ratio·n⌋, 1) with ratio > 0 required; ratio 0 here switches the selection off."""
+    if ratio <= 0 or n_valid == 0:
+        return 0
+    return max(int(ratio * n_valid), 1)

@@ -1,0 +1,152 @@
+"""DPPO (arXiv 2602.04879): a trust region on the sampled token's probability, not the ratio."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from harness.ppo.objectives import registry as R
+
+# SkyRL's bounds: 0.2 for the total variation, 0.05 recommended for the KL.
+DEFAULT_DELTA = {"binary_tv": 0.2, "binary_kl": 0.05}
+_EPS = 1e-8  # inside the binary KL's (1 − p) logs, as in the peers
+_LOG_RATIO_CLAMP = 20.0  # SkyRL clamps ℓθ − ℓμ to ±20 before the exp
+
+
+@dataclass(frozen=True)
+class DPPOOptions(R.Options):
+    divergence: Literal["binary_tv", "binary_kl"] = field(
+        default="binary_tv",
+        metadata=R.meta(
+            "DPPO: the divergence bounded per token (SkyRL's dppo_type): binary_tv = p_θ − p_μ "
+            "of the sampled token, binary_kl = the KL between the two Bernoullis (p_μ, p_θ)."
+        ),
+    )
+    delta_low: float | None = field(
+        default=None,
+        metadata=R.meta(
+            "DPPO: bound for tokens with A < 0 (moves that lower p); null = 0.2 for binary_tv, "
+            "0.05 for binary_kl (SkyRL).",
+            gt=0,
+        ),
+    )
+    delta_high: float | None = field(
+        default=None,
+        metadata=R.meta(
+            "DPPO: bound for tokens with A > 0 (moves that raise p); null = 0.2 for binary_tv, "
+            "0.05 for binary_kl (SkyRL).",
+            gt=0,
+        ),
+    )
+    anchor: Literal["behaviour", "proximal"] = field(
+        default="behaviour",
+        metadata=R.meta(
+            "DPPO: the policy μ the divergence and the ratio are taken against: behaviour (the "
+            "sampler's log-probs, as the paper, SkyRL and prime-rl) or proximal (π_prox: verl's "
+            "old_log_prob under use_decoupled_loss)."
+        ),
+    )
+
+    def check(self) -> None:
+        if self.divergence not in DEFAULT_DELTA:
+            raise ValueError(
+                f"dppo.divergence must be one of binary_tv, binary_kl; got {self.divergence!r}"
+            )
+        if self.anchor not in ("behaviour", "proximal"):
+            raise ValueError(f"dppo.anchor must be one of behaviour, proximal; got {self.anchor!r}")
+
+    def deltas(self) -> tuple[float, float]:
+        """(δ_low, δ_high), the divergence's default where null."""
+        d = DEFAULT_DELTA[self.divergence]
+        lo = d if self.delta_low is None else self.delta_low
+        return lo, d if self.delta_high is None else self.delta_high
+
+
+def binary_kl(
+    p_mu: torch.Tensor, p_theta: torch.Tensor, l_mu: torch.Tensor, l_theta: torch.Tensor
+) -> torch.Tensor:
+    """D = p_μ(ℓμ − ℓθ) + (1 − p_μ)·log((1 − p_μ + ε)/(1 − p_θ + ε)), ε = 1e-8."""
+    return p_mu * (l_mu - l_theta) + (1 - p_mu) * torch.log(
+        (1 - p_mu + _EPS) / (1 - p_theta + _EPS)
+    )
+
+
+@R.register(
+    "dppo",
+    rank=6,
+    summary="a trust region on the divergence (binary TV or KL) of the sampled token's "
+    "probability instead of the ratio clip: −A·r inside it, 0 outside (arXiv 2602.04879)",
+    options=DPPOOptions,
+    stats={
+        "policy/silenced_frac": "tokens outside the trust region (dropped)",
+        "policy/reweighted_frac": "0",
+        "policy/clipfrac": "tokens outside the trust region (SkyRL's clip_ratio)",
+        "policy/clipfrac_low": "dropped tokens with A < 0 (prime-rl's is_masked_low)",
+        "policy/clipfrac_high": "dropped tokens with A > 0 (prime-rl's is_masked_high)",
+    },
+    defaults_source="SkyRL; δ null = 0.2 for binary_tv, 0.05 for binary_kl",
+    verl=R.Peer(
+        "dppo_tv",
+        options=None,
+        by_option=("divergence", {"binary_tv": "dppo_tv", "binary_kl": "dppo_kl"}),
+        note="verl reuses actor.clip_ratio_low/high as δ_low/δ_high and anchors at "
+        "old_log_prob: ppo.dppo.anchor proximal under use_decoupled_loss",
+    ),
+)
+def dppo_terms(p: R.PolicyInputs, o: DPPOOptions, ctx: R.Context) -> R.Terms:
+    """DPPO (Divergence PPO, arXiv 2602.04879): keep a token while the policy's move on the
+    sampled token's probability stays inside a divergence bound; no ratio clip.
+
+        ℓμ = anchor log-probs (``anchor``: behaviour ℓb, or proximal ℓp);  p = e^ℓ
+        d = p_θ − p_μ                               (detached, like every mask below)
+        D = p_μ(ℓμ − ℓθ) + (1 − p_μ)·log((1 − p_μ + 1e-8)/(1 − p_θ + 1e-8))
+        binary_tv: drop ⇔ (A > 0 ∧ d > δ_high) ∨ (A < 0 ∧ d < −δ_low)
+        binary_kl: drop ⇔ (A > 0 ∧ d > 0 ∧ D > δ_high) ∨ (A < 0 ∧ d < 0 ∧ D > δ_low)
+        r = exp(clamp(ℓθ − ℓμ, −20, 20));  L = −A·r on kept tokens, 0 on dropped ones
+                                                    then ·w and ``loss_agg_mode``
+
+    A move toward the advantage's sign is bounded; a move away from it never drops a token
+    (the "safe" direction).  The gradient goes through r (−A·r·∇ℓθ): REINFORCE with the IS ratio
+    inside the region, nothing outside.  δ null = 0.2 (binary_tv) or 0.05 (binary_kl).
+
+    Peers.  SkyRL ``policy_loss_type: dppo`` (``dppo_type``, ``delta_low``/``delta_high``) is
+    this function with ``anchor: behaviour`` (its μ is the rollout log-probs; SkyRL cites §5.2 of
+    the paper for that choice, so it is the default here); a strict ``>`` drops, so a divergence
+    equal to δ is kept.  prime-rl's default loss is binary_tv with ``anchor: behaviour`` and
+    bounds 0.2, without the ±20 clamp (equal unless |ℓθ − ℓb| > 20) and with a separate
+    ``kl_tau``·(ℓθ − ℓb)² term (not here).  verl ``loss_mode: dppo_tv | dppo_kl`` anchors at
+    ``old_log_prob`` = ``anchor: proximal`` under ``use_decoupled_loss`` (in verl's bypass mode
+    and here without the decoupled loss, ℓp = ℓb and both anchors agree); its surrogate
+    −A·sg(min(r, c))·ℓθ has the same gradient as this one while r ≤ c (``clip_ratio_c``, 3.0),
+    but a different value, and verl sends A = 0 tokens down the A < 0 branch (their loss is 0
+    either way, only the drop count differs).  With ``anchor: behaviour`` and a behaviour weight
+    (``behave_imp_weight_mode`` / ``rejection_sampling``) π_prox/π_behave is counted twice, as
+    SkyRL warns for its own corrections.
+
+    Stats: ``clip_mask`` = ``silenced_mask`` = the dropped valid tokens (``clip_low_mask`` with
+    A < 0, ``clip_high_mask`` with A > 0); nothing is re-weighted.
+    """
+    lo, hi = o.deltas()
+    anchor = (p.old if o.anchor == "behaviour" else p.prox).detach()
+    # Padding may hold any value (−inf log-probs included): only valid tokens enter the ratio.
+    log_r = torch.where(p.m, p.logprobs - anchor, p.zero)
+    r = torch.exp(log_r.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+    with torch.no_grad():
+        l_theta = torch.where(p.m, p.logprobs.detach(), p.zero)
+        l_mu = torch.where(p.m, anchor, p.zero)
+        p_theta, p_mu = l_theta.exp(), l_mu.exp()
+        d = p_theta - p_mu
+        pos, neg = p.adv > 0, p.adv < 0
+        if o.divergence == "binary_tv":
+            drop = (pos & (d > hi)) | (neg & (d < -lo))
+        else:
+            kl = binary_kl(p_mu, p_theta, l_mu, l_theta)
+            drop = (pos & (d > 0) & (kl > hi)) | (neg & (d < 0) & (kl > lo))
+        drop = drop & p.m
+    pg = torch.where(drop, p.zero, -p.adv * r)
+    return R.Terms(pg, clip_mask=drop, silenced=drop)
+
+
+dppo_loss = R.loss_function(dppo_terms)

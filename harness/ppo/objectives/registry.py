@@ -1,0 +1,416 @@
+"""The registry of policy objectives: one declaration per objective, everything else reads it.
+
+An objective is ONE module in this package that calls ``register(...)`` on its per-token loss
+terms.  The declaration names the objective (``ppo.policy_loss``), its options block (a dataclass
+of ``meta``-declared fields: default, help and bounds, written once; the user sets them as
+``ppo.<name>.<option>``), whether it reads the PPO-clip options (``ppo.eps_clip``...), the
+importance-sampling levels and loss aggregations it allows, the step metrics it reports (and what
+they mean under it), and how TRL / verl / AReaL name it.  From that the registry gives:
+
+* the pure loss function (``Objective.loss``): the one prologue every objective shares (option
+  and shape checks, [T] → [B, T], behaviour weights, the ratio) → its ``terms`` → the behaviour
+  weight, ``loss_agg_mode`` and the stats contract;
+* the validation of a ``PPOActorConfig`` (``validate_selection``): the name, an unselected
+  objective's options left at their defaults, the level and the aggregation;
+* the dispatch (``objective_loss``), the TRL / verl / AReaL mappings (``harness.config.trl_map``,
+  ``harness.sweep.export``), the README objectives table and the per-objective section of
+  ``docs/metrics.md`` (``python -m harness.ppo.objectives readme|metrics``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from harness.core.configtools import ConfigError, check_declared, meta
+from harness.metrics import declare_objective_stats
+from harness.ppo.loss import (
+    LOSS_AGG_MODES,
+    PolicyInputs,
+    RejectionSampling,
+    _check_shapes,
+    aggregate,
+    base_stats,
+    behaviour_weighted,
+    one_row,
+    prepare_policy_inputs,
+    validate_clip_options,
+)
+
+Stats = dict[str, torch.Tensor | float]
+
+
+class Options:
+    """Base of an objective's options block: every field's declared bounds are checked when the
+    block is built (from YAML, ``--set`` or Python alike); a ``check()`` method adds cross-field
+    rules.  A message names the option as ``<objective>.<option>``."""
+
+    _objective = ""  # set by ``register``
+
+    def __post_init__(self) -> None:
+        prefix = f"{self._objective}." if self._objective else ""
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            try:
+                check_declared(getattr(self, f.name), f.metadata, f"{prefix}{f.name}")
+            except ConfigError as err:  # a ValueError: PPOActorConfig's caller adds 'ppo.'
+                raise ValueError(str(err)) from None
+        check = getattr(self, "check", None)
+        if check is not None:
+            check()
+
+
+@dataclass(frozen=True)
+class ClipOptions:
+    """The PPO-clip options, flat under ``ppo.`` (AReaL's names; ``PPOActorConfig`` takes their
+    defaults and declarations from here), read by the objectives that declare ``clip=True``.
+    Checked by ``validate_clip_options`` (its messages are the pure functions' contract)."""
+
+    eps_clip: float = field(
+        default=0.2, metadata=meta("Lower clip ε: ratio clipped to [1-ε, 1+ε_hi].", gt=0)
+    )
+    eps_clip_higher: float | None = field(
+        default=None, metadata=meta("Upper clip ε_hi (DAPO clip-higher); null = eps_clip.", ge=0)
+    )
+    c_clip: float | None = field(
+        default=None,
+        metadata=meta("Dual clip: caps the loss at c·|A| where A < 0; must be > 1.", gt=1),
+    )
+
+
+CLIP_NAMES = tuple(f.name for f in dataclasses.fields(ClipOptions))
+
+
+@dataclass(frozen=True)
+class Peer:
+    """How a peer library names an objective.
+
+    ``name``: its loss name ('' = chosen by ``loss_agg_mode``, TRL's PPO-clip); ``options``: our
+    option → the peer's key (same value), ``None`` = the peer's names are not pinned (not
+    exported); ``fixed``: option → (the only value the peer expresses, why); ``aggregations``:
+    the only ``loss_agg_mode``s it expresses; ``levels``: importance-sampling level → the peer's
+    name at that level (verl's ``gspo``); ``by_option``: (option, its value → the peer's name)
+    where the name depends on an option; ``note``: what differs."""
+
+    name: str
+    options: Mapping[str, str] | None = field(default_factory=dict)
+    fixed: Mapping[str, tuple[Any, str]] = field(default_factory=dict)
+    aggregations: tuple[str, ...] | None = None
+    levels: Mapping[str, str] = field(default_factory=dict)
+    by_option: tuple[str, Mapping[Any, str]] | None = None
+    note: str = ""
+
+    def name_for(self, level: str, options: Any) -> str:
+        """The peer's name for this configuration (``levels``, then ``by_option``)."""
+        if self.by_option is not None and options is not None:
+            option, names = self.by_option
+            return names[getattr(options, option)]
+        return self.levels.get(level, self.name)
+
+
+@dataclass
+class Terms:
+    """What an objective's ``terms`` return: the per-token loss L (before the behaviour weight)
+    and how it acted.  ``silenced`` = valid tokens whose gradient it zeroed (default: the clip
+    masks), ``reweighted`` = kept but re-weighted or penalised, ``gate`` = its per-token weight,
+    ``extra`` = further stats (floats become ``policy/<key>`` metrics)."""
+
+    loss: torch.Tensor
+    clip_mask: torch.Tensor | None = None
+    dual_clip_mask: torch.Tensor | None = None
+    silenced: torch.Tensor | None = None
+    reweighted: torch.Tensor | None = None
+    gate: torch.Tensor | None = None
+    extra: Stats = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Context:
+    """What ``terms`` may read besides the inputs and its own options."""
+
+    clip: ClipOptions
+    generator: torch.Generator | None = None
+
+
+TermsFn = Callable[[PolicyInputs, Any, Context], Terms]
+
+
+@dataclass(frozen=True)
+class Objective:
+    """One registered objective (see the module docstring)."""
+
+    name: str
+    summary: str  # what it does, for the README table
+    terms: TermsFn
+    rank: int = 100  # place in listings (the README table, "must be one of ...")
+    options: type[Any] | None = None
+    clip: bool = False
+    levels: tuple[str, ...] = ("token",)
+    aggregations: tuple[str, ...] = LOSS_AGG_MODES
+    stats: Mapping[str, str] = field(default_factory=dict)
+    defaults_source: str = ""
+    trl: Peer | None = None
+    verl: Peer | None = None
+    areal: Peer | None = None
+    renamed: Mapping[str, str] = field(default_factory=dict)  # retired flat key → option
+
+    def default_options(self) -> Any:
+        return None if self.options is None else self.options()
+
+    def option_fields(self) -> tuple[dataclasses.Field[Any], ...]:
+        return () if self.options is None else dataclasses.fields(self.options)
+
+    # ------------------------------------------------------------------ checks
+    def check(self, importance_sampling_level: str, loss_agg_mode: str) -> None:
+        """The level and the aggregation this objective allows (one-line ``ValueError``)."""
+        if importance_sampling_level not in self.levels:
+            users = [o.name for o in OBJECTIVES.values() if importance_sampling_level in o.levels]
+            raise ValueError(
+                f"importance_sampling_level {importance_sampling_level!r} means nothing under "
+                f"policy_loss {self.name!r} (allowed with {', '.join(users)})"
+            )
+        if loss_agg_mode not in self.aggregations:
+            raise ValueError(
+                f"loss_agg_mode {loss_agg_mode!r} means nothing under policy_loss {self.name!r} "
+                f"(allowed: {', '.join(self.aggregations)})"
+            )
+
+    # ------------------------------------------------------------------ the loss
+    def loss(
+        self,
+        logprobs: torch.Tensor,
+        proximal_logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        loss_mask: torch.Tensor,
+        *,
+        generator: torch.Generator | None = None,
+        behave_imp_weight_mode: str = "disabled",
+        behave_imp_weight_cap: float | None = None,
+        rejection_sampling: RejectionSampling | None = None,
+        importance_sampling_level: str = "token",
+        loss_agg_mode: str = "token-mean",
+        **options: Any,
+    ) -> tuple[torch.Tensor, Stats]:
+        """The objective's loss of [B, T] (or [T]) inputs, options by name (its block's fields,
+        and ``eps_clip``/``eps_clip_higher``/``c_clip`` where it reads them)."""
+        clip_kw = {k: options.pop(k) for k in CLIP_NAMES if k in options}
+        if clip_kw and not self.clip:
+            raise TypeError(f"{self.name}_loss() takes no {', '.join(clip_kw)}")
+        if self.options is None and options:
+            raise TypeError(f"{self.name}_loss() takes no {', '.join(options)}")
+        own = self.options(**options) if self.options is not None else None
+        return self.run(
+            (logprobs, proximal_logprobs, old_logprobs, advantages, loss_mask),
+            ClipOptions(**clip_kw),
+            own,
+            Weighting(
+                behave_imp_weight_mode,
+                behave_imp_weight_cap,
+                rejection_sampling,
+                importance_sampling_level,
+                loss_agg_mode,
+            ),
+            generator,
+        )
+
+    def run(
+        self,
+        xs: tuple[torch.Tensor, ...],
+        clip: ClipOptions,
+        options: Any,
+        w: Weighting,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, Stats]:
+        """The prologue every objective shares, its ``terms``, then weight, aggregate, stats."""
+        validate_clip_options(
+            clip.eps_clip,
+            clip.eps_clip_higher,
+            clip.c_clip,
+            w.behave_imp_weight_mode,
+            w.behave_imp_weight_cap,
+            w.rejection_sampling,
+            w.importance_sampling_level,
+            w.loss_agg_mode,
+        )
+        self.check(w.importance_sampling_level, w.loss_agg_mode)
+        _check_shapes(**dict(zip(_NAMES, xs, strict=True)))
+        if xs[0].dim() == 1:
+            return one_row(lambda *x: self.run(x, clip, options, w, generator), *xs)
+        if xs[0].dim() != 2:
+            raise ValueError(f"expected [B, T] or [T] tensors; got {tuple(xs[0].shape)}")
+        p = prepare_policy_inputs(
+            *xs,
+            behave_imp_weight_mode=w.behave_imp_weight_mode,
+            behave_imp_weight_cap=w.behave_imp_weight_cap,
+            rejection_sampling=w.rejection_sampling,
+            importance_sampling_level=w.importance_sampling_level,
+        )
+        t = self.terms(p, options, Context(clip=clip, generator=generator))
+        return finish(p, t, w.loss_agg_mode)
+
+
+_NAMES = ("logprobs", "proximal_logprobs", "old_logprobs", "advantages", "loss_mask")
+
+
+@dataclass(frozen=True)
+class Weighting:
+    """The options every objective shares: behaviour weights, level, aggregation."""
+
+    behave_imp_weight_mode: str = "disabled"
+    behave_imp_weight_cap: float | None = None
+    rejection_sampling: RejectionSampling | None = None
+    importance_sampling_level: str = "token"
+    loss_agg_mode: str = "token-mean"
+
+
+def finish(p: PolicyInputs, t: Terms, loss_agg_mode: str) -> tuple[torch.Tensor, Stats]:
+    """L·w, ``loss_agg_mode``, and the stats contract (``ppo_actor_loss``'s keys, plus
+    ``silenced_mask``, ``reweighted_mask`` and, where the objective has one, ``gate``)."""
+    none = torch.zeros_like(p.m)
+    clip_mask = none if t.clip_mask is None else t.clip_mask
+    dual_clip_mask = none if t.dual_clip_mask is None else t.dual_clip_mask
+    pg = behaviour_weighted(t.loss, p)
+    loss = aggregate(pg, p, loss_agg_mode)
+    stats = base_stats(p, pg, clip_mask, dual_clip_mask)
+    silenced = clip_mask | dual_clip_mask if t.silenced is None else t.silenced
+    stats["silenced_mask"] = silenced & p.m
+    stats["reweighted_mask"] = (none if t.reweighted is None else t.reweighted) & p.m
+    if t.gate is not None:
+        gate = t.gate.detach()
+        stats["gate"] = torch.where(p.m, gate, torch.zeros((), dtype=gate.dtype))
+    stats.update(t.extra)
+    return loss, stats
+
+
+OBJECTIVES: dict[str, Objective] = {}
+
+
+def register(name: str, **declaration: Any) -> Callable[[TermsFn], Objective]:
+    """Decorator on an objective's ``terms(p, options, ctx) -> Terms``: declares and registers
+    it (the keywords are ``Objective``'s fields) and returns the ``Objective``."""
+
+    def deco(terms: TermsFn) -> Objective:
+        if name in OBJECTIVES:
+            raise ValueError(f"policy objective {name!r} is registered twice")
+        spec = Objective(name=name, terms=terms, **declaration)
+        if spec.options is not None:
+            if not (dataclasses.is_dataclass(spec.options) and issubclass(spec.options, Options)):
+                raise TypeError(f"{name}: options must be a dataclass subclassing Options")
+            spec.options._objective = name
+            for f in dataclasses.fields(spec.options):
+                if "help" not in f.metadata:
+                    raise TypeError(f"{name}.{f.name}: declare it with meta(help, ...)")
+        declare_objective_stats(name, dict(spec.stats))
+        ranked = sorted([*OBJECTIVES.values(), spec], key=lambda o: o.rank)
+        OBJECTIVES.clear()
+        OBJECTIVES.update((o.name, o) for o in ranked)
+        return spec
+
+    return deco
+
+
+def unregister(name: str) -> None:
+    """Remove an objective (tests that register a made-up one clean up with it)."""
+    from harness.metrics import forget_objective_stats
+
+    OBJECTIVES.pop(name, None)
+    forget_objective_stats(name)
+
+
+def lookup(name: str) -> Objective:
+    try:
+        return OBJECTIVES[name]
+    except KeyError:
+        raise ValueError(
+            f"policy_loss must be one of {', '.join(OBJECTIVES)}; got {name!r}"
+        ) from None
+
+
+def loss_function(spec: Objective) -> Callable[..., tuple[torch.Tensor, Stats]]:
+    """``spec.loss`` as a plain function named ``<name>_loss`` with the terms' docstring."""
+
+    def fn(*args: Any, **kw: Any) -> tuple[torch.Tensor, Stats]:
+        return spec.loss(*args, **kw)
+
+    fn.__name__ = fn.__qualname__ = f"{spec.name}_loss"
+    fn.__doc__ = spec.terms.__doc__
+    return fn
+
+
+def _shown(value: Any) -> str:
+    return "null" if value is None else str(value)
+
+
+def validate_selection(
+    policy_loss: str,
+    importance_sampling_level: str,
+    loss_agg_mode: str,
+    clip: Mapping[str, Any],
+    blocks: Mapping[str, Any],
+) -> None:
+    """The config-level rules (one-line ``ValueError``): a known objective; an option of
+    another objective (its block, or a PPO-clip option) left at its default, since a sweep
+    would otherwise silently ignore it; the level and the aggregation the objective allows."""
+    spec = lookup(policy_loss)
+    clip_users = " / ".join(o.name for o in OBJECTIVES.values() if o.clip)
+    if not spec.clip:
+        for f in dataclasses.fields(ClipOptions):
+            if clip.get(f.name, f.default) != f.default:
+                raise ValueError(
+                    f"{f.name} means nothing under policy_loss {policy_loss!r} (it is an option "
+                    f"of {clip_users}); leave it at {_shown(f.default)}"
+                )
+    for other in OBJECTIVES.values():
+        block = blocks.get(other.name)
+        if other.name == policy_loss or block is None:
+            continue
+        for f in other.option_fields():
+            default = getattr(other.default_options(), f.name)
+            if getattr(block, f.name) != default:
+                raise ValueError(
+                    f"{other.name}.{f.name} means nothing under policy_loss {policy_loss!r} (it "
+                    f"is an option of {other.name}); leave it at {_shown(default)}"
+                )
+    spec.check(importance_sampling_level, loss_agg_mode)
+
+
+def renamed_keys() -> dict[str, str]:
+    """Retired flat ``ppo.`` keys → their new dotted names (``cispo_ratio_max`` →
+    ``cispo.ratio_max``): the config refuses the old spelling with one line naming the new."""
+    return {old: f"{o.name}.{new}" for o in OBJECTIVES.values() for old, new in o.renamed.items()}
+
+
+def options_of(cfg: Any, name: str) -> Any:
+    """The options block of objective ``name`` in a ``PPOActorConfig`` (None if it has none)."""
+    return getattr(cfg, name, None) if lookup(name).options is not None else None
+
+
+def objective_loss(
+    cfg: Any,
+    logprobs: torch.Tensor,
+    proximal_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, Stats]:
+    """The loss of ``cfg.policy_loss`` (a ``PPOActorConfig``) with its options from ``cfg``."""
+    spec = lookup(cfg.policy_loss)
+    return spec.run(
+        (logprobs, proximal_logprobs, old_logprobs, advantages, loss_mask),
+        ClipOptions(**{k: getattr(cfg, k) for k in CLIP_NAMES}),
+        options_of(cfg, spec.name),
+        Weighting(
+            cfg.behave_imp_weight_mode,
+            cfg.behave_imp_weight_cap,
+            cfg.rejection_sampling,
+            cfg.importance_sampling_level,
+            cfg.loss_agg_mode,
+        ),
+        generator,
+    )
