@@ -30,6 +30,8 @@ from harness.metrics.stability import (
 from harness.model.build import TinyModelConfig, build_model, build_tokenizer
 from harness.ppo import POLICY_LOSSES, RejectionSampling
 from harness.ppo.actor import PPOActor
+from harness.ppo.objectives.clip_cov import ClipCovOptions
+from harness.ppo.objectives.kl_cov import KLCovOptions
 from harness.run.loop import RunResult
 from harness.run.rollout import sample
 from harness.run.tracked import finish_tracked_run
@@ -110,8 +112,8 @@ def setup():
 
 # Options that make the covariance objectives select tokens in a batch this small.
 EXTRA = {
-    "clip_cov": dict(clip_cov_ratio=0.2, clip_cov_lb=-100.0, clip_cov_ub=100.0),
-    "kl_cov": dict(kl_cov_ratio=0.2),
+    "clip_cov": dict(clip_cov=ClipCovOptions(ratio=0.2, cov_lb=-100.0, cov_ub=100.0)),
+    "kl_cov": dict(kl_cov=KLCovOptions(ratio=0.2)),
 }
 OWN_KEYS = {
     "ppo": set(),
@@ -120,6 +122,7 @@ OWN_KEYS = {
     "gmpo": {"policy/gate_mean"},
     "clip_cov": {"policy/cov_selected", "policy/cov_candidates", "policy/cov_threshold"},
     "kl_cov": {"policy/cov_selected", "policy/cov_threshold", "policy/cov_penalty_kl"},
+    "dppo": set(),
 }
 
 
