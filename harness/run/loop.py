@@ -45,7 +45,7 @@ from harness.model.lora import is_lora, prepare_for_training, reference_off, swa
 from harness.model.prompting import resolve_chat_template
 from harness.ppo.actor import PPOActor, minibatch_indices
 from harness.run.rollout import NonFiniteLogits, StalenessRing, forward_logprobs, sample
-from harness.tasks import get_task
+from harness.tasks import get_task, score_parts
 
 
 class Diverged(RuntimeError):
@@ -300,7 +300,8 @@ def run(
 
             # 2. Rewards: one deterministic score per completion.
             per_row = [e for e in examples for _ in range(cfg.rollout.n_samples)]
-            scores = [task.score(e, c) for e, c in zip(per_row, rb.completions, strict=True)]
+            parts = [score_parts(task, e, c) for e, c in zip(per_row, rb.completions, strict=True)]
+            scores = [fmt + correct for fmt, correct in parts]
             rewards = torch.tensor(scores, dtype=torch.float32, device=device)
             batch: dict[str, Any] = {
                 "input_ids": rb.input_ids,
@@ -353,6 +354,8 @@ def run(
             metrics = {
                 "objective/reward": float(rewards.mean()),
                 "objective/reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+                "reward/format": sum(f for f, _ in parts) / len(parts),
+                "reward/correct": sum(c for _, c in parts) / len(parts),
                 "objective/kl": float(batch["kl"][m].mean()) if kl_on and m.any() else 0.0,
                 "advantages/mean": float(adv.mean()) if adv.numel() else 0.0,
                 "advantages/std": float(adv.std()) if adv.numel() > 1 else 0.0,
