@@ -101,23 +101,40 @@ def _math_verify() -> Any:
     return math_verify
 
 
+def _parse_math(text: str, timeout: int | None, *, as_math: bool) -> Any:
+    """math-verify's parse of ``text``. ``as_math``: ``text`` is an answer and nothing else, so
+    it is read as one LaTeX expression first (math-verify finds LaTeX only inside ``$...$`` or
+    ``\\boxed{}``: bare ``\\sqrt{4}`` parses to nothing and bare ``x^2 + 1`` to its last number,
+    1). Otherwise ``text`` is free text (a whole completion) and math-verify's own extraction
+    runs (the last boxed or final expression); wrapping free text would read ``so 42`` as
+    ``s*o*42``."""
+    parse = _math_verify().parse
+    plain = text.strip()
+    if as_math and plain and "$" not in plain and "\\boxed" not in plain:
+        found = parse(f"${plain}$", parsing_timeout=timeout)
+        if found:
+            return found
+    return parse(text, parsing_timeout=timeout)
+
+
 @functools.lru_cache(maxsize=65_536)
 def _parsed_gold(answer: str, timeout: int | None) -> Any:
     # The reference answer is parsed once per distinct answer, not once per completion.
-    return _math_verify().parse(answer, parsing_timeout=timeout)
+    return _parse_math(answer, timeout, as_math=True)
 
 
-def math_verify_match(answer: str, got: str) -> float:
-    """1.0 when ``math_verify`` finds ``got`` equivalent to ``answer`` (``\\frac{1}{2}`` and
-    ``0.5``; ``\\boxed{2}`` and ``2``), else 0.0. ``got`` may be a whole completion: the
-    package extracts the last boxed or final expression itself.
+def math_verify_match(answer: str, got: str, *, answer_only: bool = True) -> float:
+    """1.0 when ``math_verify`` finds ``got`` equivalent to the reference ``answer``
+    (``\\frac{1}{2}`` and ``0.5``; ``\\boxed{2}`` and ``2``), else 0.0. ``answer_only``: ``got``
+    is an extracted answer (``tag``/``last_line``); otherwise a whole completion, from which
+    math-verify extracts the last boxed or final expression itself.
 
     Why the timeout only in the main thread: math-verify bounds sympy with ``signal.alarm``,
     which raises off the main thread; elsewhere (a thread pool) it runs unbounded."""
     mv = _math_verify()
     timeout = 5 if threading.current_thread() is threading.main_thread() else None
     gold = _parsed_gold(answer, timeout)
-    pred = mv.parse(got, parsing_timeout=timeout)
+    pred = _parse_math(got, timeout, as_math=answer_only)
     if not gold or not pred:
         return 0.0
     try:
@@ -134,13 +151,16 @@ MATCHERS: dict[str, Callable[[str, str], float]] = {
 }
 
 
-def check_match_rule(spec: str, reward: str) -> Callable[[str, str], float]:
-    """The matcher named ``reward``; for ``math_verify`` the package must be importable."""
+def check_match_rule(spec: str, reward: str, answer_format: str) -> Callable[[str, str], float]:
+    """The matcher named ``reward`` for answers extracted by ``answer_format``; for
+    ``math_verify`` the package must be importable."""
     if reward == "math_verify":
         try:
             _math_verify()
         except ValueError as err:
             raise ValueError(f"task '{spec}': {err}") from None
+        answer_only = answer_format != "raw"
+        return lambda answer, got: math_verify_match(answer, got, answer_only=answer_only)
     return MATCHERS[reward]
 
 

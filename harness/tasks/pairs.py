@@ -219,7 +219,7 @@ def answer_options(
 ) -> tuple[Callable[[Example, str], float], AnswerSpec, dict[str, object]]:
     """The scorer, the answer spec and the non-default options (for the fingerprint) of a file
     task's scoring options."""
-    match = check_match_rule(spec, reward)
+    match = check_match_rule(spec, reward, answer_format)
     answer_spec = AnswerSpec(answer_format, format_weight, think)
     defaults = {"reward": "numeric", **AnswerSpec().options()}
     chosen = {"reward": reward, **answer_spec.options()}
