@@ -262,3 +262,51 @@ def test_harness_run_trains_on_a_saved_dataset_through_the_cli(tmp_path, monkeyp
     assert len(rewards) == 2 and all(0.0 <= v <= 1.0 for v in rewards)
     assert [v for _, v in run.metrics["reward/format"]] == [0.0, 0.0]
     assert [v for _, v in run.metrics["reward/correct"]] == pytest.approx(rewards)
+
+
+# ---------------------------------------------------------------- the README's examples
+
+
+def _readme_block(start: str) -> str:
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    for block in re.findall(r"```[a-z]*\n(.*?)```", readme, flags=re.S):
+        if block.startswith(start):
+            return block
+    raise AssertionError(f"README has no code block starting with {start!r}")
+
+
+def test_the_readme_hf_and_rg_examples_run_as_written(tmp_path, monkeypatch):
+    pytest.importorskip("reasoning_gym")
+    pytest.importorskip("math_verify")
+    import runpy
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my-questions.jsonl").write_text(_readme_block('{"prompt"'))
+    (tmp_path / "save_sums.py").write_text(_readme_block("# save_sums.py"))
+    runpy.run_path(str(tmp_path / "save_sums.py"))
+    commands = [
+        ln.split()[1:]
+        for ln in _readme_block("# hf:, rg: and math answers").splitlines()
+        if ln.startswith("harness run")
+    ]
+    assert len(commands) == 4
+    tracker = MemoryTracker()
+    monkeypatch.setattr(cli, "_tracker", lambda uri, results_dir: tracker)
+    for argv in commands:
+        fast = [x for s in FAST for x in ("--set", s)]  # later --set wins: a short run
+        r = CliRunner().invoke(app, [*argv, *fast])
+        assert r.exit_code == 0, (argv, r.output)
+    runs = list(tracker.runs.values())
+    assert [run.params["task"] for run in runs] == [
+        "hf:my-sums",
+        "rg:countdown",
+        "rg:knights_knaves",
+        "jsonl:my-questions.jsonl",
+    ]
+    for run in runs:
+        assert run.status == "FINISHED"
+        rewards = [v for _, v in run.metrics["objective/reward"]]
+        assert len(rewards) == 2 and all(0.0 <= v <= 1.0 for v in rewards)
