@@ -99,11 +99,23 @@ def test_generators_score_known_right_and_wrong_answers(name, wrong):
 def test_knights_and_knaves_verifier_rejects_the_swapped_assignment():
     t = get_task("rg:knights_knaves", size=10, eval_size=4)
     for ex in t.eval_examples(4):
-        terms = t._by_prompt[ex.prompt]["metadata"]["knight_knave_terms"]  # hero/villain, ...
+        terms = t._entry(ex)["metadata"]["knight_knave_terms"]  # hero/villain, ...
         good, bad = str(terms["a_knight"]), str(terms["a_knave"])
         swapped = ex.answer.replace(good, "@").replace(bad, good).replace("@", bad)
         assert swapped != ex.answer
         assert t.score(ex, tagged(ex.answer)) == 1.0 and t.score(ex, tagged(swapped)) == 0.0
+
+
+def test_scoring_survives_the_item_cache_starting_over():
+    from harness.tasks import Example
+
+    t = get_task("rg:countdown", size=8, eval_size=2)
+    ex = t.sample(random.Random(0), 1)[0]
+    t._items.clear()  # as when the cache bound is reached between drawing and scoring
+    assert t.score(ex, tagged(ex.answer)) == 1.0
+    assert t._entry(ex)["metadata"]["target"]  # the verifier sees the item's metadata
+    foreign = Example(prompt=ex.prompt, answer=ex.answer)  # no source: answer only
+    assert t._entry(foreign)["metadata"] == {}
 
 
 def test_extraction_and_format_score():
@@ -184,6 +196,20 @@ def test_bad_rg_options_are_one_line(sets, expect, tmp_path, runner):
         args += ["--set", s]
     assert_one_line_error(runner.invoke(app, args), expect)
     assert not (tmp_path / "r").exists()
+
+
+def test_every_new_task_option_is_declared():
+    import inspect
+
+    from harness.tasks import OPTION_DECLS, hf_task, jsonl_task
+    from harness.tasks.reasoning import HARNESS_OPTIONS
+
+    for factory in (hf_task, jsonl_task):
+        for name, p in inspect.signature(factory).parameters.items():
+            if p.kind is inspect.Parameter.KEYWORD_ONLY:
+                assert name in OPTION_DECLS, f"{factory.__name__}: option {name} not declared"
+    assert set(HARNESS_OPTIONS) <= set(OPTION_DECLS)
+    assert "ge" in OPTION_DECLS["eval_size"][1] and "le" in OPTION_DECLS["eval_size"][1]
 
 
 def test_empty_generator_name_is_refused():

@@ -43,8 +43,8 @@ HARNESS_OPTIONS = ("answer_format", "eval_size", "format_weight", "think")
 # refused, not sent into a generator loop). Generators check their own ranges after this.
 _INT_BOUND = 10**9
 _SIZE_MAX = 10**8
-# Generated items kept per task, so the preflight probe and the run share the generation work
-# (countdown takes ~20-50 ms an item).
+# Generated items kept per task object, so the probe's draws and the scoring of a step do not
+# generate an item twice (countdown takes ~20-50 ms an item); past this, the cache starts over.
 _CACHE_MAX = 200_000
 
 
@@ -132,7 +132,6 @@ class ReasoningGymTask:
         self._dataset = cls(config=config)
         self._config = dataclasses.asdict(config)
         self._items: dict[int, dict[str, Any]] = {}
-        self._by_prompt: dict[str, dict[str, Any]] = {}
         self._held_out: list[Example] | None = None
         self._held_prompts: set[str] = set()
         self.fingerprint = json.dumps(
@@ -166,16 +165,20 @@ class ReasoningGymTask:
             self._items[idx] = item
         return item
 
+    def _prompt(self, item: dict[str, Any]) -> str:
+        return f"{str(item['question']).rstrip()}\n\n{self.answer_spec.instruction()}"
+
+    def _source(self, idx: int) -> str:
+        return f"{self.generator} item {idx} (seed {self.seed})"
+
     def _example(self, idx: int) -> Example:
         item = self._item(idx)
-        prompt = f"{str(item['question']).rstrip()}\n\n{self.answer_spec.instruction()}"
         answer = item.get("answer")
-        self._by_prompt.setdefault(prompt, item)
         return Example(
-            prompt=prompt,
+            prompt=self._prompt(item),
             answer="" if answer is None else str(answer),
             group=self.generator,
-            source=f"{self.generator} item {idx} (seed {self.seed})",
+            source=self._source(idx),
         )
 
     def _held(self) -> list[Example]:
@@ -224,10 +227,17 @@ class ReasoningGymTask:
         )
 
     def _entry(self, example: Example) -> dict[str, Any]:
-        entry = self._by_prompt.get(example.prompt)
-        if entry is None:  # an example built elsewhere: score against its stated answer
-            entry = {"question": example.prompt, "answer": example.answer, "metadata": {}}
-        return entry
+        """The generator's item behind ``example`` (its verifier reads the metadata: countdown's
+        numbers and target). Found by the item index in ``source`` and regenerated if the cache
+        let it go, so the cache bound never costs a right score."""
+        head, _, rest = example.source.partition(" item ")
+        idx_text, _, tail = rest.partition(" ")
+        if head == self.generator and idx_text.isdigit() and tail == f"(seed {self.seed})":
+            item = self._item(int(idx_text))
+            if self._prompt(item) == example.prompt:
+                return item
+        # An example built elsewhere: score against its stated answer alone.
+        return {"question": example.prompt, "answer": example.answer, "metadata": {}}
 
     def _correct(self, example: Example, got: str | None) -> float:
         if got is None:
