@@ -69,15 +69,6 @@ def _installed_version() -> str:
         return ""
 
 
-def generator_names() -> list[str]:
-    """Every registered generator (empty when reasoning-gym is not installed)."""
-    try:
-        from reasoning_gym.factory import DATASETS
-    except ImportError:
-        return []
-    return sorted(DATASETS)
-
-
 def _check_field(value: Any, tp: Any, path: str) -> Any:
     """``value`` converted to the generator field type ``tp`` (one-line ConfigError)."""
     origin = get_origin(tp)
@@ -319,4 +310,4 @@ def reasoning_task(spec: str, generator: str, options: dict[str, Any]) -> Reason
     )
 
 
-__all__ = ["HARNESS_OPTIONS", "ReasoningGymTask", "generator_names", "reasoning_task"]
+__all__ = ["HARNESS_OPTIONS", "ReasoningGymTask", "reasoning_task"]
