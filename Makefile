@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: pip then takes the local CPU wheel, never a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev,lora,ray]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev,lora,ray,tasks]'
 	touch $(STAMP)
 
 test: $(STAMP)

@@ -13,6 +13,8 @@ STEP_METRICS: dict[str, str] = {
     # objective
     "objective/reward": "Mean task reward of the step's sampled completions (before shaping/normalization).",
     "objective/reward_std": "Standard deviation of those rewards.",
+    "reward/format": "Format share of objective/reward: format_weight × the mean format score (answer tag present, <think> block first when asked; task_options.format_weight); 0 for tasks without a format reward.",
+    "reward/correct": "Correctness share of objective/reward: (1 − format_weight) × the mean verifier score of the extracted answers; the whole reward for tasks without a format reward. reward/format + reward/correct = objective/reward.",
     "objective/kl": "Mean per-token KL estimate (ppo.kl_estimator) of the behaviour log-probs against the frozen reference; 0 without a reference (kl_ctl = 0).",
     # evaluation
     "eval/reward": "Mean reward of greedy completions on the held-out prompts (every eval.every steps and at the end; NaN otherwise).",
@@ -172,6 +174,7 @@ def _trl_section() -> list[str]:
         "`rollout/staleness` are 0 (TRL runs have no reference in the reward and no lag); "
         "`stability/skipped_updates` is 0 (HF's Trainer steps even on a non-finite loss). Not "
         "logged by TRL, so absent: `policy/approx_kl*`, `policy/ratio_*`, `policy/dual_clipfrac`, "
-        "`policy/sampler_logprob_gap`, `policy/behave_*`, `critic/*`.",
+        "`policy/sampler_logprob_gap`, `policy/behave_*`, `critic/*`, `reward/format`, "
+        "`reward/correct` (its reward function returns the total).",
     ]
     return lines

@@ -44,6 +44,7 @@ from harness.run.scaffold import (
     is_numeric_overflow,
     params_finite,
 )
+from harness.tasks import score_parts
 
 
 def run(cfg: RunConfig, **hooks: Unpack[Hooks]) -> RunResult:
@@ -152,7 +153,8 @@ def ppo_steps(run: Run) -> None:
         # 2. Rewards: one deterministic score per completion.
         per_row = [e for e in examples for _ in range(cfg.rollout.n_samples)]
         run.scored(step, [e.prompt for e in per_row])
-        scores = [task.score(e, c) for e, c in zip(per_row, rb.completions, strict=True)]
+        parts = [score_parts(task, e, c) for e, c in zip(per_row, rb.completions, strict=True)]
+        scores = [fmt + correct for fmt, correct in parts]
         rewards = torch.tensor(scores, dtype=torch.float32, device=device)
         batch: dict[str, Any] = {
             "input_ids": rb.input_ids,
@@ -204,6 +206,8 @@ def ppo_steps(run: Run) -> None:
         metrics = {
             "objective/reward": float(rewards.mean()),
             "objective/reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+            "reward/format": sum(f for f, _ in parts) / len(parts),
+            "reward/correct": sum(c for _, c in parts) / len(parts),
             "objective/kl": float(batch["kl"][m].mean()) if kl_on and m.any() else 0.0,
             "advantages/mean": float(adv.mean()) if adv.numel() else 0.0,
             "advantages/std": float(adv.std()) if adv.numel() > 1 else 0.0,

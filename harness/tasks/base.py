@@ -50,7 +50,10 @@ class Task(Protocol):
     """
 
     name: str
-    max_new_tokens_hint: int
+
+    # Read-only in the protocol, so a task may compute it lazily (rg: generates its pool first).
+    @property
+    def max_new_tokens_hint(self) -> int: ...
 
     def sample(self, rng: random.Random, n: int) -> list[Example]: ...
 

@@ -33,22 +33,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from harness.tasks.answers import AnswerSpec, check_match_rule, numeric_or_exact_match
 from harness.tasks.base import Example, RewardError, stable_hash
 
 
-def numeric_or_exact_match(answer: str, completion: str) -> float:
-    """1.0 when the stripped strings are equal, or both parse as finite numbers within 1e-6."""
-    got, want = completion.strip(), answer.strip()
-    if got == want:
-        return 1.0
-    try:
-        a, b = float(got), float(want)
-    except ValueError:
-        return 0.0
-    return 1.0 if math.isfinite(a) and math.isfinite(b) and abs(a - b) <= 1e-6 else 0.0
-
-
-def _answer_text(value: Any) -> str | None:
+def answer_text(value: Any) -> str | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, str):
@@ -58,23 +47,35 @@ def _answer_text(value: Any) -> str | None:
     return None
 
 
-def _pairs_from_records(spec: str, where: str, records: Iterable[tuple[int, Any]]) -> list[Example]:
-    """``where`` names the file ("PATH", rows are "line N") or "examples()" (rows are "item N")."""
+def pairs_from_records(
+    spec: str,
+    where: str,
+    records: Iterable[tuple[int, Any]],
+    *,
+    prompt_field: str = "prompt",
+    answer_field: str = "answer",
+    row: str = "",
+) -> list[Example]:
+    """``where`` names the file ("PATH", rows are "line N") or "examples()" (rows are "item N");
+    ``row`` overrides the row word ("row" for a dataset)."""
     from harness.core.limits import MAX_TEXT_CHARS
 
-    row = "item" if where == "examples()" else "line"
+    row = row or ("item" if where == "examples()" else "line")
     out = []
     for lineno, obj in records:
-        prompt = obj.get("prompt") if isinstance(obj, dict) else None
-        answer = _answer_text(obj.get("answer", "")) if isinstance(obj, dict) else None
+        prompt = obj.get(prompt_field) if isinstance(obj, dict) else None
+        answer = answer_text(obj.get(answer_field, "")) if isinstance(obj, dict) else None
         at = f"task '{spec}': {where} {row} {lineno}"
         if not isinstance(prompt, str) or answer is None:
             raise ValueError(
-                f"{at}: expected an object with a string 'prompt' and a string or number 'answer'"
+                f"{at}: expected an object with a string '{prompt_field}' and a string or number "
+                f"'{answer_field}'"
             )
         if not prompt:  # no tokens to condition on: an IndexError in the first rollout
-            raise ValueError(f"{at}: 'prompt' is empty (a prompt needs at least one character)")
-        for key, text in (("prompt", prompt), ("answer", answer)):
+            raise ValueError(
+                f"{at}: '{prompt_field}' is empty (a prompt needs at least one character)"
+            )
+        for key, text in ((prompt_field, prompt), (answer_field, answer)):
             if len(text) > MAX_TEXT_CHARS:
                 raise ValueError(
                     f"{at}: '{key}' is {len(text):,} characters; at most {MAX_TEXT_CHARS:,}"
@@ -85,12 +86,15 @@ def _pairs_from_records(spec: str, where: str, records: Iterable[tuple[int, Any]
     return out
 
 
-def read_jsonl(spec: str, path: str) -> list[Example]:
-    """Parse a JSONL file of ``{"prompt": ..., "answer": ...}`` lines (blank lines skipped).
-    ``~`` is expanded; a relative path is relative to the current directory.
+def read_jsonl(
+    spec: str, path: str, *, prompt_field: str = "prompt", answer_field: str = "answer"
+) -> list[Example]:
+    """Parse a JSONL file of ``{"prompt": ..., "answer": ...}`` lines (blank lines skipped; the
+    two field names are configurable). ``~`` is expanded; a relative path is relative to the
+    current directory.
 
-    Bounded before parsing: at most ``MAX_TASK_FILE_BYTES`` (harness.config.preflight), UTF-8 line by line
-    (a bad byte names its line)."""
+    Bounded before parsing: at most ``MAX_TASK_FILE_BYTES`` (harness.core.limits), UTF-8 line by
+    line (a bad byte names its line)."""
     from harness.core.limits import MAX_TASK_FILE_BYTES, file_too_big
 
     p = Path(path).expanduser()
@@ -121,15 +125,21 @@ def read_jsonl(spec: str, path: str) -> list[Example]:
                 raise ValueError(
                     f"task '{spec}': {path} line {lineno}: invalid JSON ({exc.msg})"
                 ) from None
-    return _pairs_from_records(spec, path, records)
+    return pairs_from_records(
+        spec, path, records, prompt_field=prompt_field, answer_field=answer_field
+    )
 
 
-def _file_digest(path: str | Path) -> str:
+def file_digest(path: str | Path) -> str:
     return hashlib.sha256(Path(path).expanduser().read_bytes()).hexdigest()
 
 
 class PairTask:
-    """Examples from a list, split deterministically into train and held-out by prompt hash."""
+    """Examples from a list, split deterministically into train and held-out by prompt hash.
+
+    Without ``answer_spec`` the scorer sees the whole stripped completion (``python:``); with
+    one, it sees the extracted answer and the reward is the spec's weighted sum
+    (:mod:`harness.tasks.answers`)."""
 
     def __init__(
         self,
@@ -139,14 +149,20 @@ class PairTask:
         *,
         eval_fraction: float = 0.1,
         fingerprint: str = "",
+        answer_spec: AnswerSpec | None = None,
+        options: dict[str, object] | None = None,
     ) -> None:
         if not 0.0 < eval_fraction < 1.0:
             raise ValueError(f"task '{name}': eval_fraction must be in (0, 1); got {eval_fraction}")
         self.name = name
         self._scorer = scorer
+        self.answer_spec = answer_spec
         self.eval_fraction = eval_fraction
+        # Non-default scoring options only, so the fingerprint (a warm-start cache key) of a
+        # task configured as before stays what it was.
         self.fingerprint = json.dumps(
-            {"task": name, "data": fingerprint, "eval_fraction": eval_fraction}, sort_keys=True
+            {"task": name, "data": fingerprint, "eval_fraction": eval_fraction, **(options or {})},
+            sort_keys=True,
         )
         prompts = sorted({ex.prompt for ex in examples}, key=lambda s: (stable_hash(s), s))
         self.split_note = ""
@@ -162,7 +178,7 @@ class PairTask:
         self.held_out = sorted(
             (ex for ex in examples if ex.prompt in held), key=lambda e: rank[e.prompt]
         )
-        longest = max(len(ex.answer) for ex in examples)
+        longest = max(len(self.demonstration(ex)) for ex in examples)
         self.max_new_tokens_hint = longest + 2
 
     def sample(self, rng: random.Random, n: int) -> list[Example]:
@@ -181,21 +197,59 @@ class PairTask:
         return by_prompt[:k] + by_prompt[-k:] + by_answer[-k:]
 
     def score(self, example: Example, completion: str) -> float:
-        return self._scorer(example, completion.strip())
+        fmt, correct = self.score_parts(example, completion)
+        return fmt + correct
+
+    def score_parts(self, example: Example, completion: str) -> tuple[float, float]:
+        """(format share, correct share) of the reward; the format share is 0 without a spec."""
+        spec = self.answer_spec
+        if spec is None:
+            return 0.0, self._scorer(example, completion.strip())
+        return spec.parts(
+            completion, lambda got: self._scorer(example, got) if got is not None else 0.0
+        )
 
     def demonstration(self, example: Example) -> str:
-        return example.answer
+        spec = self.answer_spec
+        return spec.demonstration(example.answer) if spec is not None else example.answer
 
 
-def jsonl_task(spec: str, path: str, *, eval_fraction: float = 0.1) -> PairTask:
-    """``jsonl:PATH``: exact match, or numeric match within 1e-6 when both sides are numbers."""
+def answer_options(
+    spec: str, reward: str, answer_format: str, format_weight: float, think: bool
+) -> tuple[Callable[[Example, str], float], AnswerSpec, dict[str, object]]:
+    """The scorer, the answer spec and the non-default options (for the fingerprint) of a file
+    task's scoring options."""
+    match = check_match_rule(spec, reward, answer_format)
+    answer_spec = AnswerSpec(answer_format, format_weight, think)
+    defaults = {"reward": "numeric", **AnswerSpec().options()}
+    chosen = {"reward": reward, **answer_spec.options()}
+    changed = {k: v for k, v in chosen.items() if v != defaults[k]}
+    return (lambda ex, got: match(ex.answer, got)), answer_spec, changed
+
+
+def jsonl_task(
+    spec: str,
+    path: str,
+    *,
+    eval_fraction: float = 0.1,
+    reward: str = "numeric",
+    answer_format: str = "raw",
+    format_weight: float = 0.0,
+    think: bool = False,
+) -> PairTask:
+    """``jsonl:PATH``: by default exact match, or numeric match within 1e-6 when both sides are
+    numbers, of the whole completion; ``reward``/``answer_format``/``format_weight``/``think``
+    as in :mod:`harness.tasks.answers`."""
+    scorer, answer_spec, changed = answer_options(spec, reward, answer_format, format_weight, think)
     examples = read_jsonl(spec, path)
     return PairTask(
         spec,
         examples,
-        lambda ex, c: numeric_or_exact_match(ex.answer, c),
+        scorer,
         eval_fraction=eval_fraction,
-        fingerprint=_file_digest(path),
+        fingerprint=file_digest(path),
+        answer_spec=answer_spec,
+        options=changed,
     )
 
 
@@ -242,7 +296,7 @@ def python_task(spec: str, target: str, *, eval_fraction: float = 0.1) -> PairTa
         raise ValueError(f"task '{spec}': module '{module}' has no function '{func_name}'")
     if data_path:
         examples = read_jsonl(spec, data_path)
-        data = _file_digest(data_path)
+        data = file_digest(data_path)
     else:
         make = getattr(mod, "examples", None)
         if not callable(make):
@@ -256,10 +310,10 @@ def python_task(spec: str, target: str, *, eval_fraction: float = 0.1) -> PairTa
             raise ValueError(
                 f"task '{spec}': examples() raised {type(exc).__name__}: {exc}"
             ) from exc
-        examples = _pairs_from_records(spec, "examples()", enumerate(records, start=1))
+        examples = pairs_from_records(spec, "examples()", enumerate(records, start=1))
         data = ""
     source = getattr(mod, "__file__", None)
-    code = _file_digest(source) if source and Path(source).is_file() else ""
+    code = file_digest(source) if source and Path(source).is_file() else ""
 
     def scorer(ex: Example, completion: str) -> float:
         where = (
@@ -285,4 +339,14 @@ def python_task(spec: str, target: str, *, eval_fraction: float = 0.1) -> PairTa
     )
 
 
-__all__ = ["PairTask", "jsonl_task", "numeric_or_exact_match", "python_task", "read_jsonl"]
+__all__ = [
+    "PairTask",
+    "answer_options",
+    "answer_text",
+    "file_digest",
+    "jsonl_task",
+    "numeric_or_exact_match",
+    "pairs_from_records",
+    "python_task",
+    "read_jsonl",
+]
