@@ -7,7 +7,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from harness import cli
+from harness import tracking
 from harness.cli import app
 from harness.tasks import get_task
 from harness.tasks.answers import math_verify_match
@@ -245,7 +245,7 @@ def test_math_verify_missing_names_the_extra(monkeypatch, tmp_path):
 def test_harness_run_trains_on_a_saved_dataset_through_the_cli(tmp_path, monkeypatch):
     path = saved_dict(tmp_path)
     tracker = MemoryTracker()
-    monkeypatch.setattr(cli, "_tracker", lambda uri, results_dir: tracker)
+    monkeypatch.setattr(tracking, "open_tracker", lambda uri, results_dir: tracker)
     args = ["run", "--results-dir", str(tmp_path / "r")]
     for s in [
         f"task=hf:{path}",
@@ -294,7 +294,7 @@ def test_the_readme_hf_and_rg_examples_run_as_written(tmp_path, monkeypatch):
     ]
     assert len(commands) == 4
     tracker = MemoryTracker()
-    monkeypatch.setattr(cli, "_tracker", lambda uri, results_dir: tracker)
+    monkeypatch.setattr(tracking, "open_tracker", lambda uri, results_dir: tracker)
     for argv in commands:
         fast = [x for s in FAST for x in ("--set", s)]  # later --set wins: a short run
         r = CliRunner().invoke(app, [*argv, *fast])

@@ -8,7 +8,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from harness import cli
+from harness import tracking
 from harness.cli import app
 from harness.tasks import get_task, score_parts
 from harness.tasks.answers import AnswerSpec, compose, extract_answer, format_score
@@ -234,7 +234,7 @@ def test_missing_extra_names_it(monkeypatch, tmp_path, runner):
 
 def test_harness_run_trains_on_countdown_through_the_cli(tmp_path, monkeypatch):
     tracker = MemoryTracker()
-    monkeypatch.setattr(cli, "_tracker", lambda uri, results_dir: tracker)
+    monkeypatch.setattr(tracking, "open_tracker", lambda uri, results_dir: tracker)
     args = ["run", "--results-dir", str(tmp_path / "r")]
     for s in [
         "task=rg:countdown",
