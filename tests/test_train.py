@@ -88,6 +88,7 @@ def test_every_step_metric_reaches_the_tracker(tmp_path):
             "ppo.behave_imp_weight_mode": "token_truncate",
             "ppo.behave_imp_weight_cap": 2.0,
             "eval.every": 1,
+            "eval.samples": 2,  # the sampled eval metrics (pass@k, mean@n) too
         }
     )
     tracker = MemoryTracker()

@@ -117,6 +117,33 @@ class EvalConfig:
     n_prompts: int = field(
         default=64, metadata=_h("Held-out prompts per evaluation.", ge=1, le=100_000)
     )
+    threshold: float = field(
+        default=1.0,
+        metadata=_h(
+            "A held-out completion counts as solved (eval/accuracy, pass@k) when its reward is at "
+            "least this (1.0 = fully correct on every built-in task)."
+        ),
+    )
+    samples: int = field(
+        default=0,
+        metadata=_h(
+            "Completions sampled per held-out prompt at the rollout temperature, for "
+            "eval/pass_at_1, eval/pass_at_k and eval/mean_at_n (0 = greedy evaluation only).",
+            ge=0,
+            le=1024,
+        ),
+    )
+    k: int = field(
+        default=1,
+        metadata=_h("The k of eval/pass_at_k (at most eval.samples).", ge=1, le=1024),
+    )
+
+    def __post_init__(self) -> None:
+        if self.samples and self.k > self.samples:
+            raise ValueError(
+                f"eval.k ({self.k}) must be at most eval.samples ({self.samples}): pass@k "
+                "needs k of the n samples"
+            )
 
 
 @dataclass

@@ -18,7 +18,10 @@ STEP_METRICS: dict[str, str] = {
     "objective/kl": "Mean per-token KL estimate (ppo.kl_estimator) of the behaviour log-probs against the frozen reference; 0 without a reference (kl_ctl = 0).",
     # evaluation
     "eval/reward": "Mean reward of greedy completions on the held-out prompts (every eval.every steps and at the end; NaN otherwise).",
-    "eval/accuracy": "Fraction of held-out prompts answered exactly (greedy).",
+    "eval/accuracy": "Fraction of held-out prompts whose greedy completion's reward is at least eval.threshold (default 1.0: answered exactly on the built-in tasks).",
+    "eval/pass_at_1": "Unbiased pass@1 over eval.samples completions per held-out prompt at the rollout temperature (a completion passes with reward >= eval.threshold); only with eval.samples > 0.",
+    "eval/pass_at_k": "Unbiased pass@k (k = eval.k) from the same samples: 1 − C(n−c, k)/C(n, k) per prompt, averaged (Chen et al. 2021); only with eval.samples > 0.",
+    "eval/mean_at_n": "mean@n: mean reward of all eval.samples completions of all held-out prompts; only with eval.samples > 0.",
     # policy / loss statistics, token-weighted over valid tokens of all minibatch steps
     "policy/entropy": "Mean entropy of the (tempered) policy at the generated tokens.",
     "policy/approx_kl": "k3 estimate of KL(π_prox‖π_θ): mean of (r − 1) − log r, r = π_θ/π_prox (CleanRL's approx_kl).",

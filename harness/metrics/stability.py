@@ -22,6 +22,7 @@ __all__ = ["OBJECTIVE_KEYS", "RUN_KEYS", "RUN_SUMMARY_KEYS", "check_run_names", 
 
 REWARD = "objective/reward"
 EVAL_ACCURACY = "eval/accuracy"
+EVAL_SAMPLED = ("eval/pass_at_1", "eval/pass_at_k", "eval/mean_at_n")  # with eval.samples > 0
 APPROX_KL = "policy/approx_kl"
 ENTROPY = "policy/entropy"
 CLIPFRAC = "policy/clipfrac"
@@ -39,6 +40,9 @@ RUN_SUMMARY_KEYS: tuple[str, ...] = (
     "stability/max_drawdown_frac",
     "stability/collapsed",
     "final/eval_accuracy",
+    "final/eval_pass_at_1",
+    "final/eval_pass_at_k",
+    "final/eval_mean_at_n",
     "stability/max_approx_kl",
     "stability/mean_approx_kl",
     "stability/kl_spikes",
@@ -213,7 +217,8 @@ def summarize_run(
     * ``stability/max_drawdown_frac``: D / P_{t*} at the first t* attaining D, when P_{t*} > 0.
     * ``stability/collapsed``: 1.0 if max_drawdown_frac > ``collapse_fraction`` else 0.0 (NaN when
       the fraction is undefined).
-    * ``final/eval_accuracy``: last logged ``eval/accuracy``.
+    * ``final/eval_accuracy``: last logged ``eval/accuracy``; ``final/eval_pass_at_1``,
+      ``final/eval_pass_at_k``, ``final/eval_mean_at_n`` likewise (NaN without eval.samples).
     * ``stability/max_approx_kl``, ``stability/mean_approx_kl``: max and mean of |approx_kl| over
       logged steps (magnitude, because ``policy/approx_kl`` may be a signed log-ratio, k1).
     * ``stability/kl_spikes``: steps with |kl_t| > ``kl_spike_factor`` × running median of |kl| and
@@ -238,9 +243,10 @@ def summarize_run(
     out = dict.fromkeys(RUN_SUMMARY_KEYS, _NAN)
     out.update(_reward_summaries(history, last_k, reward_threshold, collapse_fraction, smooth))
 
-    _, acc = _logged(history, EVAL_ACCURACY)
-    if acc.size:
-        out["final/eval_accuracy"] = float(acc[-1])
+    for key in (EVAL_ACCURACY, *EVAL_SAMPLED):
+        _, logged = _logged(history, key)
+        if logged.size:
+            out["final/eval_" + key.split("/", 1)[1]] = float(logged[-1])
 
     _, kl = _logged(history, APPROX_KL)
     if kl.size:

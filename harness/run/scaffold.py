@@ -30,6 +30,7 @@ import torch
 from harness.config import RunConfig
 from harness.core.configtools import to_dict
 from harness.metrics import check_names
+from harness.metrics.passk import mean_pass_at_k
 from harness.metrics.stability import RUN_SMOOTH, START_WINDOW, summarize_run
 from harness.model.build import eos_ids, load_model_and_tokenizer, max_positions, resolve_device
 from harness.model.lora import prepare_for_training
@@ -98,27 +99,64 @@ class Hooks(TypedDict, total=False):
 
 
 def evaluate(
-    model, tokenizer, task, examples, *, max_new_tokens: int, device, **sample_kw: Any
+    model,
+    tokenizer,
+    task,
+    examples,
+    *,
+    max_new_tokens: int,
+    device,
+    threshold: float = 1.0,
+    samples: int = 0,
+    k: int = 1,
+    temperature: float = 1.0,
+    **sample_kw: Any,
 ) -> dict[str, float]:
-    """Greedy completions on held-out prompts: mean reward and exact-match accuracy.
-    ``sample_kw`` (EOS ids, prompt truncation, position limit) go to :func:`sample`."""
+    """Held-out evaluation: greedy completions (mean reward; accuracy = share with reward ≥
+    ``threshold``) and, with ``samples`` = n > 0, n completions per prompt at ``temperature``
+    (pass@1, pass@k, mean@n; harness.metrics.passk).  ``sample_kw`` (EOS ids, prompt
+    truncation, position limit) go to :func:`sample`."""
     gen = torch.Generator(device=device).manual_seed(0)
     was_training = model.training
     model.eval()
+    prompts = [e.prompt for e in examples]
     batch = sample(
         model,
         tokenizer,
-        [e.prompt for e in examples],
+        prompts,
         n_samples=1,
         max_new_tokens=max_new_tokens,
         generator=gen,
         greedy=True,
         **sample_kw,
     )
-    model.train(was_training)
     scores = [task.score(e, c) for e, c in zip(examples, batch.completions, strict=True)]
-    exact = [float(c.strip() == e.answer) for e, c in zip(examples, batch.completions, strict=True)]
-    return {"eval/reward": sum(scores) / len(scores), "eval/accuracy": sum(exact) / len(exact)}
+    out = {
+        "eval/reward": sum(scores) / len(scores),
+        "eval/accuracy": sum(s >= threshold for s in scores) / len(scores),
+    }
+    if samples:
+        drawn = sample(
+            model,
+            tokenizer,
+            prompts,
+            n_samples=samples,
+            max_new_tokens=max_new_tokens,
+            generator=torch.Generator(device=device).manual_seed(1),
+            temperature=temperature,
+            **sample_kw,
+        )
+        per_row = [e for e in examples for _ in range(samples)]
+        rewards = [task.score(e, c) for e, c in zip(per_row, drawn.completions, strict=True)]
+        correct = [
+            sum(r >= threshold for r in rewards[i * samples : (i + 1) * samples])
+            for i in range(len(examples))
+        ]
+        out["eval/pass_at_1"] = mean_pass_at_k(correct, samples, 1)
+        out["eval/pass_at_k"] = mean_pass_at_k(correct, samples, k)
+        out["eval/mean_at_n"] = sum(rewards) / len(rewards)
+    model.train(was_training)
+    return out
 
 
 @dataclass
@@ -151,6 +189,10 @@ class Run:
             self.eval_examples,
             max_new_tokens=self.cfg.rollout.max_new_tokens,
             device=self.device,
+            threshold=self.cfg.eval.threshold,
+            samples=self.cfg.eval.samples,
+            k=self.cfg.eval.k,
+            temperature=self.cfg.ppo.temperature,
             **self.sample_kw,
         )
 
