@@ -390,19 +390,14 @@ def options_of(cfg: Any, name: str) -> Any:
 
 
 def objective_loss(
-    cfg: Any,
-    logprobs: torch.Tensor,
-    proximal_logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    loss_mask: torch.Tensor,
-    *,
-    generator: torch.Generator | None = None,
+    cfg: Any, *xs: torch.Tensor, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, Stats]:
-    """The loss of ``cfg.policy_loss`` (a ``PPOActorConfig``) with its options from ``cfg``."""
+    """The loss of ``cfg.policy_loss`` (a ``PPOActorConfig``) with its options from ``cfg``;
+    ``xs`` are the tensors :meth:`Objective.loss` takes first, in its order (logprobs,
+    proximal, old, advantages, mask), checked there by name and shape."""
     spec = lookup(cfg.policy_loss)
     return spec.run(
-        (logprobs, proximal_logprobs, old_logprobs, advantages, loss_mask),
+        xs,
         ClipOptions(**{k: getattr(cfg, k) for k in CLIP_NAMES}),
         options_of(cfg, spec.name),
         Weighting(
