@@ -301,7 +301,7 @@ def register(name: str, **declaration: Any) -> Callable[[TermsFn], Objective]:
             for f in dataclasses.fields(spec.options):
                 if "help" not in f.metadata:
                     raise TypeError(
-                        f"{name}.{f.name}: declare it with option(default, help, ...) or meta(help, ...)"
+                        f"{name}.{f.name}: declare it with option(default, help, ...)"
                     )
         declare_objective_stats(name, dict(spec.stats))
         ranked = sorted([*OBJECTIVES.values(), spec], key=lambda o: o.rank)
