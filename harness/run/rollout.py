@@ -7,7 +7,7 @@ objects on every step. The loop below does one forward for the prompts and one p
 samples with an explicit ``torch.Generator`` (so a run's sampling stream is reproducible and
 independent of the global RNG), and stops as soon as every row has emitted EOS. For a plain
 ``LlamaForCausalLM`` (the tiny model), ``Qwen2ForCausalLM`` or ``MistralForCausalLM`` (no sliding
-window) each step goes through :class:`_LlamaDecoder`, a
+window) each step goes through :class:`~harness.run.decoders._LlamaDecoder`, a
 functional replay of the same weights over preallocated KV buffers (about 2x faster per token
 than calling the HF module); any other causal LM goes through its own ``forward`` with a
 ``DynamicCache``. Both paths sample identical tokens for the same generator (tested).

@@ -300,9 +300,7 @@ def register(name: str, **declaration: Any) -> Callable[[TermsFn], Objective]:
             spec.options._objective = name
             for f in dataclasses.fields(spec.options):
                 if "help" not in f.metadata:
-                    raise TypeError(
-                        f"{name}.{f.name}: declare it with option(default, help, ...)"
-                    )
+                    raise TypeError(f"{name}.{f.name}: declare it with option(default, help, ...)")
         declare_objective_stats(name, dict(spec.stats))
         ranked = sorted([*OBJECTIVES.values(), spec], key=lambda o: o.rank)
         OBJECTIVES.clear()
