@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from harness.core.configtools import ConfigError, check_declared, option
+from harness.core.configtools import meta as meta  # re-exported: R.meta for objective modules
 from harness.metrics import declare_objective_stats
 from harness.ppo.loss import (
     LOSS_AGG_MODES,
