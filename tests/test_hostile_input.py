@@ -653,7 +653,7 @@ def test_a_variant_named_with_both_quote_kinds_has_its_orphaned_run_ended(tmp_pa
     rid = tracker.start_run(
         experiment=spec.experiment, run_name="c", tags=child_run_tags(spec, name, label, 0, 0)
     )
-    # the call _end_orphaned_runs makes for a retried trial of this cell
+    # the call end_orphaned_runs makes for a retried trial of this cell
     key = {"harness.study": name, "ablation.cell": label, "seed": "0"}
     assert tracker.find_run(spec.experiment, key) == rid
 

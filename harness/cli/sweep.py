@@ -116,18 +116,74 @@ def _run_experiment(
         raise typer.Exit(code)
 
 
+Devices = Annotated[
+    str | None,
+    typer.Option(
+        "--devices", help="Comma-separated devices, one worker each (e.g. cuda:0,cuda:1)."
+    ),
+]
+
+
+def _with_sweep_options(command: Any) -> Any:
+    """Give ``command`` (which takes ``**shared``) the options `ablate` and `search` share: the
+    stores and the launcher.  Typer reads a command's signature and type hints, so the shared
+    options are declared once, here, and reach the command as keyword arguments."""
+    import functools
+    import inspect
+    from typing import get_type_hints
+
+    def study_name(study_name: StudyName = None) -> None: ...
+    def storage(storage: Storage = None) -> None: ...
+    def tracking_uri(tracking_uri: TrackingUri = None) -> None: ...
+    def results_dir(results_dir: ResultsDir = Path("results")) -> None: ...
+    def launcher(launcher: LauncherOpt = "local") -> None: ...
+    def ray_address(ray_address: RayAddress = None) -> None: ...
+    def gpus_per_worker(gpus_per_worker: GpusPerWorker = 0.0) -> None: ...
+    def cpus_per_worker(cpus_per_worker: CpusPerWorker = 1.0) -> None: ...
+    def shared_fs(shared_fs: SharedFs = False) -> None: ...
+
+    own = inspect.signature(command, eval_str=True).parameters.values()
+    params = [p for p in own if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    hints = get_type_hints(command, include_extras=True)
+    for declare in (
+        study_name,
+        storage,
+        tracking_uri,
+        results_dir,
+        launcher,
+        ray_address,
+        gpus_per_worker,
+        cpus_per_worker,
+        shared_fs,
+    ):
+        params.extend(inspect.signature(declare, eval_str=True).parameters.values())
+        hints.update(get_type_hints(declare, include_extras=True))
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return command(*args, **kwargs)
+
+    del wrapper.__wrapped__  # typer must see the signature below, not the command's own
+    wrapper.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {**hints, "return": None}
+    return wrapper
+
+
+def _shared_call(shared: dict[str, Any]) -> dict[str, Any]:
+    """The shared options as `_run_experiment` takes them (the launcher's five as one tuple)."""
+    names = ("launcher", "ray_address", "gpus_per_worker", "cpus_per_worker", "shared_fs")
+    rest = {k: v for k, v in shared.items() if k not in names}
+    return {**rest, "launcher": tuple(shared[k] for k in names)}
+
+
 @user_errors
+@_with_sweep_options
 def ablate_cmd(
     experiment_file: Annotated[
         Path, typer.Argument(help="Experiment YAML (grid of cells x seeds).")
     ],
     workers: Workers = 1,
-    devices: Annotated[
-        str | None,
-        typer.Option(
-            "--devices", help="Comma-separated devices, one worker each (e.g. cuda:0,cuda:1)."
-        ),
-    ] = None,
+    devices: Devices = None,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -136,10 +192,6 @@ def ablate_cmd(
             "python: task modules, so it runs their code.",
         ),
     ] = False,
-    study_name: StudyName = None,
-    storage: Storage = None,
-    tracking_uri: TrackingUri = None,
-    results_dir: ResultsDir = Path("results"),
     fail_fast: Annotated[
         bool,
         typer.Option("--fail-fast", help="Stop the sweep at the first failed (errored) trial."),
@@ -153,11 +205,7 @@ def ablate_cmd(
     report: Annotated[
         bool, typer.Option("--report/--no-report", help="Write the report at the end.")
     ] = True,
-    launcher: LauncherOpt = "local",
-    ray_address: RayAddress = None,
-    gpus_per_worker: GpusPerWorker = 0.0,
-    cpus_per_worker: CpusPerWorker = 1.0,
-    shared_fs: SharedFs = False,
+    **shared: Any,
 ) -> None:
     """Run every (cell, seed) of an ablation grid; resumable; ends with a ranking and a report."""
     _run_experiment(
@@ -165,46 +213,25 @@ def ablate_cmd(
         grid=True,
         workers=workers,
         devices=devices,
-        study_name=study_name,
-        storage=storage,
-        tracking_uri=tracking_uri,
-        results_dir=results_dir,
-        launcher=(launcher, ray_address, gpus_per_worker, cpus_per_worker, shared_fs),
         max_retries=max_retries,
         fail_fast=fail_fast,
         report=report,
         dry_run=dry_run,
+        **_shared_call(shared),
     )
 
 
 @user_errors
+@_with_sweep_options
 def search_cmd(
     experiment_file: Annotated[Path, typer.Argument(help="Experiment YAML with a search section.")],
     workers: Workers = 1,
-    devices: Annotated[
-        str | None, typer.Option("--devices", help="Comma-separated devices, one worker each.")
-    ] = None,
-    study_name: StudyName = None,
-    storage: Storage = None,
-    tracking_uri: TrackingUri = None,
-    results_dir: ResultsDir = Path("results"),
-    launcher: LauncherOpt = "local",
-    ray_address: RayAddress = None,
-    gpus_per_worker: GpusPerWorker = 0.0,
-    cpus_per_worker: CpusPerWorker = 1.0,
-    shared_fs: SharedFs = False,
+    devices: Devices = None,
+    **shared: Any,
 ) -> None:
     """TPE (or two-objective) search; seeds inside each trial; median/Wilcoxon pruning; resumable."""
     _run_experiment(
-        experiment_file,
-        grid=False,
-        workers=workers,
-        devices=devices,
-        study_name=study_name,
-        storage=storage,
-        tracking_uri=tracking_uri,
-        results_dir=results_dir,
-        launcher=(launcher, ray_address, gpus_per_worker, cpus_per_worker, shared_fs),
+        experiment_file, grid=False, workers=workers, devices=devices, **_shared_call(shared)
     )
 
 

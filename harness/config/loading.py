@@ -81,22 +81,17 @@ def parse_yaml_text(text: str) -> Any:
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    from harness.core.limits import MAX_YAML_BYTES, file_too_big
+    from harness.core.limits import MAX_YAML_BYTES, NotUtf8, read_bounded_text
 
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{path}: file not found")
-    too_big = file_too_big(p, MAX_YAML_BYTES, "a run or experiment file")
-    if too_big:  # refused before parsing: PyYAML takes minutes over hundreds of MB
-        raise ConfigError(too_big)
-    try:
-        text = p.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ConfigError(
-            f"{path}: is not a UTF-8 text file (byte {err.start}); expected a YAML file"
-        ) from None
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot be read ({err.strerror})") from None
+    try:  # bounded before parsing: PyYAML takes minutes over hundreds of MB
+        text = read_bounded_text(p, MAX_YAML_BYTES, "a run or experiment file", shown=path)
+    except NotUtf8 as err:
+        raise ConfigError(f"{err}; expected a YAML file") from None
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     if "\x00" in text:
         raise ConfigError(f"{path}: holds NUL bytes (a binary file?); expected a YAML file")
     try:

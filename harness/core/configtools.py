@@ -28,7 +28,7 @@ import operator
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
@@ -83,6 +83,21 @@ def meta(
     if from_key:
         out["from_key"] = True
     return out
+
+
+def option(
+    default: Any = dataclasses.MISSING,
+    help: str = "",
+    *,
+    factory: Callable[[], Any] | None = None,
+    **bounds: Any,
+) -> Any:
+    """A dataclass field with its :func:`meta` (help and bounds), declared on one line:
+    ``eps: float = option(0.2, "The clip range.", ge=0)``; ``factory`` for a mutable default."""
+    metadata = meta(help, **bounds)
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def _num(x: float) -> str:
@@ -411,44 +426,36 @@ def _strip_optional(tp: Any) -> Any:
     return tp
 
 
+def _leaves(cls: type, prefix: str = "") -> Iterator[tuple[str, type, dataclasses.Field[Any], Any]]:
+    """(dotted path, the dataclass declaring it, field, type) for every leaf field of a config
+    tree; an optional sub-config counts as the sub-config (what you get once you set it)."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        tp = _strip_optional(hints[f.name])
+        if dataclasses.is_dataclass(tp):
+            yield from _leaves(tp, f"{prefix}{f.name}.")  # type: ignore[arg-type]
+        else:
+            yield f"{prefix}{f.name}", cls, f, tp
+
+
 def field_defaults(cls: type) -> dict[str, Any]:
     """Flattened dotted path → default; fields of an optional sub-config that defaults to None
     show the sub-config's own defaults (what you get once you set it)."""
+    instances: dict[type, Any] = {}
     out: dict[str, Any] = {}
-    instance = cls()
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        tp = _strip_optional(typing.get_type_hints(cls)[f.name])
-        if dataclasses.is_dataclass(tp):
-            for k, v in field_defaults(tp).items():  # type: ignore[arg-type]
-                out[f"{f.name}.{k}"] = v
-        else:
-            out[f.name] = getattr(instance, f.name)
+    for path, owner, f, _ in _leaves(cls):
+        if owner not in instances:
+            instances[owner] = owner()
+        out[path] = getattr(instances[owner], f.name)
     return out
 
 
 def declared_fields(cls: type) -> dict[str, tuple[Any, Any]]:
     """Flattened dotted path → (type, metadata) for every leaf field of a config tree (what the
     generic checks read; tests walk it to make sure every number declares its range)."""
-    out: dict[str, tuple[Any, Any]] = {}
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        tp = _strip_optional(hints[f.name])
-        if dataclasses.is_dataclass(tp):
-            for k, v in declared_fields(tp).items():  # type: ignore[arg-type]
-                out[f"{f.name}.{k}"] = v
-        else:
-            out[f.name] = (tp, f.metadata)
-    return out
+    return {path: (tp, f.metadata) for path, _, f, tp in _leaves(cls)}
 
 
 def field_help(cls: type) -> dict[str, str]:
     """Flattened dotted path → help string for every field of a config tree."""
-    out: dict[str, str] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        tp = _strip_optional(typing.get_type_hints(cls)[f.name])
-        if dataclasses.is_dataclass(tp):
-            for k, v in field_help(tp).items():  # type: ignore[arg-type]
-                out[f"{f.name}.{k}"] = v
-        else:
-            out[f.name] = f.metadata.get("help", "")
-    return out
+    return {path: f.metadata.get("help", "") for path, _, f, _ in _leaves(cls)}

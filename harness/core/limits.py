@@ -11,7 +11,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 MIB = 1024 * 1024
 MAX_YAML_BYTES = 1 * MIB  # run and experiment files (the shipped ones are a few KB)
@@ -31,6 +31,43 @@ def file_too_big(path: str | Path, limit: int, what: str) -> str | None:
     if size <= limit:
         return None
     return f"{path}: is {size:,} bytes; {what} may be at most {limit:,} bytes ({limit // MIB} MiB)"
+
+
+class NotUtf8(ValueError):
+    """A bounded read found bytes that are not UTF-8 (the caller may say what it expected)."""
+
+
+def open_bounded(
+    path: str | Path, limit: int, what: str, shown: str | Path | None = None
+) -> BinaryIO:
+    """``path`` opened to read bytes, refused before any read when it is over ``limit``.
+
+    Raises ValueError with the one-line reason: its size (naming ``path``), or that it cannot be
+    read (naming ``shown``, the path as the user wrote it, when given).  A missing file is the
+    caller's to report: each says what it expected there."""
+    too_big = file_too_big(path, limit, what)
+    if too_big:
+        raise ValueError(too_big)
+    try:
+        return Path(path).open("rb")
+    except OSError as err:
+        name = path if shown is None else shown
+        raise ValueError(f"{name}: cannot be read ({err.strerror})") from None
+
+
+def read_bounded_text(
+    path: str | Path, limit: int, what: str, shown: str | Path | None = None
+) -> str:
+    """The UTF-8 text of ``path``, bounded by :func:`open_bounded` (whose ValueError it raises,
+    as it does for a read that fails; :class:`NotUtf8` for bytes that are not UTF-8)."""
+    name = path if shown is None else shown
+    with open_bounded(path, limit, what, shown) as fh:
+        try:
+            return fh.read().decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise NotUtf8(f"{name}: is not valid UTF-8 (byte {err.start})") from None
+        except OSError as err:
+            raise ValueError(f"{name}: cannot be read ({err.strerror})") from None
 
 
 class RenderTimeout(Exception):

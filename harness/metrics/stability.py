@@ -30,8 +30,8 @@ GRAD_NORM = "stability/grad_norm"
 NONFINITE_COUNT = "stability/nonfinite_count"
 SKIPPED_STEPS = "stability/skipped_updates"  # per-step count; the run summary sums it
 
-#: The keys :func:`summarize_run` returns, in order.
-RUN_SUMMARY_KEYS: tuple[str, ...] = (
+# The summaries of the reward curve alone (NaN when no reward was logged).
+_REWARD_KEYS: tuple[str, ...] = (
     "final/reward",
     "best/reward",
     "final/reward_auc",
@@ -39,6 +39,11 @@ RUN_SUMMARY_KEYS: tuple[str, ...] = (
     "stability/max_drawdown",
     "stability/max_drawdown_frac",
     "stability/collapsed",
+)
+
+#: The keys :func:`summarize_run` returns, in order.
+RUN_SUMMARY_KEYS: tuple[str, ...] = (
+    *_REWARD_KEYS,
     "final/eval_accuracy",
     "final/eval_pass_at_1",
     "final/eval_pass_at_k",
@@ -152,18 +157,7 @@ def _reward_summaries(
     smooth: int,
 ) -> dict[str, float]:
     steps, r = _logged(history, REWARD)
-    out = dict.fromkeys(
-        (
-            "final/reward",
-            "best/reward",
-            "final/reward_auc",
-            "final/steps_to_threshold",
-            "stability/max_drawdown",
-            "stability/max_drawdown_frac",
-            "stability/collapsed",
-        ),
-        _NAN,
-    )
+    out = dict.fromkeys(_REWARD_KEYS, _NAN)
     if r.size == 0:
         return out
     out["final/reward"] = float(np.mean(r[-last_k:]))

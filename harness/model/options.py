@@ -6,8 +6,10 @@ parsing a run config (``--dry-run``, ``harness fields``) never loads torch or tr
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
+
+from harness.core.configtools import option
 
 
 @dataclass
@@ -15,31 +17,16 @@ class TinyModelConfig:
     """Shape of the tiny Llama policy (defaults: ~0.4M parameters, fast on one CPU core)."""
 
     # Bounds (ge/le) are checked by harness.core.configtools when a config is built from YAML.
-    hidden_size: int = field(
-        default=128, metadata={"help": "Width of the residual stream.", "ge": 1, "le": 65_536}
+    hidden_size: int = option(128, "Width of the residual stream.", ge=1, le=65_536)
+    num_layers: int = option(2, "Number of transformer blocks.", ge=1, le=1024)
+    num_heads: int = option(
+        4, "Attention heads per block (must divide hidden_size).", ge=1, le=1024
     )
-    num_layers: int = field(
-        default=2, metadata={"help": "Number of transformer blocks.", "ge": 1, "le": 1024}
+    intermediate_size: int = option(
+        256, "Hidden width of each block's SwiGLU MLP.", ge=1, le=262_144
     )
-    num_heads: int = field(
-        default=4,
-        metadata={
-            "help": "Attention heads per block (must divide hidden_size).",
-            "ge": 1,
-            "le": 1024,
-        },
-    )
-    intermediate_size: int = field(
-        default=256,
-        metadata={"help": "Hidden width of each block's SwiGLU MLP.", "ge": 1, "le": 262_144},
-    )
-    max_position_embeddings: int = field(
-        default=512,
-        metadata={
-            "help": "Longest prompt + completion the RoPE tables cover.",
-            "ge": 1,
-            "le": 1_048_576,
-        },
+    max_position_embeddings: int = option(
+        512, "Longest prompt + completion the RoPE tables cover.", ge=1, le=1_048_576
     )
 
     def __post_init__(self) -> None:
@@ -55,26 +42,19 @@ class TinyModelConfig:
 class LoraOptions:
     """LoRA adapters through ``peft`` (the optional ``harness[lora]`` extra)."""
 
-    r: int = field(default=8, metadata={"help": "Adapter rank.", "ge": 1, "le": 65_536})
-    alpha: int = field(
-        default=16,
-        metadata={"help": "LoRA scaling numerator (scale = alpha / r).", "ge": 1, "le": 1_000_000},
+    r: int = option(8, "Adapter rank.", ge=1, le=65_536)
+    alpha: int = option(16, "LoRA scaling numerator (scale = alpha / r).", ge=1, le=1_000_000)
+    dropout: float = option(
+        0.0,
+        "Dropout on the adapter input, live in the update's forward only (sampling, "
+        "recompute and reference run without it); keep 0 for ratio = 1 on fresh data.",
+        ge=0,
+        lt=1,
     )
-    dropout: float = field(
-        default=0.0,
-        metadata={
-            "help": "Dropout on the adapter input, live in the update's forward only (sampling, "
-            "recompute and reference run without it); keep 0 for ratio = 1 on fresh data.",
-            "ge": 0,
-            "lt": 1,
-        },
-    )
-    target_modules: list[str] = field(
-        default_factory=lambda: ["all-linear"],
-        metadata={
-            "help": "Module names to adapt, e.g. [q_proj, v_proj]; [all-linear] = every "
-            "linear layer except the output head."
-        },
+    target_modules: list[str] = option(
+        help="Module names to adapt, e.g. [q_proj, v_proj]; [all-linear] = every "
+        "linear layer except the output head.",
+        factory=lambda: ["all-linear"],
     )
 
     def __post_init__(self) -> None:
@@ -96,34 +76,24 @@ class ModelOptions:
     bf16 matmuls, and small Adam updates are not lost to bf16 rounding of the weights.
     """
 
-    dtype: Literal["float32", "bfloat16"] = field(
-        default="float32",
-        metadata={
-            "help": "Compute precision of every forward pass: float32, or bfloat16 autocast "
-            "with float32 master weights (CPU and CUDA)."
-        },
+    dtype: Literal["float32", "bfloat16"] = option(
+        "float32",
+        "Compute precision of every forward pass: float32, or bfloat16 autocast "
+        "with float32 master weights (CPU and CUDA).",
     )
-    attn_implementation: Literal["sdpa", "eager"] = field(
-        default="sdpa",
-        metadata={
-            "help": "Attention kernel of a loaded HF model (sdpa falls back to eager, with a "
-            "warning, for architectures without an SDPA kernel, e.g. Gemma2)."
-        },
+    attn_implementation: Literal["sdpa", "eager"] = option(
+        "sdpa",
+        "Attention kernel of a loaded HF model (sdpa falls back to eager, with a "
+        "warning, for architectures without an SDPA kernel, e.g. Gemma2).",
     )
-    trust_remote_code: bool = field(
-        default=False,
-        metadata={
-            "help": "Run Python code shipped in the model directory (false by default: "
-            "a directory with custom modeling code is refused unless you set this)."
-        },
+    trust_remote_code: bool = option(
+        False,
+        "Run Python code shipped in the model directory (false by default: "
+        "a directory with custom modeling code is refused unless you set this).",
     )
-    gradient_checkpointing: bool = field(
-        default=False,
-        metadata={"help": "Recompute activations in the backward pass (less memory, ~30% slower)."},
+    gradient_checkpointing: bool = option(
+        False, "Recompute activations in the backward pass (less memory, ~30% slower)."
     )
-    lora: LoraOptions | None = field(
-        default=None,
-        metadata={
-            "help": "LoRA adapters {r, alpha, dropout, target_modules}; null = full fine-tune."
-        },
+    lora: LoraOptions | None = option(
+        None, "LoRA adapters {r, alpha, dropout, target_modules}; null = full fine-tune."
     )

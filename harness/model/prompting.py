@@ -21,26 +21,17 @@ def resolve_chat_template(spec: str, tokenizer: PreTrainedTokenizerBase) -> str 
     if spec == "auto":
         template = getattr(tokenizer, "chat_template", None)
         return template if isinstance(template, str) and template else None
-    from harness.core.limits import MAX_TEMPLATE_BYTES, file_too_big
+    from harness.core.limits import MAX_TEMPLATE_BYTES, read_bounded_text
 
     path = Path(spec)
     if not path.is_file():
         raise ValueError(
             f"rollout.chat_template: file {spec!r} not found (use auto, none or a path)"
         )
-    too_big = file_too_big(path, MAX_TEMPLATE_BYTES, "a chat template")
-    if too_big:
-        raise ValueError(f"rollout.chat_template: {too_big}")
     try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(
-            f"rollout.chat_template: {spec}: is not valid UTF-8 (byte {err.start})"
-        ) from None
-    except OSError as err:
-        raise ValueError(
-            f"rollout.chat_template: {spec}: cannot be read ({err.strerror})"
-        ) from None
+        text = read_bounded_text(path, MAX_TEMPLATE_BYTES, "a chat template", shown=spec)
+    except ValueError as err:
+        raise ValueError(f"rollout.chat_template: {err}") from None
     if not text.strip():  # renders every prompt as no tokens: an IndexError mid-run
         raise ValueError(f"rollout.chat_template: {spec}: is empty (use none for plain prompts)")
     return text

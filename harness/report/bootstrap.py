@@ -8,7 +8,7 @@ import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, Unpack
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -167,38 +167,23 @@ def bootstrap_ci(
     return interval
 
 
-def mean_ci(
-    x: ArrayLike,
-    *,
-    n_boot: int = 2000,
-    confidence: float = 0.95,
-    seed: int = 0,
-    method: Method = "percentile",
-) -> Interval:
+class BootstrapOptions(TypedDict, total=False):
+    """The keyword options :func:`bootstrap_ci` takes (and its defaults), for its shorthands."""
+
+    n_boot: int
+    confidence: float
+    seed: int
+    method: Method
+
+
+def mean_ci(x: ArrayLike, **options: Unpack[BootstrapOptions]) -> Interval:
     """Mean of the sample with its bootstrap CI (:func:`bootstrap_ci` with ``np.mean``)."""
-    return bootstrap_ci(
-        x, _mean, n_boot=n_boot, confidence=confidence, seed=seed, method=method, vectorized=True
-    )
+    return bootstrap_ci(x, _mean, vectorized=True, **options)
 
 
-def iqm_ci(
-    x: ArrayLike,
-    *,
-    n_boot: int = 2000,
-    confidence: float = 0.95,
-    seed: int = 0,
-    method: Method = "percentile",
-) -> Interval:
+def iqm_ci(x: ArrayLike, **options: Unpack[BootstrapOptions]) -> Interval:
     """IQM of the sample with its bootstrap CI (:func:`bootstrap_ci` with :func:`iqm`)."""
-    return bootstrap_ci(
-        x,
-        _iqm_last,
-        n_boot=n_boot,
-        confidence=confidence,
-        seed=seed,
-        method=method,
-        vectorized=True,
-    )
+    return bootstrap_ci(x, _iqm_last, vectorized=True, **options)
 
 
 def stratified_resample(

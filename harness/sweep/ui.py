@@ -62,6 +62,7 @@ class Server:
 
 
 def _servers(
+    *,
     host: str,
     port: int,
     dashboard_port: int,
@@ -127,17 +128,10 @@ def _servers(
     return servers
 
 
-def ui(
-    *,
-    start: bool,
-    host: str,
-    port: int,
-    dashboard_port: int,
-    storage: str | None,
-    tracking_uri: str | None,
-    results_dir: Path,
-) -> None:
-    servers = _servers(host, port, dashboard_port, storage, tracking_uri, results_dir)
+def ui(*, start: bool, **where: Any) -> None:
+    """Print the two servers' commands (``where``: :func:`_servers`' arguments); with ``start``,
+    run them."""
+    servers = _servers(**where)
     for s in servers:
         typer.echo(f"{s.name}: {s.shown()}")
     if not start:

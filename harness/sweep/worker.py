@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 import time
 import traceback
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +41,18 @@ from typing import Any
 
 from harness.core.configtools import ConfigError
 from harness.sweep.spec import StudySpec, load_study_spec
+from harness.sweep.trials import (
+    DIED,
+    SPENT_OUTCOMES,
+    child_run_tags,
+    end_orphaned_runs,
+    ended_attempts,
+    failure_reason,
+    nanmean,
+    next_trial,
+    search_pruner,
+    search_sampler,
+)
 
 Event = dict[str, Any]
 OUTCOMES = ("completed", "diverged", "pruned", "error", "interrupted")
@@ -60,62 +70,6 @@ class WorkerOptions:
     threads: int = 1  # torch threads of each run unless its config sets them
     worker_id: int = 0
     exit_when_idle: bool = True
-
-
-def child_run_tags(
-    spec: StudySpec, study_name: str, cell: str, seed: int, trial_number: int
-) -> dict[str, str]:
-    tags = {
-        "harness.study": study_name,
-        "harness.role": "child",
-        "seed": str(seed),
-        "harness.grid_hash": spec.grid_hash,
-        "optuna.trial_number": str(trial_number),
-        "harness.worker": f"{socket.gethostname()}:{os.getpid()}",
-    }
-    if spec.kind == "search":
-        tags["search.trial"] = str(trial_number)
-    else:
-        tags["ablation.cell"] = cell
-    return tags
-
-
-DIED = "worker died; trial retried"
-
-
-def _end_orphaned_runs(tracker: Any, spec: StudySpec, study: str, earlier: list[Any]) -> None:
-    """Child runs left RUNNING by ``earlier`` (ended) attempts of a trial are ended KILLED.
-
-    A run is RUNNING after its trial ended only when nobody could close it: its worker died
-    (the heartbeat failed the trial; it has no ``outcome``), or closing failed (a full disk; the
-    trial's own reason says why).  Runs that were closed — an attempt FAILED with its error —
-    are never touched, and neither are runs of trials still running.
-    """
-    for trial in earlier:
-        key = {"harness.study": study, "optuna.trial_number": str(trial.number)}
-        reason = DIED if "outcome" not in trial.user_attrs else trial.user_attrs.get("reason")
-        for _ in range(10):
-            rid = tracker.find_run(spec.experiment, key, status="RUNNING")
-            if rid is None:
-                break
-            tags = {"run.status": "killed", "run.reason": reason or "trial ended; run was open"}
-            tracker.set_tags(rid, tags)
-            tracker.end_run(rid, "KILLED")
-
-
-def _ended_attempts(study: Any, current: Any, same: Callable[[Any], bool]) -> list[Any]:
-    """Earlier trials of the same grid point (or the retried search point) that have ended."""
-    from optuna.trial import TrialState
-
-    from harness.core.db import with_retries
-
-    trials = with_retries(lambda: study.get_trials(deepcopy=False))
-    alive = (TrialState.RUNNING, TrialState.WAITING)
-    return [t for t in trials if t.number != current.number and t.state not in alive and same(t)]
-
-
-def _reason(err: BaseException) -> str:
-    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:500]
 
 
 class _Trial:
@@ -215,7 +169,7 @@ class _Trial:
         return True
 
     def fail_with_error(self, err: BaseException, label: str, seed: int | None) -> str:
-        reason = _reason(err)
+        reason = failure_reason(err)
         self.trial.set_user_attr("outcome", "error")
         self.trial.set_user_attr("reason", reason)
         self.trial.set_user_attr("traceback", traceback.format_exc()[-2000:])
@@ -237,8 +191,8 @@ def run_grid_trial(t: _Trial) -> str:
 
     label_trial(t.study, t.trial, t.spec, cell, seed)  # params for optuna-dashboard
     with heartbeat(t.study, t.trial, on_error=t.beat_failed):
-        earlier = _ended_attempts(t.study, t.trial, lambda o: trial_key(o) == (cell, seed))
-        _end_orphaned_runs(t.tracker, t.spec, t.study.study_name, earlier)
+        earlier = ended_attempts(t.study, t.trial, lambda o: trial_key(o) == (cell, seed))
+        end_orphaned_runs(t.tracker, t.spec, t.study.study_name, earlier)
         t0 = time.time()
         try:
             cfg = t.spec.cell_config(cell, seed, device=t.opts.device, threads=t.opts.threads)
@@ -290,8 +244,8 @@ def run_search_trial(t: _Trial) -> str:
             with_retries(lambda: frozen_trial(t.study, t.trial))
         )
         if retried is not None:  # a dead worker's point, run again: end its runs KILLED
-            earlier = _ended_attempts(t.study, t.trial, lambda o: o.number == retried)
-            _end_orphaned_runs(t.tracker, t.spec, t.study.study_name, earlier)
+            earlier = ended_attempts(t.study, t.trial, lambda o: o.number == retried)
+            end_orphaned_runs(t.tracker, t.spec, t.study.study_name, earlier)
         point = plan.suggest(t.trial)
         values: list[list[float]] = [[] for _ in plan.objectives]
         diverged = 0
@@ -320,7 +274,7 @@ def run_search_trial(t: _Trial) -> str:
                 for j, (metric, _) in enumerate(plan.objectives):
                     values[j].append(result.summary.get(metric, math.nan))
                 if len(plan.objectives) == 1:
-                    mean0 = _nanmean(values[0])
+                    mean0 = nanmean(values[0])
                     t.trial.report(mean0, step=i)
                     if t.trial.should_prune():
                         t.trial.set_user_attr("outcome", "pruned")
@@ -334,7 +288,7 @@ def run_search_trial(t: _Trial) -> str:
             if is_disk_full(err):
                 raise  # not this point's fault: the worker stops (worker_loop)
             return t.fail_with_error(err, label, seed)
-    out = [_nanmean(v) for v in values]
+    out = [nanmean(v) for v in values]
     t.trial.set_user_attr("diverged_seeds", diverged)
     t.trial.set_user_attr("seeds_run", len(t.spec.seeds))
     # Each seed's value of each objective (None = not finite): the spread the report and
@@ -356,70 +310,6 @@ def run_search_trial(t: _Trial) -> str:
         return "interrupted"
     t.event("done", cell=label, seed=None, outcome=outcome, values=out, point=point)
     return outcome
-
-
-def _nanmean(xs: list[float]) -> float:
-    finite = [x for x in xs if math.isfinite(x)]
-    return sum(finite) / len(finite) if finite else float("nan")
-
-
-def _sampler(spec: StudySpec, worker_id: int) -> Any:
-    import optuna
-
-    assert spec.search is not None
-    # constant_liar: parallel workers do not all sample the same promising point.
-    seed = spec.search.sampler_seed + worker_id
-    return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
-
-
-def _pruner(name: str) -> Any:
-    import optuna
-
-    if name == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=0)
-    if name == "wilcoxon":
-        return optuna.pruners.WilcoxonPruner(p_threshold=0.1)
-    return optuna.pruners.NopPruner()
-
-
-# Search trials that count against n_trials besides COMPLETE and PRUNED ones (an interrupted
-# or errored trial does not: the next run samples a replacement).
-SPENT_OUTCOMES = ("diverged",)
-
-
-def _next_trial(study: Any, spec: StudySpec) -> tuple[Any | None, int]:
-    """The next trial this worker should run (None if there is none now), and how many trials
-    are running elsewhere."""
-    from optuna.trial import TrialState
-
-    from harness.core.db import with_retries
-    from harness.sweep.optuna_adapter import claim_waiting_trial, fail_stale_trials
-
-    with_retries(lambda: fail_stale_trials(study))
-    if spec.kind == "grid":
-        trial = with_retries(lambda: claim_waiting_trial(study))
-    else:
-        assert spec.search is not None
-        trials = with_retries(lambda: study.get_trials(deepcopy=False))
-        states = [t.state for t in trials]
-        # A diverged trial used up its place in the budget too: otherwise a search whose
-        # every point diverges would sample new points forever.  (An errored one does not: the
-        # worker stops at it, and a resume after the fix runs its place again.)
-        finished = sum(
-            t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-            or (t.state == TrialState.FAIL and t.user_attrs.get("outcome") in SPENT_OUTCOMES)
-            for t in trials
-        )
-        busy = sum(s in (TrialState.RUNNING, TrialState.WAITING) for s in states)
-        trial = None
-        if finished + busy < spec.search.n_trials or TrialState.WAITING in states:
-            with warnings.catch_warnings():  # "heartbeat is supposed to be used with optimize"
-                warnings.simplefilter("ignore", UserWarning)  # we beat ourselves (heartbeat())
-                trial = study.ask()  # takes a WAITING retry first, else samples a new point
-    if trial is not None:
-        return trial, 0
-    running = with_retries(lambda: study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
-    return None, len(running)
 
 
 def worker_loop(
@@ -475,7 +365,10 @@ def _work(
     )
     kwargs: dict[str, Any] = {}
     if spec.search is not None:
-        kwargs = {"sampler": _sampler(spec, opts.worker_id), "pruner": _pruner(spec.search.pruner)}
+        kwargs = {
+            "sampler": search_sampler(spec, opts.worker_id),
+            "pruner": search_pruner(spec.search.pruner),
+        }
     study = with_retries(
         lambda: optuna.load_study(study_name=opts.study, storage=storage, **kwargs)
     )
@@ -484,7 +377,7 @@ def _work(
     fatal: str | None = None
     try:
         while fatal is None and not should_stop():
-            trial, running = _next_trial(study, spec)
+            trial, running = next_trial(study, spec)
             if trial is None:
                 if opts.exit_when_idle and not running:
                     break
@@ -535,3 +428,17 @@ def _label(t: _Trial) -> tuple[str, int | None]:
     except Exception:
         pass  # only a label: the storage refusing a read must not hide the full disk
     return f"trial {t.trial.number}", None
+
+
+# The trial bookkeeping moved to harness.sweep.trials; these names are still imported from here.
+__all__ = [
+    "DIED",
+    "OUTCOMES",
+    "SPENT_OUTCOMES",
+    "Event",
+    "WorkerOptions",
+    "child_run_tags",
+    "run_grid_trial",
+    "run_search_trial",
+    "worker_loop",
+]

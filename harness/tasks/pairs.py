@@ -95,19 +95,16 @@ def read_jsonl(
 
     Bounded before parsing: at most ``MAX_TASK_FILE_BYTES`` (harness.core.limits), UTF-8 line by
     line (a bad byte names its line)."""
-    from harness.core.limits import MAX_TASK_FILE_BYTES, file_too_big
+    from harness.core.limits import MAX_TASK_FILE_BYTES, open_bounded
 
     p = Path(path).expanduser()
     if not p.is_file():
         raise ValueError(f"task '{spec}': file '{path}' does not exist")
-    too_big = file_too_big(p, MAX_TASK_FILE_BYTES, "a task file")
-    if too_big:
-        raise ValueError(f"task '{spec}': {too_big}")
     records = []
     try:
-        fh = p.open("rb")
-    except OSError as err:
-        raise ValueError(f"task '{spec}': {path}: cannot be read ({err.strerror})") from None
+        fh = open_bounded(p, MAX_TASK_FILE_BYTES, "a task file", shown=path)
+    except ValueError as err:
+        raise ValueError(f"task '{spec}': {err}") from None
     with fh:
         for lineno, raw in enumerate(fh, start=1):
             try:

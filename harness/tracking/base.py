@@ -63,7 +63,26 @@ class Tracker(Protocol):
 
         The experiment is created if missing. ``parent_run_id`` nests the run under a parent
         created by another process (MLflow's ``mlflow.parentRunId`` tag).
+
+        Both backends subclass this protocol and share this body, so that they prepare tags
+        and tag the parent the same way; they differ only in ``_resume_run``/``_create_run``.
         """
+        prepared = _prepare_tags(tags)
+        if run_id is not None:
+            self._resume_run(run_id, prepared)
+            return run_id
+        if parent_run_id is not None:
+            prepared[PARENT_RUN_TAG] = parent_run_id
+        return self._create_run(experiment, run_name, parent_run_id, prepared)
+
+    def _resume_run(self, run_id: str, tags: dict[str, str]) -> None:
+        """Mark ``run_id`` running again and add ``tags`` (already prepared)."""
+        ...
+
+    def _create_run(
+        self, experiment: str, run_name: str, parent_run_id: str | None, tags: dict[str, str]
+    ) -> str:
+        """Create a run with ``tags`` (prepared, the parent tag included); return its id."""
         ...
 
     def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:

@@ -11,10 +11,10 @@ from typing import Any
 
 from harness.core.redact import redact_text
 from harness.tracking.base import (
-    PARENT_RUN_TAG,
     RUN_NAME_TAG,
     RunRecord,
     RunStatus,
+    Tracker,
     _check_metric,
     _check_status,
     _param_change_message,
@@ -39,7 +39,7 @@ class MemoryRun:
     resumed: int = 0
 
 
-class MemoryTracker:
+class MemoryTracker(Tracker):
     """A :class:`Tracker` that keeps runs in memory, for tests of the training loop.
 
     Inspect ``tracker.runs[run_id]`` (a :class:`MemoryRun`) after the code under test ran. Params
@@ -52,29 +52,22 @@ class MemoryTracker:
         self.experiment_tags: dict[str, dict[str, str]] = {}
         self._lock = threading.Lock()
 
-    def start_run(
-        self,
-        *,
-        experiment: str,
-        run_name: str,
-        parent_run_id: str | None = None,
-        tags: dict[str, str] | None = None,
-        run_id: str | None = None,
-    ) -> str:
-        prepared = _prepare_tags(tags)
+    def _resume_run(self, run_id: str, tags: dict[str, str]) -> None:
         with self._lock:
-            if run_id is not None:
-                run = self._run(run_id)
-                run.status = "RUNNING"
-                run.resumed += 1
-            else:
-                run_id = uuid.uuid4().hex
-                run = MemoryRun(run_id, experiment, run_name, parent_run_id)
-                run.tags[RUN_NAME_TAG] = run_name
-                if parent_run_id is not None:
-                    run.tags[PARENT_RUN_TAG] = parent_run_id
-                self.runs[run_id] = run
-            run.tags.update(prepared)
+            run = self._run(run_id)
+            run.status = "RUNNING"
+            run.resumed += 1
+            run.tags.update(tags)
+
+    def _create_run(
+        self, experiment: str, run_name: str, parent_run_id: str | None, tags: dict[str, str]
+    ) -> str:
+        with self._lock:
+            run_id = uuid.uuid4().hex
+            run = MemoryRun(run_id, experiment, run_name, parent_run_id)
+            run.tags[RUN_NAME_TAG] = run_name
+            run.tags.update(tags)
+            self.runs[run_id] = run
             return run_id
 
     def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:

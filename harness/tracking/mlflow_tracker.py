@@ -22,6 +22,7 @@ from harness.tracking.base import (
     PARENT_RUN_TAG,
     RunRecord,
     RunStatus,
+    Tracker,
     _check_metric,
     _check_status,
     _chunks,
@@ -51,7 +52,7 @@ def is_sqlite_locked_error(error: BaseException) -> bool:
     return False
 
 
-class MlflowTracker:
+class MlflowTracker(Tracker):
     """A :class:`Tracker` over ``mlflow.tracking.MlflowClient``; safe to use in many processes.
 
     Args:
@@ -118,25 +119,16 @@ class MlflowTracker:
 
     # -- runs ---------------------------------------------------------------------------------
 
-    def start_run(
-        self,
-        *,
-        experiment: str,
-        run_name: str,
-        parent_run_id: str | None = None,
-        tags: dict[str, str] | None = None,
-        run_id: str | None = None,
+    def _resume_run(self, run_id: str, tags: dict[str, str]) -> None:
+        self._call(self._client.update_run, run_id, status="RUNNING")
+        if tags:
+            self.set_tags(run_id, tags)
+
+    def _create_run(
+        self, experiment: str, run_name: str, parent_run_id: str | None, tags: dict[str, str]
     ) -> str:
-        prepared = _prepare_tags(tags)
-        if run_id is not None:
-            self._call(self._client.update_run, run_id, status="RUNNING")
-            if prepared:
-                self.set_tags(run_id, prepared)
-            return run_id
-        if parent_run_id is not None:
-            prepared[PARENT_RUN_TAG] = parent_run_id
         experiment_id = self._experiment_id(experiment)
-        run = self._call(self._client.create_run, experiment_id, run_name=run_name, tags=prepared)
+        run = self._call(self._client.create_run, experiment_id, run_name=run_name, tags=tags)
         return str(run.info.run_id)
 
     def end_run(self, run_id: str, status: RunStatus = "FINISHED") -> None:

@@ -2,28 +2,24 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from harness.ppo.objectives import registry as R
 
 
 @dataclass(frozen=True)
 class CISPOOptions(R.Options):
-    ratio_max: float = field(
-        default=5.0,
-        metadata=R.meta(
-            "CISPO: absolute cap on the IS weight sg(r) (TRL's epsilon_high under loss_type "
-            "'cispo'; 5.0 as TRL recommends after ScaleRL, arXiv 2510.13786).",
-            gt=1,
-        ),
+    ratio_max: float = R.option(
+        5.0,
+        "CISPO: absolute cap on the IS weight sg(r) (TRL's epsilon_high under loss_type "
+        "'cispo'; 5.0 as TRL recommends after ScaleRL, arXiv 2510.13786).",
+        gt=1,
     )
-    ratio_min: float | None = field(
-        default=None,
-        metadata=R.meta(
-            "CISPO: floor on the IS weight (MiniMax-M1's 1 - eps_low^IS); null = none, as in TRL.",
-            ge=0,
-            lt=1,
-        ),
+    ratio_min: float | None = R.option(
+        None,
+        "CISPO: floor on the IS weight (MiniMax-M1's 1 - eps_low^IS); null = none, as in TRL.",
+        ge=0,
+        lt=1,
     )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -14,23 +14,15 @@ from harness.ppo.objectives.ppo import ppo_clip_terms
 
 @dataclass(frozen=True)
 class ClipCovOptions(R.Options):
-    ratio: float = field(
-        default=2e-4,
-        metadata=R.meta(
-            "Clip-Cov: share of valid tokens whose gradient is detached (paper/verl 2e-4; "
-            "0 = plain PPO-clip).",
-            ge=0,
-            le=1,
-        ),
+    ratio: float = R.option(
+        2e-4,
+        "Clip-Cov: share of valid tokens whose gradient is detached (paper/verl 2e-4; "
+        "0 = plain PPO-clip).",
+        ge=0,
+        le=1,
     )
-    cov_lb: float = field(
-        default=1.0,
-        metadata=R.meta("Clip-Cov: candidates have covariance > this (verl default 1)."),
-    )
-    cov_ub: float = field(
-        default=5.0,
-        metadata=R.meta("Clip-Cov: candidates have covariance < this (verl default 5)."),
-    )
+    cov_lb: float = R.option(1.0, "Clip-Cov: candidates have covariance > this (verl default 1).")
+    cov_ub: float = R.option(5.0, "Clip-Cov: candidates have covariance < this (verl default 5).")
 
     def check(self) -> None:
         if not self.cov_lb < self.cov_ub:

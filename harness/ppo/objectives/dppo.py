@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -17,36 +17,28 @@ _LOG_RATIO_CLAMP = 20.0  # SkyRL clamps ℓθ − ℓμ to ±20 before the exp
 
 @dataclass(frozen=True)
 class DPPOOptions(R.Options):
-    divergence: Literal["binary_tv", "binary_kl"] = field(
-        default="binary_tv",
-        metadata=R.meta(
-            "DPPO: the divergence bounded per token (SkyRL's dppo_type): binary_tv = p_θ − p_μ "
-            "of the sampled token, binary_kl = the KL between the two Bernoullis (p_μ, p_θ)."
-        ),
+    divergence: Literal["binary_tv", "binary_kl"] = R.option(
+        "binary_tv",
+        "DPPO: the divergence bounded per token (SkyRL's dppo_type): binary_tv = p_θ − p_μ "
+        "of the sampled token, binary_kl = the KL between the two Bernoullis (p_μ, p_θ).",
     )
-    delta_low: float | None = field(
-        default=None,
-        metadata=R.meta(
-            "DPPO: bound for tokens with A < 0 (moves that lower p); null = 0.2 for binary_tv, "
-            "0.05 for binary_kl (SkyRL).",
-            gt=0,
-        ),
+    delta_low: float | None = R.option(
+        None,
+        "DPPO: bound for tokens with A < 0 (moves that lower p); null = 0.2 for binary_tv, "
+        "0.05 for binary_kl (SkyRL).",
+        gt=0,
     )
-    delta_high: float | None = field(
-        default=None,
-        metadata=R.meta(
-            "DPPO: bound for tokens with A > 0 (moves that raise p); null = 0.2 for binary_tv, "
-            "0.05 for binary_kl (SkyRL).",
-            gt=0,
-        ),
+    delta_high: float | None = R.option(
+        None,
+        "DPPO: bound for tokens with A > 0 (moves that raise p); null = 0.2 for binary_tv, "
+        "0.05 for binary_kl (SkyRL).",
+        gt=0,
     )
-    anchor: Literal["behaviour", "proximal"] = field(
-        default="behaviour",
-        metadata=R.meta(
-            "DPPO: the policy μ the divergence and the ratio are taken against: behaviour (the "
-            "sampler's log-probs, as the paper, SkyRL and prime-rl) or proximal (π_prox: verl's "
-            "old_log_prob under use_decoupled_loss)."
-        ),
+    anchor: Literal["behaviour", "proximal"] = R.option(
+        "behaviour",
+        "DPPO: the policy μ the divergence and the ratio are taken against: behaviour (the "
+        "sampler's log-probs, as the paper, SkyRL and prime-rl) or proximal (π_prox: verl's "
+        "old_log_prob under use_decoupled_loss).",
     )
 
     def check(self) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -11,16 +11,14 @@ from harness.ppo.objectives import registry as R
 
 @dataclass(frozen=True)
 class GMPOOptions(R.Options):
-    log_clip: float = field(
-        default=0.4,
-        metadata=R.meta(
-            "GMPO: token log-ratio clipped to [-eps, eps_hi] (arXiv 2507.20673 uses 0.4; verl "
-            "reuses clip_ratio).",
-            gt=0,
-        ),
+    log_clip: float = R.option(
+        0.4,
+        "GMPO: token log-ratio clipped to [-eps, eps_hi] (arXiv 2507.20673 uses 0.4; verl "
+        "reuses clip_ratio).",
+        gt=0,
     )
-    log_clip_higher: float | None = field(
-        default=None, metadata=R.meta("GMPO: upper log-space bound eps_hi; null = log_clip.", gt=0)
+    log_clip_higher: float | None = R.option(
+        None, "GMPO: upper log-space bound eps_hi; null = log_clip.", gt=0
     )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -13,20 +13,15 @@ from harness.ppo.objectives.covariance import covariance, n_selected
 
 @dataclass(frozen=True)
 class KLCovOptions(R.Options):
-    ratio: float = field(
-        default=2e-4,
-        metadata=R.meta(
-            "KL-Cov: share of valid tokens, largest covariance first, given the KL penalty "
-            "(paper/verl 2e-4; 0 = unclipped policy gradient).",
-            ge=0,
-            le=1,
-        ),
+    ratio: float = R.option(
+        2e-4,
+        "KL-Cov: share of valid tokens, largest covariance first, given the KL penalty "
+        "(paper/verl 2e-4; 0 = unclipped policy gradient).",
+        ge=0,
+        le=1,
     )
-    coef: float = field(
-        default=1.0,
-        metadata=R.meta(
-            "KL-Cov: coefficient of the |log-ratio| penalty (verl ppo_kl_coef, 1).", ge=0
-        ),
+    coef: float = R.option(
+        1.0, "KL-Cov: coefficient of the |log-ratio| penalty (verl ppo_kl_coef, 1).", ge=0
     )
 
 

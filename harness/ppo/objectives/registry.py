@@ -2,7 +2,7 @@
 
 An objective is ONE module in this package that calls ``register(...)`` on its per-token loss
 terms.  The declaration names the objective (``ppo.policy_loss``), its options block (a dataclass
-of ``meta``-declared fields: default, help and bounds, written once; the user sets them as
+of ``option``-declared fields: default, help and bounds, written once; the user sets them as
 ``ppo.<name>.<option>``), whether it reads the PPO-clip options (``ppo.eps_clip``...), the
 importance-sampling levels and loss aggregations it allows, the step metrics it reports (and what
 they mean under it), and how TRL / verl / AReaL name it.  From that the registry gives:
@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from harness.core.configtools import ConfigError, check_declared, meta
+from harness.core.configtools import ConfigError, check_declared, option
+from harness.core.configtools import meta as meta  # re-exported: R.meta for objective modules
 from harness.metrics import declare_objective_stats
 from harness.ppo.loss import (
     LOSS_AGG_MODES,
@@ -69,15 +70,12 @@ class ClipOptions:
     defaults and declarations from here), read by the objectives that declare ``clip=True``.
     Checked by ``validate_clip_options`` (its messages are the pure functions' contract)."""
 
-    eps_clip: float = field(
-        default=0.2, metadata=meta("Lower clip ε: ratio clipped to [1-ε, 1+ε_hi].", gt=0)
+    eps_clip: float = option(0.2, "Lower clip ε: ratio clipped to [1-ε, 1+ε_hi].", gt=0)
+    eps_clip_higher: float | None = option(
+        None, "Upper clip ε_hi (DAPO clip-higher); null = eps_clip.", ge=0
     )
-    eps_clip_higher: float | None = field(
-        default=None, metadata=meta("Upper clip ε_hi (DAPO clip-higher); null = eps_clip.", ge=0)
-    )
-    c_clip: float | None = field(
-        default=None,
-        metadata=meta("Dual clip: caps the loss at c·|A| where A < 0; must be > 1.", gt=1),
+    c_clip: float | None = option(
+        None, "Dual clip: caps the loss at c·|A| where A < 0; must be > 1.", gt=1
     )
 
 
@@ -303,7 +301,7 @@ def register(name: str, **declaration: Any) -> Callable[[TermsFn], Objective]:
             spec.options._objective = name
             for f in dataclasses.fields(spec.options):
                 if "help" not in f.metadata:
-                    raise TypeError(f"{name}.{f.name}: declare it with meta(help, ...)")
+                    raise TypeError(f"{name}.{f.name}: declare it with option(default, help, ...)")
         declare_objective_stats(name, dict(spec.stats))
         ranked = sorted([*OBJECTIVES.values(), spec], key=lambda o: o.rank)
         OBJECTIVES.clear()
@@ -390,19 +388,14 @@ def options_of(cfg: Any, name: str) -> Any:
 
 
 def objective_loss(
-    cfg: Any,
-    logprobs: torch.Tensor,
-    proximal_logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    loss_mask: torch.Tensor,
-    *,
-    generator: torch.Generator | None = None,
+    cfg: Any, *xs: torch.Tensor, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, Stats]:
-    """The loss of ``cfg.policy_loss`` (a ``PPOActorConfig``) with its options from ``cfg``."""
+    """The loss of ``cfg.policy_loss`` (a ``PPOActorConfig``) with its options from ``cfg``;
+    ``xs`` are the tensors :meth:`Objective.loss` takes first, in its order (logprobs,
+    proximal, old, advantages, mask), checked there by name and shape."""
     spec = lookup(cfg.policy_loss)
     return spec.run(
-        (logprobs, proximal_logprobs, old_logprobs, advantages, loss_mask),
+        xs,
         ClipOptions(**{k: getattr(cfg, k) for k in CLIP_NAMES}),
         options_of(cfg, spec.name),
         Weighting(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -11,17 +11,11 @@ from harness.ppo.objectives import registry as R
 
 @dataclass(frozen=True)
 class SAPOOptions(R.Options):
-    temperature_pos: float = field(
-        default=1.0,
-        metadata=R.meta(
-            "SAPO: gate temperature where A > 0 (TRL default 1.0, arXiv 2511.20347).", gt=0
-        ),
+    temperature_pos: float = R.option(
+        1.0, "SAPO: gate temperature where A > 0 (TRL default 1.0, arXiv 2511.20347).", gt=0
     )
-    temperature_neg: float = field(
-        default=1.05,
-        metadata=R.meta(
-            "SAPO: gate temperature where A <= 0 (TRL default 1.05, arXiv 2511.20347).", gt=0
-        ),
+    temperature_neg: float = R.option(
+        1.05, "SAPO: gate temperature where A <= 0 (TRL default 1.05, arXiv 2511.20347).", gt=0
     )
 
 

@@ -1,0 +1,135 @@
+"""A worker's bookkeeping around the trial it trains: which trial comes next (a claimed grid
+point, or the search sampler's point within the budget), the tags of a trial's MLflow child run,
+and closing the child runs earlier attempts of the same point left RUNNING.  The loop that
+trains trials is :mod:`harness.sweep.worker`."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from harness.sweep.spec import StudySpec
+
+
+def child_run_tags(
+    spec: StudySpec, study_name: str, cell: str, seed: int, trial_number: int
+) -> dict[str, str]:
+    tags = {
+        "harness.study": study_name,
+        "harness.role": "child",
+        "seed": str(seed),
+        "harness.grid_hash": spec.grid_hash,
+        "optuna.trial_number": str(trial_number),
+        "harness.worker": f"{socket.gethostname()}:{os.getpid()}",
+    }
+    if spec.kind == "search":
+        tags["search.trial"] = str(trial_number)
+    else:
+        tags["ablation.cell"] = cell
+    return tags
+
+
+DIED = "worker died; trial retried"
+
+
+def end_orphaned_runs(tracker: Any, spec: StudySpec, study: str, earlier: list[Any]) -> None:
+    """Child runs left RUNNING by ``earlier`` (ended) attempts of a trial are ended KILLED.
+
+    A run is RUNNING after its trial ended only when nobody could close it: its worker died
+    (the heartbeat failed the trial; it has no ``outcome``), or closing failed (a full disk; the
+    trial's own reason says why).  Runs that were closed — an attempt FAILED with its error —
+    are never touched, and neither are runs of trials still running.
+    """
+    for trial in earlier:
+        key = {"harness.study": study, "optuna.trial_number": str(trial.number)}
+        reason = DIED if "outcome" not in trial.user_attrs else trial.user_attrs.get("reason")
+        for _ in range(10):
+            rid = tracker.find_run(spec.experiment, key, status="RUNNING")
+            if rid is None:
+                break
+            tags = {"run.status": "killed", "run.reason": reason or "trial ended; run was open"}
+            tracker.set_tags(rid, tags)
+            tracker.end_run(rid, "KILLED")
+
+
+def ended_attempts(study: Any, current: Any, same: Callable[[Any], bool]) -> list[Any]:
+    """Earlier trials of the same grid point (or the retried search point) that have ended."""
+    from optuna.trial import TrialState
+
+    from harness.core.db import with_retries
+
+    trials = with_retries(lambda: study.get_trials(deepcopy=False))
+    alive = (TrialState.RUNNING, TrialState.WAITING)
+    return [t for t in trials if t.number != current.number and t.state not in alive and same(t)]
+
+
+def failure_reason(err: BaseException) -> str:
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:500]
+
+
+def nanmean(xs: list[float]) -> float:
+    finite = [x for x in xs if math.isfinite(x)]
+    return sum(finite) / len(finite) if finite else float("nan")
+
+
+def search_sampler(spec: StudySpec, worker_id: int) -> Any:
+    import optuna
+
+    assert spec.search is not None
+    # constant_liar: parallel workers do not all sample the same promising point.
+    seed = spec.search.sampler_seed + worker_id
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+
+
+def search_pruner(name: str) -> Any:
+    import optuna
+
+    if name == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=0)
+    if name == "wilcoxon":
+        return optuna.pruners.WilcoxonPruner(p_threshold=0.1)
+    return optuna.pruners.NopPruner()
+
+
+# Search trials that count against n_trials besides COMPLETE and PRUNED ones (an interrupted
+# or errored trial does not: the next run samples a replacement).
+SPENT_OUTCOMES = ("diverged",)
+
+
+def next_trial(study: Any, spec: StudySpec) -> tuple[Any | None, int]:
+    """The next trial this worker should run (None if there is none now), and how many trials
+    are running elsewhere."""
+    from optuna.trial import TrialState
+
+    from harness.core.db import with_retries
+    from harness.sweep.optuna_adapter import claim_waiting_trial, fail_stale_trials
+
+    with_retries(lambda: fail_stale_trials(study))
+    if spec.kind == "grid":
+        trial = with_retries(lambda: claim_waiting_trial(study))
+    else:
+        assert spec.search is not None
+        trials = with_retries(lambda: study.get_trials(deepcopy=False))
+        states = [t.state for t in trials]
+        # A diverged trial used up its place in the budget too: otherwise a search whose
+        # every point diverges would sample new points forever.  (An errored one does not: the
+        # worker stops at it, and a resume after the fix runs its place again.)
+        finished = sum(
+            t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            or (t.state == TrialState.FAIL and t.user_attrs.get("outcome") in SPENT_OUTCOMES)
+            for t in trials
+        )
+        busy = sum(s in (TrialState.RUNNING, TrialState.WAITING) for s in states)
+        trial = None
+        if finished + busy < spec.search.n_trials or TrialState.WAITING in states:
+            with warnings.catch_warnings():  # "heartbeat is supposed to be used with optimize"
+                warnings.simplefilter("ignore", UserWarning)  # we beat ourselves (heartbeat())
+                trial = study.ask()  # takes a WAITING retry first, else samples a new point
+    if trial is not None:
+        return trial, 0
+    running = with_retries(lambda: study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+    return None, len(running)
