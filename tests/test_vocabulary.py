@@ -131,11 +131,14 @@ OWN_KEYS = {
 def test_ppo_update_logs_only_vocabulary_keys(setup, objective):
     model, batch = setup
     m = copy.deepcopy(model)
+    # token-mean where the objective allows it, else its first aggregation (LUSPO has one)
+    aggs = lookup(objective).aggregations
     cfg = PPOActorConfig(
         policy_loss=objective,
         use_decoupled_loss=True,
         rejection_sampling=RejectionSampling(upper=5.0),
         ppo_n_minibatches=2,
+        loss_agg_mode="token-mean" if "token-mean" in aggs else aggs[0],
         **EXTRA.get(objective, {}),
     )
     stats = PPOActor(cfg, m, torch.optim.SGD(m.parameters(), lr=1e-3)).ppo_update(dict(batch))
