@@ -243,6 +243,8 @@ TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size":
 def test_trl_map_is_loss_type_luspo(tmp_path):
     from trl import GRPOConfig
 
+    from harness.run.trainers import train
+
     base = {
         "trainer": "trl",
         "task": "reverse",
@@ -261,6 +263,9 @@ def test_trl_map_is_loss_type_luspo(tmp_path):
     assert (kw["epsilon"], kw["epsilon_high"]) == (0.2, 0.28)
     conf = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **kw)
     assert conf.loss_type == "luspo"
+    # and two steps of TRL's own trainer with it
+    res = train(build_run_config({**base, "steps": 2, "threads": 1}, over), results_dir=tmp_path)
+    assert res.status == "completed" and res.steps_done == 2, res.reason
 
 
 def test_verl_export_is_gspo_summed_per_sequence():

@@ -322,6 +322,14 @@ def test_trl_map_names_vespo_and_its_options(tmp_path):
     assert trl_problems(trl_cfg()) == []
 
 
+def test_two_steps_with_trainer_trl(tmp_path):
+    from harness.run.trainers import train
+
+    over = {"ppo.ppo_n_minibatches": 2, "ppo.ppo_epochs": 2, "ppo.vespo.k_pos": 1.5}
+    res = train(trl_cfg(**over), results_dir=tmp_path)
+    assert res.status == "completed" and res.steps_done == 2, res.reason
+
+
 @pytest.mark.parametrize(
     "over, msg",
     [
