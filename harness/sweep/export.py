@@ -423,8 +423,15 @@ def export_areal(cfg: RunConfig) -> str:
         notes.append(f"# ppo.ppo_epochs={p.ppo_epochs}: AReaL's actor makes one pass per batch")
     if p.loss_agg_mode != "token-mean":
         notes.append(f"# ppo.loss_agg_mode={p.loss_agg_mode}: AReaL's loss is the token mean")
-    if lookup(p.policy_loss).areal is None:
+    areal = lookup(p.policy_loss).areal
+    if areal is None:
         notes.append(f"# ppo.policy_loss={p.policy_loss}: AReaL's actor loss is PPO-clip")
+    else:  # an objective AReaL spells as actor options (M2PO's actor.m2_threshold)
+        own = getattr(p, p.policy_loss, None)
+        for ours, theirs in (areal.options or {}).items():
+            actor[theirs] = getattr(own, ours)
+        if areal.note:
+            notes.append(f"# ppo.policy_loss={p.policy_loss}: {areal.note}")
     if p.entropy_coef:
         notes.append("# ppo.entropy_coef: AReaL's actor has no entropy bonus")
     if cfg.critic.enabled:

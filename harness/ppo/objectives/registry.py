@@ -114,9 +114,12 @@ class Terms:
     """What an objective's ``terms`` return: the per-token loss L (before the behaviour weight)
     and how it acted.  ``silenced`` = valid tokens whose gradient it zeroed (default: the clip
     masks), ``reweighted`` = kept but re-weighted or penalised, ``gate`` = its per-token weight,
-    ``extra`` = further stats (floats become ``policy/<key>`` metrics)."""
+    ``extra`` = further stats (floats become ``policy/<key>`` metrics).  ``keep``: the valid
+    tokens it keeps in the loss mask; the others leave the loss, its denominators and the clip
+    statistics, as if the caller had narrowed ``loss_mask`` (None = all)."""
 
     loss: torch.Tensor
+    keep: torch.Tensor | None = None
     clip_mask: torch.Tensor | None = None
     dual_clip_mask: torch.Tensor | None = None
     silenced: torch.Tensor | None = None
@@ -267,7 +270,13 @@ class Weighting:
 
 def finish(p: PolicyInputs, t: Terms, loss_agg_mode: str) -> tuple[torch.Tensor, Stats]:
     """L·w, ``loss_agg_mode``, and the stats contract (``ppo_actor_loss``'s keys, plus
-    ``silenced_mask``, ``reweighted_mask`` and, where the objective has one, ``gate``)."""
+    ``silenced_mask``, ``reweighted_mask`` and, where the objective has one, ``gate``).
+    ``silenced_mask`` and ``reweighted_mask`` stay on the caller's mask (a token the objective
+    dropped with ``keep`` counts as silenced where its ``silenced`` says so)."""
+    valid = p.m
+    if t.keep is not None:
+        keep = t.keep & p.m
+        p = dataclasses.replace(p, m=keep, m_loss=p.m_loss & keep, n0=max(int(keep.sum()), 1))
     none = torch.zeros_like(p.m)
     clip_mask = none if t.clip_mask is None else t.clip_mask
     dual_clip_mask = none if t.dual_clip_mask is None else t.dual_clip_mask
@@ -275,11 +284,11 @@ def finish(p: PolicyInputs, t: Terms, loss_agg_mode: str) -> tuple[torch.Tensor,
     loss = aggregate(pg, p, loss_agg_mode)
     stats = base_stats(p, pg, clip_mask, dual_clip_mask)
     silenced = clip_mask | dual_clip_mask if t.silenced is None else t.silenced
-    stats["silenced_mask"] = silenced & p.m
-    stats["reweighted_mask"] = (none if t.reweighted is None else t.reweighted) & p.m
+    stats["silenced_mask"] = silenced & valid
+    stats["reweighted_mask"] = (none if t.reweighted is None else t.reweighted) & valid
     if t.gate is not None:
         gate = t.gate.detach()
-        stats["gate"] = torch.where(p.m, gate, torch.zeros((), dtype=gate.dtype))
+        stats["gate"] = torch.where(valid, gate, torch.zeros((), dtype=gate.dtype))
     stats.update(t.extra)
     return loss, stats
 

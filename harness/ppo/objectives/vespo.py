@@ -1,0 +1,118 @@
+"""VESPO (arXiv 2602.10693): a detached gamma weight on the sequence's summed log-ratio."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from harness.ppo.objectives import registry as R
+
+_LOG_W_MIN = math.log(1e-8)  # TRL clamps log W to [log 1e-8, 20] (so W never needs its own clamp)
+_LOG_W_MAX = 20.0
+_LOG_RATIO_CLAMP = 20.0  # each token's ℓθ − ℓp is clamped to ±20 before the sum, as in TRL
+_LAMBDA_MIN = 1e-4  # TRL's floor on λ
+
+
+@dataclass(frozen=True)
+class VESPOOptions(R.Options):
+    k_pos: float = field(
+        default=2.0,
+        metadata=R.meta(
+            "VESPO: shape k of the gamma weight φ(W) = e^λ·W^k·e^(−λW) where A >= 0 (TRL's "
+            "vespo_k_pos, default 2.0).",
+            ge=0,
+        ),
+    )
+    lambda_pos: float = field(
+        default=3.0,
+        metadata=R.meta(
+            "VESPO: rate λ of the gamma weight where A >= 0 (TRL's vespo_lambda_pos, default 3.0; "
+            "the weight peaks at W = k/λ).",
+            gt=0,
+        ),
+    )
+    k_neg: float = field(
+        default=3.0,
+        metadata=R.meta(
+            "VESPO: shape k of the gamma weight where A < 0 (TRL's vespo_k_neg, default 3.0).",
+            ge=0,
+        ),
+    )
+    lambda_neg: float = field(
+        default=2.0,
+        metadata=R.meta(
+            "VESPO: rate λ of the gamma weight where A < 0 (TRL's vespo_lambda_neg, default 2.0).",
+            gt=0,
+        ),
+    )
+
+
+def gamma_weight(log_w: torch.Tensor, k: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    """φ = e^λ·W^k·e^(−λW) in log space (φ(1) = 1); NaN or ±inf → 0, as in TRL."""
+    phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))
+    return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+@R.register(
+    "vespo",
+    rank=7,
+    summary="REINFORCE −sg(φ(W))·A·log π with a gamma weight φ(W) = e^λ·W^k·e^(−λW) of the "
+    "sequence ratio W = exp(Σ log r), (k, λ) by the sign of A (arXiv 2602.10693)",
+    options=VESPOOptions,
+    stats={
+        "policy/silenced_frac": "tokens whose sequence weight φ underflowed to 0",
+        "policy/reweighted_frac": "tokens whose sequence weight φ is below 0.5",
+        "policy/gate_mean": "the gamma weight φ(W) of the token's sequence (φ(1) = 1)",
+    },
+    defaults_source="TRL",
+    trl=R.Peer(
+        "vespo",
+        options={
+            "k_pos": "vespo_k_pos",
+            "lambda_pos": "vespo_lambda_pos",
+            "k_neg": "vespo_k_neg",
+            "lambda_neg": "vespo_lambda_neg",
+        },
+        aggregations=("token-mean",),
+    ),
+)
+def vespo_terms(p: R.PolicyInputs, o: VESPOOptions, ctx: R.Context) -> R.Terms:
+    """VESPO (arXiv 2602.10693): REINFORCE scaled by a detached gamma weight of the sequence's
+    importance ratio.
+
+        log W_i = clamp(Σ_t M·clamp(ℓθ − ℓp, ±20), log 1e-8, 20)      (a SUM over the row)
+        (k, λ) = (k_pos, λ_pos) where A ≥ 0, else (k_neg, λ_neg);  λ ← max(λ, 1e-4)
+        φ = e^λ·W^k·e^(−λW)   (detached; NaN/±inf → 0)
+        L = −φ·A·ℓθ                                       then ·w and ``loss_agg_mode``
+
+    The gradient is −φ·A·∇ℓθ: φ(1) = 1, it peaks at W = k/λ (≈ 1.21 at W = 2/3 with the A ≥ 0
+    defaults, ≈ 1.24 at W = 1.5 with the A < 0 ones) and decays to 0 on both sides, so a sequence
+    far from the proximal policy fades out instead of being clipped token by token.
+
+    Peers.  TRL 1.16 ``loss_type="vespo"`` (``vespo_k_pos``/``vespo_lambda_pos``/``vespo_k_neg``/
+    ``vespo_lambda_neg``, defaults 2, 3, 3, 2), with the sign of A taken per token (TRL's
+    advantages are per sequence, so the same there); TRL aggregates it like ``dapo`` (=
+    ``token-mean`` here over one generation batch).  TRL folds its vLLM token weight ρ into W
+    (log W += Σ clamp(log ρ, log 1e-8, 20)) and does not multiply by ρ again; here, under
+    ``use_decoupled_loss``, W is taken against π_prox and the behaviour weight w = π_prox/π_behave
+    multiplies L per token, as for every objective.  Token level only (W is already a sequence
+    quantity; TRL warns for ``importance_sampling_level: sequence``).
+
+    Stats: ``gate`` = φ broadcast to the row's tokens; ``silenced_mask`` = tokens with φ = 0
+    (e.g. a row with log W at a clamp bound and a large λ); ``reweighted_mask`` = φ < 0.5.
+    """
+    log_r = torch.where(p.m, p.log_ratio.detach(), p.zero)
+    log_r = log_r.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    log_w = log_r.sum(dim=-1, keepdim=True).clamp(_LOG_W_MIN, _LOG_W_MAX)
+    nonneg = p.adv >= 0
+    k = torch.where(nonneg, o.k_pos, o.k_neg).to(log_w.dtype)
+    lam = torch.where(nonneg, o.lambda_pos, o.lambda_neg).to(log_w.dtype).clamp(min=_LAMBDA_MIN)
+    phi = gamma_weight(log_w, k, lam)
+    # Padding may hold any log-prob (−inf included): only valid tokens enter the product.
+    lt = torch.where(p.m, p.logprobs, p.zero)
+    return R.Terms(-phi * p.adv * lt, silenced=phi == 0, reweighted=phi < 0.5, gate=phi)
+
+
+vespo_loss = R.loss_function(vespo_terms)
