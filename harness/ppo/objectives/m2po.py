@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -12,14 +12,12 @@ from harness.ppo.objectives.ppo import ppo_clip_terms
 
 @dataclass(frozen=True)
 class M2POOptions(R.Options):
-    threshold: float = field(
-        default=0.04,
-        metadata=R.meta(
-            "M2PO: bound τ on the second moment of ℓb − ℓp: the largest (ℓb − ℓp)² are dropped "
-            "until the mean of the rest is below τ (AReaL's m2_threshold; 0.04 as in its "
-            "gsm8k_m2po example).",
-            gt=0,
-        ),
+    threshold: float = R.option(
+        0.04,
+        "M2PO: bound τ on the second moment of ℓb − ℓp: the largest (ℓb − ℓp)² are dropped "
+        "until the mean of the rest is below τ (AReaL's m2_threshold; 0.04 as in its "
+        "gsm8k_m2po example).",
+        gt=0,
     )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -17,35 +17,27 @@ _LAMBDA_MIN = 1e-4  # TRL's floor on λ
 
 @dataclass(frozen=True)
 class VESPOOptions(R.Options):
-    k_pos: float = field(
-        default=2.0,
-        metadata=R.meta(
-            "VESPO: shape k of the gamma weight φ(W) = e^λ·W^k·e^(−λW) where A >= 0 (TRL's "
-            "vespo_k_pos, default 2.0).",
-            ge=0,
-        ),
+    k_pos: float = R.option(
+        2.0,
+        "VESPO: shape k of the gamma weight φ(W) = e^λ·W^k·e^(−λW) where A >= 0 (TRL's "
+        "vespo_k_pos, default 2.0).",
+        ge=0,
     )
-    lambda_pos: float = field(
-        default=3.0,
-        metadata=R.meta(
-            "VESPO: rate λ of the gamma weight where A >= 0 (TRL's vespo_lambda_pos, default 3.0; "
-            "the weight peaks at W = k/λ).",
-            gt=0,
-        ),
+    lambda_pos: float = R.option(
+        3.0,
+        "VESPO: rate λ of the gamma weight where A >= 0 (TRL's vespo_lambda_pos, default 3.0; "
+        "the weight peaks at W = k/λ).",
+        gt=0,
     )
-    k_neg: float = field(
-        default=3.0,
-        metadata=R.meta(
-            "VESPO: shape k of the gamma weight where A < 0 (TRL's vespo_k_neg, default 3.0).",
-            ge=0,
-        ),
+    k_neg: float = R.option(
+        3.0,
+        "VESPO: shape k of the gamma weight where A < 0 (TRL's vespo_k_neg, default 3.0).",
+        ge=0,
     )
-    lambda_neg: float = field(
-        default=2.0,
-        metadata=R.meta(
-            "VESPO: rate λ of the gamma weight where A < 0 (TRL's vespo_lambda_neg, default 2.0).",
-            gt=0,
-        ),
+    lambda_neg: float = R.option(
+        2.0,
+        "VESPO: rate λ of the gamma weight where A < 0 (TRL's vespo_lambda_neg, default 2.0).",
+        gt=0,
     )
 
 
