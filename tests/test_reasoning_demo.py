@@ -65,7 +65,9 @@ def test_the_readme_countdown_recipe_loads_as_a_run_config(tmp_path, monkeypatch
 
 
 def test_the_reasoning_experiment_dry_runs():
-    r = CliRunner().invoke(app, ["ablate", str(ROOT / "experiments" / "reasoning.yaml"), "--dry-run"])
+    r = CliRunner().invoke(
+        app, ["ablate", str(ROOT / "experiments" / "reasoning.yaml"), "--dry-run"]
+    )
     assert r.exit_code == 0, r.output
     assert "2 cells x 3 seeds = 6 trials" in r.output
     assert "variant=grpo" in r.output and "variant=dr_grpo" in r.output
