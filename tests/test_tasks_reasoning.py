@@ -254,3 +254,27 @@ def test_harness_run_trains_on_countdown_through_the_cli(tmp_path, monkeypatch):
     assert len(total) == 2
     for t, f, c in zip(total, fmt, correct, strict=True):
         assert 0.0 <= f <= 0.5 and 0.0 <= c <= 0.5 and t == pytest.approx(f + c, abs=1e-6)
+
+
+def test_trl_trainer_trains_on_a_reasoning_gym_task(tmp_path, monkeypatch):
+    """``trainer: trl`` on ``rg:``: TRL's GRPOTrainer scores with the generator's own verifier."""
+    tracker = MemoryTracker()
+    monkeypatch.setattr(tracking, "open_tracker", lambda uri, results_dir: tracker)
+    args = ["run", "--results-dir", str(tmp_path / "r")]
+    for s in [
+        "task=rg:chain_sum",
+        "task_options.size=8",
+        "task_options.eval_size=2",
+        "trainer=trl",
+        "ppo.adv_norm=null",
+        "ppo.reward_norm.mean_level=group",
+        "ppo.reward_norm.std_level=group",
+        *FAST,
+    ]:
+        args += ["--set", s]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    (run,) = tracker.runs.values()
+    assert run.status == "FINISHED" and run.params["trainer"] == "trl"
+    rewards = [v for _, v in run.metrics["objective/reward"]]
+    assert len(rewards) == 2 and all(0.0 <= v <= 1.0 for v in rewards)
