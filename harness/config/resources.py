@@ -33,6 +33,8 @@ import resource
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.model.build import build_tokenizer, tiny_llama_config
+
 if TYPE_CHECKING:
     from harness.config import RunConfig
 
@@ -209,7 +211,6 @@ def training_copies(cfg: RunConfig) -> tuple[int, str]:
 
 
 def tiny_model_config(cfg: RunConfig) -> Any:
-    from harness.model.build import build_tokenizer, tiny_llama_config
 
     return tiny_llama_config(build_tokenizer(), cfg.tiny)
 
