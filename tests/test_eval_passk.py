@@ -90,3 +90,18 @@ def test_k_above_the_samples_is_one_line(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "eval.k" in lines[0] and "eval.samples" in lines[0], r.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_the_console_summary_shows_pass_at_k_only_when_sampled(tmp_path, monkeypatch):
+    from harness import tracking
+    from harness.tracking import MemoryTracker
+
+    monkeypatch.setattr(tracking, "open_tracker", lambda uri, results_dir: MemoryTracker())
+    base = ["run", "--results-dir", str(tmp_path), "--set", "steps=1", "--set", "threads=1"]
+    base += ["--set", "eval.n_prompts=2"] + [f"--set=tiny.{k}={v}" for k, v in TINY.items()]
+    sampled = CliRunner().invoke(app, [*base, "--set", "eval.samples=2", "--set", "eval.k=2"])
+    assert sampled.exit_code == 0, sampled.output
+    assert "final/eval_pass_at_k" in sampled.output and "final/eval_mean_at_n" in sampled.output
+    greedy = CliRunner().invoke(app, base)
+    assert greedy.exit_code == 0, greedy.output
+    assert "pass_at" not in greedy.output

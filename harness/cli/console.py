@@ -96,6 +96,9 @@ def print_summary(result: RunResult, run_id: str) -> None:
         "stability/skipped_steps",
     ):
         table.add_row(key, _fmt(result.summary.get(key, math.nan)))
+    for key in ("final/eval_pass_at_1", "final/eval_pass_at_k", "final/eval_mean_at_n"):
+        if math.isfinite(result.summary.get(key, math.nan)):  # only with eval.samples > 0
+            table.add_row(key, _fmt(result.summary[key]))
     table.add_row("steps", str(result.steps_done))
     table.add_row("wall time (s)", f"{result.wall_time:.1f}")
     if result.inert_clip:
