@@ -16,7 +16,6 @@ from typing import Annotated, Any, Literal
 from harness.config.loading import resolve_alias
 from harness.config.schema import RunConfig
 from harness.core.configtools import check_name, meta
-from harness.metrics.stability import OBJECTIVE_KEYS
 
 Direction = Literal["maximize", "minimize"]
 Pruner = Literal["median", "wilcoxon", "none"]
@@ -35,6 +34,8 @@ def check_metric(metric: str) -> None:
     """A ranking/search metric must be a key every run summary has (docs/stability.md), else
     every trial trains and then fails for want of its value."""
     from difflib import get_close_matches
+
+    from harness.metrics.stability import OBJECTIVE_KEYS
 
     if metric in OBJECTIVE_KEYS:
         return

@@ -14,11 +14,8 @@ from typing import Any
 
 import yaml
 
-from harness.config.preflight import check_lengths
 from harness.config.schema import RunConfig
 from harness.core.configtools import ConfigError, from_dict, parse_override, set_path
-from harness.model.lora import check_target_modules, model_modules
-from harness.tasks import get_task
 
 # Short names accepted for --set and experiment axes.
 ALIASES = {"adv_norm": "ppo.adv_norm", "reward_norm": "ppo.reward_norm"}
@@ -144,17 +141,21 @@ def build_run_config(
 
 def validate_task(cfg: RunConfig) -> None:
     """Resolve the task spec now, so a bad task fails before anything runs or is written."""
+    from harness.tasks import get_task
 
     try:
         task = get_task(cfg.task, **cfg.task_options)
     except (ValueError, TypeError) as err:
         msg = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ConfigError(msg if msg.startswith("task") else f"task: {msg}") from None
+    from harness.config.preflight import check_lengths
 
     try:
         check_lengths(cfg, task)
         lora = cfg.model_options.lora
         if lora is not None:  # peft is installed: check_lengths says so otherwise
+            from harness.model.lora import check_target_modules, model_modules
+
             modules = model_modules(
                 cfg.model, tiny=cfg.tiny, trust_remote_code=cfg.model_options.trust_remote_code
             )

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.config.resources import check_model_memory, check_weights
 from harness.core import limits
 from harness.core.limits import (
     MAX_MODEL_CONFIG_BYTES,
@@ -28,8 +27,6 @@ from harness.core.limits import (
     file_too_big,
     time_bound,
 )
-from harness.model.build import load_tokenizer, max_positions
-from harness.model.prompting import apply_chat_template, resolve_chat_template
 
 if TYPE_CHECKING:
     from harness.config import RunConfig
@@ -67,6 +64,7 @@ def model_config(cfg: RunConfig) -> Any:
 
 def model_limit(cfg: RunConfig, config: Any | None = None) -> tuple[int | None, str]:
     """(longest supported sequence, where it comes from) for ``cfg.model``."""
+    from harness.model.build import max_positions
 
     if cfg.model == "tiny":
         return cfg.tiny.max_position_embeddings, "tiny.max_position_embeddings"
@@ -117,6 +115,7 @@ def probe_prompts(cfg: RunConfig, task: Task, tokenizer: Any) -> Probe:
 
     Raises ``ValueError`` (one line) for a template that fails or takes too long to render and
     for a prompt that becomes no tokens at all (an empty template, an empty prompt)."""
+    from harness.model.prompting import apply_chat_template, resolve_chat_template
 
     template = resolve_chat_template(cfg.rollout.chat_template, tokenizer)
     special = template is None
@@ -194,6 +193,7 @@ def check_special_ids(
 def check_memory(cfg: RunConfig) -> None:
     """Raise ``ValueError`` (one line) when ``cfg``'s model cannot fit this machine's memory
     (harness.config.resources); for a grid cell whose axes together make the model large."""
+    from harness.config.resources import check_model_memory
 
     check_model_memory(cfg, None if cfg.model == "tiny" else model_config(cfg))
 
@@ -202,6 +202,8 @@ def check_lengths(cfg: RunConfig, task: Task) -> None:
     """Raise ``ValueError`` (one line) when the model cannot hold prompt + max_new_tokens, does
     not fit in memory, its tokenizer gives ids it does not have, or an option needs something
     missing (peft for LoRA)."""
+    from harness.config.resources import check_model_memory, check_weights
+    from harness.model.build import load_tokenizer
 
     if cfg.model_options.lora is not None and importlib.util.find_spec("peft") is None:
         raise ValueError(

@@ -33,8 +33,6 @@ import resource
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.model.build import build_tokenizer, tiny_llama_config
-
 if TYPE_CHECKING:
     from harness.config import RunConfig
 
@@ -211,6 +209,7 @@ def training_copies(cfg: RunConfig) -> tuple[int, str]:
 
 
 def tiny_model_config(cfg: RunConfig) -> Any:
+    from harness.model.build import build_tokenizer, tiny_llama_config
 
     return tiny_llama_config(build_tokenizer(), cfg.tiny)
 

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from harness.core.fsutil import is_disk_full
 from harness.core.redact import escape_raw_at, redact_text, url_secrets_redacted
 
 _logger = logging.getLogger(__name__)
@@ -69,6 +68,8 @@ def is_transient_db_error(error: BaseException) -> bool:
     it only delays the one line that says so.
     """
     import sqlalchemy.exc as sa_exc
+
+    from harness.core.fsutil import is_disk_full
 
     if is_disk_full(error):
         return False

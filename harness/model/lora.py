@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from harness.model.build import build_model, build_tokenizer
 from harness.model.options import LoraOptions, ModelOptions
 
 
@@ -102,6 +101,7 @@ def model_modules(
 ) -> dict[str, Any]:
     """Name → module of the model ``spec`` names, built from its config on the meta device: no
     weights are read or allocated (a 0.5B model's module tree in well under a second)."""
+    from harness.model.build import build_model, build_tokenizer
 
     with torch.device("meta"):
         if spec == "tiny":

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from harness.metrics import OBJECTIVE_METRICS
-from harness.model.logprobs import forward_logprobs
 from harness.ppo.advantages import gae, kl_estimate, shape_rewards
 from harness.ppo.normalization import normalize
 from harness.ppo.objectives import objective_loss
@@ -107,6 +106,8 @@ class PPOActor:
             return _roll_left(batch["current_logprobs"]), None
         fn = self._logprob_fn
         if fn is None:
+            from harness.model.logprobs import forward_logprobs
+
             fn = forward_logprobs
         # The same precision context as the sampler (harness.model.build.precision): autocast to
         # ``autocast_dtype`` on the model's device, or explicitly off.

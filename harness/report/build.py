@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.configtools import flatten
-from harness.core.fsutil import atomic_write
 from harness.report.format import _code, _fmt_duration, fmt
 from harness.report.plots import (
     PlotFile,
@@ -288,6 +287,8 @@ def build_report(
     conclusion, warnings, ranking, plots, saturating fits (``fit=True``), held-fixed config.
     """
     import time
+
+    from harness.core.fsutil import atomic_write
 
     out_dir = Path(out_dir)
     plot_dir = out_dir / PLOT_DIR

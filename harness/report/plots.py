@@ -26,7 +26,6 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from harness.core.fsutil import atomic_write
 from harness.report import stats
 from harness.report.studydata import CellRow, RunData, StudyData
 
@@ -134,6 +133,8 @@ def _save(fig: Figure, path: Path) -> Path:
     """Write the PNG whole (temp file + rename): a concurrent report of the same study, or a
     full disk, never leaves a missing or half-written plot behind."""
     import io
+
+    from harness.core.fsutil import atomic_write
 
     path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()

@@ -15,9 +15,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, Unpack
 
-from harness.run.loop import run
-from harness.run.trl_trainer import run_trl
-
 if TYPE_CHECKING:
     from harness.config import RunConfig
     from harness.run.scaffold import Hooks, RunResult
@@ -31,8 +28,12 @@ class Trainer(Protocol):
 
 def get_trainer(name: str) -> Trainer:
     if name == "harness":
+        from harness.run.loop import run
+
         return run
     if name == "trl":
+        from harness.run.trl_trainer import run_trl
+
         return run_trl
     raise ValueError(f"trainer must be one of {', '.join(TRAINERS)}; got {name!r}")
 

@@ -31,7 +31,6 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from harness.model.build import model_fingerprint
 from harness.model.logprobs import forward_logprobs
-from harness.model.prompting import apply_chat_template
 from harness.tasks import Task
 
 CACHE_FORMAT = 1
@@ -59,6 +58,7 @@ def _encode_batch(
     tokens), the completion without special tokens, so the model learns the very token sequence
     it will later be asked to generate.
     """
+    from harness.model.prompting import apply_chat_template
 
     texts = apply_chat_template(tokenizer, [p for p, _ in pairs], chat_template)
     prompts = tokenizer(texts, add_special_tokens=chat_template is None)["input_ids"]

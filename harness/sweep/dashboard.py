@@ -17,10 +17,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from harness.config.experiment import _fmt_value
-from harness.core.db import with_retries
-from harness.sweep.optuna_adapter import frozen_trial, storage_of, trial_id
-
 if TYPE_CHECKING:
     from harness.sweep.spec import StudySpec
 
@@ -28,6 +24,8 @@ if TYPE_CHECKING:
 def param_value(value: Any) -> str | int | float:
     """An axis value as an Optuna categorical choice: numbers stay numbers, the rest text."""
     if isinstance(value, bool) or not isinstance(value, int | float):
+        from harness.config.experiment import _fmt_value
+
         return _fmt_value(value)
     return value
 
@@ -66,6 +64,8 @@ def trial_params(spec: StudySpec, cell: str, seed: int) -> dict[str, tuple[Any, 
 
 def label_trial(study: Any, trial: Any, spec: StudySpec, cell: str, seed: int) -> None:
     """Record the trial's cell axes and seed as params (those it does not have yet)."""
+    from harness.core.db import with_retries
+    from harness.sweep.optuna_adapter import frozen_trial, storage_of, trial_id
 
     storage = storage_of(study)
     tid = trial_id(trial)
@@ -102,6 +102,8 @@ def name_objective(study: Any, metric: str) -> None:
     import warnings
 
     import optuna
+
+    from harness.core.db import with_retries
 
     with warnings.catch_warnings():  # experimental since Optuna 3.2, stable in use since
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

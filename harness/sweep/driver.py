@@ -10,12 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from harness.core.fsutil import DiskFullError, disk_full_message, is_disk_full
-from harness.sweep.finish import OUTCOME_TAG, finish_study
-from harness.sweep.launch import Resources, make_launcher, run_workers
 from harness.sweep.launch_checks import LaunchChoice
-from harness.sweep.study import enqueue_missing, open_study
-from harness.sweep.worker import WorkerOptions
 
 INTERRUPTED_HINT = "interrupted: run the same command again to resume"
 
@@ -45,6 +40,7 @@ def sweep(
     """Run the experiment ``exp`` (a grid or a search) to its end; ``say`` prints a line for the
     user.  0 when it finished, 1 when a grid is unfinished or no trial completed, 130 when
     interrupted (resumable)."""
+    from harness.sweep.study import enqueue_missing, open_study
 
     study, study_spec = open_study(
         exp,
@@ -110,6 +106,11 @@ def _run_and_finish(
     """Run the workers of an opened study (grid or search), then finish it."""
     import signal
 
+    from harness.core.fsutil import DiskFullError
+    from harness.sweep.finish import finish_study
+    from harness.sweep.launch import Resources, make_launcher, run_workers
+    from harness.sweep.worker import WorkerOptions
+
     opts = WorkerOptions(
         study=study.study_name,
         storage=storage,
@@ -163,6 +164,8 @@ def _parent_closed_on_abort(tracker: Any, spec: Any) -> Iterator[None]:
     ends with exit 130 and the resume hint, no traceback); a full disk propagates."""
     import signal
 
+    from harness.core.fsutil import disk_full_message, is_disk_full
+
     try:
         yield
     except (KeyboardInterrupt, Exception) as err:
@@ -184,6 +187,7 @@ def _parent_closed_on_abort(tracker: Any, spec: Any) -> Iterator[None]:
 
 def close_parent(tracker: Any, spec: Any, reason: str) -> None:
     """End the sweep's parent run KILLED with ``reason``, as far as the tracking store allows."""
+    from harness.sweep.finish import OUTCOME_TAG
 
     parent = spec.parent_run_id
     if not parent:

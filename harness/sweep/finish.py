@@ -14,14 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.core.failures import count_reasons, reason_lines, summary_lines
-from harness.core.fsutil import atomic_write, ensure_results_dir
 from harness.sweep.display import wide_console
-from harness.sweep.mlflow_view import experiment_tags, ranking_metrics, ranking_note
-from harness.sweep.results import load_study_data
 from harness.sweep.spec import StudySpec
-from harness.sweep.study import search_front, search_seed_values, seed_spread, top_of_front
-from harness.sweep.worker import SPENT_OUTCOMES
 
 
 @dataclass(frozen=True)
@@ -36,6 +30,7 @@ class Finished:
 
 
 def _say_failures(reasons: list[str], total: int, finished: int, what: str) -> None:
+    from harness.core.failures import summary_lines
 
     # plain stderr, not rich: a reason is the user's text and may hold [markup]
     for line in summary_lines(reasons, total, finished=finished, what=what):
@@ -63,6 +58,7 @@ def finish_study(
             end_parent=end_parent,
         )
     from harness.report import build_report, ranking, render_ranking_table
+    from harness.sweep.results import load_study_data
 
     tracker.flush()
     data = load_study_data(study, tracker, command=command)
@@ -110,6 +106,7 @@ def _end_parent(tracker: Any, parent: str, complete: bool) -> None:
 
 def _label_in_mlflow(tracker: Any, spec: StudySpec, parent: str, rows: Any) -> None:
     """The experiment's description and saved cell view; the ranking on the parent run."""
+    from harness.sweep.mlflow_view import experiment_tags, ranking_metrics, ranking_note
 
     tracker.set_experiment_tags(
         spec.experiment, experiment_tags(spec.description, spec.metric, spec.direction)
@@ -141,6 +138,8 @@ def finish_search(
     from optuna.trial import TrialState
     from rich.table import Table
 
+    from harness.sweep.study import search_front, search_seed_values, seed_spread, top_of_front
+
     console = wide_console()
     tracker.flush()
     trials = study.get_trials(deepcopy=False)
@@ -153,6 +152,7 @@ def finish_search(
     ]
     parent = spec.parent_run_id
     objectives = spec.objectives
+    from harness.sweep.worker import SPENT_OUTCOMES
 
     spent = sum(
         t.state == TrialState.FAIL and t.user_attrs.get("outcome") in SPENT_OUTCOMES for t in trials
@@ -216,6 +216,10 @@ def write_search_report(study: Any, spec: StudySpec, best: list[Any], out_dir: P
     spread, why trials failed, and every trial."""
     from optuna.trial import TrialState
 
+    from harness.core.failures import count_reasons, reason_lines
+    from harness.core.fsutil import ensure_results_dir
+    from harness.sweep.study import search_seed_values, seed_spread, top_of_front
+
     ensure_results_dir(out_dir)
     assert spec.search is not None
 
@@ -277,5 +281,6 @@ def write_search_report(study: Any, spec: StudySpec, best: list[Any], out_dir: P
         lines.append(
             f"| {t.number} | {t.state.name} | {seeds_run} | {values} | {_fmt_point(t.params)} |"
         )
+    from harness.core.fsutil import atomic_write
 
     return atomic_write(out_dir / "report.md", "\n".join(lines) + "\n")

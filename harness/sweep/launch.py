@@ -15,11 +15,8 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from harness.core.configtools import ConfigError
 from harness.sweep.launchers.base import LAUNCHERS, Launcher, Resources, worker_options
 from harness.sweep.launchers.local import CommandLauncher, LocalLauncher
-from harness.sweep.launchers.ray_launcher import RayLauncher
-from harness.sweep.progress import SweepProgress
 from harness.sweep.worker import Event, WorkerOptions
 
 __all__ = [
@@ -40,7 +37,10 @@ def make_launcher(name: str, *, ray_address: str | None = None) -> Launcher:
     if name == "command":
         return CommandLauncher()
     if name == "ray":
+        from harness.sweep.launchers.ray_launcher import RayLauncher
+
         return RayLauncher(address=ray_address)
+    from harness.core.configtools import ConfigError
 
     raise ConfigError(f"--launcher: {name!r} is not one of {', '.join(LAUNCHERS)}")
 
@@ -99,6 +99,8 @@ def run_workers(
     full disk) asks all workers to stop the same way; ``counts["fatal"]`` says how many sent one.
     """
     from contextlib import nullcontext
+
+    from harness.sweep.progress import SweepProgress
 
     counts = {
         "completed": 0,

@@ -19,10 +19,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from harness.config import apply_overrides, build_run_config
 from harness.config.experiment_schema import SearchParam, SearchSpec
-from harness.core.configtools import ConfigError, check_value, meta, to_dict
-from harness.core.redact import redact_url
+from harness.core.configtools import ConfigError, check_value, meta
 
 if TYPE_CHECKING:
     from harness.config import RunConfig
@@ -89,6 +87,9 @@ class StudySpec:
         max_retries: int = 0,
         heartbeat_interval: int = 5,
     ) -> StudySpec:
+        from harness.config import build_run_config
+        from harness.core.configtools import to_dict
+        from harness.core.redact import redact_url
 
         search = spec.search
         metric, direction = search.objectives[0] if search else (spec.metric, spec.direction)
@@ -131,6 +132,7 @@ class StudySpec:
         ``device`` (a worker's device) wins over the config's; ``threads`` applies only where
         the config leaves it unset, so a study's results do not depend on which worker ran
         them.  Raises ``ConfigError`` for a point the config rejects."""
+        from harness.config import apply_overrides, build_run_config
 
         fixed = {"steps": self.steps} if seed is None else {"seed": seed, "steps": self.steps}
         data = apply_overrides(dict(self.base), {**overrides, **fixed})

@@ -56,10 +56,7 @@ from harness.core.db import (
     sqlalchemy_url,
     url_scheme,
 )
-from harness.core.fsutil import is_disk_full
 from harness.core.redact import redact_url
-from harness.sweep.journal import SafeJournalFileBackend
-from harness.sweep.optuna_adapter import HeartbeatJournalStorage, ResilientRDBStorage
 
 if TYPE_CHECKING:
     import optuna
@@ -141,6 +138,7 @@ def make_storage(
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        from harness.sweep.optuna_adapter import ResilientRDBStorage
 
         try:
             return ResilientRDBStorage(
@@ -163,6 +161,9 @@ def default_stale_trial_callback(max_retry: int | None = DEFAULT_MAX_RETRY) -> S
 def _journal_storage(path: Path, heartbeat: dict[str, Any]) -> BaseStorage:
     from optuna.storages.journal import JournalFileSymlinkLock
 
+    from harness.core.fsutil import is_disk_full
+    from harness.sweep.journal import SafeJournalFileBackend
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch(exist_ok=True)
@@ -173,6 +174,7 @@ def _journal_storage(path: Path, heartbeat: dict[str, Any]) -> BaseStorage:
         if is_disk_full(error):
             raise  # not a bad --results-dir: the caller reports a full disk as such
         raise ValueError(f"storage: cannot write {path} ({error.strerror or error})") from None
+    from harness.sweep.optuna_adapter import HeartbeatJournalStorage
 
     return HeartbeatJournalStorage(backend, **heartbeat)
 

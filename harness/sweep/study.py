@@ -16,13 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.config.experiment import ExperimentSpec
-from harness.core.configtools import ConfigError, flatten
+from harness.core.configtools import ConfigError
 from harness.core.db import with_retries
-from harness.core.provenance import provenance_tags
-from harness.report import ranking
-from harness.report.stats import mean_ci
-from harness.sweep.dashboard import name_objective
-from harness.sweep.results import load_study_data
 from harness.sweep.spec import (
     COMMAND_ATTR,
     HASH_ATTR,
@@ -93,6 +88,8 @@ def open_study(
         )
         study.set_user_attr(HASH_ATTR, spec.grid_hash)
     if spec.kind == "grid":
+        from harness.sweep.dashboard import name_objective
+
         name_objective(study, spec.metric)  # optuna-dashboard shows the metric, not "Objective 0"
 
     parent = study.user_attrs.get(PARENT_ATTR)
@@ -109,6 +106,8 @@ def open_study(
 
 
 def _start_parent_run(exp: ExperimentSpec, spec: StudySpec, tracker: Any, name: str) -> str:
+    from harness.core.configtools import flatten
+    from harness.core.provenance import provenance_tags
 
     tags = {"harness.study": name, "harness.role": "parent", "harness.grid_hash": spec.grid_hash}
     label = "search" if spec.kind == "search" else "study"
@@ -262,6 +261,8 @@ def seed_spread(values: Any, interval: Any = None, *, what: str = "value") -> st
     if xs.size == 1:
         return f"{what} {xs[0]:.4g} from 1 seed: no spread (run more seeds for a CI)"
     if interval is None:
+        from harness.report.stats import mean_ci
+
         interval, name = mean_ci(xs, n_boot=2000, seed=0), "mean"
     else:
         name = "IQM"
@@ -320,6 +321,8 @@ def best_point(study: Any, spec: StudySpec) -> BestPoint | None:
         return None
     # A grid's best cell is the report's: top of the ranking by the IQM of the metric, among
     # cells with a completed run (a diverged-only cell scored as the worst value is no winner).
+    from harness.report import ranking
+    from harness.sweep.results import load_study_data
 
     rows = [
         r

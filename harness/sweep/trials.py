@@ -12,8 +12,6 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from harness.core.db import with_retries
-from harness.sweep.optuna_adapter import claim_waiting_trial, fail_stale_trials
 from harness.sweep.spec import StudySpec
 
 
@@ -62,6 +60,8 @@ def ended_attempts(study: Any, current: Any, same: Callable[[Any], bool]) -> lis
     """Earlier trials of the same grid point (or the retried search point) that have ended."""
     from optuna.trial import TrialState
 
+    from harness.core.db import with_retries
+
     trials = with_retries(lambda: study.get_trials(deepcopy=False))
     alive = (TrialState.RUNNING, TrialState.WAITING)
     return [t for t in trials if t.number != current.number and t.state not in alive and same(t)]
@@ -104,6 +104,9 @@ def next_trial(study: Any, spec: StudySpec) -> tuple[Any | None, int]:
     """The next trial this worker should run (None if there is none now), and how many trials
     are running elsewhere."""
     from optuna.trial import TrialState
+
+    from harness.core.db import with_retries
+    from harness.sweep.optuna_adapter import claim_waiting_trial, fail_stale_trials
 
     with_retries(lambda: fail_stale_trials(study))
     if spec.kind == "grid":

@@ -34,11 +34,7 @@ from typing import Any
 
 import typer
 
-from harness.core.db import sqlalchemy_url
 from harness.core.redact import redact_url
-from harness.sweep.mlflow_view import VIEW_KEY
-from harness.sweep.storage import JOURNAL_FILE
-from harness.tracking import default_tracking_uri
 
 STORAGE_ENV = "HARNESS_DASHBOARD_STORAGE"
 # MLflow 3 starts a job runner and 7 huey consumers unless told not to: 13 processes and about
@@ -74,6 +70,9 @@ def _servers(
     tracking_uri: str | None,
     results_dir: Path,
 ) -> list[Server]:
+    from harness.core.db import sqlalchemy_url
+    from harness.sweep.storage import JOURNAL_FILE
+    from harness.tracking import default_tracking_uri
 
     uri = tracking_uri or default_tracking_uri(results_dir)
     bindir = Path(sys.executable).parent
@@ -165,6 +164,7 @@ def _landing_urls(server: Server) -> list[str]:
             experiments = json.loads(r.read()).get("experiments", [])
     except (OSError, ValueError):
         experiments = []
+    from harness.sweep.mlflow_view import VIEW_KEY
 
     urls = []
     for e in experiments:
@@ -288,6 +288,8 @@ def serve_dashboard(host: str, port: int) -> None:
     """
     import optuna
     import optuna_dashboard
+
+    from harness.core.db import sqlalchemy_url
 
     url = os.environ.get(STORAGE_ENV, "")
     if not url:

@@ -40,14 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.configtools import ConfigError
-from harness.core.db import with_retries
-from harness.core.fsutil import disk_full_message, is_disk_full
-from harness.run.tracked import tracked_run  # noqa: F401  (imported before a trial is claimed)
-from harness.sweep.dashboard import label_trial, summary_attrs
-from harness.sweep.optuna_adapter import frozen_trial, heartbeat
 from harness.sweep.spec import StudySpec, load_study_spec
-from harness.sweep.storage import make_storage
-from harness.sweep.study import trial_key
 from harness.sweep.trials import (
     DIED,
     SPENT_OUTCOMES,
@@ -103,6 +96,7 @@ class _Trial:
 
     def beat_failed(self, error: BaseException) -> bool:
         """A heartbeat write failed: a full disk stops the trial (handled, no warning)."""
+        from harness.core.fsutil import disk_full_message, is_disk_full
 
         if not is_disk_full(error):
             return False
@@ -136,6 +130,7 @@ class _Trial:
         )
 
     def train(self, cfg: Any, label: str, seed: int) -> tuple[Any, str]:
+        from harness.run.tracked import tracked_run
 
         self.event("start", cell=label, seed=seed, steps=cfg.steps, pid=os.getpid())
 
@@ -161,6 +156,8 @@ class _Trial:
         from optuna.exceptions import UpdateFinishedTrialError
         from optuna.trial import TrialState
 
+        from harness.core.db import with_retries
+
         try:
             if state is None:
                 v = values[0] if len(values) == 1 else list(values)
@@ -183,9 +180,14 @@ class _Trial:
 
 def run_grid_trial(t: _Trial) -> str:
     """Train one claimed (cell, seed) trial and tell Optuna how it ended; returns the outcome."""
+    from harness.core.db import with_retries
+    from harness.core.fsutil import is_disk_full
+    from harness.sweep.optuna_adapter import frozen_trial, heartbeat
+    from harness.sweep.study import trial_key
 
     attrs = with_retries(lambda: frozen_trial(t.study, t.trial)).user_attrs
     cell, seed = attrs["cell"], int(attrs["seed"])
+    from harness.sweep.dashboard import label_trial, summary_attrs
 
     label_trial(t.study, t.trial, t.spec, cell, seed)  # params for optuna-dashboard
     with heartbeat(t.study, t.trial, on_error=t.beat_failed):
@@ -230,6 +232,9 @@ def run_grid_trial(t: _Trial) -> str:
 def run_search_trial(t: _Trial) -> str:
     """Sample a point, train every seed at it (pruning between seeds), tell the mean objectives."""
     from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+    from harness.core.db import with_retries
+    from harness.sweep.optuna_adapter import frozen_trial, heartbeat
 
     assert t.spec.search is not None
     plan = t.spec.search
@@ -278,6 +283,8 @@ def run_search_trial(t: _Trial) -> str:
                         t.event("done", cell=label, seed=seed, outcome="pruned", values=[mean0])
                         return "pruned"
         except Exception as err:
+            from harness.core.fsutil import is_disk_full
+
             if is_disk_full(err):
                 raise  # not this point's fault: the worker stops (worker_loop)
             return t.fail_with_error(err, label, seed)
@@ -315,6 +322,7 @@ def worker_loop(
     search's ``n_trials`` reached), a stop is asked, or the disk is full; returns outcome
     counts (``disk_full`` is 1 when a full disk stopped the worker, after its ``fatal`` event).
     """
+    from harness.core.fsutil import disk_full_message, is_disk_full
 
     counts = dict.fromkeys(OUTCOMES, 0)
     try:
@@ -340,6 +348,10 @@ def _work(
     import optuna
     import torch
 
+    from harness.core.db import with_retries
+    from harness.core.fsutil import disk_full_message, is_disk_full
+    from harness.run.tracked import tracked_run  # noqa: F401  (imported before a trial is claimed)
+    from harness.sweep.storage import make_storage
     from harness.tracking import make_tracker
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

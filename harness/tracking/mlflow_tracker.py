@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from harness.core.db import is_transient_db_error, sqlalchemy_url, with_retries
-from harness.core.fsutil import is_disk_full
 from harness.core.redact import redact_text, redact_url
 from harness.tracking.base import (
     END_STATUSES,
@@ -319,6 +318,7 @@ class _DropDiskFull(logging.Filter):
     which stops the sweep with one line saying so (a traceback per write was hundreds of lines)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        from harness.core.fsutil import is_disk_full
 
         error = record.exc_info[1] if record.exc_info else None
         return error is None or not is_disk_full(error)

@@ -6,8 +6,7 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit
 
-from harness.core.configtools import ConfigError
-from harness.core.db import database_connect_error, url_scheme
+from harness.core.db import database_connect_error
 from harness.core.redact import redact_text, redact_url
 
 CREDENTIAL_ENV = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
@@ -87,6 +86,8 @@ def check_sqlite_path(flag: str, path: str) -> None:
     otherwise create the directories (anywhere on the machine) or use an in-memory database."""
     from pathlib import Path
 
+    from harness.core.configtools import ConfigError
+
     if not path or path.endswith("/"):
         raise ConfigError(f"{flag}: sqlite:///PATH needs a database file path; got {path!r}")
     target = Path(path)
@@ -101,6 +102,8 @@ def check_sqlite_path(flag: str, path: str) -> None:
 def check_tracking_scheme(uri: str | None) -> None:
     """``--tracking-uri``'s scheme and credentials, checked without a connection (so that a bad
     URL fails before anything is written)."""
+    from harness.core.configtools import ConfigError
+    from harness.core.db import url_scheme
 
     if uri in (None, "memory"):
         return
@@ -119,6 +122,8 @@ def check_tracking_scheme(uri: str | None) -> None:
 def probe_tracking_uri(uri: str | None) -> None:
     """Connect to a remote tracking store (PostgreSQL, HTTP) before anything is created locally,
     so that an unreachable server leaves no results dir or mlflow.db behind."""
+    from harness.core.configtools import ConfigError
+    from harness.core.db import url_scheme
 
     if uri in (None, "memory"):
         return

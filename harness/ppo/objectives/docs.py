@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from harness.metrics import markdown
 from harness.ppo.objectives.registry import OBJECTIVES, ClipOptions, Objective, _shown
 
 
@@ -63,5 +62,6 @@ _COMMON = ("policy/silenced_frac", "policy/reweighted_frac")
 def metrics_markdown() -> str:
     """``docs/metrics.md`` (``python -m harness.ppo.objectives metrics``): the vocabulary, with
     the per-objective section the registered objectives declare."""
+    from harness.metrics import markdown
 
     return markdown()

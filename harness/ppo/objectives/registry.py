@@ -28,7 +28,7 @@ import torch
 
 from harness.core.configtools import ConfigError, check_declared, option
 from harness.core.configtools import meta as meta  # re-exported: R.meta for objective modules
-from harness.metrics import declare_objective_stats, forget_objective_stats
+from harness.metrics import declare_objective_stats
 from harness.ppo.loss import (
     LOSS_AGG_MODES,
     PolicyInputs,
@@ -322,6 +322,7 @@ def register(name: str, **declaration: Any) -> Callable[[TermsFn], Objective]:
 
 def unregister(name: str) -> None:
     """Remove an objective (tests that register a made-up one clean up with it)."""
+    from harness.metrics import forget_objective_stats
 
     OBJECTIVES.pop(name, None)
     forget_objective_stats(name)

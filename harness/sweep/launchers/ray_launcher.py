@@ -20,8 +20,6 @@ from typing import Any
 from unittest import mock
 
 from harness.core.configtools import ConfigError
-from harness.core.perf import tune_malloc
-from harness.sweep.launchers.base import worker_options
 from harness.sweep.worker import Event, WorkerOptions, worker_loop
 
 INSTALL_HINT = "pip install 'harness[ray]'"
@@ -129,6 +127,8 @@ def _ray_worker(opts: WorkerOptions, channel: Any) -> dict[str, int]:
     """Body of one Ray task: the shared worker loop, reporting through ``channel``."""
     import ray
 
+    from harness.core.perf import tune_malloc
+
     tune_malloc()
     last = [0.0, False]
 
@@ -204,6 +204,7 @@ class RayLauncher:
                 )
 
     def start(self, n_workers: int, opts: Any, resources: Any) -> None:
+        from harness.sweep.launchers.base import worker_options
 
         ray = self.ray
         self.connect()
