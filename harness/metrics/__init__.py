@@ -2,7 +2,8 @@
 
 Names follow what TRL / CleanRL users know (``policy/clipfrac_low``, ``policy/approx_kl``,
 ``objective/reward``, ``stability/grad_norm``).  ``docs/metrics.md`` is generated from this table
-(``python -m harness.metrics > docs/metrics.md``) and a test keeps the two in step.  Per-run
+and the objectives' declarations (``python -m harness.ppo.objectives metrics > docs/metrics.md``)
+and a test keeps the two in step.  Per-run
 summaries (``final/*``, ``best/*``, ``stability/*`` over a whole run) are defined in
 ``harness/metrics/stability.py`` and ``docs/stability.md``.
 """
