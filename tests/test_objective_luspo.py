@@ -8,9 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from typer.testing import CliRunner
+from objective_cli import assert_trains_through_the_cli
 
-from harness.cli import app
 from harness.config import ConfigError, build_run_config
 from harness.config.trl_map import grpo_kwargs
 from harness.core.configtools import from_dict
@@ -300,28 +299,9 @@ def test_bad_luspo_options_are_one_line(over, msg):
 
 
 def test_short_train_through_the_cli(tmp_path):
-    sets = [
+    assert_trains_through_the_cli(
+        tmp_path,
         "ppo.policy_loss=luspo",
         "ppo.loss_agg_mode=seq-mean-token-sum",
         "ppo.importance_sampling_level=sequence",
-        "steps=2",
-        "task=reverse",
-        "tiny.hidden_size=32",
-        "tiny.num_layers=1",
-        "tiny.num_heads=2",
-        "tiny.intermediate_size=64",
-        "warm_start.steps=0",
-        "rollout.prompts_per_step=4",
-        "rollout.n_samples=2",
-        "rollout.max_new_tokens=4",
-        "ppo.ppo_n_minibatches=2",
-        "eval.every=0",
-        "eval.n_prompts=4",
-        "threads=1",
-    ]
-    args = ["run", "--results-dir", str(tmp_path / "r")]
-    for s in sets:
-        args += ["--set", s]
-    r = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
-    assert r.exit_code == 0, r.output
-    assert "completed" in r.output.lower()
+    )
