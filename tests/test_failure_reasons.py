@@ -173,6 +173,7 @@ def test_export_best_of_a_study_with_no_completed_run_is_one_line_exit_2(failed_
 # A search whose trial fails: it stops at the error (no point sampled after it) and says why
 
 
+@pytest.mark.slow  # long multi-process run; CI's slow suite runs it
 def test_all_failed_search_stops_reports_and_exits_1(tmp_path):
     module = tmp_path / "rewards.py"
     module.write_text(REWARDS)

@@ -72,6 +72,7 @@ def test_ray_sweep_on_postgresql_runs_each_pair_exactly_once(
     assert set(pairs) == want and set(pairs.values()) == {1}, pairs
 
 
+@pytest.mark.slow  # long multi-process run; CI's slow suite runs it
 def test_killed_ray_worker_trial_is_recovered_exactly_once(
     tmp_path: Path, ray_head: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -44,6 +44,7 @@ def write_exp(tmp_path: Path, **over) -> Path:
     return path
 
 
+@pytest.mark.slow  # long multi-process run; CI's slow suite runs it
 def test_two_worker_sweep_tracks_parent_and_children_and_resumes(tmp_path):
     results = tmp_path / "results"
     runner = CliRunner()
