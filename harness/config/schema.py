@@ -253,7 +253,10 @@ class RunConfig:
             if problems:
                 where, why = problems[0]
                 raise ValueError(f"{where}: not expressible with trainer: trl ({why})")
-        if self.ppo.overlong_tokens is not None and self.ppo.overlong_tokens > self.rollout.max_new_tokens:
+        if (
+            self.ppo.overlong_tokens is not None
+            and self.ppo.overlong_tokens > self.rollout.max_new_tokens
+        ):
             raise ValueError(
                 f"ppo.overlong_tokens ({self.ppo.overlong_tokens}) must be at most "
                 f"rollout.max_new_tokens ({self.rollout.max_new_tokens})"
