@@ -18,11 +18,11 @@ def entropy_threshold(values: torch.Tensor, q: float) -> torch.Tensor:
     """``torch.quantile(values, q)`` with linear interpolation, computed with a sort: the same
     numbers, without torch.quantile's limit of 2**24 elements.  ``values`` is 1-D, non-empty."""
     v = values.float().sort().values
-    pos = q * (v.numel() - 1)
-    lo = int(pos)  # floor: pos >= 0
+    # As torch.quantile: the rank in the input's dtype, then lerp between its neighbours.
+    pos = torch.tensor(q, dtype=v.dtype, device=v.device) * (v.numel() - 1)
+    lo = int(pos.floor())
     hi = min(lo + 1, v.numel() - 1)
-    frac = torch.tensor(pos - lo, dtype=v.dtype, device=v.device)
-    return torch.lerp(v[lo], v[hi], frac)
+    return torch.lerp(v[lo], v[hi], pos - lo)
 
 
 def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
