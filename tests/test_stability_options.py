@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from harness.cli import app
 from harness.config import RunConfig
 from harness.core.configtools import from_dict
+from harness.metrics import OPTION_METRICS
 from harness.ppo import PPOActor
 from harness.ppo.config import PPOActorConfig
 from harness.ppo.masks import (
@@ -290,6 +291,43 @@ def test_a_step_with_no_group_left_skips_its_update_and_the_run_completes(monkey
     assert "2 step(s) without an update" in res.tags["skipped_updates"]
     assert "stability/optimizer_steps" not in h  # no update ran
     assert math.isfinite(h["eval/reward"][-1])  # the final evaluation still ran
+
+
+def test_every_option_metric_is_logged_when_its_option_is_on(monkeypatch):
+    import harness.run.loop as loop
+
+    # a reward that varies with the completion, so some groups keep a signal
+    monkeypatch.setattr(loop, "score_parts", lambda task, e, c: (0.0, float(sum(map(ord, c)) % 2)))
+    logged: set[str] = set()
+    for truncated in ("mask", "zero_reward"):
+        d = {
+            "steps": 2,
+            "task": "reverse",
+            "tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
+            "rollout": {
+                "prompts_per_step": 2,
+                "n_samples": 2,
+                "max_new_tokens": 3,
+                "zero_variance_filter": True,
+                "max_resample_rounds": 3,
+            },
+            "ppo": {
+                "ppo_n_minibatches": 1,
+                "top_entropy_quantile": 0.5,
+                "truncated_completions": truncated,
+                "overlong_reward_penalty": True,
+                "overlong_tokens": 2,
+                "overlong_penalty_factor": 1.0,
+            },
+            "warm_start": {"steps": 0},
+            "eval": {"every": 0, "n_prompts": 2},
+            "threads": 1,
+        }
+        res = loop.run(from_dict(RunConfig, d))
+        assert res.status == "completed"
+        logged |= {k for k, v in res.history.items() if any(math.isfinite(x) for x in v)}
+        assert all(x <= 0 for x in res.history["reward/overlong_penalty"])
+    assert OPTION_METRICS <= logged, sorted(OPTION_METRICS - logged)
 
 
 # ------------------------------------------------------------------ prompt-mean

@@ -117,6 +117,22 @@ OBJECTIVE_METRICS = frozenset(
 )
 
 
+# Logged only while the stability option that defines them is on (docs/ppo-semantics.md
+# "Stability options"): an arm with the option off has no such series.
+OPTION_METRICS = frozenset(
+    {
+        "policy/entropy_masked_frac",
+        "rollout/truncated_masked_frac",
+        "reward/truncated_zeroed_frac",
+        "reward/overlong_penalty",
+        "rollout/zero_variance_dropped",
+        "rollout/resample_rounds",
+        "rollout/train_groups",
+        "rollout/update_skipped",
+    }
+)
+
+
 def check_names(metrics: dict[str, float]) -> None:
     """Guard against a key that is not in the vocabulary (a typo would silently fork a metric)."""
     unknown = [k for k in metrics if k not in _KNOWN]
