@@ -50,6 +50,22 @@ class RolloutConfig:
             "relative to the current directory)."
         ),
     )
+    zero_variance_filter: bool = field(
+        default=False,
+        metadata=_h(
+            "DAPO dynamic sampling: drop the groups whose rewards are all equal (no signal under "
+            "group normalization) from the update batch."
+        ),
+    )
+    max_resample_rounds: int = field(
+        default=0,
+        metadata=_h(
+            "With zero_variance_filter: extra sampling rounds of prompts_per_step prompts to "
+            "refill the batch to prompts_per_step groups (0 = train on the groups left).",
+            ge=0,
+            le=1000,
+        ),
+    )
     max_prompt_tokens: int | None = field(
         default=None,
         metadata=_h(
@@ -61,6 +77,11 @@ class RolloutConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.max_resample_rounds and not self.zero_variance_filter:
+            raise ValueError(
+                "rollout.max_resample_rounds means nothing with rollout.zero_variance_filter "
+                "false; leave it at 0"
+            )
         if self.chat_template in ("auto", "none"):
             return
         self.chat_template = os.path.expanduser(self.chat_template)
@@ -232,6 +253,14 @@ class RunConfig:
             if problems:
                 where, why = problems[0]
                 raise ValueError(f"{where}: not expressible with trainer: trl ({why})")
+        if (
+            self.ppo.overlong_tokens is not None
+            and self.ppo.overlong_tokens > self.rollout.max_new_tokens
+        ):
+            raise ValueError(
+                f"ppo.overlong_tokens ({self.ppo.overlong_tokens}) must be at most "
+                f"rollout.max_new_tokens ({self.rollout.max_new_tokens})"
+            )
         for name, norm in (("adv_norm", self.ppo.adv_norm), ("reward_norm", self.ppo.reward_norm)):
             if norm is not None and norm.uses_groups:
                 # The loop passes the real group sizes (to reward_norm and adv_norm alike); a

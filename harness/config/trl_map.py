@@ -89,7 +89,36 @@ TRL_MAPPING: tuple[MapRow, ...] = (
         "token-mean → bnpo (token mean of each optimizer step's minibatch; exact with no gradient "
         "accumulation); seq-mean-token-mean → grpo; seq-mean-token-sum → luspo (per-sequence "
         "token sum, mean over sequences); seq-mean-token-sum-norm → dr_grpo (approx: TRL divides "
-        "by max_completion_length, the harness by the minibatch's padded width)",
+        "by max_completion_length, the harness by the minibatch's padded width); prompt-mean has no "
+        "loss_type (an error)",
+    ),
+    MapRow(
+        "ppo.top_entropy_quantile",
+        "top_entropy_quantile",
+        "exact",
+        "ρ; the threshold is the (1−ρ) quantile of each optimizer step's valid tokens (TRL: of "
+        "its micro-batch, the same rows with gradient_accumulation_steps 1); ties kept, "
+        "denominators count every valid token, the entropy bonus acts on the kept tokens",
+    ),
+    MapRow(
+        "ppo.truncated_completions",
+        "mask_truncated_completions",
+        "must",
+        "keep → False, mask → True (a row without EOS leaves the loss; its reward still enters "
+        "the group statistics); zero_reward (AReaL's mask_no_eos_with_zero) has no TRL option",
+    ),
+    MapRow(
+        "ppo.overlong_reward_penalty / overlong_tokens / overlong_penalty_factor",
+        "(reward function)",
+        "exact",
+        "AReaL's overlong penalty added inside the reward function the trainer hands TRL, from "
+        "the completion's token count (EOS included), before reward_bias / scaling / clip",
+    ),
+    MapRow(
+        "rollout.zero_variance_filter / max_resample_rounds",
+        "-",
+        "none",
+        "GRPOTrainer has no group filter or refill (it only logs frac_reward_zero_std)",
     ),
     MapRow("ppo.policy_loss", "loss_type", "must", _policy_loss_note()),
     MapRow(
@@ -310,6 +339,17 @@ def trl_problems(cfg: Any) -> list[tuple[str, str]]:
                     f"TRL's delta equals the dual clip only when > 1 + eps_clip_higher ({1 + hi:g})",
                 )
             )
+    if p.loss_agg_mode == "prompt-mean":
+        out.append(("ppo.loss_agg_mode", "TRL has no prompt-level loss_type (prompt-mean)"))
+    if p.truncated_completions == "zero_reward":
+        out.append(
+            (
+                "ppo.truncated_completions",
+                "TRL can drop truncated completions (mask) but not zero their reward",
+            )
+        )
+    if r.zero_variance_filter:
+        out.append(("rollout.zero_variance_filter", "GRPOTrainer has no zero-variance filter"))
     out += _objective_problems(cfg)
     if getattr(r, "max_prompt_tokens", None) is not None:
         out.append(
@@ -383,7 +423,9 @@ def grpo_kwargs(cfg: Any, *, strict: bool = True) -> dict[str, Any]:
     pl = _policy_loss(cfg)
     trl_peer = lookup(pl).trl
     loss_type = (
-        trl_peer.name if trl_peer is not None and trl_peer.name else _LOSS_TYPE[p.loss_agg_mode]
+        trl_peer.name
+        if trl_peer is not None and trl_peer.name
+        else _LOSS_TYPE.get(p.loss_agg_mode, "")
     )
     bad = {field.split(".")[1] if "." in field else field for field, _ in problems}
     kw: dict[str, Any] = {
@@ -422,8 +464,13 @@ def grpo_kwargs(cfg: Any, *, strict: bool = True) -> dict[str, Any]:
         kw["scale_rewards"] = {"group": "group", "batch": "batch", None: "none"}[norm.std_level]
     if p.c_clip is not None and "c_clip" not in bad:
         kw["delta"] = p.c_clip
-    if "policy_loss" in bad:
+    if "policy_loss" in bad or not loss_type:
         del kw["loss_type"]
+    # The stability options TRL has, named only when set (TRL's defaults are the harness's).
+    if p.top_entropy_quantile < 1.0:
+        kw["top_entropy_quantile"] = p.top_entropy_quantile
+    if p.truncated_completions == "mask":
+        kw["mask_truncated_completions"] = True
     if "ppo_n_minibatches" in bad:  # uneven split: one optimizer step per generation batch
         kw["steps_per_generation"], kw["per_device_train_batch_size"] = 1, batch
     peer = lookup(pl).trl

@@ -42,6 +42,7 @@ STEP_METRICS: dict[str, str] = {
     "policy/cov_candidates": "Clip-Cov: tokens per optimizer step inside the covariance band (ppo.clip_cov.cov_lb, ppo.clip_cov.cov_ub) and not already clipped, from which the selection is drawn.",
     "policy/cov_threshold": "Covariance threshold of the selection: the smallest covariance among selected tokens (KL-Cov: the top-k cut-off), mean over optimizer steps that selected any.",
     "policy/cov_penalty_kl": "KL-Cov: mean |log π_θ − log π_prox| on the penalised tokens.",
+    "policy/entropy_masked_frac": "ppo.top_entropy_quantile < 1 only: fraction of valid tokens the top-entropy mask took out of the policy loss (about 1 − ρ; ties at the threshold are kept), token-weighted over the step's minibatches.",
     "policy/loss": "Mean PPO loss over the step's optimizer steps (including the entropy bonus).",
     "policy/behave_weight_mean": "Mean behaviour importance weight w = π_prox/π_behave after capping/masking (weighting on).",
     "policy/behave_weight_min": "Smallest behaviour weight.",
@@ -60,6 +61,13 @@ STEP_METRICS: dict[str, str] = {
     "rollout/response_length": "Mean generated tokens per completion (EOS included).",
     "rollout/truncated_frac": "Fraction of completions that hit max_new_tokens without EOS.",
     "rollout/zero_std_groups": "Fraction of prompts whose n samples all got the same reward (no learning signal under group normalization).",
+    "rollout/truncated_masked_frac": "ppo.truncated_completions: mask only: fraction of the update batch's completions (truncated, no EOS) whose tokens left the loss.",
+    "reward/truncated_zeroed_frac": "ppo.truncated_completions: zero_reward only: fraction of the update batch's completions (truncated, no EOS) whose normalized reward was set to 0.",
+    "reward/overlong_penalty": "ppo.overlong_reward_penalty only: mean overlong penalty min(−(|y|−(L_max−L_c))/L_c·f, 0) added to the rewards of the step's sampled completions (≤ 0; objective/reward is before it).",
+    "rollout/zero_variance_dropped": "rollout.zero_variance_filter only: number of groups (prompts) dropped because all their rewards were equal, over every sampling round of the step (rollout/zero_std_groups is the fraction in the first round).",
+    "rollout/resample_rounds": "rollout.zero_variance_filter only: extra sampling rounds drawn to refill the batch (at most rollout.max_resample_rounds).",
+    "rollout/train_groups": "rollout.zero_variance_filter only: groups in the update batch (prompts_per_step when the refill succeeded, fewer when the rounds ran out).",
+    "rollout/update_skipped": "rollout.zero_variance_filter only: 1 when no group with a learning signal was left and the step made no update (the run's skipped_updates tag counts them), else 0.",
     "rollout/staleness": "How many updates the behaviour policy lagged the current policy.",
     # stability
     "stability/grad_norm": "Mean gradient norm before clipping over the step's optimizer steps.",
@@ -105,6 +113,22 @@ OBJECTIVE_METRICS = frozenset(
         "policy/cov_candidates",
         "policy/cov_threshold",
         "policy/cov_penalty_kl",
+    }
+)
+
+
+# Logged only while the stability option that defines them is on (docs/ppo-semantics.md
+# "Stability options"): an arm with the option off has no such series.
+OPTION_METRICS = frozenset(
+    {
+        "policy/entropy_masked_frac",
+        "rollout/truncated_masked_frac",
+        "reward/truncated_zeroed_frac",
+        "reward/overlong_penalty",
+        "rollout/zero_variance_dropped",
+        "rollout/resample_rounds",
+        "rollout/train_groups",
+        "rollout/update_skipped",
     }
 )
 

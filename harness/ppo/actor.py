@@ -9,17 +9,19 @@ produced by ``harness.run.rollout.sample``:
     logprobs        [B, L]        behaviour log-probs of each token (0 off the loss mask)
     rewards         [B]           one scalar per sequence
     group_sizes     list[int]     optional: rows per prompt (consecutive), for group normalization
-    truncated       [B] bool      optional: hit the length limit without EOS (GAE bootstraps)
+    truncated       [B] bool      optional: hit the length limit without EOS (GAE bootstraps;
+                                  ``ppo.truncated_completions``)
     values          [B, L]        optional: critic values, "predicting" layout (position t = the
                                   state before token t+1)
     ref_logprobs    [B, L]        optional: reference-policy log-probs, token layout
     current_logprobs [B, L]       optional, model-free use only: the current policy's log-probs
                                   (token layout, carrying the gradient)
+    current_entropy [B, L]        optional, model-free use only: its entropy (token layout)
 
 ``compute_advantages`` rolls everything into the *predicting* layout used by the math (position t
 holds the quantity for predicting token t+1, as in AReaL; docs/ppo-semantics.md "Data layout")
 and adds ``mask``, ``old_logprobs``, ``prox_logprobs``, ``advantages``, ``returns``,
-``kl_rewards`` and ``token_rewards``.
+``kl_rewards``, ``token_rewards`` and ``group_ids`` (each row's prompt, for 'prompt-mean').
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch
 
 from harness.metrics import OBJECTIVE_METRICS
 from harness.ppo.advantages import gae, kl_estimate, shape_rewards
+from harness.ppo.masks import group_ids_from_sizes, top_entropy_mask, truncated_row_mask
 from harness.ppo.normalization import normalize
 from harness.ppo.objectives import objective_loss
 
@@ -103,7 +106,10 @@ class PPOActor:
         if self.model is None:
             if "current_logprobs" not in batch:
                 raise ValueError("PPOActor has no model: the batch must carry 'current_logprobs'")
-            return _roll_left(batch["current_logprobs"]), None
+            ent = batch.get("current_entropy")
+            return _roll_left(batch["current_logprobs"]), (
+                _roll_left(ent.float()) if ent is not None else None
+            )
         fn = self._logprob_fn
         if fn is None:
             from harness.model.logprobs import forward_logprobs
@@ -136,8 +142,12 @@ class PPOActor:
         loss_mask = batch["loss_mask"]
         B = loss_mask.shape[0]
         m = _roll_left(loss_mask).bool()
+        truncated = batch.get("truncated")
+        if cfg.truncated_completions == "mask" and truncated is not None:
+            m = truncated_row_mask(m, truncated)  # TRL: before any count or denominator
         mf = m.float()
         group_sizes = batch.get("group_sizes") or None
+        batch["group_ids"] = group_ids_from_sizes(group_sizes, B, m.device)
 
         # Old (behaviour, or recomputed) and proximal log-probs, predicting layout
         # (docs/ppo-semantics.md "Log-probability roles").
@@ -167,6 +177,9 @@ class PPOActor:
         )
         if cfg.reward_norm is not None:
             rewards = normalize(rewards, cfg.reward_norm, group_sizes=group_sizes)
+        if cfg.truncated_completions == "zero_reward" and truncated is not None:
+            # AReaL mask_no_eos_with_zero: the normalized reward, tokens stay in the loss
+            rewards = torch.where(truncated.bool(), torch.zeros_like(rewards), rewards)
         batch["normalized_rewards"] = rewards
 
         # Per-token rewards: −kl_ctl·KL to the reference, plus R at the last generated token.
@@ -190,7 +203,6 @@ class PPOActor:
 
         values = batch.get("values")
         values = values.float() * mf if values is not None else torch.zeros_like(mf)
-        truncated = batch.get("truncated")
         advantages, returns = gae(
             token_rewards,
             values,
@@ -222,11 +234,21 @@ class PPOActor:
         cfg = self.config
         if "advantages" not in batch:
             self.compute_advantages(batch)
+        top_entropy = cfg.top_entropy_quantile < 1.0
         if logprobs is None:
             logprobs, entropy = self.compute_logp(
-                batch, with_entropy=cfg.entropy_coef > 0 or self.model is not None
+                batch,
+                with_entropy=cfg.entropy_coef > 0 or top_entropy or self.model is not None,
             )
         m = batch["mask"]
+        keep = None
+        if top_entropy:
+            if entropy is None:
+                raise ValueError("top_entropy_quantile < 1 needs the policy's entropy")
+            keep = top_entropy_mask(entropy, m, cfg.top_entropy_quantile)
+        group_ids = batch.get("group_ids")
+        if group_ids is None:
+            group_ids = group_ids_from_sizes(batch.get("group_sizes"), m.shape[0], m.device)
         loss, stats = objective_loss(
             cfg,
             logprobs,
@@ -235,11 +257,18 @@ class PPOActor:
             batch["advantages"],
             m,
             generator=self.generator,
+            group_ids=group_ids,
+            token_keep=keep,
         )
         stats["policy_loss"] = loss.detach()
+        if keep is not None:
+            stats["entropy_mask"] = keep
         if entropy is not None:
-            n = max(int(m.sum()), 1)
-            mean_entropy = torch.where(m, entropy, torch.zeros((), dtype=entropy.dtype)).sum() / n
+            # The bonus acts on the tokens the policy loss keeps (TRL's effective mask).
+            m_ent = m if keep is None else m & keep
+            n = max(int(m_ent.sum()), 1)
+            zero = torch.zeros((), dtype=entropy.dtype)
+            mean_entropy = torch.where(m_ent, entropy, zero).sum() / n
             stats["entropy"] = entropy.detach()
             if cfg.entropy_coef > 0:
                 loss = loss - cfg.entropy_coef * mean_entropy
@@ -388,6 +417,8 @@ class _StatsAccumulator:
                 self.cov.setdefault(key, []).append(value)
         if "entropy" in stats:
             self._put("entropy", stats["entropy"][m])
+        if "entropy_mask" in stats:
+            self._put("entropy_masked", (~stats["entropy_mask"][m]).double())
         self._put("advantages", mb["advantages"][m])
         if "behave_imp_weight" in stats:
             w = stats["behave_imp_weight"][m].double()
@@ -425,6 +456,8 @@ class _StatsAccumulator:
             "stability/optimizer_steps": float(len(self.grad_norms)),
         }
         out["policy/sampler_logprob_gap"] = self.sampler_gap
+        if "entropy_masked" in self.sums:
+            out["policy/entropy_masked_frac"] = mean("entropy_masked")
         out["policy/silenced_frac"] = mean("silenced")
         # PPO-clip re-weights nothing: 0 rather than a missing value, so objectives line up.
         reweighted = mean("reweighted") if "reweighted" in self.sums else 0.0

@@ -85,8 +85,59 @@ class PPOActorConfig:
         default="token", metadata=_h("'sequence' = GSPO (geometric-mean sequence ratio).")
     )
     loss_agg_mode: Literal[
-        "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
-    ] = field(default="token-mean", metadata=_h("How per-token losses become one number."))
+        "token-mean",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum",
+        "seq-mean-token-sum-norm",
+        "prompt-mean",
+    ] = field(
+        default="token-mean",
+        metadata=_h(
+            "How per-token losses become one number (prompt-mean = SkyRL's: mean over each "
+            "prompt's tokens, then over the minibatch's prompts)."
+        ),
+    )
+    top_entropy_quantile: float = field(
+        default=1.0,
+        metadata=_h(
+            "TRL's top_entropy_quantile ρ: the policy loss keeps only the tokens whose entropy "
+            "reaches the (1−ρ) quantile of the minibatch's valid tokens (0.2 = the 80/20 rule; "
+            "1 = off); denominators still count every valid token.",
+            ge=0,
+            le=1,
+        ),
+    )
+    truncated_completions: Literal["keep", "mask", "zero_reward"] = field(
+        default="keep",
+        metadata=_h(
+            "Completions without EOS: keep; mask = drop them from the loss (TRL "
+            "mask_truncated_completions; their reward still enters the group statistics); "
+            "zero_reward = set their normalized reward to 0, tokens stay in the loss (AReaL "
+            "mask_no_eos_with_zero)."
+        ),
+    )
+    overlong_reward_penalty: bool = field(
+        default=False,
+        metadata=_h(
+            "DAPO soft overlong punishment (AReaL's): add min(−(|y|−(L_max−L_c))/L_c·f, 0) to "
+            "the reward before shaping (L_max = rollout.max_new_tokens)."
+        ),
+    )
+    overlong_tokens: int | None = field(
+        default=None,
+        metadata=_h(
+            "L_c: the last tokens before max_new_tokens where the penalty ramps (needed with "
+            "overlong_reward_penalty).",
+            ge=1,
+            le=100_000,
+        ),
+    )
+    overlong_penalty_factor: float | None = field(
+        default=None,
+        metadata=_h(
+            "f: the penalty at max_new_tokens (needed with overlong_reward_penalty).", ge=0
+        ),
+    )
     policy_loss: str = field(
         default="ppo",
         metadata=_h(
@@ -145,6 +196,9 @@ class PPOActorConfig:
             {name: getattr(self, name) for name in _CLIP},
             {o.name: getattr(self, o.name, None) for o in OBJECTIVES.values()},
         )
+        check_overlong(
+            self.overlong_reward_penalty, self.overlong_tokens, self.overlong_penalty_factor
+        )
         weighting = self.behave_imp_weight_mode != "disabled" or self.rejection_sampling is not None
         if weighting and not self.use_decoupled_loss:
             warnings.warn(
@@ -152,6 +206,18 @@ class PPOActorConfig:
                 "(otherwise π_prox = π_behave and the weight is 1)",
                 UserWarning,
                 stacklevel=2,
+            )
+
+
+def check_overlong(on: bool, tokens: int | None, factor: float | None) -> None:
+    """AReaL asserts both numbers when the penalty is on; set while it is off they would be
+    silently ignored in a sweep, so that is an error too."""
+    for name, value in (("overlong_tokens", tokens), ("overlong_penalty_factor", factor)):
+        if on and value is None:
+            raise ValueError(f"{name} must be set when overlong_reward_penalty is true")
+        if not on and value is not None:
+            raise ValueError(
+                f"{name} means nothing with overlong_reward_penalty false; leave it at null"
             )
 
 

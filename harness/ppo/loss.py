@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 import torch
 
+from harness.ppo.masks import prompt_mean
+
 BEHAVE_MODES = ("disabled", "token_mask", "token_truncate", "sequence_mask", "sequence_truncate")
 IS_LEVELS = ("token", "sequence")
 LOSS_AGG_MODES = (
@@ -23,6 +25,7 @@ LOSS_AGG_MODES = (
     "seq-mean-token-mean",
     "seq-mean-token-sum",
     "seq-mean-token-sum-norm",
+    "prompt-mean",
 )
 RS_METRICS = ("ratio", "kl_k1", "kl_k2", "kl_k3", "binary_kl")
 
@@ -280,6 +283,7 @@ class PolicyInputs:
     ratio: torch.Tensor
     w: torch.Tensor | None
     filtered: float
+    group_ids: torch.Tensor | None = None  # [B] prompt of each row ('prompt-mean' only)
 
     @property
     def zero(self) -> torch.Tensor:
@@ -297,6 +301,7 @@ def prepare_policy_inputs(
     behave_imp_weight_cap: float | None = None,
     rejection_sampling: RejectionSampling | None = None,
     importance_sampling_level: str = "token",
+    group_ids: torch.Tensor | None = None,
 ) -> PolicyInputs:
     """Behaviour weights (rejection sampling or the legacy modes) and the policy ratio (token, or
     GSPO's sequence ratio) of [B, T] inputs — the part shared by every objective in
@@ -345,6 +350,7 @@ def prepare_policy_inputs(
         ratio=ratio,
         w=w,
         filtered=filtered,
+        group_ids=group_ids,
     )
 
 
@@ -359,6 +365,10 @@ def aggregate(pg: torch.Tensor, p: PolicyInputs, loss_agg_mode: str) -> torch.Te
     m = p.m
     if loss_agg_mode == "token-mean":
         return contrib.sum() / p.n0
+    if loss_agg_mode == "prompt-mean":
+        if p.group_ids is None:
+            raise ValueError("loss_agg_mode 'prompt-mean' needs the rows' group_ids")
+        return prompt_mean(contrib, m, p.group_ids)
     nonempty = m.any(dim=1)
     n_seq = max(int(nonempty.sum()), 1)
     per_seq = contrib.sum(dim=1)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 import random
 import time
@@ -33,6 +34,8 @@ from harness.model.build import precision
 from harness.model.critic import ValueModel, explained_variance, value_loss
 from harness.model.lora import is_lora, reference_off, swapped_in
 from harness.ppo.actor import PPOActor, minibatch_indices
+from harness.run.dynamic_sampling import Round, option_metrics, refill, score_round
+from harness.run.dynamic_sampling import skipped_step_metrics as _skipped
 from harness.run.rollout import NonFiniteLogits, StalenessRing, forward_logprobs, sample
 from harness.run.scaffold import (
     Diverged,
@@ -116,6 +119,34 @@ def ppo_steps(run: Run) -> None:
     rng = random.Random(cfg.seed)
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     max_new = cfg.rollout.max_new_tokens
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def draw(policy: Any, step: int, examples: list[Any] | None = None) -> Round:
+        """One sampling round of the behaviour policy, scored (new prompts unless given)."""
+        if examples is None:
+            examples = task.sample(rng, cfg.rollout.prompts_per_step)
+        try:
+            rb = sample(
+                policy,
+                tokenizer,
+                [e.prompt for e in examples],
+                n_samples=cfg.rollout.n_samples,
+                max_new_tokens=max_new,
+                temperature=cfg.ppo.temperature,
+                top_p=cfg.rollout.top_p,
+                generator=gen,
+                **run.sample_kw,
+            )
+        except NonFiniteLogits as err:  # anything else sampling raises is an error
+            raise Diverged(step, f"non-finite probabilities while sampling ({err})") from None
+        if not torch.isfinite(rb.logprobs).all():
+            raise Diverged(step, "non-finite behaviour log-probs in the rollout")
+        # 2. Rewards: one deterministic score per completion (+ the overlong penalty).
+        per_row = [e for e in examples for _ in range(cfg.rollout.n_samples)]
+        parts = [score_parts(task, e, c) for e, c in zip(per_row, rb.completions, strict=True)]
+        return score_round(Round(rb, per_row, parts), cfg.ppo, max_new, device)
+
+    skipped = 0  # steps whose update dynamic sampling skipped (no group left)
     for step in range(cfg.steps):
         if run.stop_requested(step):
             break
@@ -131,51 +162,56 @@ def ppo_steps(run: Run) -> None:
             policy_for_sampling = behaviour_model
         elif lora and stale is not None:
             swap = swapped_in(model, stale)
-        try:
-            with swap, precision(device, amp):
-                rb = sample(
-                    policy_for_sampling,
-                    tokenizer,
-                    [e.prompt for e in examples],
-                    n_samples=cfg.rollout.n_samples,
-                    max_new_tokens=max_new,
-                    temperature=cfg.ppo.temperature,
-                    top_p=cfg.rollout.top_p,
-                    generator=gen,
-                    **run.sample_kw,
+        with swap, precision(device, amp):
+            first = draw(policy_for_sampling, step, examples)
+            # Dynamic sampling: zero-variance groups out, more rounds in (run/dynamic_sampling.py).
+            dyn = None
+            if cfg.rollout.zero_variance_filter:
+                dyn = refill(
+                    first,
+                    functools.partial(draw, policy_for_sampling, step),
+                    cfg.rollout.prompts_per_step,
+                    cfg.rollout.max_resample_rounds,
+                    pad_id,
                 )
-        except NonFiniteLogits as err:  # anything else sampling raises is an error
-            raise Diverged(step, f"non-finite probabilities while sampling ({err})") from None
-        if not torch.isfinite(rb.logprobs).all():
-            raise Diverged(step, "non-finite behaviour log-probs in the rollout")
         t_rollout = time.perf_counter() - t0
-
-        # 2. Rewards: one deterministic score per completion.
-        per_row = [e for e in examples for _ in range(cfg.rollout.n_samples)]
-        run.scored(step, [e.prompt for e in per_row])
-        parts = [score_parts(task, e, c) for e, c in zip(per_row, rb.completions, strict=True)]
-        scores = [fmt + correct for fmt, correct in parts]
-        rewards = torch.tensor(scores, dtype=torch.float32, device=device)
+        rb, parts = first.rb, first.parts
+        rounds = dyn.rounds if dyn is not None else [first]
+        run.scored(step, [e.prompt for r in rounds for e in r.per_row])
+        rewards = torch.tensor(first.scores, dtype=torch.float32, device=device)
+        train = dyn.train if dyn is not None else first
+        if train is None:  # every group zero-variance: nothing to learn from, no update
+            skipped += 1
+            run.tags["skipped_updates"] = (
+                f"{skipped} step(s) without an update: every group's rewards were equal "
+                "(rollout.zero_variance_filter)"
+            )
+            metrics = _skipped(cfg, first, dyn, t0, t_rollout)
+            if run.eval_due(step):
+                with precision(device, amp):
+                    metrics.update(run.evaluate(model))
+            run.record(step, metrics, all_updates_nonfinite=False)
+            continue
         batch: dict[str, Any] = {
-            "input_ids": rb.input_ids,
-            "attention_mask": rb.attention_mask,
-            "loss_mask": rb.loss_mask,
-            "logprobs": rb.logprobs,
-            "rewards": rewards,
-            "group_sizes": rb.group_sizes,
-            "truncated": rb.truncated,
+            "input_ids": train.rb.input_ids,
+            "attention_mask": train.rb.attention_mask,
+            "loss_mask": train.rb.loss_mask,
+            "logprobs": train.rb.logprobs,
+            "rewards": train.rewards,
+            "group_sizes": train.rb.group_sizes,
+            "truncated": train.rb.truncated,
         }
         with torch.no_grad(), precision(device, amp):
             if kl_on:
                 with reference_off(model) if lora else contextlib.nullcontext():
                     batch["ref_logprobs"] = forward_logprobs(
                         ref_model if ref_model is not None else model,
-                        rb.input_ids,
-                        rb.attention_mask,
+                        batch["input_ids"],
+                        batch["attention_mask"],
                         temperature=cfg.ppo.temperature,
                     )[0]
             if critic is not None:
-                batch["values"] = critic(rb.input_ids, rb.attention_mask)
+                batch["values"] = critic(batch["input_ids"], batch["attention_mask"])
 
         # 3. Advantages (and the proximal log-probs at the current weights, if decoupled).
         actor.compute_advantages(batch)
@@ -200,7 +236,7 @@ def ppo_steps(run: Run) -> None:
         # 5. Metrics.
         m = batch["mask"]
         adv = batch["advantages"][m]
-        n_gen = int(rb.response_lens.sum())
+        n_gen = sum(int(r.rb.response_lens.sum()) for r in rounds)
         groups = rewards.view(-1, cfg.rollout.n_samples)
         step_time = time.perf_counter() - t0
         metrics = {
@@ -224,6 +260,7 @@ def ppo_steps(run: Run) -> None:
             "perf/update_time": t_update,
             "perf/tokens_per_sec": n_gen / step_time if step_time > 0 else 0.0,
             **stats,
+            **option_metrics(cfg, first, dyn, batch),
         }
         if run.eval_due(step):
             with precision(device, amp):

@@ -30,6 +30,7 @@ from harness.config import RunConfig
 from harness.config.trl_map import approximations, grpo_kwargs
 from harness.metrics.trl import TRL_METRICS
 from harness.ppo.advantages import shape_rewards
+from harness.ppo.shaping import overlong_penalty
 from harness.run.scaffold import (
     Diverged,
     Hooks,
@@ -74,13 +75,28 @@ def grpo_steps(run: Run, grpo_config: dict[str, Any]) -> None:
     raw_rewards: list[list[float]] = []  # per generation cycle, the task's unshaped scores
 
     def reward(
-        prompts: list[str], completions: list[str], idx: list[int], **_: Any
+        prompts: list[str],
+        completions: list[str],
+        idx: list[int],
+        completion_ids: list[list[int]] | None = None,
+        **_: Any,
     ) -> list[float | None]:
         run.scored(run.steps_done, [examples[i].prompt for i in idx])
         scores = [task.score(examples[i], c) for i, c in zip(idx, completions, strict=True)]
         raw_rewards.append(scores)
+        total = torch.tensor(scores, dtype=torch.float32)
+        if p.overlong_reward_penalty and completion_ids is not None:
+            # AReaL's penalty from the token count (EOS included), before the shaping.
+            assert p.overlong_tokens is not None and p.overlong_penalty_factor is not None
+            lengths = torch.tensor([len(c) for c in completion_ids])
+            total = total + overlong_penalty(
+                lengths,
+                cfg.rollout.max_new_tokens,
+                p.overlong_tokens,
+                p.overlong_penalty_factor,
+            )
         shaped = shape_rewards(
-            torch.tensor(scores, dtype=torch.float32),
+            total,
             scaling=p.reward_scaling,
             bias=p.reward_bias,
             clip=p.reward_clip,

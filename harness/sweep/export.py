@@ -228,6 +228,48 @@ def _verl_policy_loss(p: Any, A: str) -> tuple[list[tuple[str, Any]], list[str]]
     return kv, []
 
 
+def _verl_stability(cfg: RunConfig) -> tuple[list[tuple[str, Any]], list[str]]:
+    """The stability options in verl's DAPO recipe (``recipe.dapo.main_dapo``: its reward
+    manager and ``algorithm.filter_groups``); what verl has no key for is a comment."""
+    p, r = cfg.ppo, cfg.rollout
+    kv: list[tuple[str, Any]] = []
+    notes: list[str] = []
+    if p.top_entropy_quantile < 1.0:
+        notes.append(
+            f"# ppo.top_entropy_quantile={p.top_entropy_quantile}: verl's actor has no "
+            "top-entropy token mask"
+        )
+    if p.truncated_completions != "keep":
+        notes.append(
+            f"# ppo.truncated_completions={p.truncated_completions}: verl's actor has no option "
+            "for completions without EOS"
+        )
+    if p.overlong_reward_penalty:
+        # verl's DAPO reward manager: the same formula (reward_kwargs; newer verl spells the
+        # prefix reward.reward_kwargs and reward.reward_manager.name).
+        R = "+reward_model.reward_kwargs"
+        kv += [
+            ("reward_model.reward_manager", "dapo"),
+            (f"{R}.overlong_buffer_cfg.enable", True),
+            (f"{R}.overlong_buffer_cfg.len", p.overlong_tokens),
+            (f"{R}.overlong_buffer_cfg.penalty_factor", p.overlong_penalty_factor),
+            (f"{R}.overlong_buffer_cfg.log", True),
+            (f"{R}.max_resp_len", r.max_new_tokens),
+        ]
+    if r.zero_variance_filter:
+        kv += [
+            ("algorithm.filter_groups.enable", True),
+            ("algorithm.filter_groups.metric", "seq_reward"),
+            ("algorithm.filter_groups.max_num_gen_batches", 1 + r.max_resample_rounds),
+        ]
+        notes.append(
+            "# rollout.zero_variance_filter: verl's filter_groups raises when "
+            "max_num_gen_batches run out (the harness trains on the groups left) and refills "
+            "in data.gen_batch_size prompts"
+        )
+    return kv, notes
+
+
 def export_verl(cfg: RunConfig) -> str:
     p, r, o, m = cfg.ppo, cfg.rollout, cfg.optim, cfg.model_options
     A = "actor_rollout_ref.actor"
@@ -248,7 +290,13 @@ def export_verl(cfg: RunConfig) -> str:
     kv_loss, loss_notes = _verl_policy_loss(p, A)
     kv += kv_loss
     notes += loss_notes
-    kv.append((f"{A}.loss_agg_mode", p.loss_agg_mode))
+    if p.loss_agg_mode == "prompt-mean":
+        notes.append("# ppo.loss_agg_mode=prompt-mean: verl has no prompt-level loss_agg_mode")
+    else:
+        kv.append((f"{A}.loss_agg_mode", p.loss_agg_mode))
+    stab_kv, stab_notes = _verl_stability(cfg)
+    kv += stab_kv
+    notes += stab_notes
     if r.prompts_per_step % p.ppo_n_minibatches:
         notes.append(
             f"# ppo.ppo_n_minibatches={p.ppo_n_minibatches}: verl's mini-batches count prompts "
@@ -434,6 +482,7 @@ def export_areal(cfg: RunConfig) -> str:
             notes.append(f"# ppo.policy_loss={p.policy_loss}: {areal.note}")
     if p.entropy_coef:
         notes.append("# ppo.entropy_coef: AReaL's actor has no entropy bonus")
+    notes += _areal_stability(cfg, actor)
     if cfg.critic.enabled:
         notes.append("# critic.*: AReaL configures a critic as its own `critic:` engine block")
     doc: dict[str, Any] = {
@@ -450,6 +499,37 @@ def export_areal(cfg: RunConfig) -> str:
     body = yaml.safe_dump(doc, sort_keys=False)
     lines = [comment(n.removeprefix("# ")) for n in notes]
     return "\n".join(lines) + ("\n" if lines else "") + body
+
+
+def _areal_stability(cfg: RunConfig, actor: dict[str, Any]) -> list[str]:
+    """AReaL's actor options for the stability options it has (into ``actor``); comments for
+    the others."""
+    p, r = cfg.ppo, cfg.rollout
+    notes = []
+    if p.overlong_reward_penalty:
+        actor.update(
+            overlong_reward_penalty=True,
+            overlong_tokens=p.overlong_tokens,
+            overlong_penalty_factor=p.overlong_penalty_factor,
+        )
+    if p.truncated_completions == "zero_reward":
+        actor["mask_no_eos_with_zero"] = True
+    elif p.truncated_completions == "mask":
+        notes.append(
+            "# ppo.truncated_completions=mask: AReaL cannot drop completions without EOS from the "
+            "loss (its mask_no_eos_with_zero zeroes their reward: truncated_completions=zero_reward)"
+        )
+    if p.top_entropy_quantile < 1.0:
+        notes.append(
+            f"# ppo.top_entropy_quantile={p.top_entropy_quantile}: AReaL's actor has no "
+            "top-entropy token mask"
+        )
+    if r.zero_variance_filter:
+        notes.append(
+            "# rollout.zero_variance_filter: AReaL has no config key for dropping "
+            "zero-variance groups"
+        )
+    return notes
 
 
 def export_cell(cfg: RunConfig, target: str, header: list[str] | tuple[str, ...] = ()) -> str:

@@ -194,10 +194,14 @@ class Objective:
         rejection_sampling: RejectionSampling | None = None,
         importance_sampling_level: str = "token",
         loss_agg_mode: str = "token-mean",
+        group_ids: torch.Tensor | None = None,
+        token_keep: torch.Tensor | None = None,
         **options: Any,
     ) -> tuple[torch.Tensor, Stats]:
         """The objective's loss of [B, T] (or [T]) inputs, options by name (its block's fields,
-        and ``eps_clip``/``eps_clip_higher``/``c_clip`` where it reads them)."""
+        and ``eps_clip``/``eps_clip_higher``/``c_clip`` where it reads them).  ``group_ids`` [B]:
+        each row's prompt ('prompt-mean'); ``token_keep``: tokens whose loss is kept, the others
+        multiplied by 0 with every denominator unchanged (``ppo.top_entropy_quantile``)."""
         clip_kw = {k: options.pop(k) for k in CLIP_NAMES if k in options}
         if clip_kw and not self.clip:
             raise TypeError(f"{self.name}_loss() takes no {', '.join(clip_kw)}")
@@ -216,6 +220,8 @@ class Objective:
                 loss_agg_mode,
             ),
             generator,
+            group_ids=group_ids,
+            token_keep=token_keep,
         )
 
     def run(
@@ -225,6 +231,9 @@ class Objective:
         options: Any,
         w: Weighting,
         generator: torch.Generator | None,
+        *,
+        group_ids: torch.Tensor | None = None,
+        token_keep: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, Stats]:
         """The prologue every objective shares, its ``terms``, then weight, aggregate, stats."""
         validate_clip_options(
@@ -240,7 +249,19 @@ class Objective:
         self.check(w.importance_sampling_level, w.loss_agg_mode)
         _check_shapes(**dict(zip(_NAMES, xs, strict=True)))
         if xs[0].dim() == 1:
-            return one_row(lambda *x: self.run(x, clip, options, w, generator), *xs)
+            keep1 = None if token_keep is None else token_keep[None]
+            return one_row(
+                lambda *x: self.run(
+                    x,
+                    clip,
+                    options,
+                    w,
+                    generator,
+                    group_ids=torch.zeros(1, dtype=torch.long, device=x[0].device),
+                    token_keep=keep1,
+                ),
+                *xs,
+            )
         if xs[0].dim() != 2:
             raise ValueError(f"expected [B, T] or [T] tensors; got {tuple(xs[0].shape)}")
         p = prepare_policy_inputs(
@@ -249,8 +270,11 @@ class Objective:
             behave_imp_weight_cap=w.behave_imp_weight_cap,
             rejection_sampling=w.rejection_sampling,
             importance_sampling_level=w.importance_sampling_level,
+            group_ids=group_ids,
         )
         t = self.terms(p, options, Context(clip=clip, generator=generator))
+        if token_keep is not None:  # TRL: the mask multiplies the per-token loss, after the gate
+            t.loss = torch.where(token_keep.bool(), t.loss, torch.zeros((), dtype=t.loss.dtype))
         return finish(p, t, w.loss_agg_mode)
 
 
@@ -397,11 +421,16 @@ def options_of(cfg: Any, name: str) -> Any:
 
 
 def objective_loss(
-    cfg: Any, *xs: torch.Tensor, generator: torch.Generator | None = None
+    cfg: Any,
+    *xs: torch.Tensor,
+    generator: torch.Generator | None = None,
+    group_ids: torch.Tensor | None = None,
+    token_keep: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Stats]:
     """The loss of ``cfg.policy_loss`` (a ``PPOActorConfig``) with its options from ``cfg``;
     ``xs`` are the tensors :meth:`Objective.loss` takes first, in its order (logprobs,
-    proximal, old, advantages, mask), checked there by name and shape."""
+    proximal, old, advantages, mask), checked there by name and shape; ``group_ids`` and
+    ``token_keep`` as in :meth:`Objective.loss`."""
     spec = lookup(cfg.policy_loss)
     return spec.run(
         xs,
@@ -415,4 +444,6 @@ def objective_loss(
             cfg.loss_agg_mode,
         ),
         generator,
+        group_ids=group_ids,
+        token_keep=token_keep,
     )
