@@ -33,7 +33,9 @@ from harness.model.build import precision
 from harness.model.critic import ValueModel, explained_variance, value_loss
 from harness.model.lora import is_lora, reference_off, swapped_in
 from harness.ppo.actor import PPOActor, minibatch_indices
-from harness.run.rollout import NonFiniteLogits, StalenessRing, forward_logprobs, sample
+from harness.run.mismatch import mismatch_probe
+from harness.run.rollout import NonFiniteLogits, StalenessRing, forward_logprobs
+from harness.run.sampler import local_sampler
 from harness.run.scaffold import (
     Diverged,
     Hooks,
@@ -56,8 +58,11 @@ def run(cfg: RunConfig, **hooks: Unpack[Hooks]) -> RunResult:
 def ppo_steps(run: Run) -> None:
     """The PPO steps on the scaffold's warm-started policy ``run.model``."""
     cfg, model, tokenizer, task, device = run.cfg, run.model, run.tokenizer, run.task, run.device
-    # One precision for sampler, recompute, reference, update and critic (models.ModelOptions).
+    # One precision for recompute, reference, update and critic (models.ModelOptions); the
+    # sampler's is rollout.sampler_dtype (default: the same), a mismatch source (docs/mismatch.md).
     amp = precision_dtype(cfg.model_options.dtype)
+    sampler = local_sampler(cfg, device, amp, run.sample_kw)
+    probe = mismatch_probe(cfg, device, amp)
     lora = is_lora(model)
 
     # ---- models: the policy, a frozen reference, a behaviour copy, a critic
@@ -132,8 +137,8 @@ def ppo_steps(run: Run) -> None:
         elif lora and stale is not None:
             swap = swapped_in(model, stale)
         try:
-            with swap, precision(device, amp):
-                rb = sample(
+            with swap:
+                rb = sampler.sample(
                     policy_for_sampling,
                     tokenizer,
                     [e.prompt for e in examples],
@@ -142,8 +147,8 @@ def ppo_steps(run: Run) -> None:
                     temperature=cfg.ppo.temperature,
                     top_p=cfg.rollout.top_p,
                     generator=gen,
-                    **run.sample_kw,
                 )
+                snap_logprobs = probe.snapshot(policy_for_sampling, rb, stale=stale is not None)
         except NonFiniteLogits as err:  # anything else sampling raises is an error
             raise Diverged(step, f"non-finite probabilities while sampling ({err})") from None
         if not torch.isfinite(rb.logprobs).all():
@@ -179,6 +184,7 @@ def ppo_steps(run: Run) -> None:
 
         # 3. Advantages (and the proximal log-probs at the current weights, if decoupled).
         actor.compute_advantages(batch)
+        mismatch = probe.measure(model, rb, batch, snap_logprobs)
 
         # 4. Minibatch PPO updates.
         t1 = time.perf_counter()
@@ -224,6 +230,7 @@ def ppo_steps(run: Run) -> None:
             "perf/update_time": t_update,
             "perf/tokens_per_sec": n_gen / step_time if step_time > 0 else 0.0,
             **stats,
+            **mismatch,
         }
         if run.eval_due(step):
             with precision(device, amp):

@@ -1,0 +1,97 @@
+"""Measuring the training–inference mismatch of a rollout: the learner-precision forwards the
+metrics of :mod:`harness.metrics.mismatch` compare the sampler's log-probs against.
+
+Which forwards a step needs (all no-grad, at the learner's precision, ``model_options.dtype``):
+
+* ℓcur, the learner at the current weights: the actor's own recompute when it does one
+  (``ppo.use_decoupled_loss`` or ``ppo.recompute_logprob``: its proximal log-probs are exactly
+  this forward), else one extra forward.
+* ℓsnap, the learner at the sampling weights: only under staleness, once the behaviour policy is
+  an older snapshot (one extra forward, run while that snapshot is loaded/swapped in). Without
+  staleness the sampling weights are the current ones, so ℓsnap = ℓcur and the lag part is 0.
+
+The cost (at most one extra forward of the batch without staleness) is measured by
+``benchmarks/bench_mismatch.py``; ``rollout.measure_mismatch: false`` skips it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from harness.metrics.mismatch import mismatch_decomposition, mismatch_stats
+from harness.model.build import precision
+from harness.model.logprobs import forward_logprobs
+from harness.run.rollout import RolloutBatch
+
+
+def _predicting(x: torch.Tensor) -> torch.Tensor:
+    """Token layout → the actor's predicting layout (position j holds token j + 1)."""
+    return torch.roll(x, shifts=-1, dims=-1)
+
+
+@dataclass
+class MismatchProbe:
+    """Per-step mismatch measurement of a run (``enabled`` = ``rollout.measure_mismatch``)."""
+
+    device: torch.device
+    learner: torch.dtype | None  # the learner's autocast dtype (None = float32)
+    temperature: float
+    enabled: bool = True
+    reuse_recompute: bool = False  # the actor's prox_logprobs are the learner at current weights
+
+    def learner_logprobs(self, model: Any, rb: RolloutBatch) -> torch.Tensor:
+        """The learner-precision log-probs of ``rb``'s tokens under ``model``, predicting layout."""
+        with torch.no_grad(), precision(self.device, self.learner):
+            lp = forward_logprobs(
+                model, rb.input_ids, rb.attention_mask, temperature=self.temperature
+            )[0]
+        return _predicting(lp.float())
+
+    def snapshot(self, policy: Any, rb: RolloutBatch, stale: bool) -> torch.Tensor | None:
+        """ℓsnap: call right after sampling, with the sampling weights still in ``policy``;
+        None when not measuring or when the sampling weights are the current ones."""
+        if not self.enabled or not stale:
+            return None
+        return self.learner_logprobs(policy, rb)
+
+    def measure(
+        self,
+        model: Any,
+        rb: RolloutBatch,
+        batch: dict[str, Any],
+        snapshot: torch.Tensor | None,
+    ) -> dict[str, float]:
+        """The step's ``mismatch/*`` metrics (empty when not measuring); call after
+        ``PPOActor.compute_advantages(batch)`` and before the update."""
+        if not self.enabled:
+            return {}
+        mask = batch["mask"]
+        behaviour = _predicting(rb.logprobs.float())
+        if self.reuse_recompute:
+            current = batch["prox_logprobs"]
+        else:
+            current = self.learner_logprobs(model, rb)
+        out = mismatch_stats(behaviour, current, mask)
+        out.update(
+            mismatch_decomposition(
+                behaviour, current if snapshot is None else snapshot, current, mask
+            )
+        )
+        return out
+
+
+def mismatch_probe(cfg: Any, device: torch.device, learner: torch.dtype | None) -> MismatchProbe:
+    p = cfg.ppo
+    return MismatchProbe(
+        device=device,
+        learner=learner,
+        temperature=p.temperature,
+        enabled=cfg.rollout.measure_mismatch,
+        reuse_recompute=bool(p.use_decoupled_loss or p.recompute_logprob),
+    )
+
+
+__all__ = ["MismatchProbe", "mismatch_probe"]
