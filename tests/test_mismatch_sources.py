@@ -244,6 +244,56 @@ def test_reusing_the_actors_recompute_measures_the_same_as_an_extra_forward(tiny
         assert reused[k] == pytest.approx(extra[k], rel=1e-6, abs=1e-12), k
 
 
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_the_updates_first_forward_measures_what_an_extra_forward_would(tiny, minibatches):
+    import copy
+
+    from harness.config import PPOActorConfig
+    from harness.ppo.actor import PPOActor
+
+    model, tok = tiny
+    model = copy.deepcopy(model)
+    rb = LocalSampler(CPU, dtype=torch.bfloat16).sample(
+        model,
+        tok,
+        PROMPTS,
+        n_samples=2,
+        max_new_tokens=8,
+        generator=torch.Generator().manual_seed(0),
+        temperature=1.0,
+        top_p=1.0,
+    )
+    batch = {
+        "input_ids": rb.input_ids,
+        "attention_mask": rb.attention_mask,
+        "loss_mask": rb.loss_mask,
+        "logprobs": rb.logprobs,
+        "rewards": torch.rand(rb.batch_size, generator=torch.Generator().manual_seed(0)),
+        "group_sizes": rb.group_sizes,
+    }
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    actor = PPOActor(PPOActorConfig(ppo_n_minibatches=minibatches), model, opt)
+    actor.compute_advantages(batch)
+    probe = MismatchProbe(CPU, None, 1.0)
+    before = probe.measure(model, rb, batch, None)  # an extra forward, before the update
+    actor.ppo_update(batch)
+    assert actor.first_logprobs is not None
+    rows = actor.first_logprobs[0]
+    got = probe.measure(model, rb, batch, None, first=actor.first_logprobs)
+    if minibatches == 1:
+        assert sorted(rows) == list(range(rb.batch_size))
+        for k in before:
+            assert got[k] == pytest.approx(before[k], rel=1e-5, abs=1e-12), k
+    else:  # the first minibatch's rows only, still measured before any optimizer step
+        assert 0 < len(rows) < rb.batch_size
+        lp = probe.learner_logprobs(model, rb)  # after the update: differs
+        assert got["mismatch/kl_k3"] > 0
+        assert (
+            got["mismatch/kl_k3"]
+            < mismatch_stats(torch.roll(rb.logprobs, -1, -1), lp, batch["mask"])["mismatch/kl_k3"]
+        )
+
+
 @pytest.mark.parametrize(
     "sets,expect",
     [

@@ -52,7 +52,7 @@ STEP_METRICS: dict[str, str] = {
     # training–inference mismatch (harness/metrics/mismatch.py, docs/mismatch.md): the sampler's
     # behaviour log-probs ℓb against a learner-precision forward ℓp at the current weights, over
     # the step's valid tokens, before any update; w = π_p/π_b; with rollout.measure_mismatch
-    "mismatch/kl_k1": "k1 estimate of KL(π_b‖π_learner) from the sampler's tokens: mean of ℓb − ℓp (verl rollout_corr/kl; can be negative). Under staleness it holds the policy lag too (see numerics_/lag_).",
+    "mismatch/kl_k1": "k1 estimate of KL(π_b‖π_learner) from the sampler's tokens: mean of ℓb − ℓp (verl rollout_corr/kl; can be negative). Every mismatch/* compares the sampler's ℓb with the learner-precision ℓp at the current weights before any update on the batch, over the whole batch when the actor recomputes (ppo.recompute_logprob or use_decoupled_loss), else over the update's first minibatch (the whole batch at ppo_n_minibatches 1); see docs/mismatch.md. Under staleness it holds the policy lag too (numerics_/lag_).",
     "mismatch/kl_k3": "k3 estimate of the same KL: mean of w − log w − 1, w = exp(ℓp − ℓb) (verl rollout_corr/k3_kl; ≥ 0). ≤ 1e-12 with a float32 sampler and learner; ~1e-6 to 1e-5 for a bfloat16 sampler on the tiny model.",
     "mismatch/logprob_abs_diff_mean": "Mean |ℓp − ℓb| over valid tokens (TRL sampling/sampling_logp_difference/mean).",
     "mismatch/logprob_abs_diff_max": "Largest |ℓp − ℓb| (TRL sampling/sampling_logp_difference/max).",

@@ -184,7 +184,6 @@ def ppo_steps(run: Run) -> None:
 
         # 3. Advantages (and the proximal log-probs at the current weights, if decoupled).
         actor.compute_advantages(batch)
-        mismatch = probe.measure(model, rb, batch, snap_logprobs)
 
         # 4. Minibatch PPO updates.
         t1 = time.perf_counter()
@@ -201,6 +200,7 @@ def ppo_steps(run: Run) -> None:
         t_update = time.perf_counter() - t1
         if not params_finite(model):
             raise Diverged(step, "non-finite policy parameters after the update")
+        mismatch = probe.measure(model, rb, batch, snap_logprobs, first=actor.first_logprobs)
         ring.push(model)
 
         # 5. Metrics.

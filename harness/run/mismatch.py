@@ -5,13 +5,18 @@ Which forwards a step needs (all no-grad, at the learner's precision, ``model_op
 
 * ℓcur, the learner at the current weights: the actor's own recompute when it does one
   (``ppo.use_decoupled_loss`` or ``ppo.recompute_logprob``: its proximal log-probs are exactly
-  this forward), else one extra forward.
+  this forward, over the whole batch); otherwise the update's first forward, on its first
+  minibatch before any optimizer step (``PPOActor.first_logprobs``; the whole batch at
+  ``ppo_n_minibatches: 1``, the default, and the rows of the first token-balanced minibatch
+  otherwise, as ``policy/sampler_logprob_gap``). Why not one more forward of the whole batch: on
+  the default shape a no-grad forward costs ~15-20 % of a step, the budget is 3 %.
 * ℓsnap, the learner at the sampling weights: only under staleness, once the behaviour policy is
   an older snapshot (one extra forward, run while that snapshot is loaded/swapped in). Without
   staleness the sampling weights are the current ones, so ℓsnap = ℓcur and the lag part is 0.
 
-The cost (at most one extra forward of the batch without staleness) is measured by
-``benchmarks/bench_mismatch.py``; ``rollout.measure_mismatch: false`` skips it.
+So without staleness the measurement costs no forward, only the metrics (about 1 ms); under
+staleness one forward. Measured by ``benchmarks/bench_mismatch.py``; ``rollout.measure_mismatch:
+false`` skips it.
 """
 
 from __future__ import annotations
@@ -63,15 +68,22 @@ class MismatchProbe:
         rb: RolloutBatch,
         batch: dict[str, Any],
         snapshot: torch.Tensor | None,
+        first: tuple[list[int], torch.Tensor] | None = None,
     ) -> dict[str, float]:
-        """The step's ``mismatch/*`` metrics (empty when not measuring); call after
-        ``PPOActor.compute_advantages(batch)`` and before the update."""
+        """The step's ``mismatch/*`` metrics (empty when not measuring). ``batch`` has been
+        through ``PPOActor.compute_advantages``; ``first`` is the actor's ``first_logprobs``
+        (rows, log-probs) from the update, used when the actor does not recompute. Without
+        either, one extra forward of ``model`` (the current weights, not yet updated)."""
         if not self.enabled:
             return {}
         mask = batch["mask"]
         behaviour = _predicting(rb.logprobs.float())
         if self.reuse_recompute:
             current = batch["prox_logprobs"]
+        elif first is not None:
+            rows = torch.tensor(first[0], device=mask.device)
+            current, mask, behaviour = first[1], mask[rows], behaviour[rows]
+            snapshot = None if snapshot is None else snapshot[rows]
         else:
             current = self.learner_logprobs(model, rb)
         out = mismatch_stats(behaviour, current, mask)
