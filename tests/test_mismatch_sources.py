@@ -167,8 +167,8 @@ def test_a_random_init_real_architecture_shows_the_same_ordering(arch):
         )
         for d in ("float32", "float16", "bfloat16")
     }
-    assert kl["float32"] <= 1e-6
-    assert kl["bfloat16"] > 1e-8
+    assert kl["float32"] <= 1e-6 and kl["float32"] < 1e-11
+    assert kl["bfloat16"] > 1e-9  # ~6e-8 measured: clearly above float32's ~4e-14
     assert kl["float16"] < kl["bfloat16"]
 
 
@@ -198,7 +198,8 @@ def test_a_run_logs_the_mismatch_and_its_decomposition_under_staleness(tmp_path)
         assert math.isclose(total, parts, rel_tol=1e-9, abs_tol=1e-15)
         assert h["mismatch/numerics_kl_k3"][step] > 1e-9  # bf16 sampler vs f32 learner
     assert h["mismatch/lag_kl_k3"][0] == 0.0  # nothing pushed yet: sampled by the current policy
-    assert h["mismatch/lag_kl_k3"][2] > h["mismatch/numerics_kl_k3"][2]  # 2 updates behind
+    # one update (two optimizer steps) behind: the lag dwarfs the bf16 numerics
+    assert h["mismatch/lag_kl_k3"][2] > h["mismatch/numerics_kl_k3"][2]
     s = res.summary
     assert s["stability/mismatch_kl_k3_max"] >= s["stability/mismatch_kl_k3_mean"] > 0
 
