@@ -96,8 +96,14 @@ def print_summary(result: RunResult, run_id: str) -> None:
         "stability/skipped_steps",
     ):
         table.add_row(key, _fmt(result.summary.get(key, math.nan)))
-    for key in ("final/eval_pass_at_1", "final/eval_pass_at_k", "final/eval_mean_at_n"):
-        if math.isfinite(result.summary.get(key, math.nan)):  # only with eval.samples > 0
+    for key in (
+        "final/eval_pass_at_1",  # these three only with eval.samples > 0
+        "final/eval_pass_at_k",
+        "final/eval_mean_at_n",
+        "stability/mismatch_kl_k3_mean",  # these two only with rollout.measure_mismatch
+        "stability/mismatch_kl_k3_max",
+    ):
+        if math.isfinite(result.summary.get(key, math.nan)):
             table.add_row(key, _fmt(result.summary[key]))
     table.add_row("steps", str(result.steps_done))
     table.add_row("wall time (s)", f"{result.wall_time:.1f}")

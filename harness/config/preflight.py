@@ -198,6 +198,27 @@ def check_memory(cfg: RunConfig) -> None:
     check_model_memory(cfg, None if cfg.model == "tiny" else model_config(cfg))
 
 
+# The architectures harness.run.decoders' functional decoder replays (the tiny model is Llama).
+FAST_DECODER_TYPES = ("llama", "qwen2", "mistral")
+
+
+def check_sampler_backend(cfg: RunConfig, config: Any | None) -> None:
+    """``rollout.sampler_backend: fast`` on a model the functional decoder cannot replay is a
+    config error now, not a failed run at the first rollout."""
+    if cfg.rollout.sampler_backend != "fast" or config is None:
+        return
+    kind = str(getattr(config, "model_type", ""))
+    windowed = getattr(config, "sliding_window", None) is not None and (
+        kind == "mistral" or bool(getattr(config, "use_sliding_window", False))
+    )
+    if kind not in FAST_DECODER_TYPES or windowed:
+        what = f"{kind} with sliding-window attention" if windowed else kind or "this model"
+        raise ValueError(
+            f"rollout.sampler_backend: fast needs a Llama, Qwen2 or Mistral model without "
+            f"sliding-window attention, not {what}; use auto or hf"
+        )
+
+
 def check_lengths(cfg: RunConfig, task: Task) -> None:
     """Raise ``ValueError`` (one line) when the model cannot hold prompt + max_new_tokens, does
     not fit in memory, its tokenizer gives ids it does not have, or an option needs something
@@ -210,6 +231,7 @@ def check_lengths(cfg: RunConfig, task: Task) -> None:
             "model_options.lora: needs the optional peft package (pip install -e '.[lora]')"
         )
     config = None if cfg.model == "tiny" else model_config(cfg)
+    check_sampler_backend(cfg, config)
     limit, where = model_limit(cfg, config)
     check_model_memory(cfg, config)
     try:
@@ -261,6 +283,7 @@ __all__ = [
     "Probe",
     "check_lengths",
     "check_memory",
+    "check_sampler_backend",
     "longest_prompt",
     "model_config",
     "model_limit",

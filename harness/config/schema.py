@@ -76,6 +76,39 @@ class RolloutConfig:
         ),
     )
 
+    # Sources of training–inference mismatch (docs/mismatch.md): each is one grid axis.
+    sampler_dtype: Literal["float32", "bfloat16", "float16"] | None = field(
+        default=None,
+        metadata=_h(
+            "Precision of the sampler's forward only (autocast to it, CPU and CUDA); the learner "
+            "keeps model_options.dtype. null = the same as model_options.dtype."
+        ),
+    )
+    sampler_logit_noise: float = field(
+        default=0.0,
+        metadata=_h(
+            "σ of seeded Gaussian noise added to the sampler's logits, before sampling and "
+            "before recording behaviour log-probs (0 = off): a mismatch dose knob.",
+            ge=0,
+            le=100,
+        ),
+    )
+    sampler_backend: Literal["auto", "fast", "hf"] = field(
+        default="auto",
+        metadata=_h(
+            "Decode path of the sampler: auto = the functional Llama/Qwen2/Mistral decoder when "
+            "it applies, else the model's own forward; fast = insist on the former; hf = always "
+            "the latter."
+        ),
+    )
+    measure_mismatch: bool = field(
+        default=True,
+        metadata=_h(
+            "Log mismatch/* each step: sampler log-probs against a learner-precision forward "
+            "(one extra no-grad forward when the actor does not recompute; two under staleness)."
+        ),
+    )
+
     def __post_init__(self) -> None:
         if self.max_resample_rounds and not self.zero_variance_filter:
             raise ValueError(

@@ -259,6 +259,20 @@ TRL_MAPPING: tuple[MapRow, ...] = (
     ),
     MapRow("rollout.max_prompt_tokens", "-", "none", "TRL 1.16 has no prompt truncation; use null"),
     MapRow("rollout.chat_template", "-", "must", "none (plain-text prompts) only"),
+    MapRow(
+        "rollout.sampler_dtype",
+        "-",
+        "must",
+        "null or model_options.dtype: TRL samples at the learner's precision",
+    ),
+    MapRow("rollout.sampler_logit_noise", "-", "must", "0 only (no sampler noise in TRL)"),
+    MapRow("rollout.sampler_backend", "-", "must", "auto only: TRL decodes with model.generate"),
+    MapRow(
+        "rollout.measure_mismatch",
+        "-",
+        "none",
+        "ignored: without vLLM TRL's sampler is the learner, so no mismatch/* are logged",
+    ),
     MapRow("device", "use_cpu", "exact", "cpu → use_cpu = true; cuda → the accelerator's device"),
 )
 
@@ -368,6 +382,13 @@ def trl_problems(cfg: Any) -> list[tuple[str, str]]:
                 "applied; use none",
             )
         )
+    dtype = getattr(r, "sampler_dtype", None)
+    if dtype is not None and dtype != _model_opt(cfg, "dtype", "float32"):
+        out.append(("rollout.sampler_dtype", "TRL samples at the learner's precision; use null"))
+    if getattr(r, "sampler_logit_noise", 0.0) > 0:
+        out.append(("rollout.sampler_logit_noise", "TRL has no sampler noise; use 0"))
+    if getattr(r, "sampler_backend", "auto") != "auto":
+        out.append(("rollout.sampler_backend", "TRL decodes with model.generate; use auto"))
     if r.n_samples < 2:
         out.append(("rollout.n_samples", "TRL's GRPOTrainer needs at least 2 samples per prompt"))
     batch = r.prompts_per_step * r.n_samples

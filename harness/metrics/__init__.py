@@ -50,6 +50,23 @@ STEP_METRICS: dict[str, str] = {
     "policy/behave_ess": "Kish effective sample size of the behaviour weights, (Σw)²/(n·Σw²), as a fraction of tokens.",
     "policy/behave_approx_kl": "Mean log π_prox − log π_behave over tokens kept by the behaviour weight.",
     "policy/filtered_fraction": "Fraction of valid tokens dropped (mask modes) or truncated (truncate/clamp modes) by the behaviour weight.",
+    # training–inference mismatch (harness/metrics/mismatch.py, docs/mismatch.md): the sampler's
+    # behaviour log-probs ℓb against a learner-precision forward ℓp at the current weights, over
+    # the step's valid tokens, before any update; w = π_p/π_b; with rollout.measure_mismatch
+    "mismatch/kl_k1": "k1 estimate of KL(π_b‖π_learner) from the sampler's tokens: mean of ℓb − ℓp (verl rollout_corr/kl; can be negative). Every mismatch/* compares the sampler's ℓb with the learner-precision ℓp at the current weights before any update on the batch, over the whole batch when the actor recomputes (ppo.recompute_logprob or use_decoupled_loss), else over the update's first minibatch (the whole batch at ppo_n_minibatches 1); see docs/mismatch.md. Under staleness it holds the policy lag too (numerics_/lag_).",
+    "mismatch/kl_k3": "k3 estimate of the same KL: mean of w − log w − 1, w = exp(ℓp − ℓb) (verl rollout_corr/k3_kl; ≥ 0). ≤ 1e-12 with a float32 sampler and learner; ~1e-6 to 1e-5 for a bfloat16 sampler on the tiny model.",
+    "mismatch/logprob_abs_diff_mean": "Mean |ℓp − ℓb| over valid tokens (TRL sampling/sampling_logp_difference/mean).",
+    "mismatch/logprob_abs_diff_max": "Largest |ℓp − ℓb| (TRL sampling/sampling_logp_difference/max).",
+    "mismatch/prob_abs_diff_max": "Largest |π_p − π_b| in probability space (verl training/rollout_probs_diff_max).",
+    "mismatch/log_ppl_diff": "Mean over rows of ℓ̄b − ℓ̄p, ℓ̄ = the row's mean log-prob (verl log_ppl_diff: log PPL_learner − log PPL_sampler).",
+    "mismatch/ppl_ratio": "Mean over rows of exp(ℓ̄b − ℓ̄p) (verl ppl_ratio: PPL_learner / PPL_sampler per row).",
+    "mismatch/chi2_token": "mean(w²) − 1 over valid tokens, log w clamped to ±20 (verl chi2_token).",
+    "mismatch/chi2_seq": "Mean over rows of exp(2·Σ_t log w) − 1, the row's summed log w clamped to ±20 (verl chi2_seq).",
+    "mismatch/ess": "Normalised effective sample size of the raw token weights, 1/mean(ŵ²) with ŵ = w/mean(w), in (0, 1] (verl rollout_is_eff_sample_size, before any correction).",
+    "mismatch/numerics_kl_k1": "Numerics part of mismatch/kl_k1: ℓb against the learner-precision forward of the SAME weights the sampler ran (the behaviour snapshot under staleness); = kl_k1 without staleness.",
+    "mismatch/numerics_kl_k3": "Numerics part, k3 estimate (sampler vs learner forward of the sampling weights).",
+    "mismatch/lag_kl_k1": "Policy-lag part of mismatch/kl_k1: the snapshot's against the current weights' log-probs, both at learner precision; 0 without staleness. numerics_kl_k1 + lag_kl_k1 = kl_k1 exactly.",
+    "mismatch/lag_kl_k3": "Policy-lag part, k3 estimate; numerics_kl_k3 + lag_kl_k3 ≈ kl_k3 (to second order; not exact).",
     # advantages
     "advantages/mean": "Mean advantage over valid tokens (after adv_norm).",
     "advantages/std": "Standard deviation of the advantages.",
@@ -202,7 +219,7 @@ def _trl_section() -> list[str]:
         "`rollout/staleness` are 0 (TRL runs have no reference in the reward and no lag); "
         "`stability/skipped_updates` is 0 (HF's Trainer steps even on a non-finite loss). Not "
         "logged by TRL, so absent: `policy/approx_kl*`, `policy/ratio_*`, `policy/dual_clipfrac`, "
-        "`policy/sampler_logprob_gap`, `policy/behave_*`, `critic/*`, `reward/format`, "
+        "`policy/sampler_logprob_gap`, `policy/behave_*`, `mismatch/*`, `critic/*`, `reward/format`, "
         "`reward/correct` (its reward function returns the total).",
     ]
     return lines

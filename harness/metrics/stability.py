@@ -29,6 +29,7 @@ CLIPFRAC = "policy/clipfrac"
 GRAD_NORM = "stability/grad_norm"
 NONFINITE_COUNT = "stability/nonfinite_count"
 SKIPPED_STEPS = "stability/skipped_updates"  # per-step count; the run summary sums it
+MISMATCH_KL = "mismatch/kl_k3"
 
 # The summaries of the reward curve alone (NaN when no reward was logged).
 _REWARD_KEYS: tuple[str, ...] = (
@@ -58,6 +59,8 @@ RUN_SUMMARY_KEYS: tuple[str, ...] = (
     "stability/entropy_ratio",
     "stability/nonfinite_events",
     "stability/skipped_steps",
+    "stability/mismatch_kl_k3_mean",
+    "stability/mismatch_kl_k3_max",
     "stability/diverged",
     "stability/diverged_step",
 )
@@ -229,6 +232,8 @@ def summarize_run(
       ``last_k`` (NaN if the first mean is 0).
     * ``stability/nonfinite_events``, ``stability/skipped_steps``: sums of the per-step counts
       ``stability/nonfinite_count`` and ``stability/skipped_updates``.
+    * ``stability/mismatch_kl_k3_mean``, ``stability/mismatch_kl_k3_max``: mean and max of
+      ``mismatch/kl_k3`` (sampler vs learner, k3, ≥ 0) over logged steps.
     * ``stability/diverged``: 1.0 when ``diverged_step`` is given (the training loop decides
       divergence), else 0.0; ``stability/diverged_step``: that step, else NaN.
     """
@@ -274,6 +279,11 @@ def summarize_run(
         _, v = _logged(history, src)
         if v.size:
             out[dst] = float(np.sum(v))
+
+    _, mm = _logged(history, MISMATCH_KL)
+    if mm.size:
+        out["stability/mismatch_kl_k3_mean"] = float(np.mean(mm))
+        out["stability/mismatch_kl_k3_max"] = float(np.max(mm))
 
     out["stability/diverged"] = 0.0 if diverged_step is None else 1.0
     out["stability/diverged_step"] = _NAN if diverged_step is None else float(diverged_step)

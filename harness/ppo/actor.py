@@ -95,6 +95,9 @@ class PPOActor:
         self.grad_clip = grad_clip
         self.autocast_dtype = autocast_dtype
         self._logprob_fn = logprob_fn
+        # The first minibatch's rows and log-probs of the last ppo_update, before any update on
+        # the batch (predicting layout, no grad).
+        self.first_logprobs: tuple[list[int], torch.Tensor] | None = None
         # Clip-Cov's random draw; the training loop seeds it from the run seed (determinism).
         self.generator = generator if generator is not None else torch.Generator().manual_seed(0)
 
@@ -288,6 +291,7 @@ class PPOActor:
         counts = m_all.sum(dim=1).tolist()
         bins = [b for b in minibatch_indices([int(c) for c in counts], cfg.ppo_n_minibatches) if b]
         acc = _StatsAccumulator()
+        self.first_logprobs = None
         was_training = self.model.training
         # Train mode for the update only (gradient checkpointing needs it); the caller zeroes
         # dropout at load time (harness.model.build.disable_dropout), so the function is unchanged.
@@ -310,6 +314,9 @@ class PPOActor:
                     # from the sampler's (bf16 sampler and learner kernels round differently).
                     logprobs, entropy = self.compute_logp(mb, with_entropy=True)
                     acc.sampler_gap = sampler_logprob_gap(logprobs.detach(), mb)
+                    # Kept for the mismatch metrics (harness.run.mismatch): this forward is
+                    # the learner at the current weights on these rows, at no extra cost.
+                    self.first_logprobs = (idx, logprobs.detach())
                     loss, stats = self.compute_loss(mb, logprobs=logprobs, entropy=entropy)
                 else:
                     loss, stats = self.compute_loss(mb)

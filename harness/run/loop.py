@@ -36,7 +36,9 @@ from harness.model.lora import is_lora, reference_off, swapped_in
 from harness.ppo.actor import PPOActor, minibatch_indices
 from harness.run.dynamic_sampling import Round, option_metrics, refill, score_round
 from harness.run.dynamic_sampling import skipped_step_metrics as _skipped
-from harness.run.rollout import NonFiniteLogits, StalenessRing, forward_logprobs, sample
+from harness.run.mismatch import mismatch_probe
+from harness.run.rollout import NonFiniteLogits, StalenessRing, forward_logprobs
+from harness.run.sampler import local_sampler
 from harness.run.scaffold import (
     Diverged,
     Hooks,
@@ -59,8 +61,11 @@ def run(cfg: RunConfig, **hooks: Unpack[Hooks]) -> RunResult:
 def ppo_steps(run: Run) -> None:
     """The PPO steps on the scaffold's warm-started policy ``run.model``."""
     cfg, model, tokenizer, task, device = run.cfg, run.model, run.tokenizer, run.task, run.device
-    # One precision for sampler, recompute, reference, update and critic (models.ModelOptions).
+    # One precision for recompute, reference, update and critic (models.ModelOptions); the
+    # sampler's is rollout.sampler_dtype (default: the same), a mismatch source (docs/mismatch.md).
     amp = precision_dtype(cfg.model_options.dtype)
+    sampler = local_sampler(cfg, device, amp, run.sample_kw)
+    probe = mismatch_probe(cfg, device, amp)
     lora = is_lora(model)
 
     # ---- models: the policy, a frozen reference, a behaviour copy, a critic
@@ -126,7 +131,7 @@ def ppo_steps(run: Run) -> None:
         if examples is None:
             examples = task.sample(rng, cfg.rollout.prompts_per_step)
         try:
-            rb = sample(
+            rb = sampler.sample(
                 policy,
                 tokenizer,
                 [e.prompt for e in examples],
@@ -135,7 +140,6 @@ def ppo_steps(run: Run) -> None:
                 temperature=cfg.ppo.temperature,
                 top_p=cfg.rollout.top_p,
                 generator=gen,
-                **run.sample_kw,
             )
         except NonFiniteLogits as err:  # anything else sampling raises is an error
             raise Diverged(step, f"non-finite probabilities while sampling ({err})") from None
@@ -162,7 +166,8 @@ def ppo_steps(run: Run) -> None:
             policy_for_sampling = behaviour_model
         elif lora and stale is not None:
             swap = swapped_in(model, stale)
-        with swap, precision(device, amp):
+        # The sampler runs at its own precision (rollout.sampler_dtype; run/sampler.py).
+        with swap:
             first = draw(policy_for_sampling, step, examples)
             # Dynamic sampling: zero-variance groups out, more rounds in (run/dynamic_sampling.py).
             dyn = None
@@ -174,6 +179,13 @@ def ppo_steps(run: Run) -> None:
                     cfg.rollout.max_resample_rounds,
                     pad_id,
                 )
+            train_round = dyn.train if dyn is not None else first
+            # ℓsnap for the mismatch decomposition, while the sampling weights are still loaded.
+            snap_logprobs = (
+                probe.snapshot(policy_for_sampling, train_round.rb, stale=stale is not None)
+                if train_round is not None
+                else None
+            )
         t_rollout = time.perf_counter() - t0
         rb, parts = first.rb, first.parts
         rounds = dyn.rounds if dyn is not None else [first]
@@ -231,6 +243,7 @@ def ppo_steps(run: Run) -> None:
         t_update = time.perf_counter() - t1
         if not params_finite(model):
             raise Diverged(step, "non-finite policy parameters after the update")
+        mismatch = probe.measure(model, train.rb, batch, snap_logprobs, first=actor.first_logprobs)
         ring.push(model)
 
         # 5. Metrics.
@@ -261,6 +274,7 @@ def ppo_steps(run: Run) -> None:
             "perf/tokens_per_sec": n_gen / step_time if step_time > 0 else 0.0,
             **stats,
             **option_metrics(cfg, first, dyn, batch),
+            **mismatch,
         }
         if run.eval_due(step):
             with precision(device, amp):

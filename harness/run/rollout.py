@@ -105,8 +105,15 @@ def _generate(
     greedy: bool,
     eos: torch.Tensor,
     pad_id: int,
+    logit_noise: float = 0.0,
+    noise_generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sampling loop: ``[N, T]`` tokens (pad after EOS) and their behaviour log-probs."""
+    """The sampling loop: ``[N, T]`` tokens (pad after EOS) and their behaviour log-probs.
+
+    ``logit_noise`` σ > 0 adds N(0, σ²) noise from ``noise_generator`` to every step's logits
+    before the distribution is formed, so the tokens AND the recorded log-probs are the noisy
+    sampler's (an emulated mismatch source; its own generator leaves the sampling stream alone).
+    """
     n_rows = prompt_ids.shape[0]
     device = prompt_ids.device
     inv_t = 1.0 / temperature
@@ -124,6 +131,11 @@ def _generate(
     next_pos = pos[:, -1:] + 1
     steps = 0
     for t in range(max_new_tokens):
+        if logit_noise > 0:
+            noise = torch.randn(
+                logits.shape, generator=noise_generator, device=device, dtype=torch.float32
+            )
+            logits = logits.float() + logit_noise * noise
         logp = torch.log_softmax(logits.float() * inv_t, dim=-1)
         if greedy:
             tok = logp.argmax(dim=-1, keepdim=True)
@@ -169,6 +181,8 @@ def sample(
     max_prompt_tokens: int | None = None,
     max_positions: int | None = None,
     chat_template: str | None = None,
+    logit_noise: float = 0.0,
+    noise_generator: torch.Generator | None = None,
 ) -> RolloutBatch:
     """Sample ``n_samples`` completions per prompt with a hand-written KV-cache loop.
 
@@ -184,7 +198,8 @@ def sample(
     a longer prompt (None = never truncate). ``max_positions``: a row needing more than that many
     positions (prompt + ``max_new_tokens``) raises ``ValueError`` before any forward pass.
     ``chat_template``: a Jinja template each prompt is rendered with first (one user turn; see
-    :mod:`harness.model.prompting`).
+    :mod:`harness.model.prompting`). ``logit_noise``: σ of Gaussian noise on the logits (drawn
+    from ``noise_generator``, required when σ > 0), see :func:`_generate`.
     """
     if n_samples < 1 or max_new_tokens < 1:
         raise ValueError("sample: n_samples and max_new_tokens must be >= 1")
@@ -194,6 +209,8 @@ def sample(
         raise ValueError(f"sample: top_p must be in (0, 1]; got {top_p}")
     if backend not in ("auto", "fast", "hf"):
         raise ValueError(f"sample: backend must be auto, fast or hf; got {backend!r}")
+    if logit_noise < 0 or (logit_noise > 0 and noise_generator is None):
+        raise ValueError("sample: logit_noise must be >= 0, and > 0 needs a noise_generator")
     fast = backend != "hf" and _fast_path_ok(model)
     if backend == "fast" and not fast:
         raise ValueError(f"sample: no fast decoder for {type(model).__name__}; use backend='auto'")
@@ -228,6 +245,8 @@ def sample(
         greedy=greedy,
         eos=eos,
         pad_id=pad_id,
+        logit_noise=logit_noise,
+        noise_generator=noise_generator,
     )
     # Everything below runs outside inference mode: the batch's tensors are ordinary tensors
     # that the training forward pass may use under autograd. A generated slot is real up to and including the first EOS.

@@ -38,7 +38,13 @@ def metric_column(key: str) -> str:
 
 def view_state(metric: str, direction: str) -> dict[str, Any]:
     """The saved runs-page view: children grouped by cell, ``metric`` first, best first."""
-    columns = [metric, "final/reward", "best/reward", "final/eval_accuracy"]
+    columns = [
+        metric,
+        "final/reward",
+        "best/reward",
+        "final/eval_accuracy",
+        "stability/mismatch_kl_k3_mean",  # sampler vs learner: a cell's numerics at a glance
+    ]
     columns = list(dict.fromkeys(columns))  # the metric first, no duplicates
     return {
         "searchFilter": "tags.`harness.role` = 'child'",
