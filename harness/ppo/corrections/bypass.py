@@ -9,8 +9,7 @@ preset(
     Preset(
         "bypass",
         "bypass: clip exp(ℓθ − ℓb) directly, no recompute, no IS weight",
-        "r = exp(ℓθ − ℓb); ρ = 1 (with policy_loss cispo: −sg(min(r, C))·A·ℓθ = verl "
-        "bypass_pg_is)",
+        "r = exp(ℓθ − ℓb); ρ = 1 (with policy_loss cispo: −sg(min(r, C))·A·ℓθ = verl bypass_pg_is)",
         Correction(bypass=True),
         peers={"verl": "`bypass_mode=true`, `loss_type=ppo_clip`, no rollout_is / rollout_rs"},
         requires={"use_decoupled_loss": False, "recompute_logprob": False},

@@ -41,9 +41,14 @@ def _zeros_like(x: torch.Tensor) -> torch.Tensor:
     return torch.zeros((), dtype=x.dtype, device=x.device)
 
 
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """At least float32 (bf16 log-probs are widened, as AReaL does; float64 stays float64)."""
+    return x.detach().to(torch.promote_types(x.dtype, torch.float32))
+
+
 def log_weight(ref: torch.Tensor, behave: torch.Tensor) -> torch.Tensor:
     """log w = ℓr − ℓb, non-finite → 0 (w = 1: TRL's nan_to_num, AReaL's isfinite guard)."""
-    d = ref.detach().float() - behave.detach().float()
+    d = _wide(ref) - _wide(behave)
     return torch.where(torch.isfinite(d), d, _zeros_like(d))
 
 
@@ -78,8 +83,8 @@ def token_metric(
     if f.metric == "k3":
         return torch.exp(log_u) - 1 - log_u
     # binary_kl: the larger of the two Bernoulli KLs of the sampled token's probability.
-    p = ref.detach().float().exp().clamp(1e-8, 1 - 1e-8)
-    q = behave.detach().float().exp().clamp(1e-8, 1 - 1e-8)
+    p = _wide(ref).exp().clamp(1e-8, 1 - 1e-8)
+    q = _wide(behave).exp().clamp(1e-8, 1 - 1e-8)
 
     def bkl(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return a * (a / b).log() + (1 - a) * ((1 - a) / (1 - b)).log()
@@ -150,7 +155,7 @@ def apply_correction(
     def ref_of(which: str) -> torch.Tensor:
         return current if c.bypass or which == "current" else prox
 
-    adv = advantages.detach().float()
+    adv = _wide(advantages)
     keep = torch.ones_like(m)
     truncations: list[tuple[torch.Tensor, Filter]] = []
     for f in c.filters:
@@ -215,7 +220,13 @@ def _batch_normalize(
     return w / mean, mean
 
 
-_RS_METRIC = {"ratio": "ratio", "kl_k1": "k1", "kl_k2": "k2", "kl_k3": "k3", "binary_kl": "binary_kl"}
+_RS_METRIC = {
+    "ratio": "ratio",
+    "kl_k1": "k1",
+    "kl_k2": "k2",
+    "kl_k3": "k3",
+    "binary_kl": "binary_kl",
+}
 
 
 def from_rejection_sampling(rs: RejectionSampling, *, legacy: bool = False) -> Correction:
@@ -238,4 +249,3 @@ def from_rejection_sampling(rs: RejectionSampling, *, legacy: bool = False) -> C
         filters=(f,),
         narrow_mask=not legacy,
     )
-

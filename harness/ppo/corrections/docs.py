@@ -80,11 +80,11 @@ def markdown() -> str:
         "|---|---|",
         "| TRL `token_truncate` [a, C] | `{weight: token, clip_min: a, clip_max: C}` |",
         "| TRL `sequence_truncate` [a, C] | `{weight: sequence_product, clip_min: a, clip_max: C}` |",
-        "| verl `rollout_is=sequence`, `\"lo_hi\"` (sequence IcePop) | `{weight: sequence_product, "
+        '| verl `rollout_is=sequence`, `"lo_hi"` (sequence IcePop) | `{weight: sequence_product, '
         "clip_min: lo, clip_max: hi, zero_outside: true, log_clamp: 20}` |",
         "| verl `rollout_is_batch_normalize: true` | add `batch_normalize: true` (normalized "
         "per micro-batch: equal to verl's with `ppo_n_minibatches: 1`) |",
-        "| verl `rollout_rs=token_k1`, `\"lo_hi\"` | `filters: [{level: token, metric: k1, lower: "
+        '| verl `rollout_rs=token_k1`, `"lo_hi"` | `filters: [{level: token, metric: k1, lower: '
         "log lo, upper: log hi}]`, `denominator: post` |",
         "| verl `seq_{sum,mean,max}_k{2,3}` τ | `filters: [{level: sequence, metric: k2 or k3, "
         "agg: sum/mean/max, upper: τ}]`, `denominator: post` |",

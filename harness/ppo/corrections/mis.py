@@ -34,7 +34,7 @@ preset(
         "ρ_t = w_t if 0.5 ≤ w_t ≤ 5 else 0 (w_t = exp(clamp(ℓp − ℓb, ±20)))",
         Correction(weight="token", clip_min=0.5, clip_max=5.0, zero_outside=True, log_clamp=20.0),
         peers={
-            "verl": "`rollout_is=token`, `rollout_is_threshold=\"0.5_5.0\"` (*_token_icepop)",
+            "verl": '`rollout_is=token`, `rollout_is_threshold="0.5_5.0"` (*_token_icepop)',
             "TRL": "`vllm_importance_sampling_mode=token_mask`, `clip_min=0.5`, `clip_max=5.0`",
         },
         rank=4,

@@ -10,8 +10,7 @@ preset(
     Preset(
         "opsm",
         "off-policy sequence mask (DeepSeek-V3.2), δ = 0.5",
-        "keep_i ⟺ A_i ≥ 0 ∨ mean_t M(ℓb − sg(ℓθ)) ≤ 0.5 (evaluated in the loss, per "
-        "micro-batch)",
+        "keep_i ⟺ A_i ≥ 0 ∨ mean_t M(ℓb − sg(ℓθ)) ≤ 0.5 (evaluated in the loss, per micro-batch)",
         Correction(
             filters=(
                 Filter(

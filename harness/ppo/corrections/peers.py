@@ -113,7 +113,9 @@ def _verl_rs(f: Filter, i: int, bypass: bool) -> tuple[tuple[str, Any] | None, s
     return (f"{level}_{f.metric}", hi), None
 
 
-def verl_settings(c: Correction, policy_loss: str = "ppo") -> tuple[list[tuple[str, Any]], Problems]:
+def verl_settings(
+    c: Correction, policy_loss: str = "ppo"
+) -> tuple[list[tuple[str, Any]], Problems]:
     """``algorithm.rollout_correction.*`` overrides for ``c`` (verl's rollout_is thresholds and
     rollout_rs lists are strings: they are returned as ``str``)."""
     A = "algorithm.rollout_correction"
@@ -133,9 +135,7 @@ def verl_settings(c: Correction, policy_loss: str = "ppo") -> tuple[list[tuple[s
         kv.append((f"{A}.rollout_is", "token" if c.weight == "token" else "sequence"))
         if c.zero_outside:
             if c.clip_min is None or c.clip_max is None or c.clip_min <= 0:
-                problems.append(
-                    (f"{F}.clip_min", "verl's IcePop needs both bounds, 0 < lo <= hi")
-                )
+                problems.append((f"{F}.clip_min", "verl's IcePop needs both bounds, 0 < lo <= hi"))
             else:
                 kv.append((f"{A}.rollout_is_threshold", f"{_num(c.clip_min)}_{_num(c.clip_max)}"))
         elif c.clip_min is not None:

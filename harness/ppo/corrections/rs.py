@@ -26,8 +26,7 @@ preset(
     Preset(
         "geo_rs",
         "Geo-RS: verl's seq_mean_k1 filter, post-filter denominator",
-        "keep_i ⟺ log 0.999 ≤ mean_t M(ℓb − ℓp) ≤ log 1.001; dropped rows leave the "
-        "denominators",
+        "keep_i ⟺ log 0.999 ≤ mean_t M(ℓb − ℓp) ≤ log 1.001; dropped rows leave the denominators",
         Correction(
             filters=(
                 Filter(
@@ -41,7 +40,7 @@ preset(
             denominator="post",
         ),
         peers={
-            "verl": "`rollout_rs=seq_mean_k1`, `rollout_rs_threshold=\"0.999_1.001\"` "
+            "verl": '`rollout_rs=seq_mean_k1`, `rollout_rs_threshold="0.999_1.001"` '
             "(decoupled_geo_rs)",
         },
         rank=6,

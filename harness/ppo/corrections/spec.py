@@ -71,9 +71,7 @@ class Filter:
         if self.lower is None and self.upper is None:
             raise ValueError("filters[].lower / upper: give at least one bound")
         if self.lower is not None and self.upper is not None and self.lower > self.upper:
-            raise ValueError(
-                f"filters[].lower ({self.lower}) must be <= upper ({self.upper})"
-            )
+            raise ValueError(f"filters[].lower ({self.lower}) must be <= upper ({self.upper})")
         if self.metric == "ratio" and self.lower is not None and not self.lower >= 0:
             raise ValueError(f"filters[].lower must be >= 0 for metric 'ratio'; got {self.lower}")
         if self.action == "truncate" and self.metric != "ratio":
@@ -113,9 +111,7 @@ class Correction:
         "ρ ← ρ / mean(ρ) after clipping (verl rollout_is_batch_normalize): mean over valid "
         "tokens (token weights) or rows (sequence weights) of the micro-batch; skipped if ≤ 1e-8.",
     )
-    filters: tuple[Filter, ...] = option(
-        (), "Rejection filters, combined with AND (see Filter)."
-    )
+    filters: tuple[Filter, ...] = option((), "Rejection filters, combined with AND (see Filter).")
     sequential: bool = option(
         False,
         "false: every filter and the sequence weight see the caller's mask (verl); true: each "
