@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from objective_cli import SMALL
 from typer.testing import CliRunner
 
 from harness.cli import app
@@ -24,7 +25,6 @@ from harness.ppo.corrections import PRESETS, Correction, Filter
 from harness.ppo.corrections.docs import markdown
 from harness.ppo.objectives import OBJECTIVES, lookup, ppo_actor_loss
 from harness.run.rollout import sample
-from objective_cli import SMALL
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG = math.log
@@ -119,7 +119,7 @@ def test_truncate_filter_is_areal_clamp():
     rs = RejectionSampling(level="sequence", action="clamp", agg="sum", upper=2.0)
     xs = row(3.0, 1.0)
     w_geo = math.sqrt(3.0)  # product 3 > 2 fails: truncate √3 to [0, 2] → unchanged
-    assert float(ppo_actor_loss(*xs, rejection_sampling=rs)[0]) == pytest.approx(-w_geo)
+    assert float(ppo_actor_loss(*xs, rejection_sampling=rs)[0].detach()) == pytest.approx(-w_geo)
     c = Correction(
         weight="sequence_geometric",
         filters=(Filter(level="sequence", agg="sum", upper=2.0, lower=0.0, action="truncate"),),

@@ -28,6 +28,7 @@ import yaml
 from harness.config import RunConfig
 from harness.config.trl_map import approximations, grpo_kwargs, trl_problems
 from harness.core.configtools import ConfigError, to_dict
+from harness.ppo.corrections import resolve
 from harness.ppo.corrections.peers import verl_settings
 from harness.ppo.objectives import lookup
 from harness.sweep.cell_choice import best_to_export, resolve_cell
@@ -340,7 +341,7 @@ def export_verl(cfg: RunConfig) -> str:
     if r.staleness:
         notes.append("# rollout.staleness: verl's main trainer is synchronous (no lagged policy)")
     if p.correction is not None:
-        ckv, problems = verl_settings(p.correction, p.policy_loss)
+        ckv, problems = verl_settings(resolve(p.correction), p.policy_loss)
         kv += [
             (k, _Quoted(v) if isinstance(v, str) and not _VERL_NAME.fullmatch(v) else v)
             for k, v in ckv

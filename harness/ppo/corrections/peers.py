@@ -114,13 +114,15 @@ def _verl_rs(f: Filter, i: int, bypass: bool) -> tuple[tuple[str, Any] | None, s
 
 
 def verl_settings(
-    c: Correction, policy_loss: str = "ppo"
+    c: Correction | None, policy_loss: str = "ppo"
 ) -> tuple[list[tuple[str, Any]], Problems]:
     """``algorithm.rollout_correction.*`` overrides for ``c`` (verl's rollout_is thresholds and
     rollout_rs lists are strings: they are returned as ``str``)."""
     A = "algorithm.rollout_correction"
     kv: list[tuple[str, Any]] = []
     problems: Problems = []
+    if c is None:
+        return kv, problems
     if c.bypass:
         kv.append((f"{A}.bypass_mode", True))
         if policy_loss == "ppo" and c.weight != "none":
