@@ -44,8 +44,9 @@ def ours(lt, lp, lb, A, M, c, loss=ppo_actor_loss, **kw):
 def agree(peer, mine, lt):
     (g_peer,) = torch.autograd.grad(peer, lt)
     (g_mine,) = torch.autograd.grad(mine, lt)
-    assert torch.allclose(peer, mine, rtol=1e-10, atol=1e-12), (float(peer), float(mine))
-    assert torch.allclose(g_peer, g_mine, rtol=1e-10, atol=1e-12)
+    # The harness computes ρ in float32 (as AReaL); the peers' formulas here run in float64.
+    assert torch.allclose(peer, mine, rtol=1e-6, atol=1e-7), (float(peer), float(mine))
+    assert torch.allclose(g_peer, g_mine, rtol=1e-6, atol=1e-7)
     assert g_mine.abs().sum() > 0
 
 

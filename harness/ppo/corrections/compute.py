@@ -42,8 +42,9 @@ def _zeros_like(x: torch.Tensor) -> torch.Tensor:
 
 
 def _wide(x: torch.Tensor) -> torch.Tensor:
-    """At least float32 (bf16 log-probs are widened, as AReaL does; float64 stays float64)."""
-    return x.detach().to(torch.promote_types(x.dtype, torch.float32))
+    """float32, as AReaL computes its behaviour weights (bf16 log-probs are widened; the weight
+    is then multiplied into a loss of the log-probs' own dtype)."""
+    return x.detach().float()
 
 
 def log_weight(ref: torch.Tensor, behave: torch.Tensor) -> torch.Tensor:
