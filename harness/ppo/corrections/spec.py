@@ -12,7 +12,6 @@ filter is ℓp, or sg(ℓθ) under ``bypass`` / ``reference: current``; log w = 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -89,9 +88,7 @@ class Correction:
         "sequence IS), 'sequence_geometric' exp(mean_t log w) (AReaL sequence level); sequence "
         "weights are broadcast to the row's tokens.",
     )
-    clip_min: float | None = option(
-        None, "Lower bound C_min on ρ; null = none.", ge=0, inf="no bound"
-    )
+    clip_min: float | None = option(None, "Lower bound C_min on ρ; null = none.", ge=0)
     clip_max: float | None = option(
         None, "Upper bound C_max on ρ (TIS); null = none.", gt=0, inf="no bound"
     )
@@ -149,8 +146,6 @@ class Correction:
                 "an empty correction: give a weight, filters or bypass (or leave ppo.correction "
                 "null)"
             )
-        if lo is not None and hi is not None and math.isinf(lo):
-            raise ValueError("clip_min must be finite")
 
     def references(self) -> set[str]:
         """The log-prob references it reads (``proximal`` only matters with a recompute)."""
