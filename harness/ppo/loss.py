@@ -366,8 +366,7 @@ def base_stats(
     if p.correction is not None:
         stats["correction_masked"] = p.correction.masked
         stats["correction_truncated"] = p.correction.truncated
-        if p.correction.norm_factor is not None:
-            stats["correction_norm_factor"] = p.correction.norm_factor
+        stats["correction_norm_factor"] = p.correction.norm_factor
     return stats
 
 

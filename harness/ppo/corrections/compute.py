@@ -24,13 +24,14 @@ class CorrectionResult:
     """``mask`` the loss mask after the filters (the caller's, when ``narrow_mask`` is false),
     ``w`` ρ (0 off ``mask`` and on dropped tokens; None for weight 'none'), and per valid token:
     ``masked`` dropped by a filter or zeroed by ``zero_outside``, ``truncated`` kept with ρ
-    changed by clipping or a truncate filter; ``norm_factor`` the batch-normalization mean."""
+    changed by clipping or a truncate filter; ``norm_factor`` what ρ was divided by (1 without
+    ``batch_normalize``)."""
 
     mask: torch.Tensor
     w: torch.Tensor | None
     masked: torch.Tensor
     truncated: torch.Tensor
-    norm_factor: float | None = None
+    norm_factor: float = 1.0
 
     def fractions(self, valid: torch.Tensor) -> tuple[float, float]:
         n = max(int(valid.sum()), 1)
@@ -176,7 +177,7 @@ def apply_correction(
     zeroed = torch.zeros_like(m)
     truncated = torch.zeros_like(m)
     w: torch.Tensor | None = None
-    norm_factor: float | None = None
+    norm_factor = 1.0
     if c.weight != "none":
         ref = ref_of("proximal")
         lw = log_weight(ref, behave)
@@ -208,8 +209,8 @@ def apply_correction(
 def _batch_normalize(
     w: torch.Tensor, m: torch.Tensor, *, per_row: bool
 ) -> tuple[torch.Tensor, float]:
-    """ρ / mean ρ: over valid tokens, or (sequence weights) over the rows that have any; a mean
-    ≤ 1e-8 leaves ρ unchanged (verl)."""
+    """(ρ / mean ρ, the divisor): the mean over valid tokens, or (sequence weights) over the
+    rows that have any; a mean ≤ 1e-8 leaves ρ unchanged (verl) and the divisor is 1."""
     if per_row:
         rows = m.any(dim=1)
         per = row_mean(w, m).squeeze(1)[rows]
@@ -217,7 +218,7 @@ def _batch_normalize(
     else:
         mean = float(w[m].mean()) if m.any() else 0.0
     if mean <= 1e-8:
-        return w, mean
+        return w, 1.0
     return w / mean, mean
 
 
