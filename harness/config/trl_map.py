@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from harness.ppo.corrections.peers import trl_settings
 from harness.ppo.objectives import OBJECTIVES, lookup
 
 TRL_VERSION = "1.16"
@@ -190,6 +191,13 @@ TRL_MAPPING: tuple[MapRow, ...] = (
         "behaviour weights need a separate sampler (vLLM); not without it",
     ),
     MapRow(
+        "ppo.correction",
+        "off_policy_mask_threshold",
+        "exact",
+        "preset opsm (DeepSeek-V3.2's mask); IS weights (vllm_importance_sampling_*) need a vLLM "
+        "sampler: refused",
+    ),
+    MapRow(
         "ppo.recompute_logprob",
         "-",
         "approx",
@@ -307,6 +315,23 @@ def _objective_problems(cfg: Any) -> list[tuple[str, str]]:
     return []
 
 
+VLLM_ONLY = (
+    "TRL applies vllm_importance_sampling_* only with a vLLM sampler (use_vllm=True), which "
+    "trainer: trl does not run"
+)
+
+
+def _correction_problems(p: Any) -> list[tuple[str, str]]:
+    """What TRL cannot say about ``ppo.correction`` (its IS weights only exist with vLLM)."""
+    c = getattr(p, "correction", None)
+    if c is None:
+        return []
+    kw, problems = trl_settings(c)
+    if any(k.startswith("vllm_") for k in kw):
+        problems.append(("ppo.correction.weight", VLLM_ONLY))
+    return problems
+
+
 def trl_problems(cfg: Any) -> list[tuple[str, str]]:
     """Every option of ``cfg`` that TRL's GRPOTrainer cannot express, as (field, reason)."""
     p, r = cfg.ppo, cfg.rollout
@@ -320,6 +345,7 @@ def trl_problems(cfg: Any) -> list[tuple[str, str]]:
     if p.behave_imp_weight_mode != "disabled" or p.rejection_sampling is not None:
         field = "behave_imp_weight_mode" if p.rejection_sampling is None else "rejection_sampling"
         out.append((f"ppo.{field}", "behaviour weights need a separate vLLM sampler in TRL"))
+    out += _correction_problems(p)
     if p.adv_norm is not None:
         out.append(("ppo.adv_norm", "TRL has no token-level advantage normalization; set null"))
     n = p.reward_norm
@@ -494,6 +520,10 @@ def grpo_kwargs(cfg: Any, *, strict: bool = True) -> dict[str, Any]:
         kw["mask_truncated_completions"] = True
     if "ppo_n_minibatches" in bad:  # uneven split: one optimizer step per generation batch
         kw["steps_per_generation"], kw["per_device_train_batch_size"] = 1, batch
+    if getattr(p, "correction", None) is not None:
+        # The correction under TRL's names (the vLLM weights reach only an exported config:
+        # under trainer: trl they are refused above).
+        kw.update(trl_settings(p.correction)[0])
     peer = lookup(pl).trl
     if peer is not None and peer.options:
         # The objective's own options under TRL's names (cispo's cap is TRL's epsilon_high).

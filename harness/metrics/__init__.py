@@ -49,6 +49,9 @@ STEP_METRICS: dict[str, str] = {
     "policy/behave_weight_max": "Largest behaviour weight.",
     "policy/behave_ess": "Kish effective sample size of the behaviour weights, (Σw)²/(n·Σw²), as a fraction of tokens.",
     "policy/behave_approx_kl": "Mean log π_prox − log π_behave over tokens kept by the behaviour weight.",
+    "policy/correction_masked_frac": "Fraction of valid tokens a correction (ppo.correction, rejection_sampling or behave_imp_weight_mode) took out of the loss: dropped by a filter, or given ρ = 0 by zero_outside (masked IS, IcePop). The weight ρ itself is reported as policy/behave_weight_*.",
+    "policy/correction_truncated_frac": "Fraction of valid tokens the correction kept but whose weight ρ it changed by clip_min / clip_max (TIS) or a truncate filter.",
+    "policy/correction_norm_factor": "What ρ was divided by: the batch mean of ρ under ppo.correction.batch_normalize (1 without it, or when that mean is ≤ 1e-8), averaged over the step's minibatches; logged whenever a correction is on.",
     "policy/filtered_fraction": "Fraction of valid tokens dropped (mask modes) or truncated (truncate/clamp modes) by the behaviour weight.",
     # training–inference mismatch (harness/metrics/mismatch.py, docs/mismatch.md): the sampler's
     # behaviour log-probs ℓb against a learner-precision forward ℓp at the current weights, over

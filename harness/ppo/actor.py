@@ -383,6 +383,8 @@ class _StatsAccumulator:
         self.filtered: list[float] = []
         self.n_behave = 0
         self.n_gate = 0
+        self.n_corr = 0
+        self.norm_factors: list[float] = []
         # Covariance objectives: per optimizer step (count, candidates, threshold, penalty |δ|).
         self.cov: dict[str, list[float]] = {}
         self.sampler_gap = float("nan")  # set on the first minibatch of the first epoch
@@ -427,6 +429,12 @@ class _StatsAccumulator:
         if "entropy_mask" in stats:
             self._put("entropy_masked", (~stats["entropy_mask"][m]).double())
         self._put("advantages", mb["advantages"][m])
+        if "correction_masked" in stats:
+            self._put("corr_masked", stats["correction_masked"][m].double())
+            self._put("corr_truncated", stats["correction_truncated"][m].double())
+            self.n_corr += n
+            if "correction_norm_factor" in stats:
+                self.norm_factors.append(float(stats["correction_norm_factor"]))
         if "behave_imp_weight" in stats:
             w = stats["behave_imp_weight"][m].double()
             self._put("behave_w", w)
@@ -475,6 +483,11 @@ class _StatsAccumulator:
             finite = [v for v in values if math.isfinite(v)]
             # the threshold exists only in updates that selected a token
             out[f"policy/{key}"] = sum(finite) / len(finite) if finite else nan
+        if self.n_corr:
+            out["policy/correction_masked_frac"] = self.sums["corr_masked"] / self.n_corr
+            out["policy/correction_truncated_frac"] = self.sums["corr_truncated"] / self.n_corr
+        if self.norm_factors:
+            out["policy/correction_norm_factor"] = sum(self.norm_factors) / len(self.norm_factors)
         if self.n_behave:
             s, s2 = self.sums["behave_w"], self.sums["behave_w_sq"]
             out.update(

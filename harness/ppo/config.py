@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from harness.core.configtools import meta
+from harness.ppo.corrections import PRESETS, Correction, resolve
 from harness.ppo.loss import RejectionSampling, validate_clip_options
 from harness.ppo.normalization import NormConfig
 from harness.ppo.objectives import OBJECTIVES, ClipOptions, renamed_keys, validate_selection
@@ -70,6 +71,14 @@ class PPOActorConfig:
         default=None,
         metadata=_h(
             "AReaL v1.0.4+ behaviour weighting {level, action, metric, agg, upper, lower}."
+        ),
+    )
+    correction: Correction | str | None = field(
+        default=None,
+        metadata=_h(
+            "Training-inference mismatch correction: a block {weight, clip_min, clip_max, "
+            "zero_outside, log_clamp, batch_normalize, filters, sequential, denominator, bypass} "
+            "or a preset name (" + ", ".join(PRESETS) + "); docs/corrections.md."
         ),
     )
     use_decoupled_loss: bool = field(
@@ -199,7 +208,21 @@ class PPOActorConfig:
         check_overlong(
             self.overlong_reward_penalty, self.overlong_tokens, self.overlong_penalty_factor
         )
+        self.correction = resolve(self.correction)
+        c = self.correction
+        if c is not None:
+            if self.rejection_sampling is not None or self.behave_imp_weight_mode != "disabled":
+                raise ValueError(
+                    "give either correction or rejection_sampling / behave_imp_weight_mode, "
+                    "not both"
+                )
+            if c.bypass and (self.use_decoupled_loss or self.recompute_logprob):
+                raise ValueError(
+                    "correction.bypass needs use_decoupled_loss=false and "
+                    "recompute_logprob=false (bypass means no proximal recompute)"
+                )
         weighting = self.behave_imp_weight_mode != "disabled" or self.rejection_sampling is not None
+        weighting = weighting or (c is not None and "proximal" in c.references())
         if weighting and not self.use_decoupled_loss:
             warnings.warn(
                 "behaviour importance weights only have an effect with use_decoupled_loss=true "

@@ -16,6 +16,12 @@ from typing import Any, Literal
 
 import torch
 
+from harness.ppo.corrections import (
+    Correction,
+    CorrectionResult,
+    apply_correction,
+    from_rejection_sampling,
+)
 from harness.ppo.masks import prompt_mean
 
 BEHAVE_MODES = ("disabled", "token_mask", "token_truncate", "sequence_mask", "sequence_truncate")
@@ -168,12 +174,6 @@ def legacy_to_rejection_sampling(mode: str, cap: float | None) -> RejectionSampl
     )
 
 
-def _seq_reduce_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Per-row mean of x over mask (n = max(#valid, 1)), shape [B, 1]."""
-    n = mask.sum(dim=1, keepdim=True).clamp(min=1)
-    return torch.where(mask, x, torch.zeros((), dtype=x.dtype)).sum(dim=1, keepdim=True) / n
-
-
 def behaviour_weights(
     proximal_logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -185,74 +185,23 @@ def behaviour_weights(
     ℓr = ℓp − ℓb (non-finite → 0); w = e^ℓr per token, or at sequence level with metric 'ratio'
     the sequence's geometric mean.  'mask' keeps a token iff lower ≤ metric ≤ upper; 'clamp'
     truncates w to [lower, upper].  w is 0 wherever m′ is 0.  Inputs carry no gradient.
+    Evaluated by the general correction machinery (``harness.ppo.corrections``).
     """
+    if rs.level == "sequence" and loss_mask.dim() != 2:
+        raise ValueError("sequence-level rejection sampling needs [B, T] inputs")
     m = loss_mask.bool()
-    lp = proximal_logprobs.detach().float()
-    lb = old_logprobs.detach().float()
-    diff = lp - lb
-    log_ratio = torch.where(torch.isfinite(diff), diff, torch.zeros((), dtype=diff.dtype))
-    if rs.metric == "ratio":
-        metric = torch.exp(log_ratio)
-    elif rs.metric == "kl_k1":
-        metric = diff
-    elif rs.metric == "kl_k2":
-        metric = 0.5 * diff * diff
-    elif rs.metric == "kl_k3":
-        metric = torch.exp(lb - lp) - 1 - (lb - lp)
-    else:  # binary_kl: max of the two Bernoulli KLs of the sampled token's probability.
-        p = lp.exp().clamp(1e-8, 1 - 1e-8)
-        q = lb.exp().clamp(1e-8, 1 - 1e-8)
-
-        def bkl(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-            return a * (a / b).log() + (1 - a) * ((1 - a) / (1 - b)).log()
-
-        metric = torch.maximum(bkl(p, q), bkl(q, p))
-    w = torch.exp(log_ratio)
-    lower = rs.lower
-
-    def inside(x: torch.Tensor) -> torch.Tensor:
-        ok = x <= rs.upper
-        return ok & (x >= lower) if lower is not None else ok
-
-    if rs.level == "token":
-        if rs.action == "mask":
-            keep = inside(metric)
-        else:
-            keep = torch.ones_like(m)
-            w = w.clamp(min=lower if lower is not None else 0.0, max=rs.upper)
-        w_before_clamp = torch.exp(log_ratio)
-    else:
-        if m.dim() != 2:
-            raise ValueError("sequence-level rejection sampling needs [B, T] inputs")
-        values = log_ratio if rs.metric == "ratio" else metric
-        if rs.metric == "ratio":
-            w = torch.exp(_seq_reduce_mean(log_ratio, m)).expand_as(w)
-        w_before_clamp = w
-        zeroed = torch.where(m, values, torch.zeros((), dtype=values.dtype))
-        if rs.agg == "sum":
-            s = zeroed.sum(dim=1, keepdim=True)
-        elif rs.agg == "mean":
-            s = _seq_reduce_mean(values, m)
-        else:
-            s = torch.where(m, values, torch.full((), -math.inf)).max(dim=1, keepdim=True).values
-            s = torch.where(m.any(dim=1, keepdim=True), s, torch.zeros_like(s))
-        seq_metric = torch.exp(s) if rs.metric == "ratio" else s
-        seq_in = inside(seq_metric).expand_as(m)
-        if rs.action == "mask":
-            keep = seq_in
-        else:
-            keep = torch.ones_like(m)
-            clamped = w.clamp(min=lower if lower is not None else 0.0, max=rs.upper)
-            w = torch.where(seq_in, w, clamped)
-    n_valid = max(int(m.sum()), 1)
-    if rs.action == "mask":
-        new_mask = m & keep
-        filtered = float((m & ~keep).sum()) / n_valid
-    else:
-        new_mask = m
-        filtered = float((m & (w != w_before_clamp)).sum()) / n_valid
-    w = torch.where(new_mask, w, torch.zeros((), dtype=w.dtype))
-    return new_mask, w, filtered
+    if m.dim() == 1:
+        new_mask, w, filtered = behaviour_weights(
+            proximal_logprobs[None], old_logprobs[None], loss_mask[None], rs
+        )
+        return new_mask[0], w[0], filtered
+    prox = proximal_logprobs.detach()
+    res = apply_correction(
+        from_rejection_sampling(rs), prox, prox, old_logprobs, torch.zeros_like(prox), m
+    )
+    assert res.w is not None
+    masked, truncated = res.fractions(m)
+    return res.mask, res.w, masked + truncated
 
 
 def _check_shapes(**tensors: torch.Tensor) -> None:
@@ -269,7 +218,8 @@ class PolicyInputs:
     ``n0`` = max(Σm, 1), ``prox`` / ``adv`` detached (``adv`` replaced by the sequence mean at
     sequence level), ``log_ratio`` = ℓθ − ℓp (with gradient), ``ratio`` r on m (0 elsewhere; the
     GSPO sequence ratio at sequence level), ``w`` the behaviour weight or None, ``filtered`` its
-    filtered fraction, ``old`` the behaviour log-probs.
+    filtered fraction, ``old`` the behaviour log-probs, ``correction`` what the correction did
+    (per-token masked / truncated, for the stats).
     """
 
     logprobs: torch.Tensor
@@ -284,6 +234,7 @@ class PolicyInputs:
     w: torch.Tensor | None
     filtered: float
     group_ids: torch.Tensor | None = None  # [B] prompt of each row ('prompt-mean' only)
+    correction: CorrectionResult | None = None
 
     @property
     def zero(self) -> torch.Tensor:
@@ -302,6 +253,7 @@ def prepare_policy_inputs(
     rejection_sampling: RejectionSampling | None = None,
     importance_sampling_level: str = "token",
     group_ids: torch.Tensor | None = None,
+    correction: Correction | None = None,
 ) -> PolicyInputs:
     """Behaviour weights (rejection sampling or the legacy modes) and the policy ratio (token, or
     GSPO's sequence ratio) of [B, T] inputs — the part shared by every objective in
@@ -312,19 +264,27 @@ def prepare_policy_inputs(
     adv = advantages.detach()
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
 
-    # Behaviour weight (rejection sampling or the legacy modes).
-    rs = rejection_sampling
-    legacy = False
-    if rs is None and behave_imp_weight_mode != "disabled":
-        rs = legacy_to_rejection_sampling(behave_imp_weight_mode, behave_imp_weight_cap)
-        legacy = True
+    # Behaviour weight: a correction, or rejection sampling / the legacy modes (particular
+    # corrections).
+    corr = correction
+    if corr is None and rejection_sampling is not None:
+        corr = from_rejection_sampling(rejection_sampling)
+    elif corr is None and behave_imp_weight_mode != "disabled":
+        legacy = legacy_to_rejection_sampling(behave_imp_weight_mode, behave_imp_weight_cap)
+        assert legacy is not None
+        corr = from_rejection_sampling(legacy, legacy=True)
     w: torch.Tensor | None = None
     filtered = 0.0
     m_loss = m
-    if rs is not None:
-        m_rs, w, filtered = behaviour_weights(prox, old_logprobs, m, rs)
-        # Legacy modes keep the original mask; the weight is already 0 on dropped tokens.
-        m_loss = m if legacy else m_rs
+    result: CorrectionResult | None = None
+    if corr is not None:
+        result = apply_correction(corr, logprobs, prox, old_logprobs, adv, m)
+        w, m_loss = result.w, result.mask
+        masked, truncated = result.fractions(m)
+        filtered = masked + truncated
+        if corr.denominator == "post":  # verl: dropped tokens leave every denominator
+            m = m_loss
+            n0 = max(int(m.sum()), 1)
 
     log_ratio = logprobs - prox
     if importance_sampling_level == "token":
@@ -351,6 +311,7 @@ def prepare_policy_inputs(
         w=w,
         filtered=filtered,
         group_ids=group_ids,
+        correction=result,
     )
 
 
@@ -411,6 +372,10 @@ def base_stats(
             torch.zeros((), dtype=torch.float32),
         )
         stats["filtered_fraction"] = p.filtered
+    if p.correction is not None:
+        stats["correction_masked"] = p.correction.masked
+        stats["correction_truncated"] = p.correction.truncated
+        stats["correction_norm_factor"] = p.correction.norm_factor
     return stats
 
 

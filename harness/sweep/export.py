@@ -28,6 +28,8 @@ import yaml
 from harness.config import RunConfig
 from harness.config.trl_map import approximations, grpo_kwargs, trl_problems
 from harness.core.configtools import ConfigError, to_dict
+from harness.ppo.corrections import resolve
+from harness.ppo.corrections.peers import verl_settings
 from harness.ppo.objectives import lookup
 from harness.sweep.cell_choice import best_to_export, resolve_cell
 
@@ -168,8 +170,20 @@ _VERL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 _HYDRA_WORDS = {"true", "false", "null", "none", "inf", "nan"}
 
 
+class _Quoted(str):
+    """A string the export itself composed from numbers and option names (verl's "0.5_5.0"
+    thresholds, "token_k1,seq_mean_k3" lists): double-quoted for Hydra, never user text."""
+
+
+_QUOTABLE = re.compile(r"[A-Za-z0-9_.,+\-]+")
+
+
 def _hydra(v: Any, where: str) -> str:
     """A Hydra override value for ``v`` (bool, number, None, plain name, or a list of them)."""
+    if isinstance(v, _Quoted):
+        if not _QUOTABLE.fullmatch(v):  # pragma: no cover - composed from numbers and names
+            raise ValueError(f"{where}: {v!r} is not a composed verl value")
+        return f'"{v}"'
     if isinstance(v, bool):
         return "True" if v else "False"
     if v is None:
@@ -374,7 +388,14 @@ def export_verl(cfg: RunConfig) -> str:
             kv.append(("critic.cliprange_value", cfg.critic.value_clip))
     if r.staleness:
         notes.append("# rollout.staleness: verl's main trainer is synchronous (no lagged policy)")
-    if p.use_decoupled_loss or p.behave_imp_weight_mode != "disabled" or p.rejection_sampling:
+    if p.correction is not None:
+        ckv, problems = verl_settings(resolve(p.correction), p.policy_loss)
+        kv += [
+            (k, _Quoted(v) if isinstance(v, str) and not _VERL_NAME.fullmatch(v) else v)
+            for k, v in ckv
+        ]
+        notes += [f"# {f}: not expressible in verl ({why})" for f, why in problems]
+    elif p.use_decoupled_loss or p.behave_imp_weight_mode != "disabled" or p.rejection_sampling:
         notes.append(
             "# ppo.use_decoupled_loss / behaviour weights: verl's algorithm.rollout_correction "
             "weighs rollout-vs-old policy mismatch, not a lagged sampler; not mapped"
@@ -454,6 +475,11 @@ def export_areal(cfg: RunConfig) -> str:
         notes.append(
             "# model_options.dtype=bfloat16: approximate; AReaL's actor.dtype is the parameter "
             "dtype, the harness keeps float32 master weights under bf16 autocast"
+        )
+    if p.correction is not None:
+        notes.append(
+            "# ppo.correction: AReaL's actor has rejection_sampling only (the harness's "
+            "ppo.rejection_sampling is that setting); not mapped"
         )
     if p.rejection_sampling is not None:
         actor["rejection_sampling"] = to_dict(p.rejection_sampling)

@@ -29,6 +29,7 @@ import torch
 from harness.core.configtools import ConfigError, check_declared, option
 from harness.core.configtools import meta as meta  # re-exported: R.meta for objective modules
 from harness.metrics import declare_objective_stats
+from harness.ppo.corrections import Correction, resolve
 from harness.ppo.loss import (
     LOSS_AGG_MODES,
     PolicyInputs,
@@ -196,6 +197,7 @@ class Objective:
         loss_agg_mode: str = "token-mean",
         group_ids: torch.Tensor | None = None,
         token_keep: torch.Tensor | None = None,
+        correction: Correction | str | None = None,
         **options: Any,
     ) -> tuple[torch.Tensor, Stats]:
         """The objective's loss of [B, T] (or [T]) inputs, options by name (its block's fields,
@@ -218,6 +220,7 @@ class Objective:
                 rejection_sampling,
                 importance_sampling_level,
                 loss_agg_mode,
+                resolve(correction),
             ),
             generator,
             group_ids=group_ids,
@@ -247,6 +250,12 @@ class Objective:
             w.loss_agg_mode,
         )
         self.check(w.importance_sampling_level, w.loss_agg_mode)
+        if w.correction is not None and (
+            w.rejection_sampling is not None or w.behave_imp_weight_mode != "disabled"
+        ):
+            raise ValueError(
+                "give either correction or rejection_sampling / behave_imp_weight_mode, not both"
+            )
         _check_shapes(**dict(zip(_NAMES, xs, strict=True)))
         if xs[0].dim() == 1:
             keep1 = None if token_keep is None else token_keep[None]
@@ -271,6 +280,7 @@ class Objective:
             rejection_sampling=w.rejection_sampling,
             importance_sampling_level=w.importance_sampling_level,
             group_ids=group_ids,
+            correction=w.correction,
         )
         t = self.terms(p, options, Context(clip=clip, generator=generator))
         if token_keep is not None:  # TRL: the mask multiplies the per-token loss, after the gate
@@ -290,6 +300,7 @@ class Weighting:
     rejection_sampling: RejectionSampling | None = None
     importance_sampling_level: str = "token"
     loss_agg_mode: str = "token-mean"
+    correction: Correction | None = None
 
 
 def finish(p: PolicyInputs, t: Terms, loss_agg_mode: str) -> tuple[torch.Tensor, Stats]:
@@ -442,6 +453,7 @@ def objective_loss(
             cfg.rejection_sampling,
             cfg.importance_sampling_level,
             cfg.loss_agg_mode,
+            resolve(getattr(cfg, "correction", None)),
         ),
         generator,
         group_ids=group_ids,

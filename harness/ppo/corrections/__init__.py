@@ -1,0 +1,34 @@
+"""Training–inference-mismatch corrections (``ppo.correction``): one behaviour weight ρ and a
+list of rejection filters, composable with every objective (they read ``PolicyInputs.w`` and
+``m_loss``).  ``spec`` declares the block, ``compute`` evaluates it, one module per family
+declares its named presets (``registry.PRESETS``), ``peers`` maps a block to TRL and verl, and
+``docs`` renders the table (``python -m harness.ppo.corrections``).  AReaL's
+``rejection_sampling`` and legacy ``behave_imp_weight_mode`` are particular corrections
+(``from_rejection_sampling``)."""
+
+from __future__ import annotations
+
+import importlib
+
+from harness.ppo.corrections.compute import (
+    CorrectionResult,
+    apply_correction,
+    from_rejection_sampling,
+)
+from harness.ppo.corrections.registry import PRESETS, Preset, resolve
+from harness.ppo.corrections.spec import Correction, Filter
+
+# The families, each registering its presets on import (docs order is the presets' rank).
+for _family in ("tis", "mis", "rs", "opsm", "bypass"):
+    importlib.import_module(f"{__name__}.{_family}")
+
+__all__ = [
+    "PRESETS",
+    "Correction",
+    "CorrectionResult",
+    "Filter",
+    "Preset",
+    "apply_correction",
+    "from_rejection_sampling",
+    "resolve",
+]

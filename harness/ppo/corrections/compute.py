@@ -1,0 +1,253 @@
+"""Evaluate a ``Correction`` on [B, T] tensors: the narrowed loss mask and the weight ρ.
+
+Pure tensor math, no gradient (every input is detached).  The one implementation behind
+``ppo.correction``, ``ppo.rejection_sampling`` and ``ppo.behave_imp_weight_mode`` (the latter two
+are translated by ``from_rejection_sampling``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from harness.ppo.corrections.spec import Correction, Filter
+
+if TYPE_CHECKING:
+    from harness.ppo.loss import RejectionSampling
+
+
+@dataclass
+class CorrectionResult:
+    """``mask`` the loss mask after the filters (the caller's, when ``narrow_mask`` is false),
+    ``w`` ρ (0 off ``mask`` and on dropped tokens; None for weight 'none'), and per valid token:
+    ``masked`` dropped by a filter or zeroed by ``zero_outside``, ``truncated`` kept with ρ
+    changed by clipping or a truncate filter; ``norm_factor`` what ρ was divided by (1 without
+    ``batch_normalize``)."""
+
+    mask: torch.Tensor
+    w: torch.Tensor | None
+    masked: torch.Tensor
+    truncated: torch.Tensor
+    norm_factor: float = 1.0
+
+    def fractions(self, valid: torch.Tensor) -> tuple[float, float]:
+        n = max(int(valid.sum()), 1)
+        return float(self.masked.sum()) / n, float(self.truncated.sum()) / n
+
+
+def _zeros_like(x: torch.Tensor) -> torch.Tensor:
+    return torch.zeros((), dtype=x.dtype, device=x.device)
+
+
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """float32, as AReaL computes its behaviour weights (bf16 log-probs are widened; the weight
+    is then multiplied into a loss of the log-probs' own dtype)."""
+    return x.detach().float()
+
+
+def log_weight(ref: torch.Tensor, behave: torch.Tensor) -> torch.Tensor:
+    """log w = ℓr − ℓb, non-finite → 0 (w = 1: TRL's nan_to_num, AReaL's isfinite guard)."""
+    d = _wide(ref) - _wide(behave)
+    return torch.where(torch.isfinite(d), d, _zeros_like(d))
+
+
+def row_sum(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    return torch.where(m, x, _zeros_like(x)).sum(dim=1, keepdim=True)
+
+
+def row_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """Mean over the row's valid tokens, divisor max(n, 1) (an empty row gives 0)."""
+    return row_sum(x, m) / m.sum(dim=1, keepdim=True).clamp(min=1)
+
+
+def row_extreme(x: torch.Tensor, m: torch.Tensor, which: str) -> torch.Tensor:
+    """Max (or min) over the row's valid tokens; an empty row gives 0 (verl's seq_max)."""
+    fill = torch.full((), -math.inf if which == "max" else math.inf, dtype=x.dtype)
+    masked = torch.where(m, x, fill)
+    v = masked.max(dim=1, keepdim=True).values if which == "max" else masked.min(1, True).values
+    return torch.where(m.any(dim=1, keepdim=True), v, torch.zeros_like(v))
+
+
+def token_metric(
+    f: Filter, lw: torch.Tensor, ref: torch.Tensor, behave: torch.Tensor
+) -> torch.Tensor:
+    """The filter's per-token statistic (for 'ratio': log w, exponentiated after aggregation)."""
+    if f.metric == "ratio":
+        return lw
+    log_u = lw if f.direction == "behave_ref" else -lw  # u = w, or 1/w
+    if f.metric == "k1":
+        return -log_u
+    if f.metric == "k2":
+        return 0.5 * lw * lw
+    if f.metric == "k3":
+        return torch.exp(log_u) - 1 - log_u
+    # binary_kl: the larger of the two Bernoulli KLs of the sampled token's probability.
+    p = _wide(ref).exp().clamp(1e-8, 1 - 1e-8)
+    q = _wide(behave).exp().clamp(1e-8, 1 - 1e-8)
+
+    def bkl(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a * (a / b).log() + (1 - a) * ((1 - a) / (1 - b)).log()
+
+    return torch.maximum(bkl(p, q), bkl(q, p))
+
+
+def filter_statistic(
+    f: Filter, m: torch.Tensor, lw: torch.Tensor, ref: torch.Tensor, behave: torch.Tensor
+) -> torch.Tensor:
+    """[B, T] (token level) or [B, 1] (sequence level) statistic the bounds apply to."""
+    x = token_metric(f, lw, ref, behave)
+    if f.level == "sequence":
+        if f.agg == "sum":
+            x = row_sum(x, m)
+        elif f.agg == "mean":
+            x = row_mean(x, m)
+        else:
+            x = row_extreme(x, m, f.agg)
+    return torch.exp(x) if f.metric == "ratio" else x
+
+
+def inside(x: torch.Tensor, lower: float | None, upper: float | None) -> torch.Tensor:
+    ok = torch.ones_like(x, dtype=torch.bool)
+    if upper is not None:
+        ok = ok & (x <= upper)
+    if lower is not None:
+        ok = ok & (x >= lower)
+    return ok
+
+
+def sequence_weight(
+    kind: str, lw: torch.Tensor, m: torch.Tensor, log_clamp: float | None
+) -> torch.Tensor:
+    """ρ before clipping: per token, or a row's product / geometric mean broadcast to [B, T]."""
+    if kind == "token":
+        s = lw
+    elif kind == "sequence_product":
+        s = row_sum(lw, m).expand_as(lw)
+    else:
+        s = row_mean(lw, m).expand_as(lw)
+    if log_clamp is not None:
+        s = s.clamp(-log_clamp, log_clamp)
+    return torch.exp(s)
+
+
+def apply_correction(
+    c: Correction,
+    logprobs: torch.Tensor,
+    proximal_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+) -> CorrectionResult:
+    """The correction of one loss call (a micro-batch): filters in order, then ρ.
+
+    For each filter (reference ℓr = ℓp, or sg(ℓθ) under ``reference: current`` / ``bypass``):
+    keep ⟸ lower ≤ stat ≤ upper, or A ≥ 0 with ``negative_advantage_only``; ``mask`` filters AND
+    into the keep mask, ``truncate`` filters clip ρ where they fail.  ρ = the weight of log w
+    (± ``log_clamp``), then truncated to [clip_min, clip_max] or zeroed outside it, then divided
+    by its batch mean; finally 0 on every dropped token.
+    """
+    m = loss_mask.bool()
+    behave = old_logprobs.detach()
+    current = logprobs.detach()
+    prox = proximal_logprobs.detach()
+
+    def ref_of(which: str) -> torch.Tensor:
+        return current if c.bypass or which == "current" else prox
+
+    adv = _wide(advantages)
+    keep = torch.ones_like(m)
+    truncations: list[tuple[torch.Tensor, Filter]] = []
+    for f in c.filters:
+        ref = ref_of(f.reference)
+        seen = m & keep if c.sequential else m
+        stat = filter_statistic(f, seen, log_weight(ref, behave), ref, behave)
+        ok = inside(stat, f.lower, f.upper)
+        if f.negative_advantage_only:
+            a = adv if f.level == "token" else row_mean(adv, m)
+            ok = ok | ~(a < 0)
+        ok = ok.expand_as(m)
+        if f.action == "mask":
+            keep = keep & ok
+        else:
+            truncations.append((~ok, f))
+    kept = m & keep
+    zeroed = torch.zeros_like(m)
+    truncated = torch.zeros_like(m)
+    w: torch.Tensor | None = None
+    norm_factor = 1.0
+    if c.weight != "none":
+        ref = ref_of("proximal")
+        lw = log_weight(ref, behave)
+        w_mask = kept if c.sequential else m
+        w = sequence_weight(c.weight, lw, w_mask, c.log_clamp)
+        raw = w
+        lo, hi = c.clip_min, c.clip_max
+        if c.zero_outside:
+            zeroed = m & ~inside(w, lo, hi)
+            w = torch.where(zeroed, _zeros_like(w), w)
+        elif lo is not None or hi is not None:
+            w = w.clamp(min=lo, max=hi)
+        for fails, f in truncations:
+            w = torch.where(fails, w.clamp(min=f.lower or 0.0, max=f.upper), w)
+        truncated = kept & ~zeroed & (w != raw)
+        if c.batch_normalize:
+            w, norm_factor = _batch_normalize(w, m, per_row=c.weight != "token")
+        w = torch.where(kept, w, _zeros_like(w))
+    masked = (m & ~keep) | zeroed
+    return CorrectionResult(
+        mask=kept if c.narrow_mask else m,
+        w=w,
+        masked=masked,
+        truncated=truncated,
+        norm_factor=norm_factor,
+    )
+
+
+def _batch_normalize(
+    w: torch.Tensor, m: torch.Tensor, *, per_row: bool
+) -> tuple[torch.Tensor, float]:
+    """(ρ / mean ρ, the divisor): the mean over valid tokens, or (sequence weights) over the
+    rows that have any; a mean ≤ 1e-8 leaves ρ unchanged (verl) and the divisor is 1."""
+    if per_row:
+        rows = m.any(dim=1)
+        per = row_mean(w, m).squeeze(1)[rows]
+        mean = float(per.mean()) if per.numel() else 0.0
+    else:
+        mean = float(w[m].mean()) if m.any() else 0.0
+    if mean <= 1e-8:
+        return w, 1.0
+    return w / mean, mean
+
+
+_RS_METRIC = {
+    "ratio": "ratio",
+    "kl_k1": "k1",
+    "kl_k2": "k2",
+    "kl_k3": "k3",
+    "binary_kl": "binary_kl",
+}
+
+
+def from_rejection_sampling(rs: RejectionSampling, *, legacy: bool = False) -> Correction:
+    """AReaL's ``rejection_sampling`` as a correction: the weight is w per token (the sequence's
+    geometric mean for sequence-level 'ratio'), always multiplied in; one filter with AReaL's KL
+    direction; 'clamp' is a truncate filter.  ``legacy``: the v1.0.0.post1–v1.0.3 modes, which
+    keep dropped tokens in the loss mask with weight 0."""
+    seq_ratio = rs.level == "sequence" and rs.metric == "ratio"
+    f = Filter(
+        level=rs.level,
+        metric=_RS_METRIC[rs.metric],  # type: ignore[arg-type]
+        direction="ref_behave",
+        agg=rs.agg,
+        lower=rs.lower,
+        upper=rs.upper,
+        action="mask" if rs.action == "mask" else "truncate",
+    )
+    return Correction(
+        weight="sequence_geometric" if seq_ratio else "token",
+        filters=(f,),
+        narrow_mask=not legacy,
+    )

@@ -1,0 +1,125 @@
+"""``docs/corrections.md``, generated from the declarations (``python -m harness.ppo.corrections``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from harness.core.configtools import to_dict
+from harness.ppo.corrections.registry import PRESETS
+from harness.ppo.corrections.spec import Correction, Filter
+
+
+def _shown(v: Any) -> str:
+    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _diff(c: Correction) -> str:
+    """The preset's block: the fields it sets away from their defaults."""
+    base, d = to_dict(Correction(bypass=True)), to_dict(c)
+    base["bypass"] = False
+    parts = []
+    for k, v in d.items():
+        if k == "filters":
+            for f in v:
+                fd = to_dict(Filter(upper=1.0))
+                fd["upper"] = None
+                inner = ", ".join(f"{a}: {_shown(b)}" for a, b in f.items() if fd[a] != b)
+                parts.append(f"filters: [{{{inner}}}]")
+        elif v != base[k]:
+            parts.append(f"{k}: {_shown(v)}")
+    return "{" + ", ".join(parts) + "}"
+
+
+def _fields(cls: type) -> list[str]:
+    lines = ["| key | default | meaning |", "|---|---|---|"]
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else ()
+        lines.append(f"| `{f.name}` | `{_shown(default)}` | {f.metadata['help']} |")
+    return lines
+
+
+def markdown() -> str:
+    lines = [
+        "# Training–inference mismatch corrections (`ppo.correction`)",
+        "",
+        "Generated from `harness/ppo/corrections/` (regenerate with "
+        "`python -m harness.ppo.corrections > docs/corrections.md`).",
+        "",
+        "A correction is one behaviour weight ρ and a list of rejection filters, evaluated inside "
+        "the loss per micro-batch from ℓθ (detached), ℓp (proximal), ℓb (the sampler's "
+        "log-probs) and A.  Every `ppo.policy_loss` multiplies its per-token loss, after its "
+        "own clip, by ρ and sums over the narrowed mask; the `loss_agg_mode` denominators keep "
+        "the dropped tokens (`denominator: pre`, AReaL/TRL/SkyRL) or lose them "
+        "(`denominator: post`, verl decoupled `rollout_rs`).  log w = ℓp − ℓb, or sg(ℓθ) − ℓb "
+        "under `bypass` / a filter's `reference: current`; a non-finite log w is 0 (w = 1).  "
+        "`ppo.rejection_sampling` and `ppo.behave_imp_weight_mode` are particular corrections "
+        "(ρ = w, or the geometric mean for sequence-level `ratio`, times one AReaL filter) and "
+        "cannot be combined with `ppo.correction`.  A preset name is a grid value "
+        "(`--set ppo.correction=token_tis`, `grid: {ppo.correction: [token_tis, icepop]}`).",
+        "",
+        "Statistics: `policy/correction_masked_frac`, `policy/correction_truncated_frac`, "
+        "`policy/correction_norm_factor`, and ρ as `policy/behave_weight_{min,mean,max}`, "
+        "`policy/behave_ess` (docs/metrics.md).",
+        "",
+        "## Presets",
+        "",
+        "| `ppo.correction` | what | formula | block | matches exactly |",
+        "|---|---|---|---|---|",
+    ]
+    for p in PRESETS.values():
+        peers = "; ".join(f"{lib} {s}" for lib, s in p.peers.items())
+        req = ", ".join(f"`ppo.{k}: {_shown(v)}`" for k, v in p.requires.items())
+        what = p.summary + (f" (needs {req})" if req else "")
+        lines.append(f"| `{p.name}` | {what} | {p.formula} | `{_diff(p.correction)}` | {peers} |")
+    lines += [
+        "",
+        "## Other peer settings as blocks",
+        "",
+        "| peer setting | `ppo.correction` |",
+        "|---|---|",
+        "| TRL `token_truncate` [a, C] | `{weight: token, clip_min: a, clip_max: C}` |",
+        "| TRL `sequence_truncate` [a, C] | `{weight: sequence_product, clip_min: a, clip_max: C}` |",
+        '| verl `rollout_is=sequence`, `"lo_hi"` (sequence IcePop) | `{weight: sequence_product, '
+        "clip_min: lo, clip_max: hi, zero_outside: true, log_clamp: 20}` |",
+        "| verl `rollout_is_batch_normalize: true` | add `batch_normalize: true` (normalized "
+        "per micro-batch: equal to verl's with `ppo_n_minibatches: 1`) |",
+        '| verl `rollout_rs=token_k1`, `"lo_hi"` | `filters: [{level: token, metric: k1, lower: '
+        "log lo, upper: log hi}]`, `denominator: post` |",
+        "| verl `seq_{sum,mean,max}_k{2,3}` τ | `filters: [{level: sequence, metric: k2 or k3, "
+        "agg: sum/mean/max, upper: τ}]`, `denominator: post` |",
+        "| verl stacked `rollout_rs=a,b` | one filter per option (AND) |",
+        "| verl Geo-RS-Token-TIS | `{weight: token, clip_max: C, log_clamp: 20, filters: "
+        "[{level: sequence, metric: k1, agg: mean, ...}], denominator: post}` |",
+        "| verl `bypass_pg_is` (reinforce, token TIS C) | `ppo.policy_loss: cispo`, "
+        "`ppo.cispo.ratio_max: C`, `ppo.correction: bypass` |",
+        "| SkyRL outlier (low, high) | `sequential: true`, filters `{level: sequence, agg: max, "
+        "upper: high}`, `{level: sequence, agg: min, lower: low}` first |",
+        "| SkyRL token mask [low, high] | filter `{level: token, lower: low, upper: high}` |",
+        "| SkyRL geometric / product mask | filter `{level: sequence, agg: mean / sum, lower, "
+        "upper}` (after the above, `sequential: true`) |",
+        "| SkyRL sequence TIS C | `{weight: sequence_product, clip_max: C, log_clamp: 20}` "
+        "(`sequential: true` makes the product use the narrowed mask, as SkyRL) |",
+        "| TRL `off_policy_mask_threshold` δ | preset `opsm` with `upper: δ` |",
+        "| AReaL `rejection_sampling` {level, action, metric, agg, lower, upper} | "
+        "`{weight: token (sequence_geometric for sequence ratio), filters: [{level, metric "
+        "(kl_kN → kN), direction: ref_behave, agg, lower, upper, action: mask / truncate}]}` |",
+        "",
+        "## The block",
+        "",
+        *_fields(Correction),
+        "",
+        "## A filter (`ppo.correction.filters[]`)",
+        "",
+        *_fields(Filter),
+        "",
+        "## Export",
+        "",
+        "`harness export --to trl` writes `vllm_importance_sampling_{correction,mode,clip_min,"
+        "clip_max}` (TRL applies them only with a vLLM sampler) and `off_policy_mask_threshold`; "
+        "`--to verl` writes `algorithm.rollout_correction.*`.  What a target cannot express is "
+        "a `#` comment naming the field.  `trainer: trl` runs `opsm` (TRL's "
+        "`off_policy_mask_threshold`); any other correction is refused there in one line "
+        "(TRL's IS weights need a separate vLLM sampler).",
+    ]
+    return "\n".join(lines) + "\n"

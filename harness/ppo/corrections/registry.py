@@ -1,0 +1,53 @@
+"""Named corrections (``ppo.correction: token_tis``): each declared once, in the module of its
+family, with the peer settings it reproduces exactly.  The docs table
+(``python -m harness.ppo.corrections``), the "must be one of" message and the grid values all
+read ``PRESETS``; the export mapping reads the expanded ``Correction`` (so a hand-written block
+exports the same way)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from harness.ppo.corrections.spec import Correction
+
+
+@dataclass(frozen=True)
+class Preset:
+    """``name`` the grid value, ``summary`` one line, ``formula`` ρ and the filters in the
+    docs' notation, ``correction`` what it expands to, ``peers`` library → the setting it
+    matches exactly (and any caveat), ``requires`` the other ``ppo.`` settings it assumes."""
+
+    name: str
+    summary: str
+    formula: str
+    correction: Correction
+    peers: Mapping[str, str] = field(default_factory=dict)
+    requires: Mapping[str, object] = field(default_factory=dict)
+    rank: int = 100
+
+
+PRESETS: dict[str, Preset] = {}
+
+
+def preset(p: Preset) -> Preset:
+    """Register ``p`` (a name may be declared once)."""
+    if p.name in PRESETS:
+        raise ValueError(f"correction preset {p.name!r} is declared twice")
+    ranked = sorted([*PRESETS.values(), p], key=lambda x: x.rank)
+    PRESETS.clear()
+    PRESETS.update((x.name, x) for x in ranked)
+    return p
+
+
+def resolve(value: Correction | str | None) -> Correction | None:
+    """A preset name → its correction; a block or None unchanged (``ValueError`` naming the
+    presets otherwise)."""
+    if value is None or isinstance(value, Correction):
+        return value
+    try:
+        return PRESETS[value].correction
+    except KeyError:
+        raise ValueError(
+            f"correction must be a mapping or one of {', '.join(PRESETS)}; got {value!r}"
+        ) from None
