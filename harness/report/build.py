@@ -195,16 +195,33 @@ SUMMARY_COLUMNS = (
     ("stability/max_drawdown", "max drawdown"),
 )
 
+# Columns a study has only when its runs measured them: the training–inference mismatch
+# (rollout.measure_mismatch; absent from studies recorded before it existed and from TRL runs).
+OPTIONAL_SUMMARY_COLUMNS = (
+    ("stability/mismatch_kl_k3_mean", "mismatch KL (mean)"),
+    ("stability/mismatch_kl_k3_max", "mismatch KL (max)"),
+)
+
+
+def _columns(data: StudyData) -> list[tuple[str, str]]:
+    present = [
+        (key, label)
+        for key, label in OPTIONAL_SUMMARY_COLUMNS
+        if any(math.isfinite(r.summary.get(key, math.nan)) for r in data.runs)
+    ]
+    return [*SUMMARY_COLUMNS, *present]
+
 
 def summary_table(data: StudyData) -> tuple[list[str], list[list[str]]]:
-    """Per cell: the mean over its completed and diverged runs of each run-level summary."""
-    header = ["cell", "runs"] + [label for _, label in SUMMARY_COLUMNS]
+    """Per cell: the mean over its completed and diverged runs of each run-level summary (the
+    optional columns only where some run of the study has the summary)."""
+    columns = _columns(data)
+    header = ["cell", "runs"] + [label for _, label in columns]
     rows = []
     for cell in data.cells:
         runs = [r for r in data.runs_of(cell) if r.status in ("completed", "diverged")]
         values = [
-            fmt(_mean_finite(r.summary.get(key, math.nan) for r in runs))
-            for key, _ in SUMMARY_COLUMNS
+            fmt(_mean_finite(r.summary.get(key, math.nan) for r in runs)) for key, _ in columns
         ]
         rows.append([cell, str(len(runs)), *values])
     return header, rows
@@ -217,7 +234,8 @@ def _summary_section(doc: _Doc, data: StudyData) -> None:
         "docs/stability.md (start reward = mean of the first 10 steps; entropy end/start < 1 "
         "means the policy sharpened; spikes are steps per run above 5× the run's own running "
         "median, so a KL that is high throughout is not a spike; clip frac = mean "
-        "policy/clipfrac)."
+        "policy/clipfrac; mismatch KL, where measured = the k3 estimate of KL(π_sampler ‖ "
+        "π_learner) per step, docs/mismatch.md)."
     )
     header, rows = summary_table(data)
     doc.table(header, rows, code_col=0)
