@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -126,6 +126,8 @@ class Decision:
 
     def line(self) -> str:
         iv = f"{self.estimate:+.4g} [{self.lo:+.4g}, {self.hi:+.4g}]"
+        if self.verdict == "equivalent":
+            return f"decided at {self.n} seeds: equivalent, difference {iv}"
         if self.verdict in DECIDED:
             return f"decided at {self.n} seeds: {self.verdict} by {iv}"
         if self.verdict == "open":
@@ -165,6 +167,27 @@ def decide(diffs: Sequence[float], plan: SeedPlan, *, maximize: bool = True) -> 
     else:
         verdict = "undecided" if n >= plan.max else "open"
     return Decision(verdict, n, mean, lo, hi, level)
+
+
+def decide_ranking(
+    scores: Mapping[str, Sequence[float]], plan: SeedPlan, *, maximize: bool = True
+) -> tuple[str, str, Decision]:
+    """``decide: ranking``: the top cell against the runner-up, paired by seed.
+
+    ``scores`` maps each cell to its seeds' scores (the same seeds, in the same order; at least
+    two cells).  The top cell and its runner-up are the two best by mean; the verdict is
+    ``decide(top − runner-up)``: *better* (the top is the winner), *equivalent* (the two are the
+    same within the margin, either may be called the best) or open/undecided.  Whichever two
+    cells are on top at a look, the simultaneous coverage of the looks' intervals holds for each
+    fixed pair; the choice of the pair by the data makes "better" slightly optimistic when three
+    or more cells are close (docs/seeds.md says so)."""
+    if len(scores) < 2:
+        raise ValueError("decide: ranking needs at least two cells")
+    sign = 1.0 if maximize else -1.0
+    means = {c: sign * float(np.mean(v)) for c, v in scores.items()}
+    top, runner = sorted(means, key=lambda c: -means[c])[:2]
+    diffs = [a - b for a, b in zip(scores[top], scores[runner], strict=True)]
+    return top, runner, decide(diffs, plan, maximize=maximize)
 
 
 def fixed_design_seeds(effect: float, sd: float, plan: SeedPlan, power: float) -> int:
@@ -237,6 +260,7 @@ __all__ = [
     "SeedPlan",
     "Verdict",
     "decide",
+    "decide_ranking",
     "fixed_design_seeds",
     "look_alpha",
     "paired_interval",

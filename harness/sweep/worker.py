@@ -382,7 +382,9 @@ def _work(
                 if opts.exit_when_idle and not running:
                     break
                 # Others are still running: wait, a dead one's trial may come back as WAITING.
-                for _ in range(spec.heartbeat_interval * 2):
+                # An adaptive grid looks again soon: a running seed's end may release more.
+                ticks = 1 if spec.adaptive is not None else spec.heartbeat_interval * 2
+                for _ in range(ticks):
                     if should_stop():
                         break
                     time.sleep(0.5)
