@@ -17,6 +17,7 @@ SMOKE = ROOT / "experiments" / "smoke.yaml"
 CELLS = {0.2: (0.0, 0.02), 0.1: (1.0, 0.02), 0.3: (0.0, 0.02), 0.25: (0.1, 0.4)}
 BASELINE = "eps_clip=0.2"
 BETTER, EQUIVALENT, SLIGHT = "eps_clip=0.1", "eps_clip=0.3", "eps_clip=0.25"
+WALL = 2.0  # seconds each controlled "run" says it took
 PLAN = {"min": 3, "max": 7, "batch": 2, "decide": "baseline", "confidence": 0.95, "margin": 0.3}
 
 
@@ -67,7 +68,17 @@ def run_one(study: Any, spec: Any) -> tuple[str, int] | None:
 
     ua = frozen_trial(study, trial).user_attrs
     cell, seed = str(ua["cell"]), int(ua["seed"])
-    study.tell(trial, score(cell, seed))
+    from harness.sweep.dashboard import summary_attrs
+
+    value = score(cell, seed)
+    # What a worker records of a run: its outcome, summary and wall time, then the metric.
+    for k, v in {
+        "outcome": "completed",
+        "wall_time": WALL,
+        **summary_attrs({spec.metric: value}),
+    }.items():
+        trial.set_user_attr(k, v)
+    study.tell(trial, value)
     return cell, seed
 
 

@@ -257,3 +257,27 @@ def test_status_shows_each_cells_seeds_verdict_and_interval(tmp_path: Path) -> N
     assert f"{BETTER}: 3/3 seeds done, decided at 3 seeds: better by +" in r.output
     assert f"{EQUIVALENT}: 3/3 seeds done, decided at 3 seeds: equivalent" in r.output
     assert f"{SLIGHT}: 7/7 seeds done, undecided at max (7 seeds)" in r.output
+
+
+def test_the_report_says_per_cell_decided_or_undecided_and_the_savings(tmp_path: Path) -> None:
+    from harness.report import build_report
+    from harness.report.adaptive import adaptive_lines, adaptive_states, savings
+    from harness.sweep.results import load_study_data
+
+    study, spec = open_adaptive(write_experiment(tmp_path), tmp_path / "results")
+    drain(study, spec)
+    data = load_study_data(study, None)
+    assert len(data.runs) == 20  # the cancelled seeds are no runs
+    lines = adaptive_lines(data)
+    assert lines[1].startswith(f"{BETTER}: 3/3 seeds done, decided at 3 seeds: better by +")
+    assert lines[3].startswith(f"{SLIGHT}: 7/7 seeds done, undecided at max (7 seeds): ")
+    s = savings(data, adaptive_states(data))
+    assert (s.seeds_used, s.seeds_fixed, s.seeds_saved) == (20, 28, 8)
+    assert s.wall_used == pytest.approx(20 * 2.0) and s.wall_fixed == pytest.approx(28 * 2.0)
+    assert lines[-1].startswith("adaptive design: 20 seeds against 28 for the fixed design")
+    assert "saved 8 seeds" in lines[-1]
+    md = build_report(data, tmp_path / "report", fit=False).markdown.read_text()
+    assert "## Seeds that decide" in md
+    assert "decided at 3 seeds: equivalent, difference" in md
+    assert "undecided at max (7 seeds)" in md
+    assert "saved 8 seeds" in md

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.configtools import flatten
+from harness.report.adaptive import adaptive_section
 from harness.report.format import _code, _fmt_duration, fmt
 from harness.report.plots import (
     PlotFile,
@@ -300,6 +301,7 @@ def build_report(
     _header(doc, data, rows)
     doc.heading(2, "Conclusion")
     doc.bullets(conclusion(rows, data), css="conclusion")
+    adaptive_section(doc, data)
     doc.heading(2, "Warnings")
     warns = warnings_for(rows, data)
     if warns:

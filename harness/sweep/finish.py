@@ -96,11 +96,12 @@ def finish_study(
                     pass  # a concurrent report of this study no longer draws it (its HTML has it)
     complete = finished >= expected
     if states is not None:  # complete when every cell is decided or at max
+        from harness.report.adaptive import adaptive_lines
         from harness.report.allocation import settled
 
         complete = settled(states)
-        for label, s in states.items():
-            print(f"  {label}: {s.line()}")  # plain print: labels are the user's text
+        for line in adaptive_lines(data):
+            print(f"  {line}")  # plain print: labels are the user's text
     if parent:
         tracker.set_tags(parent, {"harness.trials_finished": f"{finished}/{expected}"})
         if end_parent:
