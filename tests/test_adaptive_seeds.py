@@ -281,3 +281,79 @@ def test_the_report_says_per_cell_decided_or_undecided_and_the_savings(tmp_path:
     assert "decided at 3 seeds: equivalent, difference" in md
     assert "undecided at max (7 seeds)" in md
     assert "saved 8 seeds" in md
+
+
+# -- end to end: `harness ablate` with a controlled metric ----------------------------------
+
+REWARDS = """
+import numpy as np
+import torch
+
+# cell -> (mean, sd) of final/reward over seeds: the same numbers as tests/adaptive_study.py.
+CELLS = {cells!r}
+
+
+def examples():
+    return [{{"prompt": f"{{i}}=", "answer": str(i)}} for i in range(40)]
+
+
+def _score(key):
+    # One value per run: the run's seed (torch.manual_seed(cfg.seed)) and the cell, so the
+    # cells are independent and every run of a cell and seed scores the same.
+    mean, sd = CELLS[key]
+    rng = np.random.default_rng([int(key * 1000), torch.initial_seed()])
+    return float(mean + sd * rng.standard_normal())
+
+
+def baseline(prompt, completion, answer):
+    return _score(0.2)
+
+
+def better(prompt, completion, answer):
+    return _score(0.1)
+
+
+def equivalent(prompt, completion, answer):
+    return _score(0.3)
+
+
+def slight(prompt, completion, answer):
+    return _score(0.25)
+"""
+
+
+@pytest.mark.slow
+def test_harness_ablate_decides_the_clear_cells_early_and_takes_the_close_one_to_max(
+    tmp_path: Path,
+) -> None:
+    """A fresh `harness ablate --workers 2` of a baseline, a clearly better cell, an equivalent
+    one and a slightly different one (their final/reward controlled by the task's reward): the
+    better and the equivalent cell stop at min seeds, the slight one runs to max, the report
+    says so, and a second run of the command has nothing left to do."""
+    from adaptive_study import CELLS
+
+    module = tmp_path / "rewards.py"
+    module.write_text(REWARDS.format(cells=CELLS))
+    doc = yaml.safe_load(write_experiment(tmp_path).read_text())
+    names = {"baseline": BASELINE, "better": BETTER, "equivalent": EQUIVALENT, "slight": SLIGHT}
+    doc["grid"] = {"task": [f"python:{module}:{n}" for n in names]}
+    doc["baseline"] = {"task": f"python:{module}:baseline"}
+    path = tmp_path / "e2e.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    results = tmp_path / "results"
+    cmd = ["ablate", str(path), "--workers", "2", "--results-dir", str(results)]
+    r = CliRunner().invoke(app, cmd)
+    assert r.exit_code == 0, r.output
+    label = {n: f"task=python:{module}:{n}" for n in names}
+    out = r.output
+    assert "4 cells x 3..7 seeds (adaptive, decide: baseline), 0 already done, 28 enqueued" in out
+    assert f"{label['better']}: 3/3 seeds done, decided at 3 seeds: better by +" in out
+    assert f"{label['equivalent']}: 3/3 seeds done, decided at 3 seeds: equivalent" in out
+    assert f"{label['slight']}: 7/7 seeds done, undecided at max (7 seeds)" in out
+    assert "adaptive design: 20 seeds against 28 for the fixed design" in out
+    md = (results / "adaptive" / "report.md").read_text()
+    assert "## Seeds that decide" in md and "saved 8 seeds" in md
+    assert "undecided at max (7 seeds)" in md
+    again = CliRunner().invoke(app, cmd)
+    assert again.exit_code == 0, again.output
+    assert "0 enqueued" in again.output

@@ -37,7 +37,7 @@ def test_equivalent_is_called_wrongly_at_most_alpha_when_the_difference_is_the_m
 
 
 def test_identical_cells_are_mostly_called_equivalent_and_early() -> None:
-    r = simulate(0.0, SeedPlan(3, 24, 3, 0.95, margin=1.0), studies=STUDIES, seed=23)
+    r = simulate(0.0, SeedPlan(3, 24, 2, 0.95, margin=1.0), studies=STUDIES, seed=23)
     assert r["better"] + r["worse"] <= 0.05 + SLACK
     assert r["equivalent"] > 0.9
     assert r["mean_seeds"] < 0.7 * 24  # the fixed design would run 24
@@ -80,7 +80,7 @@ def test_the_study_allocation_takes_the_simulated_decisions() -> None:
     """Study by study, ``allocate`` (what the workers run) stops each cell at the look and with
     the verdict the vectorized rule gives, so the simulated rates are the study's."""
     rng = np.random.default_rng(5)
-    plan = SeedPlan(3, 9, 2, 0.95, margin=0.5)
+    plan = SeedPlan(3, 15, 3, 0.95, margin=0.5)
     d = rng.standard_normal((150, plan.max)) + rng.choice([0.0, 0.4, 2.0], size=(150, 1))
     verdicts, used = sequential_verdicts(d, plan)
     adaptive = AdaptivePlan(plan, "baseline")

@@ -252,7 +252,7 @@ class ExperimentFile:
         if self.baseline is not None and self.search is not None:
             raise ValueError("baseline: only applies to grids")
         if isinstance(self.seeds, AdaptiveSeedsFile):
-            if self.search is not None:
+            if self.search is not None:  # a search trial runs every seed (no racing yet)
                 raise ValueError("seeds: a {min, max, ...} plan applies to grids only")
             if self.seeds.decide == "baseline" and self.baseline is None:
                 raise ValueError(

@@ -94,9 +94,14 @@ class SeedPlan:
 CALIBRATION_STUDIES = 200_000
 
 
-@functools.lru_cache(maxsize=64)
 def look_alpha(plan: SeedPlan) -> float:
     """α': the error level of each look such that all looks together err with probability α."""
+    # The margin does not enter: plans that differ only in it share one calibration.
+    return _look_alpha(SeedPlan(plan.min, plan.max, plan.batch, plan.confidence))
+
+
+@functools.lru_cache(maxsize=64)
+def _look_alpha(plan: SeedPlan) -> float:
     rng = np.random.default_rng(20260101)
     looks = plan.looks()
     smallest = np.ones(CALIBRATION_STUDIES)
