@@ -252,9 +252,8 @@ class ExperimentFile:
         if self.baseline is not None and self.search is not None:
             raise ValueError("baseline: only applies to grids")
         if isinstance(self.seeds, AdaptiveSeedsFile):
-            if self.search is not None:  # a search trial runs every seed (no racing yet)
-                raise ValueError("seeds: a {min, max, ...} plan applies to grids only")
-            if self.seeds.decide == "baseline" and self.baseline is None:
+            # A search races each point against the incumbent: decide does not apply there.
+            if self.search is None and self.seeds.decide == "baseline" and self.baseline is None:
                 raise ValueError(
                     "seeds.decide: 'baseline' needs a baseline: cell (or use decide: ranking)"
                 )

@@ -210,6 +210,20 @@ def _allocate_ranking(
     return out
 
 
+def race(
+    values: Sequence[float], incumbent: Sequence[float], plan: SeedPlan, *, maximize: bool = True
+) -> Decision | None:
+    """Racing a search point against the incumbent (the best completed point so far): the
+    paired decision on the seeds both ran, at a planned look (None between looks, or when the
+    incumbent ran fewer seeds).  A point decided *worse* or *equivalent* stops (it cannot be
+    the new best); *better* or open runs on to ``max``, so every incumbent has all its seeds."""
+    n = len(values)
+    if n not in plan.looks() or len(incumbent) < n:
+        return None
+    scores = {0: dict(enumerate(values)), 1: dict(enumerate(incumbent[:n]))}
+    return decide(_pairs(scores[0], scores[1], n, 1.0), plan, maximize=maximize)
+
+
 def settled(states: Mapping[str, CellState]) -> bool:
     """Every cell decided or undecided with its seeds done: the adaptive study is complete."""
     return bool(states) and all(s.settled for s in states.values())
@@ -221,6 +235,7 @@ def seeds_used(states: Mapping[str, CellState]) -> int:
 
 __all__ = [
     "AdaptivePlan",
+    "race",
     "CellState",
     "Decision",
     "allocate",

@@ -126,6 +126,24 @@ def apply_allocation(
     return states
 
 
+def incumbent(study: Any, spec: StudySpec) -> tuple[int, list[float]] | None:
+    """A racing search's incumbent: the best COMPLETE trial by its first objective, with its
+    per-seed values (NaN for a diverged seed); None before any trial completed."""
+    from optuna.trial import TrialState
+
+    done = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if t.values and t.user_attrs.get("seed_values")
+    ]
+    if not done:
+        return None
+    sign = 1.0 if spec.direction == "maximize" else -1.0
+    best = max(done, key=lambda t: sign * t.values[0])
+    raw = best.user_attrs["seed_values"][0]
+    return best.number, [math.nan if v is None else float(v) for v in raw]
+
+
 def settled_keys(trials: list[Any]) -> set[tuple[str, int]]:
     """(cell, seed) keys cancelled by a decision: finished for ``enqueue_missing``."""
     return {k for t in trials if is_cancelled(t) and (k := _key(t)) is not None}
@@ -136,6 +154,7 @@ __all__ = [
     "apply_allocation",
     "cell_states",
     "final_released",
+    "incumbent",
     "finished_scores",
     "is_cancelled",
     "releasable",

@@ -23,7 +23,7 @@ def print_grid(spec: ExperimentSpec) -> None:
     title = (
         f"{spec.name}: {len(spec.cells)} cells x {len(spec.seeds)} seeds = {spec.n_trials} trials"
     )
-    if spec.adaptive is not None:
+    if spec.adaptive is not None and spec.search is None:
         a = spec.adaptive
         title = f"{spec.name}: {len(spec.cells)} cells x {a['min']}..{a['max']} seeds (adaptive)"
     table = Table(title=title)
@@ -35,7 +35,15 @@ def print_grid(spec: ExperimentSpec) -> None:
         over = ", ".join(f"{k}={v}" for k, v in c.overrides.items())
         table.add_row(str(i), c.label, over, "yes" if c.label == spec.baseline else "")
     console.print(table)
-    if spec.adaptive is not None:
+    if spec.adaptive is not None and spec.search is not None:
+        a = spec.adaptive
+        print(
+            f"racing: each trial runs {a['min']}..{a['max']} seeds; after {a['min']} and every "
+            f"{a['batch']} more it is compared with the incumbent (paired by seed, confidence "
+            f"{a['confidence']:g} over all looks, margin ±{a['margin']:g}) and stops when "
+            "decided worse or equivalent"
+        )
+    elif spec.adaptive is not None:
         a = spec.adaptive
         looks = [*range(a["min"], a["max"], a["batch"]), a["max"]]
         versus = "the baseline" if a["decide"] == "baseline" else "the runner-up (ranking)"

@@ -113,7 +113,7 @@ class StudySpec:
             tracking_uri=redact_url(tracking_uri) if tracking_uri else None,
             max_retries=max_retries,
             heartbeat_interval=heartbeat_interval,
-            adaptive=None if search or spec.adaptive is None else dict(spec.adaptive),
+            adaptive=None if spec.adaptive is None else dict(spec.adaptive),
         )
 
     def with_parent(self, run_id: str | None) -> StudySpec:

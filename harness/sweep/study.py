@@ -206,7 +206,7 @@ def study_counts(study: Any, spec: StudySpec | None) -> StudyCounts:
     trials = study.get_trials(deepcopy=False)
     cells: tuple[tuple[str, str], ...] = ()
     cancelled = 0
-    if spec is not None and spec.adaptive is not None:
+    if spec is not None and spec.kind == "grid" and spec.adaptive is not None:
         from harness.sweep.adaptive import cell_states, is_cancelled
 
         alloc = cell_states(trials, spec)
