@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -357,3 +358,82 @@ def test_harness_ablate_decides_the_clear_cells_early_and_takes_the_close_one_to
     again = CliRunner().invoke(app, cmd)
     assert again.exit_code == 0, again.output
     assert "0 enqueued" in again.output
+
+
+# -- search racing ------------------------------------------------------------------------------
+
+
+def test_race_compares_at_looks_on_the_seeds_both_ran() -> None:
+    from harness.report.allocation import race
+
+    plan = SeedPlan(3, 7, 2, 0.95, margin=0.3)
+    inc = [1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.0]
+    assert race([0.0, 0.1], inc, plan) is None  # below min: no look
+    worse = race([0.0, 0.1, -0.1], inc, plan)
+    assert worse is not None and worse.verdict == "worse" and worse.n == 3
+    assert race([0.0, 0.1, -0.1, 0.0], inc, plan) is None  # 4 is no planned look
+    same = race([1.0, 1.11, 0.9], inc, plan)
+    assert same is not None and same.verdict == "equivalent"
+    assert race([0.0, 0.1, -0.1], inc[:2], plan) is None  # the incumbent lacks seed 2
+
+
+def test_a_racing_search_stops_losing_points_at_min_seeds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A search whose metric (controlled) peaks at eps_clip 0.2: points far from it are raced
+    out against the incumbent after 3 seeds, with the reason; completed points ran all 7."""
+    import numpy as np
+
+    import harness.tracking
+    from harness.config.experiment import load_experiment
+    from harness.run.scaffold import RunResult
+    from harness.sweep import worker
+    from harness.sweep.storage import make_storage
+    from harness.sweep.study import open_study
+    from harness.tracking import MemoryTracker
+
+    def train(self: Any, cfg: Any, label: str, seed: int) -> tuple[Any, str]:
+        rng = np.random.default_rng([int(cfg.ppo.eps_clip * 1e6), seed])
+        value = -10.0 * abs(cfg.ppo.eps_clip - 0.2) + 0.02 * rng.standard_normal()
+        summary = {"final/reward": value}
+        return RunResult("completed", "", cfg.steps, {}, summary, 0.0, False), "rid"
+
+    monkeypatch.setattr(worker._Trial, "train", train)
+    tracker = MemoryTracker()
+    monkeypatch.setattr(harness.tracking, "make_tracker", lambda *a, **k: tracker)
+    doc = yaml.safe_load(ROOT_SMOKE.read_text())
+    del doc["grid"], doc["baseline"]
+    doc.update(name="race", steps=2, seeds={"min": 3, "max": 7, "batch": 2, "margin": 0.01})
+    doc["search"] = {
+        "n_trials": 8,
+        "params": {"ppo.eps_clip": {"type": "float", "low": 0.05, "high": 0.5}},
+        "pruner": "none",
+    }
+    path = tmp_path / "race.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    results = tmp_path / "results"
+    study, _ = open_study(
+        load_experiment(path),
+        storage=make_storage(None, results),
+        tracker=tracker,
+        study_name=None,
+        tracking_uri="memory",
+        command="test",
+    )
+    worker.worker_loop(worker.WorkerOptions(study="race", storage=None, results_dir=results))
+    trials = study.get_trials()
+    assert len(trials) == 8
+    raced = [t for t in trials if t.state.name == "PRUNED"]
+    done = [t for t in trials if t.state.name == "COMPLETE"]
+    assert raced and done
+    for t in raced:
+        assert t.user_attrs["seeds_run"] == 3
+        assert t.user_attrs["reason"].startswith("raced out against trial ")
+        assert "decided at 3 seeds: worse by -" in t.user_attrs["reason"]
+    for t in done:
+        assert t.user_attrs["seeds_run"] == 7
+    best = max(done, key=lambda t: t.values[0])
+    assert all(t.values[0] <= best.values[0] for t in done)
+    assert all(
+        sum(v for v in t.user_attrs["seed_values"][0][:3]) / 3 < best.values[0] for t in raced
+    )
