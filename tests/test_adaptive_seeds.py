@@ -437,3 +437,18 @@ def test_a_racing_search_stops_losing_points_at_min_seeds(
     assert all(
         sum(v for v in t.user_attrs["seed_values"][0][:3]) / 3 < best.values[0] for t in raced
     )
+
+
+def test_a_ranking_study_advances_every_cell_until_the_top_is_decided(tmp_path: Path) -> None:
+    from harness.sweep.adaptive import cell_states
+
+    doc = yaml.safe_load(write_experiment(tmp_path, decide="ranking").read_text())
+    doc["grid"] = {"ppo.eps_clip": [0.2, 0.1, 0.3]}  # baseline, better, equivalent
+    path = tmp_path / "ranking.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    study, spec = open_adaptive(path, tmp_path / "results")
+    ran = drain(study, spec)
+    assert sorted(ran) == sorted((c, s) for c in (BASELINE, BETTER, EQUIVALENT) for s in range(3))
+    states = cell_states(study.get_trials(), spec)
+    assert states[BETTER].status == "better" and states[BETTER].versus in (BASELINE, EQUIVALENT)
+    assert all(len(v) == 1 for v in terminal_keys(study).values())
