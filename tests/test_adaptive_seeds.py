@@ -168,6 +168,13 @@ def test_a_metric_to_minimise_flips_better_and_worse() -> None:
     sc = _scores({c: 3 for c in CELLS4})
     states = allocate(sc, CELLS4, ADAPTIVE, baseline=BASELINE, maximize=False)
     assert states[BETTER].status == "worse"
+    # A diverged seed is then the highest score of the look: the worst when lower is better.
+    sc[BASELINE][0] = math.nan
+    d = allocate(sc, CELLS4, ADAPTIVE, baseline=BASELINE, maximize=False)[BETTER].decision
+    highest = max([score(BETTER, s) for s in range(3)] + [score(BASELINE, s) for s in (1, 2)])
+    base = (highest + score(BASELINE, 1) + score(BASELINE, 2)) / 3
+    cell = sum(score(BETTER, s) for s in range(3)) / 3
+    assert d is not None and d.estimate == pytest.approx(-(cell - base))  # in "better" units
 
 
 def test_ranking_races_the_top_cell_against_the_runner_up() -> None:

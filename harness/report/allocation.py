@@ -143,7 +143,7 @@ def allocate(
             released = n
             if not (_have(scores, cell, n) and _have(scores, baseline, n)):
                 break  # the look at n is pending
-            diffs = _pairs(scores[cell], scores[baseline], n, 1.0)
+            diffs = _pairs(scores[cell], scores[baseline], n, 1.0 if maximize else -1.0)
             decision = decide(diffs, plan, maximize=maximize)
             if decision.verdict != "open":
                 status = decision.verdict
@@ -203,7 +203,7 @@ def _allocate_ranking(
             out[c] = CellState(c, status, released, _done(scores, c, released), runner, decision)  # type: ignore[arg-type]
         else:
             # Every other cell runs as long as the race does; its verdict is the race's.
-            st = "open" if status == "open" else "ranked"
+            st = status if status in ("open", "undecided") else "ranked"
             if c == runner and status == "equivalent":
                 st = "equivalent"
             out[c] = CellState(c, st, released, _done(scores, c, released), top, None)  # type: ignore[arg-type]
@@ -221,7 +221,8 @@ def race(
     if n not in plan.looks() or len(incumbent) < n:
         return None
     scores = {0: dict(enumerate(values)), 1: dict(enumerate(incumbent[:n]))}
-    return decide(_pairs(scores[0], scores[1], n, 1.0), plan, maximize=maximize)
+    sign = 1.0 if maximize else -1.0
+    return decide(_pairs(scores[0], scores[1], n, sign), plan, maximize=maximize)
 
 
 def settled(states: Mapping[str, CellState]) -> bool:
