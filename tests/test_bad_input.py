@@ -103,7 +103,10 @@ CASES = {
         "seeds[1]: must be an integer in [0, 4_294_967_295]; got -1",
     ),
     "zero-seeds": (exp(seeds=0), "seeds: must be an integer in [1, 10_000]; got 0"),
-    "seeds-wrong-type": (exp(seeds="three"), "seeds: must be an integer or a list; got 'three'"),
+    "seeds-wrong-type": (
+        exp(seeds="three"),
+        "seeds: must be an integer or a list or a mapping; got 'three'",
+    ),
     "zero-steps": (exp(steps=0), "steps: must be an integer in [1, 10_000_000]; got 0"),
     "bad-metric": (exp(metric="reward"), "metric: 'reward' is not a run-summary key"),
     "bad-direction": (

@@ -74,7 +74,7 @@ def test_search_param_alias_and_int_range_keep_their_types(tmp_path: Path) -> No
     [
         ({"seeds": []}, "seeds: must be a count >= 1 or a non-empty list of integers"),
         ({"seeds": [1, 1]}, "seeds: duplicate seeds in [1, 1]"),
-        ({"seeds": True}, "seeds: must be an integer or a list; got True"),
+        ({"seeds": True}, "seeds: must be an integer or a list or a mapping; got True"),
         ({"description": 3}, "description: must be a string; got 3"),
         ({"grid": None, "search": {"params": SEARCH["params"]}}, "search.n_trials: missing"),
         (

@@ -8,7 +8,8 @@
       variant:                      # named variants bundle several keys
         grpo:   {ppo.reward_norm: {mean_level: group, std_level: group}}
         rloo:   {ppo.reward_norm: {mean_level: group, mean_leave1out: true, std_level: null}}
-    seeds: 3                        # a count (0..n-1) or an explicit list
+    seeds: 3                        # a count (0..n-1), an explicit list, or a plan:
+    # seeds: {min: 3, max: 24, batch: 2, decide: baseline, confidence: 0.95, margin: 0.02}
     steps: 60                       # overrides base.steps
     baseline: {ppo.eps_clip: 0.2, variant: grpo}   # or the cell's label
     metric: final/reward            # run-summary key used for the ranking
@@ -40,7 +41,12 @@ from harness.config import (
     resolve_alias,
     validate_task,
 )
-from harness.config.experiment_schema import ExperimentFile, SearchParam, SearchSpec
+from harness.config.experiment_schema import (
+    AdaptiveSeedsFile,
+    ExperimentFile,
+    SearchParam,
+    SearchSpec,
+)
 from harness.config.preflight import check_memory
 from harness.core.configtools import ConfigError, from_dict, is_config_path, to_dict
 
@@ -68,6 +74,8 @@ class ExperimentSpec:
     metric: str
     direction: str
     search: SearchSpec | None = None
+    # seeds: {min, max, ...}: the plan as a plain mapping (seeds is then 0..max-1)
+    adaptive: dict[str, Any] | None = None
     path: str = ""
     raw: dict[str, Any] = field(default_factory=dict)
 
@@ -84,6 +92,8 @@ class ExperimentSpec:
             "steps": self.steps,
             "search": to_dict(self.search) if self.search else None,
         }
+        if self.adaptive is not None:  # only then: the hash of a fixed-seed study is unchanged
+            payload["adaptive"] = self.adaptive
         blob = json.dumps(payload, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
@@ -194,6 +204,7 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
         metric=doc.metric,
         direction=doc.direction,
         search=search,
+        adaptive=to_dict(doc.seeds) if isinstance(doc.seeds, AdaptiveSeedsFile) else None,
         path=file,
         raw=raw,
     )

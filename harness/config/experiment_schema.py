@@ -162,6 +162,52 @@ class SearchFile:
         )
 
 
+MAX_ADAPTIVE_SEEDS = 500
+MAX_LOOKS = 64
+
+
+@dataclass
+class AdaptiveSeedsFile:
+    """``seeds:`` as a mapping: seeds in batches, each cell until its comparison is decided
+    (docs/seeds.md).  Seeds are 0..max-1; every cell starts with ``min``."""
+
+    min: int = field(default=3, metadata=meta("Seeds every cell runs first.", ge=2, le=500))
+    max: int = field(
+        default=24, metadata=meta("Most seeds a cell may get.", ge=2, le=MAX_ADAPTIVE_SEEDS)
+    )
+    batch: int = field(default=2, metadata=meta("Seeds added to an open cell per look.", ge=1))
+    decide: Literal["baseline", "ranking"] = field(
+        default="baseline",
+        metadata=meta("baseline: each cell vs the baseline; ranking: the top cell vs the next."),
+    )
+    confidence: float = field(
+        default=0.95,
+        metadata=meta("Chance that no look's interval misses (all looks together).", ge=0.5, lt=1),
+    )
+    margin: float = field(
+        default=0.0,
+        metadata=meta(
+            "Differences within ±margin (metric units) count as equivalent (0 = never).", ge=0
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        # The bounds are declared above; here what fields must agree on (the same rules as
+        # harness.report.sequential.SeedPlan, which the config layer may not import).
+        if self.max < self.min:
+            raise ValueError(f"seeds.max: must be >= seeds.min ({self.min}); got {self.max}")
+        looks = len(self.looks())
+        if looks > MAX_LOOKS:
+            raise ValueError(
+                f"seeds.batch: {looks} looks from min {self.min} to max {self.max}; at most "
+                f"{MAX_LOOKS} (raise batch)"
+            )
+
+    def looks(self) -> list[int]:
+        """Seed counts at which the comparisons are looked at: min, min + batch, ..., max."""
+        return [*range(self.min, self.max, self.batch), self.max]
+
+
 @dataclass
 class ExperimentFile:
     """An experiment file: a grid (or a search) over a base run config."""
@@ -179,8 +225,12 @@ class ExperimentFile:
         ),
     )
     search: SearchFile | None = field(default=None, metadata=meta("A search space (not a grid)."))
-    seeds: SeedCount | list[Seed] = field(
-        default=1, metadata=meta("A count n (seeds 0..n-1) or a list of seeds.")
+    seeds: SeedCount | list[Seed] | AdaptiveSeedsFile = field(
+        default=1,
+        metadata=meta(
+            "A count n (seeds 0..n-1), a list of seeds, or {min, max, batch, decide, "
+            "confidence, margin}: seeds until each comparison is decided."
+        ),
     )
     steps: int | None = field(
         default=None,
@@ -201,6 +251,12 @@ class ExperimentFile:
             raise ValueError("grid: must be a non-empty mapping of axis -> list of values")
         if self.baseline is not None and self.search is not None:
             raise ValueError("baseline: only applies to grids")
+        if isinstance(self.seeds, AdaptiveSeedsFile):
+            # A search races each point against the incumbent: decide does not apply there.
+            if self.search is None and self.seeds.decide == "baseline" and self.baseline is None:
+                raise ValueError(
+                    "seeds.decide: 'baseline' needs a baseline: cell (or use decide: ranking)"
+                )
         if isinstance(self.seeds, list) and not self.seeds:
             raise ValueError("seeds: must be a count >= 1 or a non-empty list of integers")
         if isinstance(self.seeds, list) and len(set(self.seeds)) != len(self.seeds):
@@ -208,4 +264,7 @@ class ExperimentFile:
 
     @property
     def seed_list(self) -> list[int]:
+        """Every seed a cell may run (an adaptive plan: 0..max-1)."""
+        if isinstance(self.seeds, AdaptiveSeedsFile):
+            return list(range(self.seeds.max))
         return list(range(self.seeds)) if isinstance(self.seeds, int) else list(self.seeds)

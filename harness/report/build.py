@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.configtools import flatten
+from harness.report.adaptive import adaptive_section
 from harness.report.format import _code, _fmt_duration, fmt
 from harness.report.plots import (
     PlotFile,
@@ -108,7 +109,7 @@ def _header(doc: _Doc, data: StudyData, rows: Sequence[CellRow]) -> None:
         ("metric", f"{data.metric} ({data.direction})"),
         ("baseline", data.baseline or "none"),
         ("cells", str(len(data.cells))),
-        ("seeds", ", ".join(str(s) for s in data.seeds)),
+        ("seeds", _seeds_fact(data)),
         ("steps per run", str(data.steps)),
         (
             "runs",
@@ -142,6 +143,16 @@ def _header(doc: _Doc, data: StudyData, rows: Sequence[CellRow]) -> None:
     if data.command:
         doc.para("Produced by:")
         doc.code(data.command)
+
+
+def _seeds_fact(data: StudyData) -> str:
+    if data.adaptive is None:
+        return ", ".join(str(s) for s in data.seeds)
+    a = data.adaptive
+    return (
+        f"adaptive: {a['min']} to {a['max']} per cell, {a['batch']} per look, decide "
+        f"{a['decide']} (see Seeds that decide)"
+    )
 
 
 def _ranking_section(
@@ -318,6 +329,7 @@ def build_report(
     _header(doc, data, rows)
     doc.heading(2, "Conclusion")
     doc.bullets(conclusion(rows, data), css="conclusion")
+    adaptive_section(doc, data)
     doc.heading(2, "Warnings")
     warns = warnings_for(rows, data)
     if warns:

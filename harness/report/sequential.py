@@ -42,9 +42,9 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from scipy import stats
@@ -94,9 +94,14 @@ class SeedPlan:
 CALIBRATION_STUDIES = 200_000
 
 
-@functools.lru_cache(maxsize=64)
 def look_alpha(plan: SeedPlan) -> float:
     """α': the error level of each look such that all looks together err with probability α."""
+    # The margin does not enter: plans that differ only in it share one calibration.
+    return _look_alpha(SeedPlan(plan.min, plan.max, plan.batch, plan.confidence))
+
+
+@functools.lru_cache(maxsize=64)
+def _look_alpha(plan: SeedPlan) -> float:
     rng = np.random.default_rng(20260101)
     looks = plan.looks()
     smallest = np.ones(CALIBRATION_STUDIES)
@@ -126,6 +131,8 @@ class Decision:
 
     def line(self) -> str:
         iv = f"{self.estimate:+.4g} [{self.lo:+.4g}, {self.hi:+.4g}]"
+        if self.verdict == "equivalent":
+            return f"decided at {self.n} seeds: equivalent, difference {iv}"
         if self.verdict in DECIDED:
             return f"decided at {self.n} seeds: {self.verdict} by {iv}"
         if self.verdict == "open":
@@ -167,6 +174,27 @@ def decide(diffs: Sequence[float], plan: SeedPlan, *, maximize: bool = True) -> 
     return Decision(verdict, n, mean, lo, hi, level)
 
 
+def decide_ranking(
+    scores: Mapping[str, Sequence[float]], plan: SeedPlan, *, maximize: bool = True
+) -> tuple[str, str, Decision]:
+    """``decide: ranking``: the top cell against the runner-up, paired by seed.
+
+    ``scores`` maps each cell to its seeds' scores (the same seeds, in the same order; at least
+    two cells).  The top cell and its runner-up are the two best by mean; the verdict is
+    ``decide(top − runner-up)``: *better* (the top is the winner), *equivalent* (the two are the
+    same within the margin, either may be called the best) or open/undecided.  Whichever two
+    cells are on top at a look, the simultaneous coverage of the looks' intervals holds for each
+    fixed pair; the choice of the pair by the data makes "better" slightly optimistic when three
+    or more cells are close (docs/seeds.md says so)."""
+    if len(scores) < 2:
+        raise ValueError("decide: ranking needs at least two cells")
+    sign = 1.0 if maximize else -1.0
+    means = {c: sign * float(np.mean(v)) for c, v in scores.items()}
+    top, runner = sorted(means, key=lambda c: -means[c])[:2]
+    diffs = [a - b for a, b in zip(scores[top], scores[runner], strict=True)]
+    return top, runner, decide(diffs, plan, maximize=maximize)
+
+
 def fixed_design_seeds(effect: float, sd: float, plan: SeedPlan, power: float) -> int:
     """Seeds per cell a fixed design needs for ``power`` at the same confidence (paired t-test).
 
@@ -180,6 +208,75 @@ def fixed_design_seeds(effect: float, sd: float, plan: SeedPlan, power: float) -
         if stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc) >= power:
             return n
     return 100_000
+
+
+def sequential_verdicts(d: np.ndarray, plan: SeedPlan) -> tuple[np.ndarray, np.ndarray]:
+    """``decide`` over every look, vectorized: for each row of paired differences ``d``
+    (studies x max seeds, higher = better), the first decided verdict (else "undecided") and
+    the seeds it used.  The same rule as :func:`decide`, checked against it in the tests."""
+    studies = d.shape[0]
+    level = 1.0 - look_alpha(plan)
+    verdict = np.full(studies, "open", dtype=object)
+    used = np.full(studies, plan.max)
+    for n in plan.looks():
+        x = d[:, :n]
+        mean = x.mean(axis=1)
+        half = stats.t.ppf(0.5 + level / 2.0, n - 1) * x.std(axis=1, ddof=1) / math.sqrt(n)
+        lo, hi = mean - half, mean + half
+        now = np.full(studies, "open", dtype=object)
+        now[lo > 0] = "better"
+        now[hi < 0] = "worse"
+        if plan.margin > 0:  # as in decide: better/worse first (lo > 0 and hi < margin: better)
+            inside = (lo > -plan.margin) & (hi < plan.margin) & (now == "open")
+            now[inside] = "equivalent"
+        fresh = (verdict == "open") & (now != "open")
+        verdict[fresh] = now[fresh]
+        used[fresh] = n
+    verdict[verdict == "open"] = "undecided"
+    return verdict, used
+
+
+def simulate_ranking(
+    effects: Sequence[float], plan: SeedPlan, *, studies: int, seed: int = 0
+) -> dict[str, Any]:
+    """``decide: ranking`` on ``studies`` simulated studies of cells whose true means are
+    ``effects`` (in units of the sd of a paired difference; normal seed scores): how often the
+    race ended "better", "equivalent" or undecided, how often a "better" named a cell that is
+    not the unique best (``wrong_winner``), and the mean seeds per cell."""
+    rng = np.random.default_rng(seed)
+    k = len(effects)
+    mu = np.asarray(effects, dtype=float)
+    # Each cell's score has sd 1/√2, so a difference of two cells has sd 1.
+    x = rng.standard_normal((studies, k, plan.max)) / math.sqrt(2.0) + mu[None, :, None]
+    level = 1.0 - look_alpha(plan)
+    verdict = np.full(studies, "open", dtype=object)
+    used = np.full(studies, plan.max)
+    winner = np.full(studies, -1)
+    rows = np.arange(studies)
+    for n in plan.looks():
+        order = np.argsort(-x[:, :, :n].mean(axis=2), axis=1)
+        top, runner = order[:, 0], order[:, 1]
+        d = x[rows, top, :n] - x[rows, runner, :n]
+        mean = d.mean(axis=1)
+        half = stats.t.ppf(0.5 + level / 2.0, n - 1) * d.std(axis=1, ddof=1) / math.sqrt(n)
+        now = np.full(studies, "open", dtype=object)
+        now[mean - half > 0] = "better"
+        if plan.margin > 0:
+            inside = (mean - half > -plan.margin) & (mean + half < plan.margin) & (now == "open")
+            now[inside] = "equivalent"
+        fresh = (verdict == "open") & (now != "open")
+        verdict[fresh], used[fresh], winner[fresh] = now[fresh], n, top[fresh]
+    best = mu.max()
+    unique = int((mu == best).sum()) == 1
+    called = verdict == "better"
+    wrong = called & ((mu[np.maximum(winner, 0)] < best) | (not unique))
+    return {
+        "better": float(called.mean()),
+        "equivalent": float((verdict == "equivalent").mean()),
+        "undecided": float((verdict == "open").mean()),
+        "wrong_winner": float(wrong.mean()),
+        "mean_seeds": float(used.mean()),
+    }
 
 
 def simulate(
@@ -209,23 +306,7 @@ def simulate(
 
     d = runs() - runs()
     d = effect + d / d.std()
-    verdict = np.full(studies, "open", dtype=object)
-    used = np.full(studies, plan.max)
-    for n in plan.looks():
-        level = 1.0 - look_alpha(plan)
-        x = d[:, :n]
-        mean = x.mean(axis=1)
-        half = stats.t.ppf(0.5 + level / 2.0, n - 1) * x.std(axis=1, ddof=1) / math.sqrt(n)
-        lo, hi = mean - half, mean + half
-        now = np.full(studies, "open", dtype=object)
-        now[lo > 0] = "better"
-        now[hi < 0] = "worse"
-        if plan.margin > 0:
-            now[(lo > -plan.margin) & (hi < plan.margin)] = "equivalent"
-        fresh = (verdict == "open") & (now != "open")
-        verdict[fresh] = now[fresh]
-        used[fresh] = n
-    verdict[verdict == "open"] = "undecided"
+    verdict, used = sequential_verdicts(d, plan)
     out = {k: float(np.mean(verdict == k)) for k in ("better", "worse", "equivalent", "undecided")}
     out["mean_seeds"] = float(used.mean())
     return out
@@ -237,8 +318,11 @@ __all__ = [
     "SeedPlan",
     "Verdict",
     "decide",
+    "decide_ranking",
     "fixed_design_seeds",
     "look_alpha",
     "paired_interval",
+    "sequential_verdicts",
     "simulate",
+    "simulate_ranking",
 ]

@@ -56,6 +56,8 @@ class StudyData:
     wall_time: float = float("nan")  # sum of run wall times (s)
     parent_run_id: str | None = None
     command: str = ""  # the command line that produced the study
+    # seeds: {min, max, batch, decide, confidence, margin} of an adaptive study (else None)
+    adaptive: dict[str, Any] | None = None
 
     def runs_of(self, cell: str) -> list[RunData]:
         return [r for r in self.runs if r.cell == cell]

@@ -20,9 +20,13 @@ def wide_console() -> Console:
 
 def print_grid(spec: ExperimentSpec) -> None:
     console = wide_console()
-    table = Table(
-        title=f"{spec.name}: {len(spec.cells)} cells x {len(spec.seeds)} seeds = {spec.n_trials} trials"
+    title = (
+        f"{spec.name}: {len(spec.cells)} cells x {len(spec.seeds)} seeds = {spec.n_trials} trials"
     )
+    if spec.adaptive is not None and spec.search is None:
+        a = spec.adaptive
+        title = f"{spec.name}: {len(spec.cells)} cells x {a['min']}..{a['max']} seeds (adaptive)"
+    table = Table(title=title)
     table.add_column("#", justify="right")
     table.add_column("cell")
     table.add_column("overrides")
@@ -31,10 +35,38 @@ def print_grid(spec: ExperimentSpec) -> None:
         over = ", ".join(f"{k}={v}" for k, v in c.overrides.items())
         table.add_row(str(i), c.label, over, "yes" if c.label == spec.baseline else "")
     console.print(table)
+    if spec.adaptive is not None and spec.search is not None:
+        a = spec.adaptive
+        print(
+            f"racing: each trial runs {a['min']}..{a['max']} seeds; after {a['min']} and every "
+            f"{a['batch']} more it is compared with the incumbent (paired by seed, confidence "
+            f"{a['confidence']:g} over all looks, margin ±{a['margin']:g}) and stops when "
+            "decided worse or equivalent"
+        )
+    elif spec.adaptive is not None:
+        a = spec.adaptive
+        looks = [*range(a["min"], a["max"], a["batch"]), a["max"]]
+        versus = "the baseline" if a["decide"] == "baseline" else "the runner-up (ranking)"
+        print(
+            f"{len(spec.cells)} cells x {a['min']}..{a['max']} seeds (adaptive) = "
+            f"{len(spec.cells) * a['min']} trials up front, at most {spec.n_trials}"
+        )
+        print(
+            f"adaptive seeds: each cell starts with {a['min']} seeds and gets {a['batch']} more "
+            f"after each look while its comparison with {versus} is open; looks at "
+            f"{looks} seeds; confidence {a['confidence']:g} over all looks; equivalence margin "
+            f"±{a['margin']:g} ({spec.metric}); at most {spec.n_trials * spec.steps} steps"
+        )
     console.print(
-        f"seeds {spec.seeds}; {spec.steps} steps per run; step budget {spec.n_trials * spec.steps} "
+        f"seeds {_seeds_text(spec.seeds)}; {spec.steps} steps per run; step budget {spec.n_trials * spec.steps} "
         f"steps; ranking metric {spec.metric} ({spec.direction}); grid hash {spec.grid_hash()}"
     )
+
+
+def _seeds_text(seeds: list[int]) -> str:
+    if len(seeds) > 8 and seeds == list(range(len(seeds))):
+        return f"0..{len(seeds) - 1}"
+    return str(seeds)
 
 
 def print_status(storage: Any, study_name: str | None) -> None:
@@ -57,6 +89,7 @@ def print_status(storage: Any, study_name: str | None) -> None:
     for col in ("study", "done", "pruned", "diverged", "running", "waiting", "failed", "total"):
         table.add_column(col, justify="right" if col != "study" else "left")
     failures: list[tuple[str, list[tuple[str, int]]]] = []
+    adaptive: list[tuple[str, Any]] = []
     for name in names:
         if study_name is not None and name != study_name:
             continue
@@ -75,7 +108,14 @@ def print_status(storage: Any, study_name: str | None) -> None:
         )
         if c.reasons:
             failures.append((name, count_reasons(c.reasons)))
+        if c.cells:
+            adaptive.append((name, c))
     console.print(table)
+    for name, c in adaptive:
+        # print(): a cell label is the user's text and may hold [markup]
+        print(f"{name}: seeds per cell ({c.cancelled} held seeds cancelled by decisions)")
+        for label, line in c.cells:
+            print(f"  {label}: {line}")
     limit = None if study_name is not None else 3
     for name, counted in failures:
         # print(), not rich: a reason is the user's text and may hold [markup]

@@ -54,7 +54,14 @@ def sweep(
     try:
         with _parent_closed_on_abort(tracker, study_spec):
             enqueued, done = enqueue_missing(study, study_spec)
-            if exp.search is None:
+            if exp.search is None and exp.adaptive is not None:
+                a = exp.adaptive
+                say(
+                    f"study {study.study_name!r}: {len(exp.cells)} cells x {a['min']}..{a['max']} "
+                    f"seeds (adaptive, decide: {a['decide']}), {done} already done, {enqueued} "
+                    f"enqueued (held until a look releases them); {workers} worker(s)"
+                )
+            elif exp.search is None:
                 say(
                     f"study {study.study_name!r}: {exp.n_trials} trials ({len(exp.cells)} cells x "
                     f"{len(exp.seeds)} seeds), {done} already done, {enqueued} enqueued; "

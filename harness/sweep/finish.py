@@ -61,8 +61,15 @@ def finish_study(
     from harness.sweep.results import load_study_data
 
     tracker.flush()
+    states = None
+    if spec.adaptive is not None:
+        from harness.sweep.adaptive import apply_allocation
+
+        states = apply_allocation(study, spec)  # cancels what a last decision left held
     data = load_study_data(study, tracker, command=command)
     expected = spec.expected_trials
+    if states is not None:
+        expected = sum(s.released for s in states.values())
     finished = sum(1 for r in data.runs if r.status in ("completed", "diverged"))
     completed = sum(1 for r in data.runs if r.status == "completed")
     failed = [r.reason for r in data.runs if r.status == "failed"]
@@ -88,6 +95,13 @@ def finish_study(
                 except FileNotFoundError:
                     pass  # a concurrent report of this study no longer draws it (its HTML has it)
     complete = finished >= expected
+    if states is not None:  # complete when every cell is decided or at max
+        from harness.report.adaptive import adaptive_lines
+        from harness.report.allocation import settled
+
+        complete = settled(states)
+        for line in adaptive_lines(data):
+            print(f"  {line}")  # plain print: labels are the user's text
     if parent:
         tracker.set_tags(parent, {"harness.trials_finished": f"{finished}/{expected}"})
         if end_parent:

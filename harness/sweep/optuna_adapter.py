@@ -352,8 +352,11 @@ def fail_stale_trials(study: optuna.Study) -> None:
         optuna.storages.fail_stale_trials(study)
 
 
-def claim_waiting_trial(study: optuna.Study) -> optuna.Trial | None:
+def claim_waiting_trial(
+    study: optuna.Study, accept: Callable[[FrozenTrial], bool] | None = None
+) -> optuna.Trial | None:
     """Atomically move one WAITING (enqueued) trial to RUNNING for this worker, or return None.
+    ``accept`` skips the WAITING trials it refuses (an adaptive grid's held seeds).
 
     Unlike ``Study.ask``, this never creates a new trial when the queue is empty, so a grid
     worker that loses the race for the last cell does not add a stray sampler trial. It is the
@@ -364,6 +367,8 @@ def claim_waiting_trial(study: optuna.Study) -> optuna.Trial | None:
     for frozen in storage.get_all_trials(
         study._study_id, deepcopy=False, states=(TrialState.WAITING,)
     ):
+        if accept is not None and not accept(frozen):
+            continue
         try:
             if storage.set_trial_state_values(trial_id(frozen), state=TrialState.RUNNING):
                 if heartbeat_interval_of(storage) is not None:

@@ -56,9 +56,11 @@ def load_study_data(study: Any, tracker: Any | None, *, command: str = "") -> St
             return "diverged" if t.user_attrs.get("outcome") == "diverged" else "failed"
         return "running" if t.state == TrialState.RUNNING else "waiting"
 
+    from harness.sweep.adaptive import is_cancelled
+
     for t in study.get_trials(deepcopy=False):
         ua = t.user_attrs
-        if "cell" not in ua:
+        if "cell" not in ua or is_cancelled(t):  # a seed a decision made unnecessary: no run
             continue
         key = (ua["cell"], int(ua["seed"]))
         if key not in best or rank[status_of(t)] >= rank[status_of(best[key])]:
@@ -110,4 +112,5 @@ def load_study_data(study: Any, tracker: Any | None, *, command: str = "") -> St
         wall_time=total_wall,
         parent_run_id=spec.parent_run_id,
         command=command,
+        adaptive=dict(spec.adaptive) if spec.adaptive is not None else None,
     )

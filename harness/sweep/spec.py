@@ -75,6 +75,8 @@ class StudySpec:
     max_retries: int = 0  # re-runs of a trial that failed with an error (grid)
     heartbeat_interval: int = 5  # seconds; every worker of the study beats on this clock
     parent_run_id: str | None = None
+    # seeds: {min, max, batch, decide, confidence, margin} (grid): seeds run until decided
+    adaptive: Mapping[str, Any] | None = None
 
     # -- building -------------------------------------------------------------------------
 
@@ -111,6 +113,7 @@ class StudySpec:
             tracking_uri=redact_url(tracking_uri) if tracking_uri else None,
             max_retries=max_retries,
             heartbeat_interval=heartbeat_interval,
+            adaptive=None if spec.adaptive is None else dict(spec.adaptive),
         )
 
     def with_parent(self, run_id: str | None) -> StudySpec:
@@ -158,6 +161,14 @@ class StudySpec:
     @property
     def directions(self) -> list[str]:
         return [d for _, d in self.objectives]
+
+    def adaptive_plan(self) -> Any:
+        """The study's ``AdaptivePlan`` (harness.report.allocation), None for fixed seeds."""
+        if self.adaptive is None:
+            return None
+        from harness.report.allocation import AdaptivePlan
+
+        return AdaptivePlan.from_dict(self.adaptive)
 
     @property
     def expected_trials(self) -> int:

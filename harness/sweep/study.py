@@ -151,7 +151,10 @@ def enqueue_missing(study: Any, spec: StudySpec) -> tuple[int, int]:
     trials = with_retries(lambda: study.get_trials(deepcopy=False))
     if spec.kind == "search":
         return 0, sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
-    finished: set[tuple[str, int]] = set()
+    from harness.sweep.adaptive import settled_keys
+
+    # An adaptive grid's seeds cancelled by a decision are settled: never enqueued again.
+    finished: set[tuple[str, int]] = settled_keys(trials)
     pending: set[tuple[str, int]] = set()
     for t in trials:
         key = trial_key(t)
@@ -172,6 +175,8 @@ def enqueue_missing(study: Any, spec: StudySpec) -> tuple[int, int]:
             attrs = {"cell": cell, "seed": seed, "attempt": 0}
             with_retries(lambda a=attrs: study.enqueue_trial({}, user_attrs=a))  # type: ignore[misc]
             n += 1
+    if spec.adaptive is not None:
+        finished -= settled_keys(trials)
     return n, len(finished & {(c, s) for c in spec.cells for s in spec.seeds})
 
 
@@ -190,12 +195,31 @@ class StudyCounts:
     total: int
     pruned: int = 0
     reasons: tuple[str, ...] = ()
+    # An adaptive grid: (cell, its line: seeds done, decided/open, current interval)
+    cells: tuple[tuple[str, str], ...] = ()
+    cancelled: int = 0  # held seeds a decision made unnecessary (not in total)
 
 
 def study_counts(study: Any, spec: StudySpec | None) -> StudyCounts:
     from collections import Counter
 
     trials = study.get_trials(deepcopy=False)
+    cells: tuple[tuple[str, str], ...] = ()
+    cancelled = 0
+    if spec is not None and spec.kind == "grid" and spec.adaptive is not None:
+        from harness.sweep.adaptive import cell_states, is_cancelled
+
+        alloc = cell_states(trials, spec)
+        cells = tuple((c, s.line()) for c, s in alloc.items())
+        cancelled = len({trial_key(t) for t in trials if is_cancelled(t)})
+        trials = [t for t in trials if not is_cancelled(t)]
+        # Held seeds beyond what is released are not counted as waiting: they may never run.
+        released = {c: s.released for c, s in alloc.items()}
+        trials = [
+            t
+            for t in trials
+            if (k := trial_key(t)) is None or k[0] not in released or k[1] < released[k[0]]
+        ]
     if spec is not None and spec.kind == "search":
         counted = list(trials)
         total = spec.expected_trials
@@ -205,6 +229,8 @@ def study_counts(study: Any, spec: StudySpec | None) -> StudyCounts:
             latest[trial_key(t) or ("#", t.number)] = t
         counted = list(latest.values())
         total = spec.expected_trials if spec is not None else len(latest)
+        if cells:
+            total = sum(released.values())
     states: Counter[str] = Counter()
     reasons: list[str] = []
     for t in counted:
@@ -223,6 +249,8 @@ def study_counts(study: Any, spec: StudySpec | None) -> StudyCounts:
         total=total,
         pruned=states["PRUNED"],
         reasons=tuple(reasons),
+        cells=cells,
+        cancelled=cancelled,
     )
 
 

@@ -109,6 +109,19 @@ def next_trial(study: Any, spec: StudySpec) -> tuple[Any | None, int]:
     from harness.sweep.optuna_adapter import claim_waiting_trial, fail_stale_trials
 
     with_retries(lambda: fail_stale_trials(study))
+    if spec.kind == "grid" and spec.adaptive is not None:
+        from harness.sweep.adaptive import apply_allocation, releasable
+
+        # Counted before the allocation: a trial that ends in between is in the allocation, so
+        # a worker that finds nothing released and nothing running may exit (no look pending).
+        running = with_retries(
+            lambda: study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        )
+        cells = apply_allocation(study, spec)
+        trial = with_retries(
+            lambda: claim_waiting_trial(study, accept=lambda t: releasable(t, cells))
+        )
+        return trial, 0 if trial is not None else len(running)
     if spec.kind == "grid":
         trial = with_retries(lambda: claim_waiting_trial(study))
     else:

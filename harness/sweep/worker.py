@@ -273,6 +273,15 @@ def run_search_trial(t: _Trial) -> str:
                 diverged += result.status == "diverged"
                 for j, (metric, _) in enumerate(plan.objectives):
                     values[j].append(result.summary.get(metric, math.nan))
+                raced = race_out(t, values[0]) if len(plan.objectives) == 1 else None
+                if raced is not None:
+                    t.trial.set_user_attr("outcome", "pruned")
+                    t.trial.set_user_attr("reason", raced)
+                    t.trial.set_user_attr("seeds_run", i + 1)
+                    t.trial.set_user_attr("seed_values", [[_finite(v) for v in values[0]]])
+                    t.tell(state="PRUNED")
+                    t.event("done", cell=label, seed=seed, outcome="pruned", reason=raced)
+                    return "pruned"
                 if len(plan.objectives) == 1:
                     mean0 = nanmean(values[0])
                     t.trial.report(mean0, step=i)
@@ -310,6 +319,31 @@ def run_search_trial(t: _Trial) -> str:
         return "interrupted"
     t.event("done", cell=label, seed=None, outcome=outcome, values=out, point=point)
     return outcome
+
+
+def _finite(v: float) -> float | None:
+    return v if math.isfinite(v) else None
+
+
+def race_out(t: _Trial, values: list[float]) -> str | None:
+    """A search with ``seeds: {min, max, ...}``: at a planned look, the point's seeds against
+    the incumbent's same seeds; the reason to stop it (decided worse or equivalent), or None."""
+    from harness.core.db import with_retries
+    from harness.report.allocation import race
+    from harness.sweep.adaptive import incumbent
+
+    adaptive = t.spec.adaptive_plan()
+    if adaptive is None or len(values) >= adaptive.plan.max:
+        return None
+    best = with_retries(lambda: incumbent(t.study, t.spec))
+    if best is None:
+        return None
+    number, theirs = best
+    maximize = t.spec.direction == "maximize"
+    decision = race(values, theirs, adaptive.plan, maximize=maximize)
+    if decision is None or decision.verdict not in ("worse", "equivalent"):
+        return None
+    return f"raced out against trial {number}: {decision.line()}"
 
 
 def worker_loop(
@@ -382,7 +416,10 @@ def _work(
                 if opts.exit_when_idle and not running:
                     break
                 # Others are still running: wait, a dead one's trial may come back as WAITING.
-                for _ in range(spec.heartbeat_interval * 2):
+                # An adaptive grid looks again soon: a running seed's end may release more.
+                adaptive_grid = spec.kind == "grid" and spec.adaptive is not None
+                ticks = 1 if adaptive_grid else spec.heartbeat_interval * 2
+                for _ in range(ticks):
                     if should_stop():
                         break
                     time.sleep(0.5)
