@@ -86,7 +86,8 @@ def savings_line(data: StudyData, states: dict[str, CellState]) -> str:
     s = savings(data, states)
     conf = float(data.adaptive["confidence"]) if data.adaptive else 0.95
     wall = (
-        f"; wall time {_fmt_duration(s.wall_used)} against about {_fmt_duration(s.wall_fixed)} "
+        f"; run time (summed over runs) {_fmt_duration(s.wall_used)} against about "
+        f"{_fmt_duration(s.wall_fixed)} "
         f"(saved about {_fmt_duration(max(0.0, s.wall_saved))})"
         if math.isfinite(s.wall_fixed)
         else ""
