@@ -19,6 +19,7 @@ import yaml
 from rich.console import Console
 
 import harness.run.loop as train_mod
+import harness.run.sampler as sampler_mod  # the rollout function the loop's sampler calls
 from harness.config import build_run_config
 from harness.run.rollout import NonFiniteLogits
 from harness.run.rollout import sample as real_sample
@@ -61,7 +62,7 @@ def cfg(trainer: str = "harness", **over: Any) -> Any:
 
 
 def _fail_sampling_at(step: int, make_error: Any) -> Any:
-    """``harness.run.loop.sample`` that raises ``make_error()`` on training step ``step``'s rollout
+    """``harness.run.sampler.sample`` that raises ``make_error()`` on training step ``step``'s rollout
     (greedy evaluations pass through untouched)."""
     calls = {"n": 0}
 
@@ -82,7 +83,7 @@ def _fail_sampling_at(step: int, make_error: Any) -> Any:
 def test_an_error_while_sampling_raises_and_is_never_a_divergence(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_error: Any, name: str
 ) -> None:
-    monkeypatch.setattr(train_mod, "sample", _fail_sampling_at(1, make_error))
+    monkeypatch.setattr(sampler_mod, "sample", _fail_sampling_at(1, make_error))
     tracker = MemoryTracker()
     with pytest.raises(BaseException) as info:
         tracked_run(cfg(), tracker, experiment="e", run_name="r", results_dir=tmp_path)
@@ -111,7 +112,7 @@ def test_nan_weights_while_sampling_are_a_divergence(
                         p.fill_(math.nan)
         return real_sample(model, *args, **kw)
 
-    monkeypatch.setattr(train_mod, "sample", sample)
+    monkeypatch.setattr(sampler_mod, "sample", sample)
     res = train_mod.run(cfg(), results_dir=tmp_path)
     assert res.status == "diverged", res.reason
     assert res.reason.startswith("diverged at step 1: non-finite probabilities while sampling")
@@ -261,7 +262,7 @@ def test_a_sampling_error_in_a_sweep_is_retried_and_ends_as_an_error(
 
         return sample
 
-    monkeypatch.setattr(train_mod, "sample", sample_for(4))  # the n_samples=4 cell only
+    monkeypatch.setattr(sampler_mod, "sample", sample_for(4))  # the n_samples=4 cell only
     events: list[dict[str, Any]] = []
     out = io.StringIO()
     progress = SweepProgress(1, total=2, done=0, console=Console(file=out, width=200))
