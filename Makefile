@@ -30,7 +30,7 @@ ablate: $(STAMP)
 FINDINGS := experiments/findings/inert-clip.yaml experiments/findings/dual-clip.yaml \
 	experiments/findings/clip-higher.yaml experiments/findings/norm.yaml \
 	experiments/findings/staleness.yaml experiments/losses.yaml \
-	experiments/findings/objectives-2026.yaml
+	experiments/findings/objectives-2026.yaml experiments/findings/mismatch.yaml
 findings: $(STAMP)
 	for f in $(FINDINGS); do $(VENV)/bin/harness ablate $$f --workers 2 --results-dir results/findings || exit $$?; done
 
