@@ -87,6 +87,14 @@ def releasable(t: Any, states: Mapping[str, CellState]) -> bool:
     return key is not None and key[0] in states and key[1] < states[key[0]].released
 
 
+def claim_order(t: Any) -> tuple[int, int]:
+    """Released seeds are claimed lowest seed first across cells (then in enqueue order): every
+    cell reaches its first look before any cell runs its later batches, so looks come early
+    everywhere instead of one cell at a time (the enqueue order is cell by cell)."""
+    key = _key(t)
+    return (key[1] if key is not None else 1 << 30, t.number)
+
+
 def apply_allocation(
     study: Any,
     spec: StudySpec,

@@ -353,10 +353,13 @@ def fail_stale_trials(study: optuna.Study) -> None:
 
 
 def claim_waiting_trial(
-    study: optuna.Study, accept: Callable[[FrozenTrial], bool] | None = None
+    study: optuna.Study,
+    accept: Callable[[FrozenTrial], bool] | None = None,
+    order: Callable[[FrozenTrial], Any] | None = None,
 ) -> optuna.Trial | None:
     """Atomically move one WAITING (enqueued) trial to RUNNING for this worker, or return None.
-    ``accept`` skips the WAITING trials it refuses (an adaptive grid's held seeds).
+    ``accept`` skips the WAITING trials it refuses (an adaptive grid's held seeds); ``order``
+    is the key the candidates are tried in (default: enqueue order).
 
     Unlike ``Study.ask``, this never creates a new trial when the queue is empty, so a grid
     worker that loses the race for the last cell does not add a stray sampler trial. It is the
@@ -364,9 +367,10 @@ def claim_waiting_trial(
     the WAITING -> RUNNING transition. Finish the trial with ``study.tell(trial, ...)``.
     """
     storage = storage_of(study)
-    for frozen in storage.get_all_trials(
-        study._study_id, deepcopy=False, states=(TrialState.WAITING,)
-    ):
+    waiting = storage.get_all_trials(study._study_id, deepcopy=False, states=(TrialState.WAITING,))
+    if order is not None:
+        waiting = sorted(waiting, key=order)
+    for frozen in waiting:
         if accept is not None and not accept(frozen):
             continue
         try:

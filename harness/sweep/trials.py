@@ -110,7 +110,7 @@ def next_trial(study: Any, spec: StudySpec) -> tuple[Any | None, int]:
 
     with_retries(lambda: fail_stale_trials(study))
     if spec.kind == "grid" and spec.adaptive is not None:
-        from harness.sweep.adaptive import apply_allocation, releasable
+        from harness.sweep.adaptive import apply_allocation, claim_order, releasable
 
         # Counted before the allocation: a trial that ends in between is in the allocation, so
         # a worker that finds nothing released and nothing running may exit (no look pending).
@@ -119,7 +119,9 @@ def next_trial(study: Any, spec: StudySpec) -> tuple[Any | None, int]:
         )
         cells = apply_allocation(study, spec)
         trial = with_retries(
-            lambda: claim_waiting_trial(study, accept=lambda t: releasable(t, cells))
+            lambda: claim_waiting_trial(
+                study, accept=lambda t: releasable(t, cells), order=claim_order
+            )
         )
         return trial, 0 if trial is not None else len(running)
     if spec.kind == "grid":
