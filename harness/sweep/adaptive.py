@@ -100,10 +100,13 @@ def apply_allocation(
     spec: StudySpec,
     *,
     before_cancel: Callable[[dict[str, CellState]], None] | None = None,
+    on_cancelled: Callable[[int], None] | None = None,
 ) -> dict[str, CellState]:
     """Compute the allocation from the study's trials and cancel the held trials it no longer
     needs; returns the cells' states.  ``before_cancel`` runs between the decision and the
-    cancellations (a test's way to kill the process exactly there)."""
+    cancellations (a test's way to kill the process exactly there); ``on_cancelled`` is told
+    how many cancellations this call won (exactly one process wins each, so the counts of all
+    processes add up to the study's cancelled seeds; a sweep's progress total shrinks by them)."""
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
@@ -116,6 +119,7 @@ def apply_allocation(
         before_cancel(states)
     final = final_released(states)
     storage = storage_of(study)
+    won = 0
     for t in trials:
         key = _key(t)
         if t.state != TrialState.WAITING or key is None or key[0] not in final:
@@ -131,6 +135,9 @@ def apply_allocation(
             storage.set_trial_state_values(tid, state=TrialState.PRUNED)
         except UpdateFinishedTrialError:
             continue  # another process cancelled it first
+        won += 1
+    if won and on_cancelled is not None:
+        on_cancelled(won)
     return states
 
 

@@ -113,7 +113,8 @@ def print_status(storage: Any, study_name: str | None) -> None:
     console.print(table)
     for name, c in adaptive:
         # print(): a cell label is the user's text and may hold [markup]
-        print(f"{name}: seeds per cell ({c.cancelled} held seeds cancelled by decisions)")
+        held = f"; {c.held} more held until a look releases them" if c.held else ""
+        print(f"{name}: seeds per cell ({c.cancelled} held seeds cancelled by decisions){held}")
         for label, line in c.cells:
             print(f"  {label}: {line}")
     limit = None if study_name is not None else 3

@@ -136,7 +136,7 @@ def _run_and_finish(
         workers,
         opts,
         resources=Resources(devices=tuple(device_list or ()), gpus=choice.gpus, cpus=choice.cpus),
-        total=spec.expected_trials,
+        total=progress_total(study, spec),
         done_before=done,
         fail_fast=fail_fast,
         on_event=on_event,
@@ -162,6 +162,20 @@ def _run_and_finish(
     if not finished.completed:  # a search in which every trial failed (reasons printed above)
         return 1
     return 0
+
+
+def progress_total(study: Any, spec: Any) -> int:
+    """The live bar's total: the trials the study may still run or has run.  An adaptive grid
+    starts at cells x max less the seeds earlier runs' decisions cancelled, and the bar takes
+    off each seed a decision cancels from then on (the workers' ``cancelled`` events), so it
+    ends at done/done; a fixed grid and a search keep their total."""
+    if spec.kind != "grid" or spec.adaptive is None:
+        return int(spec.expected_trials)
+    from harness.core.db import with_retries
+    from harness.sweep.adaptive import settled_keys
+
+    trials = with_retries(lambda: study.get_trials(deepcopy=False))
+    return int(spec.expected_trials) - len(settled_keys(trials))
 
 
 @contextlib.contextmanager

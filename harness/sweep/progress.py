@@ -27,6 +27,7 @@ class SweepProgress:
         )
         self.task = self.bar.add_task("trials", total=total, completed=done, info="")
         self.outcomes = {"completed": 0, "diverged": 0, "error": 0, "interrupted": 0}
+        self.cancelled = 0  # an adaptive grid's held seeds a decision made unnecessary
         self.live = Live(
             self._render(), console=self.console, refresh_per_second=4, transient=False
         )
@@ -56,6 +57,12 @@ class SweepProgress:
                 r["state"],
             )
         return Group(table, self.bar)
+
+    def _info(self) -> str:
+        parts = [f"{k} {v}" for k, v in self.outcomes.items() if v]
+        if self.cancelled:
+            parts.append(f"cancelled {self.cancelled} (decided)")
+        return ", ".join(parts)
 
     def handle(self, e: dict[str, Any]) -> None:
         row = self.rows.setdefault(e.get("worker", 0), {"state": ""})
@@ -89,8 +96,14 @@ class SweepProgress:
                     f"{k.split('.')[-1]}={_fmt(v)}" for k, v in e.get("point", {}).items()
                 )
                 self.console.print(f"trial {e['trial']}: {e['outcome']} {values}  {point}")
-            info = ", ".join(f"{k} {v}" for k, v in self.outcomes.items() if v)
-            self.bar.update(self.task, info=info)
+            self.bar.update(self.task, info=self._info())
+        elif kind == "cancelled":
+            # The total is what may still run: a cancelled seed leaves it, never counted as
+            # done, so an adaptive study ends at done/done instead of done/(cells x max).
+            n = int(e.get("n", 0))
+            self.cancelled += n
+            total = self.bar.tasks[0].total or 0
+            self.bar.update(self.task, total=max(0, total - n), info=self._info())
         elif kind == "exit":
             if not str(row.get("state", "")).startswith("stopped"):
                 row["state"] = "finished"

@@ -198,6 +198,7 @@ class StudyCounts:
     # An adaptive grid: (cell, its line: seeds done, decided/open, current interval)
     cells: tuple[tuple[str, str], ...] = ()
     cancelled: int = 0  # held seeds a decision made unnecessary (not in total)
+    held: int = 0  # held seeds no look has released yet (in total: they may still run)
 
 
 def study_counts(study: Any, spec: StudySpec | None) -> StudyCounts:
@@ -205,7 +206,7 @@ def study_counts(study: Any, spec: StudySpec | None) -> StudyCounts:
 
     trials = study.get_trials(deepcopy=False)
     cells: tuple[tuple[str, str], ...] = ()
-    cancelled = 0
+    cancelled = held = 0
     if spec is not None and spec.kind == "grid" and spec.adaptive is not None:
         from harness.sweep.adaptive import cell_states, is_cancelled
 
@@ -229,8 +230,11 @@ def study_counts(study: Any, spec: StudySpec | None) -> StudyCounts:
             latest[trial_key(t) or ("#", t.number)] = t
         counted = list(latest.values())
         total = spec.expected_trials if spec is not None else len(latest)
-        if cells:
-            total = sum(released.values())
+        if cells and spec is not None:
+            # What may still run or has run: cells x max less the cancelled seeds, the same
+            # total the live bar of `harness ablate` shrinks to; it ends at the seeds that ran.
+            total = spec.expected_trials - cancelled
+            held = max(0, total - sum(released.values()))
     states: Counter[str] = Counter()
     reasons: list[str] = []
     for t in counted:
@@ -251,6 +255,7 @@ def study_counts(study: Any, spec: StudySpec | None) -> StudyCounts:
         reasons=tuple(reasons),
         cells=cells,
         cancelled=cancelled,
+        held=held,
     )
 
 

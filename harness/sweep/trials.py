@@ -100,9 +100,12 @@ def search_pruner(name: str) -> Any:
 SPENT_OUTCOMES = ("diverged",)
 
 
-def next_trial(study: Any, spec: StudySpec) -> tuple[Any | None, int]:
+def next_trial(
+    study: Any, spec: StudySpec, on_cancelled: Callable[[int], None] | None = None
+) -> tuple[Any | None, int]:
     """The next trial this worker should run (None if there is none now), and how many trials
-    are running elsewhere."""
+    are running elsewhere.  ``on_cancelled``: told how many held seeds of an adaptive grid this
+    call cancelled."""
     from optuna.trial import TrialState
 
     from harness.core.db import with_retries
@@ -117,7 +120,7 @@ def next_trial(study: Any, spec: StudySpec) -> tuple[Any | None, int]:
         running = with_retries(
             lambda: study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         )
-        cells = apply_allocation(study, spec)
+        cells = apply_allocation(study, spec, on_cancelled=on_cancelled)
         trial = with_retries(
             lambda: claim_waiting_trial(
                 study, accept=lambda t: releasable(t, cells), order=claim_order

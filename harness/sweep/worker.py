@@ -409,9 +409,13 @@ def _work(
     tracker = make_tracker(opts.tracking_uri or spec.tracking_uri, opts.results_dir)
     run = run_search_trial if spec.kind == "search" else run_grid_trial
     fatal: str | None = None
+
+    def on_cancelled(n: int) -> None:  # held seeds this worker's allocation cancelled
+        emit({"event": "cancelled", "worker": opts.worker_id, "n": n})
+
     try:
         while fatal is None and not should_stop():
-            trial, running = next_trial(study, spec)
+            trial, running = next_trial(study, spec, on_cancelled)
             if trial is None:
                 if opts.exit_when_idle and not running:
                     break
