@@ -103,7 +103,9 @@ def test_trl_export_builds_a_grpo_config_with_the_vllm_settings(tmp_path):
     from trl import GRPOConfig
 
     text = export_trl(cfg("icepop"))
-    assert "# ppo.correction.weight: not expressible in TRL (TRL applies" in text
+    # Exported, with the condition under which TRL applies them (not as inexpressible).
+    assert "# ppo.correction: vllm_importance_sampling_* below take effect only with" in text
+    assert "ppo.correction.weight: not expressible" not in text
     kw, problems = trl_settings(cfg("icepop").ppo.correction)
     assert kw == {
         "vllm_importance_sampling_correction": True,

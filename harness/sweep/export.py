@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from harness.config import RunConfig
-from harness.config.trl_map import approximations, grpo_kwargs, trl_problems
+from harness.config.trl_map import VLLM_ONLY, approximations, grpo_kwargs, trl_problems
 from harness.core.configtools import ConfigError, to_dict
 from harness.ppo.corrections import resolve
 from harness.ppo.corrections.peers import verl_settings
@@ -88,9 +88,22 @@ def _trl_use_cpu(cfg: RunConfig) -> tuple[bool, str | None]:
 
 def export_trl(cfg: RunConfig) -> str:
     """A snippet that builds TRL's ``GRPOConfig`` (and peft's ``LoraConfig`` under LoRA)."""
+    problems = trl_problems(cfg)
+    # The IS weights trainer: trl refuses (it samples without vLLM) are exported: a TRL run with
+    # a vLLM sampler applies them.
+    vllm_weights = [f for f, why in problems if why == VLLM_ONLY]
     lines = [
-        comment(f"{field}: not expressible in TRL ({why})") for field, why in trl_problems(cfg)
+        comment(f"{field}: not expressible in TRL ({why})")
+        for field, why in problems
+        if why != VLLM_ONLY
     ]
+    if vllm_weights:
+        lines.append(
+            comment(
+                "ppo.correction: vllm_importance_sampling_* below take effect only with "
+                "use_vllm=True (TRL weights by the vLLM sampler's log-probs)"
+            )
+        )
     lines += [comment(f"approximate: {a}") for a in approximations(cfg)]
     kw = grpo_kwargs(cfg, strict=False)
     use_cpu, note = _trl_use_cpu(cfg)
