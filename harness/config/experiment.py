@@ -47,7 +47,7 @@ from harness.config.experiment_schema import (
     SearchParam,
     SearchSpec,
 )
-from harness.config.preflight import check_memory
+from harness.config.preflight import check_memory, shared_probes
 from harness.core.configtools import ConfigError, from_dict, is_config_path, to_dict
 
 __all__ = ["Cell", "ExperimentSpec", "SearchParam", "SearchSpec", "cell_label", "load_experiment"]
@@ -171,6 +171,11 @@ def _check_overrides(
 
 def load_experiment(path: str | Path) -> ExperimentSpec:
     """Parse and completely validate an experiment file (raises ConfigError)."""
+    with shared_probes():  # the cells' prompt probes, computed once per distinct setting
+        return _load_experiment(path)
+
+
+def _load_experiment(path: str | Path) -> ExperimentSpec:
     file = str(path)
     raw = load_yaml(path)
     try:  # keys, types and ranges, from the declarations in experiment_schema

@@ -13,9 +13,12 @@ stated in the README. The probe tokenizes one prompt at a time, so it costs O(on
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import importlib.util
+import json
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -110,11 +113,60 @@ def _where(task: Task, ex: Example) -> str:
     return f"task '{task.name}': {ex.source}: " if ex.source else ""
 
 
+# While a grid is validated, the cells share one probe per distinct prompt setting: the probe
+# tokenizes every probed prompt (most of a cell's check), and a grid's cells usually differ in
+# nothing it reads.  Scoped to one validation (``shared_probes``), so nothing outlives the file
+# whose tasks it read.
+_PROBES: contextvars.ContextVar[dict[str, Probe] | None] = contextvars.ContextVar(
+    "harness_probes", default=None
+)
+
+
+@contextlib.contextmanager
+def shared_probes() -> Iterator[None]:
+    """Within the block, ``probe_prompts`` computes each distinct prompt setting once."""
+    token = _PROBES.set({})
+    try:
+        yield
+    finally:
+        _PROBES.reset(token)
+
+
+def _probe_key(cfg: RunConfig, task: Task) -> str:
+    """Everything ``probe_prompts`` reads from ``cfg`` and the task spec."""
+    return json.dumps(
+        [
+            cfg.model,
+            cfg.model_options.trust_remote_code,
+            cfg.task,
+            cfg.task_options,
+            getattr(task, "name", None),
+            cfg.rollout.chat_template,
+            cfg.rollout.max_prompt_tokens,
+            cfg.eval.n_prompts,
+            cfg.seed,
+            cfg.warm_start.steps > 0,
+        ],
+        sort_keys=True,
+        default=repr,
+    )
+
+
 def probe_prompts(cfg: RunConfig, task: Task, tokenizer: Any) -> Probe:
     """Tokenize the probed prompts one at a time (after the chat template and truncation).
 
     Raises ``ValueError`` (one line) for a template that fails or takes too long to render and
     for a prompt that becomes no tokens at all (an empty template, an empty prompt)."""
+    shared = _PROBES.get()
+    if shared is None:
+        return _probe_prompts(cfg, task, tokenizer)
+    key = _probe_key(cfg, task)
+    if key not in shared:
+        shared[key] = _probe_prompts(cfg, task, tokenizer)
+    return shared[key]
+
+
+def _probe_prompts(cfg: RunConfig, task: Task, tokenizer: Any) -> Probe:
     from harness.model.prompting import apply_chat_template, resolve_chat_template
 
     template = resolve_chat_template(cfg.rollout.chat_template, tokenizer)
