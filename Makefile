@@ -29,6 +29,7 @@ ablate: $(STAMP)
 # The reproductions of published results (results/findings/), one after another.
 FINDINGS := experiments/findings/inert-clip.yaml experiments/findings/dual-clip.yaml \
 	experiments/findings/clip-higher.yaml experiments/findings/norm.yaml \
+	experiments/findings/norm-adaptive.yaml \
 	experiments/findings/staleness.yaml experiments/losses.yaml \
 	experiments/findings/objectives-2026.yaml experiments/findings/mismatch.yaml
 findings: $(STAMP)
