@@ -213,47 +213,8 @@ def test_float32_run_has_no_mismatch_and_measure_off_logs_none(tmp_path):
     assert math.isnan(off.summary["stability/mismatch_kl_k3_mean"])
 
 
-def test_reusing_the_actors_recompute_measures_the_same_as_an_extra_forward(tiny):
-    from harness.config import PPOActorConfig
-    from harness.ppo.actor import PPOActor
-
-    model, tok = tiny
-    rb = LocalSampler(CPU, dtype=torch.bfloat16).sample(
-        model,
-        tok,
-        PROMPTS,
-        n_samples=2,
-        max_new_tokens=8,
-        generator=torch.Generator().manual_seed(0),
-        temperature=1.0,
-        top_p=1.0,
-    )
-    batch = {
-        "input_ids": rb.input_ids,
-        "attention_mask": rb.attention_mask,
-        "loss_mask": rb.loss_mask,
-        "logprobs": rb.logprobs,
-        "rewards": torch.rand(rb.batch_size),
-        "group_sizes": rb.group_sizes,
-    }
-    actor = PPOActor(PPOActorConfig(recompute_logprob=True), model)
-    actor.compute_advantages(batch)
-    reused = MismatchProbe(CPU, None, 1.0, reuse_recompute=True).measure(model, rb, batch, None)
-    extra = MismatchProbe(CPU, None, 1.0).measure(model, rb, batch, None)
-    assert reused.keys() == extra.keys()
-    for k in reused:
-        assert reused[k] == pytest.approx(extra[k], rel=1e-6, abs=1e-12), k
-
-
-@pytest.mark.parametrize("minibatches", [1, 2])
-def test_the_updates_first_forward_measures_what_an_extra_forward_would(tiny, minibatches):
-    import copy
-
-    from harness.config import PPOActorConfig
-    from harness.ppo.actor import PPOActor
-
-    model, tok = tiny
-    model = copy.deepcopy(model)
+def _bf16_rollout(model, tok):
+    """A bfloat16-sampled rollout of PROMPTS and the actor batch built from it (seeded)."""
     rb = LocalSampler(CPU, dtype=torch.bfloat16).sample(
         model,
         tok,
@@ -272,6 +233,34 @@ def test_the_updates_first_forward_measures_what_an_extra_forward_would(tiny, mi
         "rewards": torch.rand(rb.batch_size, generator=torch.Generator().manual_seed(0)),
         "group_sizes": rb.group_sizes,
     }
+    return rb, batch
+
+
+def test_reusing_the_actors_recompute_measures_the_same_as_an_extra_forward(tiny):
+    from harness.config import PPOActorConfig
+    from harness.ppo.actor import PPOActor
+
+    model, tok = tiny
+    rb, batch = _bf16_rollout(model, tok)
+    actor = PPOActor(PPOActorConfig(recompute_logprob=True), model)
+    actor.compute_advantages(batch)
+    reused = MismatchProbe(CPU, None, 1.0, reuse_recompute=True).measure(model, rb, batch, None)
+    extra = MismatchProbe(CPU, None, 1.0).measure(model, rb, batch, None)
+    assert reused.keys() == extra.keys()
+    for k in reused:
+        assert reused[k] == pytest.approx(extra[k], rel=1e-6, abs=1e-12), k
+
+
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_the_updates_first_forward_measures_what_an_extra_forward_would(tiny, minibatches):
+    import copy
+
+    from harness.config import PPOActorConfig
+    from harness.ppo.actor import PPOActor
+
+    model, tok = tiny
+    model = copy.deepcopy(model)
+    rb, batch = _bf16_rollout(model, tok)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     actor = PPOActor(PPOActorConfig(ppo_n_minibatches=minibatches), model, opt)
     actor.compute_advantages(batch)
