@@ -184,13 +184,11 @@ def option_metrics(
     return out
 
 
-def skipped_step_metrics(
-    cfg: Any, first: Round, dyn: Refill | None, t0: float, t_rollout: float
-) -> dict[str, float]:
-    """A step whose every group was zero-variance: the rollout's metrics, no update's."""
-
+def round_metrics(first: Round, n_samples: int) -> dict[str, float]:
+    """The metrics of a step's first sampling round (its rewards and completions), whether or not
+    the step updates: the same numbers in the loop's step metrics and a skipped step's."""
     rewards = torch.tensor(first.scores, dtype=torch.float32)
-    groups = rewards.view(-1, cfg.rollout.n_samples)
+    groups = rewards.view(-1, n_samples)
     n = max(len(first.parts), 1)
     return {
         "objective/reward": float(rewards.mean()),
@@ -202,6 +200,16 @@ def skipped_step_metrics(
         "rollout/zero_std_groups": float(
             (groups.max(1).values == groups.min(1).values).float().mean()
         ),
+    }
+
+
+def skipped_step_metrics(
+    cfg: Any, first: Round, dyn: Refill | None, t0: float, t_rollout: float
+) -> dict[str, float]:
+    """A step whose every group was zero-variance: the rollout's metrics, no update's."""
+
+    return {
+        **round_metrics(first, cfg.rollout.n_samples),
         "perf/step_time": time.perf_counter() - t0,
         "perf/rollout_time": t_rollout,
         **option_metrics(cfg, first, dyn, None),

@@ -34,7 +34,7 @@ from harness.model.build import precision
 from harness.model.critic import ValueModel, explained_variance, value_loss
 from harness.model.lora import is_lora, reference_off, swapped_in
 from harness.ppo.actor import PPOActor, minibatch_indices
-from harness.run.dynamic_sampling import Round, option_metrics, refill, score_round
+from harness.run.dynamic_sampling import Round, option_metrics, refill, round_metrics, score_round
 from harness.run.dynamic_sampling import skipped_step_metrics as _skipped
 from harness.run.mismatch import mismatch_probe
 from harness.run.rollout import NonFiniteLogits, StalenessRing, forward_logprobs
@@ -179,19 +179,16 @@ def ppo_steps(run: Run) -> None:
                     cfg.rollout.max_resample_rounds,
                     pad_id,
                 )
-            train_round = dyn.train if dyn is not None else first
+            train = dyn.train if dyn is not None else first
             # ℓsnap for the mismatch decomposition, while the sampling weights are still loaded.
             snap_logprobs = (
-                probe.snapshot(policy_for_sampling, train_round.rb, stale=stale is not None)
-                if train_round is not None
+                probe.snapshot(policy_for_sampling, train.rb, stale=stale is not None)
+                if train is not None
                 else None
             )
         t_rollout = time.perf_counter() - t0
-        rb, parts = first.rb, first.parts
         rounds = dyn.rounds if dyn is not None else [first]
         run.scored(step, [e.prompt for r in rounds for e in r.per_row])
-        rewards = torch.tensor(first.scores, dtype=torch.float32, device=device)
-        train = dyn.train if dyn is not None else first
         if train is None:  # every group zero-variance: nothing to learn from, no update
             skipped += 1
             run.tags["skipped_updates"] = (
@@ -250,22 +247,13 @@ def ppo_steps(run: Run) -> None:
         m = batch["mask"]
         adv = batch["advantages"][m]
         n_gen = sum(int(r.rb.response_lens.sum()) for r in rounds)
-        groups = rewards.view(-1, cfg.rollout.n_samples)
         step_time = time.perf_counter() - t0
         metrics = {
-            "objective/reward": float(rewards.mean()),
-            "objective/reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
-            "reward/format": sum(f for f, _ in parts) / len(parts),
-            "reward/correct": sum(c for _, c in parts) / len(parts),
+            **round_metrics(first, cfg.rollout.n_samples),
             "objective/kl": float(batch["kl"][m].mean()) if kl_on and m.any() else 0.0,
             "advantages/mean": float(adv.mean()) if adv.numel() else 0.0,
             "advantages/std": float(adv.std()) if adv.numel() > 1 else 0.0,
             "advantages/abs_max": float(adv.abs().max()) if adv.numel() else 0.0,
-            "rollout/response_length": float(rb.response_lens.float().mean()),
-            "rollout/truncated_frac": float(rb.truncated.float().mean()),
-            "rollout/zero_std_groups": float(
-                (groups.max(1).values == groups.min(1).values).float().mean()
-            ),
             "rollout/staleness": float(ring.lag if cfg.rollout.staleness else 0),
             "optim/lr": float(scheduler.get_last_lr()[0]),
             "perf/step_time": step_time,
