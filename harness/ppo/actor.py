@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 LogprobFn = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
 
-def _roll_left(x: torch.Tensor) -> torch.Tensor:
+def roll_left(x: torch.Tensor) -> torch.Tensor:
     """Token layout → predicting layout (AReaL rolls by −1; the last column wraps to position 0,
     which is a prompt/padding slot and therefore 0 for masks and behaviour log-probs)."""
     return torch.roll(x, shifts=-1, dims=-1)
@@ -110,8 +110,8 @@ class PPOActor:
             if "current_logprobs" not in batch:
                 raise ValueError("PPOActor has no model: the batch must carry 'current_logprobs'")
             ent = batch.get("current_entropy")
-            return _roll_left(batch["current_logprobs"]), (
-                _roll_left(ent.float()) if ent is not None else None
+            return roll_left(batch["current_logprobs"]), (
+                roll_left(ent.float()) if ent is not None else None
             )
         fn = self._logprob_fn
         if fn is None:
@@ -134,8 +134,8 @@ class PPOActor:
                 temperature=self.config.temperature,
                 with_entropy=with_entropy,
             )
-        logp = _roll_left(logp.float())
-        return logp, (_roll_left(ent.float()) if ent is not None else None)
+        logp = roll_left(logp.float())
+        return logp, (roll_left(ent.float()) if ent is not None else None)
 
     # ------------------------------------------------------------------ advantages
     def compute_advantages(self, batch: dict[str, Any]) -> dict[str, Any]:
@@ -144,7 +144,7 @@ class PPOActor:
         cfg = self.config
         loss_mask = batch["loss_mask"]
         B = loss_mask.shape[0]
-        m = _roll_left(loss_mask).bool()
+        m = roll_left(loss_mask).bool()
         truncated = batch.get("truncated")
         if cfg.truncated_completions == "mask" and truncated is not None:
             m = truncated_row_mask(m, truncated)  # TRL: before any count or denominator
@@ -155,7 +155,7 @@ class PPOActor:
         # Old (behaviour, or recomputed) and proximal log-probs, predicting layout
         # (docs/ppo-semantics.md "Log-probability roles").
         needs_recompute = cfg.use_decoupled_loss or cfg.recompute_logprob
-        behaviour = _roll_left(batch["logprobs"].float()) * mf
+        behaviour = roll_left(batch["logprobs"].float()) * mf
         recomputed = None
         if needs_recompute and self.model is not None:
             with torch.no_grad():
@@ -190,7 +190,7 @@ class PPOActor:
         # into a surprisal bonus): docs/ppo-semantics.md, "Q1: a KL coefficient without a
         # reference model".
         if cfg.kl_ctl > 0 and batch.get("ref_logprobs") is not None:
-            ref = _roll_left(batch["ref_logprobs"].float()) * mf
+            ref = roll_left(batch["ref_logprobs"].float()) * mf
             kl = kl_estimate(old, ref, cfg.kl_estimator) * mf
             kl_rewards = -cfg.kl_ctl * kl
         else:
@@ -350,7 +350,7 @@ def sampler_logprob_gap(logprobs: torch.Tensor, batch: dict[str, Any]) -> float:
     m = batch["mask"]
     if not m.any():
         return float("nan")
-    behaviour = _roll_left(batch["logprobs"].float())
+    behaviour = roll_left(batch["logprobs"].float())
     return float((logprobs.float() - behaviour)[m].abs().mean())
 
 

@@ -29,12 +29,8 @@ import torch
 from harness.metrics.mismatch import mismatch_decomposition, mismatch_stats
 from harness.model.build import precision
 from harness.model.logprobs import forward_logprobs
+from harness.ppo.actor import roll_left  # token layout → the actor's predicting layout
 from harness.run.rollout import RolloutBatch
-
-
-def _predicting(x: torch.Tensor) -> torch.Tensor:
-    """Token layout → the actor's predicting layout (position j holds token j + 1)."""
-    return torch.roll(x, shifts=-1, dims=-1)
 
 
 @dataclass
@@ -53,7 +49,7 @@ class MismatchProbe:
             lp = forward_logprobs(
                 model, rb.input_ids, rb.attention_mask, temperature=self.temperature
             )[0]
-        return _predicting(lp.float())
+        return roll_left(lp.float())
 
     def snapshot(self, policy: Any, rb: RolloutBatch, stale: bool) -> torch.Tensor | None:
         """ℓsnap: call right after sampling, with the sampling weights still in ``policy``;
@@ -77,7 +73,7 @@ class MismatchProbe:
         if not self.enabled:
             return {}
         mask = batch["mask"]
-        behaviour = _predicting(rb.logprobs.float())
+        behaviour = roll_left(rb.logprobs.float())
         if self.reuse_recompute:
             current = batch["prox_logprobs"]
         elif first is not None:
