@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from harness.report.allocation import CellState, allocate
-from harness.sweep.spec import StudySpec
+from harness.sweep.spec import StudySpec, trial_key
 
 CANCELLED = "decided"  # the ``outcome`` of a held seed its cell's decision made unnecessary
 
@@ -34,20 +34,13 @@ def is_cancelled(t: Any) -> bool:
     return bool(t.state == TrialState.PRUNED and t.user_attrs.get("outcome") == CANCELLED)
 
 
-def _key(t: Any) -> tuple[str, int] | None:
-    ua = t.user_attrs
-    if "cell" not in ua or "seed" not in ua:
-        return None
-    return str(ua["cell"]), int(ua["seed"])
-
-
 def finished_scores(trials: list[Any], spec: StudySpec) -> dict[str, dict[int, float]]:
     """cell -> seed -> the metric of its finished trial (NaN: diverged)."""
     from optuna.trial import TrialState
 
     out: dict[str, dict[int, float]] = {c: {} for c in spec.cells}
     for t in trials:
-        key = _key(t)
+        key = trial_key(t)
         if key is None or key[0] not in out:
             continue
         if t.state == TrialState.COMPLETE and t.values:
@@ -83,7 +76,7 @@ def final_released(states: Mapping[str, CellState]) -> dict[str, int]:
 
 def releasable(t: Any, states: Mapping[str, CellState]) -> bool:
     """A held trial its cell's allocation has released."""
-    key = _key(t)
+    key = trial_key(t)
     return key is not None and key[0] in states and key[1] < states[key[0]].released
 
 
@@ -91,7 +84,7 @@ def claim_order(t: Any) -> tuple[int, int]:
     """Released seeds are claimed lowest seed first across cells (then in enqueue order): every
     cell reaches its first look before any cell runs its later batches, so looks come early
     everywhere instead of one cell at a time (the enqueue order is cell by cell)."""
-    key = _key(t)
+    key = trial_key(t)
     return (key[1] if key is not None else 1 << 30, t.number)
 
 
@@ -121,7 +114,7 @@ def apply_allocation(
     storage = storage_of(study)
     won = 0
     for t in trials:
-        key = _key(t)
+        key = trial_key(t)
         if t.state != TrialState.WAITING or key is None or key[0] not in final:
             continue
         if key[1] < final[key[0]]:
@@ -161,7 +154,7 @@ def incumbent(study: Any, spec: StudySpec) -> tuple[int, list[float]] | None:
 
 def settled_keys(trials: list[Any]) -> set[tuple[str, int]]:
     """(cell, seed) keys cancelled by a decision: finished for ``enqueue_missing``."""
-    return {k for t in trials if is_cancelled(t) and (k := _key(t)) is not None}
+    return {k for t in trials if is_cancelled(t) and (k := trial_key(t)) is not None}
 
 
 __all__ = [

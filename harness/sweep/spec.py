@@ -234,3 +234,11 @@ def load_study_spec(study: Any) -> StudySpec:
             f"study: {study.study_name!r} was not made by `harness ablate` or `search`"
         )
     return StudySpec.from_json(text)
+
+
+def trial_key(t: Any) -> tuple[str, int] | None:
+    """(cell, seed) of a grid trial; None for any other trial."""
+    ua = t.user_attrs
+    if "cell" not in ua or "seed" not in ua:
+        return None
+    return ua["cell"], int(ua["seed"])

@@ -26,6 +26,7 @@ from harness.sweep.spec import (
     StudySpec,
     heartbeat_interval_from_env,
     load_study_spec,
+    trial_key,
 )
 
 
@@ -129,14 +130,6 @@ def _start_parent_run(exp: ExperimentSpec, spec: StudySpec, tracker: Any, name: 
         )
     tracker.log_text(parent, Path(exp.path).read_text() if exp.path else "", "experiment.yaml")
     return str(parent)
-
-
-def trial_key(t: Any) -> tuple[str, int] | None:
-    """(cell, seed) of a grid trial; None for any other trial."""
-    ua = t.user_attrs
-    if "cell" not in ua or "seed" not in ua:
-        return None
-    return ua["cell"], int(ua["seed"])
 
 
 def enqueue_missing(study: Any, spec: StudySpec) -> tuple[int, int]:
