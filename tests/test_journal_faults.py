@@ -173,23 +173,23 @@ def test_the_tail_is_repaired_only_under_the_lock(
 ) -> None:
     """A live writer holds the lock while its line is incomplete: opening waits for the lock,
     finds the line completed, and cuts nothing."""
-    from optuna.storages.journal import JournalFileSymlinkLock
+    from harness.sweep.journal_lock import JournalLock
 
     _study(tmp_results)
     path = tmp_results / JOURNAL_FILE
     record = json.dumps({"op_code": 2, "worker_id": "w", "study_id": 0, "user_attr": {"x": 1}})
-    writer_lock = JournalFileSymlinkLock(str(path))
+    writer_lock = JournalLock(path)
     writer_lock.acquire()
     with path.open("ab") as f:
         f.write(record[:20].encode())
     waiting = threading.Event()
-    real_acquire = JournalFileSymlinkLock.acquire
+    real_acquire = JournalLock.acquire
 
     def acquire(self: Any) -> bool:
         waiting.set()  # the opener saw an incomplete tail and now waits for the lock
         return real_acquire(self)
 
-    monkeypatch.setattr(JournalFileSymlinkLock, "acquire", acquire)
+    monkeypatch.setattr(JournalLock, "acquire", acquire)
     opened: list[Any] = []
     opener = threading.Thread(target=lambda: opened.append(make_storage(None, tmp_results)))
     with caplog.at_level(logging.WARNING, logger=JOURNAL_LOGGER):

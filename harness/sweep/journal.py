@@ -30,10 +30,12 @@ from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock, JournalFileSymlinkLock
+from optuna.storages.journal import JournalFileBackend
+from optuna.storages.journal._file import BaseJournalFileLock
+
+from harness.sweep.journal_lock import journal_lock
 
 _logger = logging.getLogger(__name__)
-Lock = JournalFileSymlinkLock | JournalFileOpenLock
 
 # Optuna's records are flat JSON objects whose first key is the operation; inside string values
 # the same bytes would be escaped (\"), so this marks the start of a record.
@@ -48,11 +50,11 @@ class JournalCorruptError(ValueError):
 class SafeJournalFileBackend(JournalFileBackend):
     """``JournalFileBackend`` whose file survives a failed write (see the module docstring)."""
 
-    def __init__(self, file_path: str, lock_obj: Lock | None = None) -> None:
+    def __init__(self, file_path: str, lock_obj: BaseJournalFileLock | None = None) -> None:
         # Our own references (Optuna's attributes are private); the same lock object as Optuna's.
-        self._path = file_path
-        self._file_lock = lock_obj or JournalFileSymlinkLock(file_path)
-        super().__init__(file_path, lock_obj=self._file_lock)
+        self._path = os.path.abspath(file_path)
+        self._file_lock = lock_obj or journal_lock(self._path)
+        super().__init__(self._path, lock_obj=self._file_lock)
         self._repair_tail()
 
     @contextmanager

@@ -159,17 +159,16 @@ def default_stale_trial_callback(max_retry: int | None = DEFAULT_MAX_RETRY) -> S
 
 
 def _journal_storage(path: Path, heartbeat: dict[str, Any]) -> BaseStorage:
-    from optuna.storages.journal import JournalFileSymlinkLock
-
     from harness.core.fsutil import is_disk_full
     from harness.sweep.journal import SafeJournalFileBackend
+    from harness.sweep.journal_lock import journal_lock
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch(exist_ok=True)
-        # The symlink lock (Optuna's default, made explicit) is atomic on local filesystems and
-        # NFS; a lock left by a killed process is broken after its 30 s grace period.
-        backend = SafeJournalFileBackend(str(path), lock_obj=JournalFileSymlinkLock(str(path)))
+        # An flock on an absolute path: a holder killed mid-write releases it at once, and a
+        # wait on a live holder is bounded (harness.sweep.journal_lock).
+        backend = SafeJournalFileBackend(str(path.resolve()), lock_obj=journal_lock(path))
     except OSError as error:
         if is_disk_full(error):
             raise  # not a bad --results-dir: the caller reports a full disk as such

@@ -298,9 +298,11 @@ def serve_dashboard(host: str, port: int) -> None:
     if "://" in url:
         storage = optuna.storages.RDBStorage(sqlalchemy_url(url))
     else:
-        from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
+        from optuna.storages.journal import JournalFileBackend
 
-        backend = JournalFileBackend(url, lock_obj=JournalFileSymlinkLock(url))
+        from harness.sweep.journal_lock import journal_lock
+
+        backend = JournalFileBackend(os.path.abspath(url), lock_obj=journal_lock(url))
         storage = optuna.storages.JournalStorage(backend)
     optuna_dashboard.run_server(storage, host=host, port=port)
 
