@@ -236,3 +236,26 @@ def test_a_sweep_killed_while_holding_the_journal_lock_resumes_every_cell_once(
     )
     assert sorted(done) == [(c, s) for c in ("c_clip=3", "c_clip=none") for s in (0, 1)]
     assert set(done.values()) == {1}, done  # exactly once each
+
+
+def test_the_warm_start_and_mlflow_store_locks_are_bounded_too(tmp_path: Path) -> None:
+    """A live holder that hangs: the waiter gives up at its bound with one line naming it."""
+    import fcntl
+
+    from harness.core.locks import wait_flock
+
+    path = tmp_path / "x.lock"
+    holder = os.open(path, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    os.write(holder, b"4242 somehost\n")
+    waiter = os.open(path, os.O_RDWR)
+    try:
+        with pytest.raises(LockTimeout) as raised:
+            wait_flock(
+                waiter, timeout_s=0.3, what=f"warm-start cache {path}", logger=logging.getLogger()
+            )
+        assert str(raised.value).startswith(f"warm-start cache {path}: held by pid 4242 on ")
+        os.close(holder)  # the holder's end (as its death would be) frees it at once
+        wait_flock(waiter, timeout_s=5, what="x", logger=logging.getLogger())
+    finally:
+        os.close(waiter)

@@ -15,10 +15,10 @@ safetensors (no pickle: loading a cache file never executes code).
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import random
 import time
@@ -29,11 +29,15 @@ import safetensors.torch as st
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from harness.core.locks import holder_record, wait_flock
 from harness.model.build import model_fingerprint
 from harness.model.logprobs import forward_logprobs
 from harness.tasks import Task
 
 CACHE_FORMAT = 1
+# The longest a run waits for another process training the same warm start.
+WARM_START_LOCK_S = 1800.0
+_logger = logging.getLogger(__name__)
 # Above this size the initial weights are not hashed into the key (the directory fingerprint,
 # file sizes and mtimes, stands in): hashing gigabytes per trial would cost seconds.
 DIGEST_MAX_PARAMS = 100_000_000
@@ -193,7 +197,20 @@ def cached_warm_start(
     if weights.exists():  # published files are complete: os.replace is atomic
         return model, from_cache()
     with open(root / f"{key}.lock", "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        # Released when the file closes, or by the kernel if this process dies; a live holder is
+        # training the same warm start, which takes minutes, so the bound is generous.
+        wait_flock(
+            lock.fileno(),
+            timeout_s=WARM_START_LOCK_S,
+            what=f"warm-start cache {root / key}",
+            logger=_logger,
+            hint="another run is training the same warm start and has not finished",
+        )
+        try:
+            os.ftruncate(lock.fileno(), 0)
+            os.pwrite(lock.fileno(), (holder_record() + "\n").encode(), 0)
+        except OSError:
+            pass  # the record only names the holder in a waiter's message
         if weights.exists():
             return model, from_cache()
         result = warm_start(

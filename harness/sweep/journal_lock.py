@@ -30,11 +30,9 @@ given the absolute path so that its grace period works.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import logging
 import os
-import socket
 import stat
 import threading
 import time
@@ -43,20 +41,23 @@ from pathlib import Path
 from optuna.storages.journal import JournalFileSymlinkLock
 from optuna.storages.journal._file import BaseJournalFileLock
 
+from harness.core.locks import (
+    NO_FLOCK,
+    LockTimeout,
+    describe_holder,
+    holder_record,
+    read_record,
+    wait_flock,
+)
+
 _logger = logging.getLogger("harness.sweep.journal")
 
 LOCK_SUFFIX = ".flock"
 LEGACY_SUFFIX = ".lock"  # Optuna's symlink lock, used by earlier versions
 TIMEOUT_ENV = "HARNESS_LOCK_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 120.0
-REPORT_EVERY_S = 10.0
 # A legacy symlink lock older than this was left by a dead process (Optuna's own grace is 30 s).
 LEGACY_STALE_S = 60.0
-_NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
-
-
-class LockTimeout(TimeoutError):
-    """The journal lock was not acquired within its bound (its message is one line)."""
 
 
 def lock_timeout_s() -> float:
@@ -67,17 +68,6 @@ def lock_timeout_s() -> float:
     except ValueError:
         value = DEFAULT_TIMEOUT_S
     return value if value > 0 else DEFAULT_TIMEOUT_S
-
-
-def _me() -> str:
-    return f"{os.getpid()} {socket.gethostname()}"
-
-
-def _holder_text(record: str) -> str:
-    parts = record.split()
-    if len(parts) >= 2 and parts[0].isdigit():
-        return f"pid {parts[0]} on {parts[1]}"
-    return "another process"
 
 
 class JournalLock(BaseJournalFileLock):
@@ -155,64 +145,39 @@ class JournalLock(BaseJournalFileLock):
 
     def _wait(self, fd: int) -> bool:
         """Block until ``fd`` holds the lock or the bound passes; False to use the fallback."""
-        start = time.monotonic()
-        next_report = start + REPORT_EVERY_S
-        sleep = 0.001
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except OSError as err:
-                if err.errno in _NO_FLOCK:
-                    os.close(fd)
-                    self._fallback = JournalFileSymlinkLock(self.journal_path)
-                    _logger.warning(
-                        "journal lock: this filesystem has no flock (%s); using a symlink lock "
-                        "with a 30 s grace period instead",
-                        err.strerror,
-                    )
-                    return False
-                if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise
-            now = time.monotonic()
-            waited = now - start
-            if waited >= self.timeout_s:
-                raise LockTimeout(
-                    f"journal lock {self.path}: held by {_holder_text(self._record(fd))} for "
-                    f"more than {self.timeout_s:g} s; stop that process (or wait for it) and run "
-                    f"the command again ({TIMEOUT_ENV} sets the bound)"
-                )
-            if now >= next_report:
-                _logger.warning(
-                    "journal lock: waiting %.0f s for %s, held by %s (gives up after %g s)",
-                    waited,
-                    self.path,
-                    _holder_text(self._record(fd)),
-                    self.timeout_s,
-                )
-                next_report = now + REPORT_EVERY_S
-            time.sleep(sleep)
-            sleep = min(sleep * 2, 0.05)
-
-    @staticmethod
-    def _record(fd: int) -> str:
         try:
-            return os.pread(fd, 256, 0).decode("utf-8", "replace").strip()
-        except OSError:
-            return ""
+            wait_flock(
+                fd,
+                timeout_s=self.timeout_s,
+                what=f"journal lock {self.path}",
+                logger=_logger,
+                hint=f"stop that process (or wait for it) and run the command again "
+                f"({TIMEOUT_ENV} sets the bound)",
+            )
+            return True
+        except OSError as err:
+            if err.errno not in NO_FLOCK:
+                raise
+        os.close(fd)
+        self._fallback = JournalFileSymlinkLock(self.journal_path)
+        _logger.warning(
+            "journal lock: this filesystem has no flock; using a symlink lock with a 30 s grace "
+            "period instead"
+        )
+        return False
 
     def _claim(self, fd: int) -> None:
         """Record ourselves as the holder; say so if the last holder died holding it."""
-        previous = self._record(fd)
-        if previous and previous != _me():
+        previous = read_record(fd)
+        if previous and previous != holder_record():
             self.took_over_from = previous
             _logger.warning(
                 "journal lock: took over %s from %s, which died holding it",
                 self.path,
-                _holder_text(previous),
+                describe_holder(previous),
             )
         try:
-            data = (_me() + "\n").encode()
+            data = (holder_record() + "\n").encode()
             os.ftruncate(fd, 0)
             os.pwrite(fd, data, 0)
         except OSError:

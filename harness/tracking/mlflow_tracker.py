@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from harness.core.db import is_transient_db_error, sqlalchemy_url, with_retries
+from harness.core.locks import NO_FLOCK, wait_flock
 from harness.core.redact import redact_text, redact_url
 from harness.tracking.base import (
     END_STATUSES,
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     from mlflow.entities import Metric
 
 _T = TypeVar("_T")
+# The longest a process waits for another one creating the same SQLite store (seconds).
+SQLITE_INIT_LOCK_S = 300.0
 
 
 def is_sqlite_locked_error(error: BaseException) -> bool:
@@ -367,7 +370,24 @@ def _sqlite_init_lock(tracking_uri: str) -> Iterator[None]:
         return
     db_path.parent.mkdir(parents=True, exist_ok=True)
     with open(f"{db_path}.lock", "a") as lock_file:
-        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        # A first open takes seconds; a holder that died released the lock with its process.
+        try:
+            wait_flock(
+                lock_file.fileno(),
+                timeout_s=SQLITE_INIT_LOCK_S,
+                what=f"MLflow store lock {db_path}.lock",
+                logger=logging.getLogger(__name__),
+                describe=lambda: "another process creating the store",
+            )
+        except OSError as err:
+            if err.errno not in NO_FLOCK:
+                raise
+            locked = False  # no flock on this filesystem: first opens race, as in MLflow itself
+        else:
+            locked = True
+        if not locked:
+            yield
+            return
         try:
             yield
         finally:
