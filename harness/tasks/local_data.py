@@ -146,12 +146,17 @@ def _inside(spec: str, base: Path, name: str, what: str) -> Path:
 
 
 def _json(spec: str, path: Path, what: str) -> Any:
+    """The JSON of a dataset directory's small index file, read bounded (at most 1 MiB)."""
     try:
-        text = limits.read_bounded_text(path, limits.MIB, what)
+        text = limits.read_bounded_text(path, limits.MIB, f"a datasets {what} file")
+    except ValueError as err:  # a FIFO, over 1 MiB, not UTF-8: the reason names the file
+        raise ValueError(f"task '{spec}': {str(err).splitlines()[0]}") from None
+    try:
         return json.loads(text)
-    except ValueError as err:  # a FIFO, over 1 MiB, not UTF-8 or not JSON: one line each
-        first = str(err).splitlines()[0]
-        raise ValueError(f"task '{spec}': {path} is not a datasets {what} ({first})") from None
+    except ValueError:
+        raise ValueError(
+            f"task '{spec}': {path} is not a datasets {what} file (not JSON)"
+        ) from None
 
 
 def _split_dir(spec: str, root: Path, split: str | None) -> tuple[Path, str]:
@@ -198,8 +203,8 @@ def _member(spec: str, base: Path, name: str, what: str) -> Path:
 def _shards(spec: str, where_dir: Path) -> tuple[Path, list[Path]]:
     """(``state.json``, the Arrow files it names), each checked to be a regular file inside
     ``where_dir`` (a shard named ``../../big.arrow`` or a symlink out is refused)."""
-    state_path = _member(spec, where_dir, "state.json", "dataset state")
-    state = _json(spec, state_path, "dataset state")
+    state_path = _member(spec, where_dir, "state.json", "state file")
+    state = _json(spec, state_path, "state")
     entries = state.get("_data_files") if isinstance(state, dict) else None
     names = [e.get("filename") if isinstance(e, dict) else None for e in entries or []]
     if not names or not all(isinstance(n, str) and n for n in names):
@@ -255,7 +260,7 @@ def _read_saved(spec: str, root: Path, split: str | None, fields: tuple[str, str
     read = [state, *shards]
     info = where_dir / "dataset_info.json"
     with contextlib.suppress(ValueError):  # hashed when present, as before; never needed
-        read.append(_member(spec, where_dir, info.name, "dataset info"))
+        read.append(_member(spec, where_dir, info.name, "info file"))
     _size_check(spec, read[1:])
 
     def batches(stack: contextlib.ExitStack) -> Any:
