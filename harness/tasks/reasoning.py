@@ -218,7 +218,7 @@ class ReasoningGymTask:
 
     def _check_size(self, idx: int, item: Any) -> None:
         """An item's question and answer are bounded like a data file's prompt and answer (one
-        chain_sum item of 10^6 terms was 7 MB; 384 of them, probed, took 5 GB)."""
+        chain_sum item of 10^6 terms was 7 MB; validation reached 5 GB probing such items)."""
         if not isinstance(item, dict) or "question" not in item:
             raise ValueError(
                 f"task '{self.name}': the generator returned {type(item).__name__} for item "
