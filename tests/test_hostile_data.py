@@ -451,7 +451,11 @@ def test_rows_are_bounded_in_every_file_task(kind, tmp_path, monkeypatch):
             "import itertools\n\ndef score(p, c, a):\n    return 0.0\n\n\n"
             "def examples():\n    return ({'prompt': f'{i}=', 'answer': ''} for i in itertools.count())\n"
         )
-        spec, opts, expect = f"python:{mod}:score", {}, r"examples\(\) returns more than 10 examples"
+        spec, opts, expect = (
+            f"python:{mod}:score",
+            {},
+            r"examples\(\) returns more than 10 examples",
+        )
     with pytest.raises(ValueError, match=expect):
         get_task(spec, **opts)
 

@@ -217,7 +217,7 @@ def _shards(spec: str, where_dir: Path) -> tuple[Path, list[Path]]:
             f"task '{spec}': {state_path} names {len(names):,} data files; a dataset may have "
             f"at most {limits.MAX_DATASET_SHARDS:,} (save it with fewer num_shards)"
         )
-    return state_path, [_member(spec, where_dir, n, "data file") for n in names]
+    return state_path, [_member(spec, where_dir, str(n), "data file") for n in names]
 
 
 def _dir_digest(files: list[Path], base: Path) -> str:

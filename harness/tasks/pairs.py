@@ -104,7 +104,7 @@ def read_jsonl(
         raise ValueError(f"task '{spec}': '{path}' is {kind}, not a regular file")
     if not p.is_file():
         raise ValueError(f"task '{spec}': file '{path}' does not exist")
-    records = []
+    records: list[tuple[int, Any]] = []
     try:
         fh = open_bounded(p, MAX_TASK_FILE_BYTES, "a task file", shown=path)
     except ValueError as err:
