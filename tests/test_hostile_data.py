@@ -487,7 +487,7 @@ def test_expensive_generator_options_are_one_line(sets, expect, tmp_path):
     start = time.monotonic()
     code, err = run_cli(argv, tmp_path / "results")
     assert_one_line(code, err, expect, tmp_path / "results")
-    assert time.monotonic() - start < 60
+    assert time.monotonic() - start < 120
 
 
 def test_every_expensive_option_is_a_field_of_its_generator():
@@ -571,7 +571,7 @@ def test_a_generator_that_explodes_is_one_line_within_its_bound(
     start = time.monotonic()
     code, err = run_cli(argv, tmp_path / "results")
     assert_one_line(code, err, expect, tmp_path / "results")
-    assert time.monotonic() - start < 60
+    assert time.monotonic() - start < 120
 
 
 def test_a_slow_generator_bound_leaves_no_timer_behind(monkeypatch):
