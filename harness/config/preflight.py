@@ -94,7 +94,31 @@ class Probe:
         return self.top["prompt"][0]
 
 
+class _ProbeTimeout(BaseException):
+    """Drawing the probed prompts ran past ``TASK_PROBE_SECONDS`` (a BaseException: a task
+    generator's own ``except Exception`` must not swallow it)."""
+
+
 def _probe_examples(cfg: RunConfig, task: Task) -> list[Example]:
+    """The probed examples, drawn within ``TASK_PROBE_SECONDS`` (a generator whose options make
+    every item take seconds would otherwise validate for hours)."""
+    bound = limits.TASK_PROBE_SECONDS
+    start = time.monotonic()
+    try:
+        with time_bound(bound, _ProbeTimeout):
+            examples = _draw_probe(cfg, task)
+        if time.monotonic() - start <= bound:
+            return examples
+    except _ProbeTimeout:
+        pass
+    raise ValueError(
+        f"task '{task.name}': drawing the {cfg.eval.n_prompts} evaluation prompts and "
+        f"{PROBE_PROMPTS} training draws the validation probe reads took more than {bound:g} s; "
+        "lower the options that make the task's items slow to generate"
+    )
+
+
+def _draw_probe(cfg: RunConfig, task: Task) -> list[Example]:
     examples = list(task.eval_examples(cfg.eval.n_prompts))
     examples += task.sample(random.Random(cfg.seed), PROBE_PROMPTS)
     extremes = getattr(task, "extreme_examples", None)
@@ -179,9 +203,10 @@ def _probe_prompts(cfg: RunConfig, task: Task, tokenizer: Any) -> Probe:
             start = time.monotonic()
             with time_bound(budget) if template is not None else contextlib.nullcontext():
                 (text,) = apply_chat_template(tokenizer, [ex.prompt], template)
-            budget -= time.monotonic() - start
-            if budget <= 0:
-                raise RenderTimeout
+            if template is not None:  # only rendering is the template's: not a long prompt
+                budget -= time.monotonic() - start
+                if budget <= 0:
+                    raise RenderTimeout
             full = tokenizer(text, add_special_tokens=special, verbose=False)["input_ids"]
             ids = full[-keep:] if keep is not None else full
             if not ids:

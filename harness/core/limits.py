@@ -7,7 +7,9 @@ one 2 MB prompt padded into a batch with 320 others took 23 GB). The README stat
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +22,52 @@ MAX_TEXT_CHARS = 1 * MIB  # one prompt or answer, in characters
 MAX_TEMPLATE_BYTES = 1 * MIB  # a chat template file
 MAX_MODEL_CONFIG_BYTES = 4 * MIB  # a model directory's config.json
 TEMPLATE_RENDER_SECONDS = 10.0  # rendering every probed prompt through the chat template
+# Dataset tasks (hf:, jsonl:, python: examples): what one may materialize, checked from the
+# Parquet metadata and per Arrow batch before any row becomes a Python object (an 850 KB
+# dictionary-encoded Parquet file held 20 M rows, a MemoryError under 4 GB).
+MAX_TASK_ROWS = 1_000_000  # rows (GSM8K's train split has 7,473; MATH's 12,500)
+MAX_TASK_DATA_BYTES = 256 * MIB  # prompt + answer text after decompression and decoding
+MAX_DATASET_SHARDS = 1024  # Arrow files of one save_to_disk split (a 64 MiB split needs one)
+# rg: generators run Python loops whose cost their options set (knights_knaves with 12 people
+# ran for minutes on one item): each is bounded in time while the harness draws from it.
+TASK_BUILD_SECONDS = 60.0  # building a generator (some draw their whole pool up front)
+TASK_ITEM_SECONDS = 10.0  # drawing one item (countdown's default items take ~0.3 s)
+TASK_PROBE_SECONDS = 300.0  # drawing every prompt the validation probe reads
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def not_regular(path: str | Path) -> str | None:
+    """What ``path`` is when it exists but is not a regular file ("a FIFO", "a directory", "a
+    symlink loop"), else None.
+
+    Why stat and never open: opening a FIFO for reading blocks until a writer comes (the command
+    hung), and opening a device can act on it. ``os.stat`` follows symlinks, so a link to a FIFO
+    is a FIFO."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as err:
+        import errno
+
+        return "a symlink loop" if err.errno == errno.ELOOP else None
+    if stat.S_ISREG(mode):
+        return None
+    return next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
+
+
+def check_regular(path: str | Path, shown: str | Path | None = None) -> None:
+    """Raise ValueError ``"NAME: is a FIFO, not a regular file"`` unless ``path`` is missing or
+    a regular file (a missing file is the caller's to report)."""
+    kind = not_regular(path)
+    if kind is not None:
+        raise ValueError(f"{path if shown is None else shown}: is {kind}, not a regular file")
 
 
 def file_too_big(path: str | Path, limit: int, what: str) -> str | None:
@@ -44,7 +92,9 @@ def open_bounded(
 
     Raises ValueError with the one-line reason: its size (naming ``path``), or that it cannot be
     read (naming ``shown``, the path as the user wrote it, when given).  A missing file is the
-    caller's to report: each says what it expected there."""
+    caller's to report: each says what it expected there.  Anything but a regular file (a FIFO,
+    a device, a directory) is refused without being opened (:func:`check_regular`)."""
+    check_regular(path, shown)
     too_big = file_too_big(path, limit, what)
     if too_big:
         raise ValueError(too_big)
@@ -75,13 +125,16 @@ class RenderTimeout(Exception):
 
 
 @contextlib.contextmanager
-def time_bound(seconds: float) -> Iterator[None]:
-    """Raise :class:`RenderTimeout` in this block after ``seconds`` (wall clock).
+def time_bound(seconds: float, error: type[BaseException] = RenderTimeout) -> Iterator[None]:
+    """Raise ``error`` (:class:`RenderTimeout` by default) in this block after ``seconds`` (wall
+    clock).
 
     Why a signal timer: a Jinja template is Python code (``{% for i in range(100000) %}`` nested
     is 10^10 iterations), and SIGALRM interrupts it between bytecodes; a thread could not be
     stopped. Only the main thread can take signals: elsewhere the block runs unbounded. An
-    enclosing timer (e.g. a test runner's) is restored, less the time spent here."""
+    enclosing timer (e.g. a test runner's) is restored, less the time spent here.  Code that
+    catches ``Exception`` around its own loops (some task generators do) would swallow an
+    ``Exception``: bound such code with a ``BaseException`` subclass."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(
         signal, "setitimer"
     ):
@@ -89,7 +142,7 @@ def time_bound(seconds: float) -> Iterator[None]:
         return
 
     def expire(signum: int, frame: Any) -> None:
-        raise RenderTimeout
+        raise error
 
     previous = signal.signal(signal.SIGALRM, expire)
     outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)

@@ -11,9 +11,14 @@ with the prompt and answer columns named by ``prompt_field`` / ``answer_field`` 
 ``prompt`` / ``answer``). Anything that is not an existing local path (a hub name such as
 ``openai/gsm8k``) is refused: the harness never fetches data at run time.
 
-Bounded like ``jsonl:``: the files read (the split's Arrow files, the Parquet file) may hold at
-most ``MAX_TASK_FILE_BYTES``, and each prompt and answer at most ``MAX_TEXT_CHARS``. Scoring,
-the held-out split and the options ``reward``, ``answer_format``, ``format_weight``, ``think`` and
+Bounded before anything becomes a Python object (the numbers are in :mod:`harness.core.limits`
+and ``docs/limits.md``): only regular files are read, never opened otherwise (a FIFO would hang
+the command); a dataset directory's shards must lie inside it, symlinks resolved; the files
+actually read hold at most ``MAX_TASK_FILE_BYTES``; the rows at most ``MAX_TASK_ROWS`` (from the
+Parquet metadata before reading, per Arrow batch otherwise); the prompt and answer columns must
+hold text or numbers and decode to at most ``MAX_TASK_DATA_BYTES`` (a dictionary-encoded column is
+measured without being expanded); each prompt and answer at most ``MAX_TEXT_CHARS``. Scoring, the
+held-out split and the options ``reward``, ``answer_format``, ``format_weight``, ``think`` and
 ``eval_fraction`` are those of ``jsonl:`` (:mod:`harness.tasks.pairs`).
 """
 
@@ -21,9 +26,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
+from harness.core import limits
 from harness.tasks.pairs import (
     PairTask,
     answer_options,
@@ -33,22 +40,47 @@ from harness.tasks.pairs import (
 )
 
 _FORMS = "a save_to_disk directory, a .parquet or a .jsonl file"
+_FIELDS = ("prompt_field", "answer_field")
 
 
 def _size_check(spec: str, files: list[Path]) -> None:
-    from harness.core.limits import MAX_TASK_FILE_BYTES, MIB
-
     total = sum(f.stat().st_size for f in files)
-    if total > MAX_TASK_FILE_BYTES:
+    if total > limits.MAX_TASK_FILE_BYTES:
         raise ValueError(
             f"task '{spec}': the data files hold {total:,} bytes; a task's data may be at most "
-            f"{MAX_TASK_FILE_BYTES:,} bytes ({MAX_TASK_FILE_BYTES // MIB} MiB)"
+            f"{limits.MAX_TASK_FILE_BYTES:,} bytes ({limits.MAX_TASK_FILE_BYTES // limits.MIB} "
+            "MiB)"
+        )
+
+
+def _rows_check(spec: str, where: str, rows: int) -> None:
+    if rows > limits.MAX_TASK_ROWS:
+        raise ValueError(
+            f"task '{spec}': {where} holds {rows:,} rows or more; a task's data may hold at most "
+            f"{limits.MAX_TASK_ROWS:,} rows"
+        )
+
+
+def _text_check(spec: str, where: str, nbytes: int) -> None:
+    if nbytes > limits.MAX_TASK_DATA_BYTES:
+        top = limits.MAX_TASK_DATA_BYTES
+        raise ValueError(
+            f"task '{spec}': the prompt and answer columns of {where} decode to {nbytes:,} bytes "
+            f"or more; a task's data may decode to at most {top:,} bytes ({top // limits.MIB} "
+            "MiB) of text"
+        )
+
+
+def _regular(spec: str, path: Path, what: str = "") -> None:
+    kind = limits.not_regular(path)
+    if kind is not None:
+        raise ValueError(
+            f"task '{spec}': {what}{path} is {kind}, not a regular file; hf: reads {_FORMS}"
         )
 
 
 def _check_columns(spec: str, where: str, columns: list[str], fields: tuple[str, str]) -> None:
-    names = ("prompt_field", "answer_field")
-    for name, col in zip(names, fields, strict=True):
+    for name, col in zip(_FIELDS, fields, strict=True):
         if col not in columns:
             raise ValueError(
                 f"task '{spec}': task_options.{name}: {where} has no column '{col}' "
@@ -56,23 +88,97 @@ def _check_columns(spec: str, where: str, columns: list[str], fields: tuple[str,
             )
 
 
+def _check_types(spec: str, where: str, schema: Any, fields: tuple[str, str]) -> None:
+    """Refuse a prompt or answer column that is neither text nor numbers before reading it: a
+    list column can hold any number of values per row, and a view column any number of views
+    of one buffer, so neither could be measured before being expanded (nor be a prompt)."""
+    import pyarrow as pa
+
+    t = pa.types
+    for name, col in zip(_FIELDS, fields, strict=True):
+        tp = schema.field(col).type
+        value = tp.value_type if t.is_dictionary(tp) else tp
+        if not any(
+            check(value)
+            for check in (t.is_string, t.is_large_string, t.is_integer, t.is_floating, t.is_null)
+        ):
+            raise ValueError(
+                f"task '{spec}': task_options.{name}: column '{col}' of {where} holds {tp}; a "
+                "prompt or answer column holds text (string) or numbers"
+            )
+
+
+def text_bytes(column: Any) -> int:
+    """Bytes of text ``column`` (a pyarrow Array or ChunkedArray) becomes once decoded.
+
+    A dictionary-encoded chunk is measured through its indices (``sum(len(dictionary[i]))``)
+    without being expanded; a value that is not text (a number) counts as 8 bytes."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    total = 0
+    for chunk in chunks:
+        values, indices = chunk, None
+        if pa.types.is_dictionary(chunk.type):
+            values, indices = chunk.dictionary, chunk.indices
+        tp = values.type
+        if pa.types.is_string(tp) or pa.types.is_large_string(tp):
+            lengths = pc.binary_length(values)
+            if indices is not None:
+                lengths = pc.take(lengths, indices)
+            total += int(pc.sum(lengths).as_py() or 0)
+        else:
+            total += 8 * len(chunk)
+    return total
+
+
+def _inside(spec: str, base: Path, name: str, what: str) -> Path:
+    """``base / name`` resolved (symlinks followed), refused unless it lies inside ``base``."""
+    real_base = Path(os.path.realpath(base))
+    target = Path(os.path.realpath(base / name))
+    if Path(name).is_absolute() or not target.is_relative_to(real_base):
+        raise ValueError(
+            f"task '{spec}': {what} '{name}' of {base} resolves to {target}, outside the dataset "
+            "directory; a dataset directory's files must lie inside it"
+        )
+    return target
+
+
+def _json(spec: str, path: Path, what: str) -> Any:
+    """The JSON of a dataset directory's small index file, read bounded (at most 1 MiB)."""
+    try:
+        text = limits.read_bounded_text(path, limits.MIB, f"a datasets {what} file")
+    except ValueError as err:  # a FIFO, over 1 MiB, not UTF-8: the reason names the file
+        raise ValueError(f"task '{spec}': {str(err).splitlines()[0]}") from None
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise ValueError(
+            f"task '{spec}': {path} is not a datasets {what} file (not JSON)"
+        ) from None
+
+
 def _split_dir(spec: str, root: Path, split: str | None) -> tuple[Path, str]:
     """(directory of the chosen dataset, its name in messages) of a save_to_disk directory."""
-    if (root / "dataset_dict.json").is_file():
+    index = root / "dataset_dict.json"
+    if os.path.lexists(index):
+        _regular(spec, index)
         try:
-            splits = json.loads((root / "dataset_dict.json").read_text())["splits"]
-        except (OSError, ValueError, KeyError, TypeError):
+            splits = _json(spec, index, "split index")["splits"]
+            names = [str(s) for s in splits]
+        except (KeyError, TypeError):
             raise ValueError(
                 f"task '{spec}': {root}/dataset_dict.json is not a datasets split index"
             ) from None
         chosen = split if split is not None else "train"
-        if chosen not in splits:
+        if chosen not in names:
             raise ValueError(
                 f"task '{spec}': task_options.split: {root} has no split '{chosen}' (splits: "
-                f"{', '.join(map(str, splits))})"
+                f"{', '.join(names)})"
             )
-        return root / chosen, f"{root} split '{chosen}'"
-    if (root / "state.json").is_file():
+        return _inside(spec, root, chosen, "split"), f"{root} split '{chosen}'"
+    if os.path.lexists(root / "state.json"):
         if split is not None:
             raise ValueError(
                 f"task '{spec}': task_options.split: {root} is one dataset without splits; "
@@ -85,48 +191,133 @@ def _split_dir(spec: str, root: Path, split: str | None) -> tuple[Path, str]:
     )
 
 
+def _member(spec: str, base: Path, name: str, what: str) -> Path:
+    """``base / name``: an existing regular file inside ``base`` (symlinks resolved)."""
+    path = _inside(spec, base, name, what)
+    _regular(spec, path, f"{what} ")
+    if not path.exists():
+        raise ValueError(f"task '{spec}': {what} '{name}' of {base} does not exist")
+    return path
+
+
+def _shards(spec: str, where_dir: Path) -> tuple[Path, list[Path]]:
+    """(``state.json``, the Arrow files it names), each checked to be a regular file inside
+    ``where_dir`` (a shard named ``../../big.arrow`` or a symlink out is refused)."""
+    state_path = _member(spec, where_dir, "state.json", "state file")
+    state = _json(spec, state_path, "state")
+    entries = state.get("_data_files") if isinstance(state, dict) else None
+    names = [e.get("filename") if isinstance(e, dict) else None for e in entries or []]
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(
+            f"task '{spec}': {state_path} names no data files (expected '_data_files': "
+            "[{'filename': ...}, ...])"
+        )
+    if len(names) > limits.MAX_DATASET_SHARDS:
+        raise ValueError(
+            f"task '{spec}': {state_path} names {len(names):,} data files; a dataset may have "
+            f"at most {limits.MAX_DATASET_SHARDS:,} (save it with fewer num_shards)"
+        )
+    return state_path, [_member(spec, where_dir, str(n), "data file") for n in names]
+
+
 def _dir_digest(files: list[Path], base: Path) -> str:
     h = hashlib.sha256()
-    for f in sorted(files):
+    for f in sorted(files, key=lambda f: str(f.relative_to(base))):
         h.update(str(f.relative_to(base)).encode())
-        h.update(f.read_bytes())
+        with f.open("rb") as fh:
+            for block in iter(lambda: fh.read(limits.MIB), b""):
+                h.update(block)
     return h.hexdigest()
 
 
+def _read_batches(spec: str, where: str, batches: Any, fields: tuple[str, str]) -> Any:
+    """Columns ``fields`` of the record batches, bounded in rows and decoded bytes before any
+    value becomes a Python object."""
+
+    kept: list[Any] = []
+    rows = nbytes = 0
+    for batch in batches:
+        rows += batch.num_rows
+        _rows_check(spec, where, rows)
+        part = [batch.column(batch.schema.get_field_index(c)) for c in fields]
+        nbytes += sum(text_bytes(col) for col in part)
+        _text_check(spec, where, nbytes)
+        kept.append(part)
+    columns: dict[str, list[Any]] = {c: [] for c in fields}
+    for part in kept:
+        for c, col in zip(fields, part, strict=True):
+            columns[c].extend(col.to_pylist())
+    return columns
+
+
 def _read_saved(spec: str, root: Path, split: str | None, fields: tuple[str, str]) -> Any:
+    import contextlib
+
+    import pyarrow as pa
+
     where_dir, where = _split_dir(spec, root, split)
-    files = [f for f in where_dir.iterdir() if f.is_file()]
-    _size_check(spec, files)
+    state, shards = _shards(spec, where_dir)
+    read = [state, *shards]
+    info = where_dir / "dataset_info.json"
+    with contextlib.suppress(ValueError):  # hashed when present, as before; never needed
+        read.append(_member(spec, where_dir, info.name, "info file"))
+    _size_check(spec, read[1:])
+
+    def batches(stack: contextlib.ExitStack) -> Any:
+        for shard in shards:
+            reader = pa.ipc.open_stream(stack.enter_context(pa.memory_map(str(shard))))
+            _check_columns(spec, where, list(reader.schema.names), fields)
+            _check_types(spec, where, reader.schema, fields)
+            yield from reader
+
     try:
-        import datasets
-    except ImportError:
-        raise ValueError(
-            f"task '{spec}': reading a dataset directory needs the datasets package"
-        ) from None
-    try:
-        ds = datasets.load_from_disk(str(where_dir))
+        with contextlib.ExitStack() as stack:
+            columns = _read_batches(spec, where, batches(stack), fields)
+    except ValueError:
+        raise
     except Exception as err:  # a user's files: any failure to read them is bad input
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ValueError(f"task '{spec}': cannot read {where} ({first})") from None
-    _check_columns(spec, where, list(ds.column_names), fields)
-    columns = {c: ds[c] for c in fields}
-    return where, columns, _dir_digest(files, root)
+    return where, columns, _dir_digest(read, Path(os.path.realpath(root)))
 
 
 def _read_parquet(spec: str, path: Path, fields: tuple[str, str]) -> Any:
+    _regular(spec, path)
     _size_check(spec, [path])
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        names = list(pq.ParquetFile(path).schema_arrow.names)
-        _check_columns(spec, str(path), names, fields)
-        table = pq.read_table(path, columns=sorted(set(fields)))
+        pf = pq.ParquetFile(path)
+        schema = pf.schema_arrow
+        _check_columns(spec, str(path), list(schema.names), fields)
+        _check_types(spec, str(path), schema, fields)
+        meta = pf.metadata
+        _rows_check(spec, str(path), meta.num_rows)
+        # Decompressed (still encoded) size of the two columns, from the footer: bounds what
+        # reading them can allocate before a page is decompressed.
+        leaf = [i for i in range(meta.num_columns) if meta.schema.column(i).path in fields]
+        encoded = sum(
+            meta.row_group(g).column(i).total_uncompressed_size
+            for g in range(meta.num_row_groups)
+            for i in leaf
+        )
+        _text_check(spec, str(path), encoded)
+        text = [c for c in fields if pa.types.is_string(schema.field(c).type)]
+
+        # Dictionary pages stay dictionaries: 20 M rows of one word cost their indices.
+        coded = pq.ParquetFile(path, read_dictionary=text)
+
+        def batches() -> Any:
+            for g in range(meta.num_row_groups):
+                yield from coded.read_row_group(g, columns=sorted(set(fields))).to_batches()
+
+        columns = _read_batches(spec, str(path), batches(), fields)
     except ValueError:
         raise
     except Exception as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ValueError(f"task '{spec}': cannot read {path} as Parquet ({first})") from None
-    columns = {c: table.column(c).to_pylist() for c in fields}
     return str(path), columns, file_digest(path)
 
 
@@ -147,13 +338,15 @@ def hf_task(
     if not path:
         raise ValueError(f"task '{spec}': expected hf:PATH ({_FORMS})")
     p = Path(path).expanduser()
-    if not p.exists():
+    if not p.exists() and limits.not_regular(p) != "a symlink loop":
         raise ValueError(
             f"task '{spec}': '{path}' is not a local path; hf: reads {_FORMS} on this machine "
             "and downloads nothing (save a hub dataset with save_to_disk first)"
         )
     scorer, answer_spec, changed = answer_options(spec, reward, answer_format, format_weight, think)
     fields = (prompt_field, answer_field)
+    if not p.is_dir():
+        _regular(spec, p)
     if p.is_file() and split is not None:
         raise ValueError(
             f"task '{spec}': task_options.split: applies to a save_to_disk directory only"

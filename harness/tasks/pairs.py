@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -95,12 +96,15 @@ def read_jsonl(
 
     Bounded before parsing: at most ``MAX_TASK_FILE_BYTES`` (harness.core.limits), UTF-8 line by
     line (a bad byte names its line)."""
-    from harness.core.limits import MAX_TASK_FILE_BYTES, open_bounded
+    from harness.core.limits import MAX_TASK_FILE_BYTES, MAX_TASK_ROWS, not_regular, open_bounded
 
     p = Path(path).expanduser()
+    kind = not_regular(p)
+    if kind is not None:  # never opened: a FIFO would block the read until a writer came
+        raise ValueError(f"task '{spec}': '{path}' is {kind}, not a regular file")
     if not p.is_file():
         raise ValueError(f"task '{spec}': file '{path}' does not exist")
-    records = []
+    records: list[tuple[int, Any]] = []
     try:
         fh = open_bounded(p, MAX_TASK_FILE_BYTES, "a task file", shown=path)
     except ValueError as err:
@@ -116,6 +120,11 @@ def read_jsonl(
                 ) from None
             if not line.strip():
                 continue
+            if len(records) >= MAX_TASK_ROWS:
+                raise ValueError(
+                    f"task '{spec}': {path} holds more than {MAX_TASK_ROWS:,} rows; a task's "
+                    f"data may hold at most {MAX_TASK_ROWS:,} rows"
+                )
             try:
                 records.append((lineno, json.loads(line)))
             except json.JSONDecodeError as exc:
@@ -301,12 +310,19 @@ def python_task(spec: str, target: str, *, eval_fraction: float = 0.1) -> PairTa
                 f"task '{spec}': module '{module}' defines no examples(); add one or use "
                 f"python:{target}@PATH.jsonl"
             )
+        from harness.core.limits import MAX_TASK_ROWS
+
         try:
-            records = list(make())
+            records = list(itertools.islice(make(), MAX_TASK_ROWS + 1))
         except Exception as exc:
             raise ValueError(
                 f"task '{spec}': examples() raised {type(exc).__name__}: {exc}"
             ) from exc
+        if len(records) > MAX_TASK_ROWS:
+            raise ValueError(
+                f"task '{spec}': examples() returns more than {MAX_TASK_ROWS:,} examples; a "
+                f"task's data may hold at most {MAX_TASK_ROWS:,} rows"
+            )
         examples = pairs_from_records(spec, "examples()", enumerate(records, start=1))
         data = ""
     source = getattr(mod, "__file__", None)

@@ -28,11 +28,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import time
 import types
 import typing
 from collections.abc import Hashable
 from typing import Any, get_args, get_origin
 
+from harness.core import limits
 from harness.core.configtools import ConfigError, check_value, meta
 from harness.tasks.answers import TASKS_EXTRA, AnswerSpec
 from harness.tasks.base import Example, draw_keys
@@ -42,7 +44,34 @@ HARNESS_OPTIONS = ("answer_format", "eval_size", "format_weight", "think")
 # The generator's ints have no declared range; these bound them (a --set of 10**30 must be
 # refused, not sent into a generator loop). Generators check their own ranges after this.
 _INT_BOUND = 10**9
-_SIZE_MAX = 10**8
+# The training pool's items (``size``); a run draws steps x prompts_per_step of them, far fewer.
+# Some generators build a table of ``size`` entries up front (10^8 was a MemoryError).
+_SIZE_MAX = 10**6
+# Options inside their type's range that make each item (or the generator's construction)
+# explode: a loop over 2^n_people assignments, 10^max_digits arithmetic in one C call that no
+# timer interrupts, a whole pool built up front. The maximums keep one item well under a second
+# and its prompt well under the MAX_TEXT_CHARS bound; a min_ option is bounded with its max_.
+EXPENSIVE_OPTIONS: dict[str, dict[str, int]] = {
+    "acre": {"size": 5_000},  # builds every item in __init__ (~6 ms each)
+    "basic_arithmetic": {
+        "min_terms": 1_000,
+        "max_terms": 1_000,
+        "min_digits": 10,
+        "max_digits": 10,
+    },
+    "chain_sum": {"min_terms": 1_000, "max_terms": 1_000, "min_digits": 100, "max_digits": 100},
+    "count_primes": {"min_n": 10**6, "max_n": 10**6},  # a sieve of max_n entries, up front
+    "countdown": {"min_numbers": 15, "max_numbers": 15},  # sympy search over the numbers
+    "decimal_chain_sum": {
+        "min_terms": 1_000,
+        "max_terms": 1_000,
+        "min_digits": 100,
+        "max_digits": 100,
+    },
+    "knights_knaves": {"n_people": 8, "depth_constraint": 3, "width_constraint": 3},
+    "power_function": {"min_exponent": 1_000, "max_exponent": 1_000},
+    "products": {"min_terms": 20, "max_terms": 20, "min_digits": 100, "max_digits": 100},
+}
 # Generated items kept per task object, so the probe's draws and the scoring of a step do not
 # generate an item twice (countdown takes ~20-50 ms an item); past this, the cache starts over.
 _CACHE_MAX = 200_000
@@ -97,6 +126,23 @@ def _check_field(value: Any, tp: Any, path: str) -> Any:
     return value  # a type the harness does not know: the generator's validate() checks it
 
 
+class _GeneratorTimeout(BaseException):
+    """A generator ran past its time bound.  A BaseException, because generators catch
+    ``Exception`` around their own retry loops and would swallow an ``Exception``."""
+
+
+def _bounded(seconds: float, call: Any) -> Any:
+    """``call()`` under a wall-clock bound of ``seconds``: :class:`_GeneratorTimeout` when the
+    timer fires, or when ``call`` outran the bound without the timer stopping it (a thread other
+    than the main one, or a generator that caught the timeout and went on)."""
+    start = time.monotonic()
+    with limits.time_bound(seconds, _GeneratorTimeout):
+        out = call()
+    if time.monotonic() - start > seconds:
+        raise _GeneratorTimeout
+    return out
+
+
 class ReasoningGymTask:
     """One reasoning-gym generator as a :class:`~harness.tasks.base.Task` (module docstring)."""
 
@@ -120,7 +166,14 @@ class ReasoningGymTask:
         self.size = size
         self.eval_size = eval_size
         self.answer_spec = answer_spec
-        self._dataset = cls(config=config)
+        try:
+            self._dataset = _bounded(limits.TASK_BUILD_SECONDS, lambda: cls(config=config))
+        except _GeneratorTimeout:
+            raise ValueError(
+                f"task '{spec}': building the {generator} generator took more than "
+                f"{limits.TASK_BUILD_SECONDS:g} s; lower task_options.size or the options that "
+                "make its items large"
+            ) from None
         self._config = dataclasses.asdict(config)
         self._items: dict[int, dict[str, Any]] = {}
         self._held_out: list[Example] | None = None
@@ -143,18 +196,42 @@ class ReasoningGymTask:
     def _item(self, idx: int) -> dict[str, Any]:
         item = self._items.get(idx)
         if item is None:
+            bound = limits.TASK_ITEM_SECONDS
             try:
-                item = self._dataset[idx]
+                item = _bounded(bound, lambda: self._dataset[idx])
+            except _GeneratorTimeout:
+                raise ValueError(
+                    f"task '{self.name}': the generator took more than {bound:g} s on item "
+                    f"{idx}; lower the options that make its items large or hard"
+                ) from None
             except Exception as err:  # a config the generator accepts but cannot draw from
                 first = str(err).splitlines()[0] if str(err) else type(err).__name__
                 raise ValueError(
                     f"task '{self.name}': the generator failed on item {idx} ({first}); "
                     "change its options"
                 ) from None
+            self._check_size(idx, item)
             if len(self._items) >= _CACHE_MAX:
                 self._items.clear()
             self._items[idx] = item
         return item
+
+    def _check_size(self, idx: int, item: Any) -> None:
+        """An item's question and answer are bounded like a data file's prompt and answer (one
+        chain_sum item of 10^6 terms was 7 MB; validation reached 5 GB probing such items)."""
+        if not isinstance(item, dict) or "question" not in item:
+            raise ValueError(
+                f"task '{self.name}': the generator returned {type(item).__name__} for item "
+                f"{idx}, not an item with a question"
+            )
+        for key in ("question", "answer"):
+            text = item.get(key)
+            n = len(text) if isinstance(text, str) else 0
+            if n > limits.MAX_TEXT_CHARS:
+                raise ValueError(
+                    f"task '{self.name}': {self._source(idx)}: its {key} is {n:,} characters; "
+                    f"at most {limits.MAX_TEXT_CHARS:,} (lower the options that make items large)"
+                )
 
     def _prompt(self, item: dict[str, Any]) -> str:
         return f"{str(item['question']).rstrip()}\n\n{self.answer_spec.instruction()}"
@@ -281,6 +358,12 @@ def reasoning_task(spec: str, generator: str, options: dict[str, Any]) -> Reason
             checked[key] = check_value(value, int, meta("", ge=1, le=_SIZE_MAX), path)
         else:
             checked[key] = _check_field(value, hints.get(key, Any), path)
+    for key, top in EXPENSIVE_OPTIONS.get(generator, {}).items():
+        if key in checked and isinstance(checked[key], int) and checked[key] > top:
+            raise ValueError(
+                f"task_options.{key}: must be at most {top:,} for {spec} (larger values make "
+                f"each item too slow or too large to generate); got {checked[key]:,}"
+            )
     checked.setdefault("seed", 0)  # the generator's None would be a random pool per process
     try:
         config = config_cls(**checked)
