@@ -44,9 +44,9 @@ def ours(lt, lp, lb, A, M, c, loss=ppo_actor_loss, **kw):
 def agree(peer, mine, lt):
     (g_peer,) = torch.autograd.grad(peer, lt)
     (g_mine,) = torch.autograd.grad(mine, lt)
-    # The harness computes ρ in float32 (as AReaL); the peers' formulas here run in float64.
-    assert torch.allclose(peer, mine, rtol=1e-6, atol=1e-7), (float(peer), float(mine))
-    assert torch.allclose(g_peer, g_mine, rtol=1e-6, atol=1e-7)
+    # float64 inputs: the harness computes ρ in float64 too, so only summation order differs.
+    assert torch.allclose(peer, mine, rtol=1e-12, atol=1e-13), (float(peer), float(mine))
+    assert torch.allclose(g_peer, g_mine, rtol=1e-12, atol=1e-13)
     assert g_mine.abs().sum() > 0
 
 
@@ -428,3 +428,107 @@ def test_geo_mask_preset_is_skyrl_geometric_mask_defaults():
 def test_skyrl_single_corrections(kw, c):
     lt, lp, lb, A, M = data(12, B=10)
     agree(skyrl_loss(lt, lp, lb, A, M, **kw), ours(lt, lp, lb, A, M, c), lt)
+
+
+# --------------------------------------------------------------------------- TRL, called
+
+
+def _trl_call(mode, cmin, cmax, lt, lp, lb, A, M, opsm=None):
+    """TRL 1.16 ``GRPOTrainer._compute_loss`` itself (loss_type bnpo, vLLM IS on), its loss and
+    d loss / d ℓθ.  TRL computes ρ inline in ``_generate_and_score_completions`` (no function to
+    call): ``_trl_ratio`` transcribes those lines (trl/trainer/grpo_trainer.py)."""
+    pytest.importorskip("trl")
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    from tests.test_objectives_trl import _TrainerStandIn
+
+    x = lt.detach().clone().requires_grad_(True)
+    s = _TrainerStandIn("bnpo", x)
+    s.use_vllm = mode is not None
+    s.vllm_importance_sampling_correction = mode is not None
+    s.off_policy_mask_threshold = opsm
+    s.get_off_policy_mask = GRPOTrainer.get_off_policy_mask  # TRL's own static methods
+    s.get_gamma_weights = GRPOTrainer.get_gamma_weights
+    B, T = lt.shape
+    Mf = M.to(lt.dtype)
+    inputs = {
+        "prompt_ids": torch.zeros(B, 1, dtype=torch.long),
+        "prompt_mask": torch.ones(B, 1, dtype=torch.long),
+        "completion_ids": torch.zeros(B, T, dtype=torch.long),
+        "completion_mask": Mf,
+        "advantages": A[:, 0],
+        "old_per_token_logps": lp,
+        "sampling_per_token_logps": lb,
+        "num_items_in_batch": Mf.sum(),
+    }
+    if mode is not None:
+        inputs["importance_sampling_ratio"] = _trl_ratio(lp, lb, Mf, mode, cmin, cmax)
+    loss = GRPOTrainer._compute_loss(s, None, inputs)
+    loss.backward()
+    return loss.detach(), x.grad
+
+
+def _trl_ratio(lp, lb, mask, mode, cmin, cmax):
+    """TRL 1.16's vLLM IS weight, line for line (grpo_trainer.py, _generate_and_score_completions)."""
+    diff = torch.nan_to_num((lp - lb) * mask, nan=0.0)
+    if mode in ("sequence_mask", "sequence_truncate"):
+        diff = diff.sum(dim=-1, keepdim=True)
+    ratio = torch.exp(diff)
+    if mode in ("sequence_truncate", "token_truncate"):
+        return torch.clamp(ratio, min=cmin, max=cmax)
+    lo = cmin if cmin is not None else -math.inf
+    hi = cmax if cmax is not None else math.inf
+    return ratio.masked_fill((ratio < lo) | (ratio > hi), value=0.0)
+
+
+def _draw(g):
+    """One random float64 batch: shape, lengths and mismatch spread vary with the draw."""
+    B, T = int(torch.randint(2, 7, (1,), generator=g)), int(torch.randint(2, 9, (1,), generator=g))
+    spread = float(torch.rand((), generator=g, dtype=torch.float64)) * 0.6
+    lb = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3 - 0.05
+    lp = lb + spread * torch.randn(B, T, generator=g, dtype=torch.float64)
+    lt = lp + 0.1 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    M = torch.arange(T)[None] < lengths[:, None]
+    A = torch.randn(B, 1, generator=g, dtype=torch.float64).expand(B, T)
+    return lt, lp, lb, A, M
+
+
+@pytest.mark.parametrize("case", sorted(TRL_CASES))
+def test_trl_vllm_importance_sampling_called_directly_float64(case):
+    """200 random float64 draws: the harness's loss and gradient equal TRL's ``_compute_loss``
+    to ~1e-12 (ρ is computed in float64 for float64 inputs, as TRL does)."""
+    mode, cmin, cmax, c = TRL_CASES[case]
+    g = torch.Generator().manual_seed(31)
+    for _ in range(200):
+        lt, lp, lb, A, M = _draw(g)
+        want, g_want = _trl_call(mode, cmin, cmax, lt, lp, lb, A, M)
+        x = lt.detach().clone().requires_grad_(True)
+        got, _ = ppo_actor_loss(x, lp, lb, A * M, M, correction=c)
+        got.backward()
+        torch.testing.assert_close(got.detach(), want, rtol=1e-12, atol=1e-13)
+        torch.testing.assert_close(x.grad, g_want, rtol=1e-12, atol=1e-13)
+
+
+def test_trl_off_policy_mask_called_directly_float64():
+    """TRL's ``get_off_policy_mask`` (through ``_compute_loss``) against preset ``opsm`` with its
+    threshold, 200 float64 draws."""
+    import dataclasses
+
+    from harness.ppo.corrections import PRESETS
+
+    base = PRESETS["opsm"].correction
+    delta = 0.02  # small enough to drop some negative rows
+    c = dataclasses.replace(base, filters=(dataclasses.replace(base.filters[0], upper=delta),))
+    g = torch.Generator().manual_seed(32)
+    dropped = 0
+    for _ in range(200):
+        lt, lp, lb, A, M = _draw(g)
+        want, g_want = _trl_call(None, None, None, lt, lp, lb, A, M, opsm=delta)
+        x = lt.detach().clone().requires_grad_(True)
+        got, stats = ppo_actor_loss(x, lp, lb, A * M, M, correction=c)
+        got.backward()
+        dropped += int(stats["correction_masked"].any())
+        torch.testing.assert_close(got.detach(), want, rtol=1e-12, atol=1e-13)
+        torch.testing.assert_close(x.grad, g_want, rtol=1e-12, atol=1e-13)
+    assert dropped > 20  # the mask acted on many draws
