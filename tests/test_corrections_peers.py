@@ -15,6 +15,7 @@ import torch
 
 from harness.ppo.corrections import Correction, Filter
 from harness.ppo.objectives import cispo_loss, ppo_actor_loss
+from harness.ppo.objectives.reinforce import reinforce_loss
 
 EPS = 0.2
 
@@ -334,11 +335,55 @@ def test_verl_bypass_ppo_clip_with_rs_against_current_policy():
     agree(peer, ours(lt, lb, lb, A, M, c), lt)
 
 
-def test_verl_bypass_pg_is_is_cispo_under_bypass():
+def verl_bypass_reinforce(lt, lb, A, M, level, threshold):
+    """verl bypass_mode with loss_type reinforce (verl-project/verl
+    verl/trainer/ppo/core_algos.py ``compute_policy_loss_bypass_mode`` →
+    ``compute_policy_loss_reinforce``; weights from rollout_corr_helper.py with sg(ℓθ) in the
+    place of old_log_prob): L = −A·ℓθ·ρ, token-mean over the caller's mask."""
+    rho = verl_is(lt.detach(), lb, M, level, threshold)
+    pg = -A * lt * rho
+    Mf = M.to(lt.dtype)
+    return (pg * Mf).sum() / Mf.sum().clamp(min=1)
+
+
+def test_verl_bypass_token_reinforce_is_cispo_under_bypass():
+    """verl bypass + reinforce + rollout_is=token, threshold C: the same loss and gradient as
+    cispo (ratio_max C) under preset bypass (min(exp(clamp(x, ±20)), C) = min(exp(x), C) here)."""
     lt, _, lb, A, M = data(10)
-    rho = torch.exp(lt.detach() - lb).clamp(max=1.1)
-    peer = (-A * lt * rho * M).sum() / M.sum()
+    peer = verl_bypass_reinforce(lt, lb, A, M, "token", 1.1)
     agree(peer, ours(lt, lb, lb, A, M, "bypass", loss=cispo_loss, ratio_max=1.1), lt)
+    c = Correction(bypass=True, weight="token", clip_max=1.1, log_clamp=20.0)
+    agree(
+        verl_bypass_reinforce(lt, lb, A, M, "token", 1.1),
+        ours(lt, lb, lb, A, M, c, reinforce_loss),
+        lt,
+    )
+
+
+def test_verl_bypass_pg_is_is_sequence_level():
+    """verl's ``RolloutCorrectionConfig.bypass_pg_is()`` (rollout_is="sequence", threshold 2.0,
+    loss_type reinforce): ρ_i = min(exp(clamp(Σ_t M(ℓθ − ℓb), ±20)), 2) broadcast over the row,
+    = preset bypass_pg_is under policy_loss reinforce; 200 float64 draws to 1e-12.  The token
+    form (cispo under bypass) does not equal it."""
+    g = torch.Generator().manual_seed(33)
+    capped = 0
+    for _ in range(200):
+        lt, lp, lb, A, M = _draw(g)
+        lb = lt.detach() + (lb - lp)  # the sampler drifts from the current policy
+        x = lt.detach().clone().requires_grad_(True)
+        peer = verl_bypass_reinforce(x, lb, A, M, "sequence", 2.0)
+        (g_peer,) = torch.autograd.grad(peer, x)
+        y = lt.detach().clone().requires_grad_(True)
+        mine, stats = reinforce_loss(y, lb, lb, A * M, M, correction="bypass_pg_is")
+        (g_mine,) = torch.autograd.grad(mine, y)
+        torch.testing.assert_close(mine.detach(), peer.detach(), rtol=1e-12, atol=1e-13)
+        torch.testing.assert_close(g_mine, g_peer, rtol=1e-12, atol=1e-13)
+        capped += int(stats["correction_truncated"].any())
+    assert capped > 20  # the threshold 2 binds on many draws
+    lt, _, lb, A, M = data(10)
+    lb = lb - 0.3  # rows far enough off that the sequence product exceeds 2
+    token = ours(lt, lb, lb, A, M, "bypass", loss=cispo_loss, ratio_max=2.0)
+    assert not torch.allclose(token, verl_bypass_reinforce(lt, lb, A, M, "sequence", 2.0))
 
 
 # --------------------------------------------------------------------------- SkyRL

@@ -236,6 +236,16 @@ def _verl_policy_loss(p: Any, A: str) -> tuple[list[tuple[str, Any]], list[str]]
     """verl's ``policy_loss.loss_mode`` and the objective's options, from its declaration."""
     o = lookup(p.policy_loss)
     peer = o.verl
+    if o.name == "reinforce":
+        # verl runs REINFORCE only as its bypass_mode loss, chosen by
+        # algorithm.rollout_correction.loss_type (written with the correction), not loss_mode.
+        c = resolve(p.correction)
+        if c is not None and c.bypass:
+            return [], []
+        return [], [
+            "# ppo.policy_loss=reinforce: verl runs REINFORCE only in bypass mode "
+            "(ppo.correction with bypass: true, e.g. bypass_pg_is)"
+        ]
     if peer is None:
         return [], [f"# ppo.policy_loss={o.name}: verl has no loss_mode for it"]
     options = getattr(p, o.name, None)

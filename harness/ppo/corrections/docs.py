@@ -91,8 +91,11 @@ def markdown() -> str:
         "| verl stacked `rollout_rs=a,b` | one filter per option (AND) |",
         "| verl Geo-RS-Token-TIS | `{weight: token, clip_max: C, log_clamp: 20, filters: "
         "[{level: sequence, metric: k1, agg: mean, ...}], denominator: post}` |",
-        "| verl `bypass_pg_is` (reinforce, token TIS C) | `ppo.policy_loss: cispo`, "
-        "`ppo.cispo.ratio_max: C`, `ppo.correction: bypass` |",
+        "| verl `bypass_pg_is` (bypass, reinforce, sequence TIS 2.0) | preset `bypass_pg_is` "
+        "with `ppo.policy_loss: reinforce` |",
+        "| verl bypass + reinforce + `rollout_is=token`, threshold C | `ppo.policy_loss: "
+        "reinforce`, `{bypass: true, weight: token, clip_max: C, log_clamp: 20}` (the same "
+        "gradient as `ppo.policy_loss: cispo`, `ratio_max: C`, `correction: bypass`) |",
         "| SkyRL outlier (low, high) | `sequential: true`, filters `{level: sequence, agg: max, "
         "upper: high}`, `{level: sequence, agg: min, lower: low}` first |",
         "| SkyRL token mask [low, high] | filter `{level: token, lower: low, upper: high}` |",
