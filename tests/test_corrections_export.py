@@ -190,8 +190,8 @@ def test_verl_export_of_bypass_pg_is_is_verls_preset():
     assert not [c for c in text.splitlines() if c.startswith("#") and "correction" in c]
 
 
-def test_verl_export_of_reinforce_without_bypass_and_cispo_under_bypass_say_why():
+def test_verl_export_of_reinforce_without_bypass_is_gpg_and_cispo_under_bypass_says_why():
     text = export_verl(cfg(None, **{"ppo.policy_loss": "reinforce"}))
-    assert "# ppo.policy_loss=reinforce: verl runs REINFORCE only in bypass mode" in text
+    assert "actor_rollout_ref.actor.policy_loss.loss_mode=gpg" in text.splitlines()
     text = export_verl(cfg("bypass", **{"ppo.policy_loss": "cispo"}))
     assert "# ppo.correction.bypass: not expressible in verl (verl's bypass_mode loss is " in text

@@ -478,7 +478,7 @@ def test_skyrl_single_corrections(kw, c):
 # --------------------------------------------------------------------------- TRL, called
 
 
-def _trl_call(mode, cmin, cmax, lt, lp, lb, A, M, opsm=None):
+def _trl_call(mode, cmin, cmax, lt, lp, lb, A, M, opsm=None, loss_type="bnpo"):
     """TRL 1.16 ``GRPOTrainer._compute_loss`` itself (loss_type bnpo, vLLM IS on), its loss and
     d loss / d ℓθ.  TRL computes ρ inline in ``_generate_and_score_completions`` (no function to
     call): ``_trl_ratio`` transcribes those lines (trl/trainer/grpo_trainer.py)."""
@@ -488,7 +488,9 @@ def _trl_call(mode, cmin, cmax, lt, lp, lb, A, M, opsm=None):
     from tests.test_objectives_trl import _TrainerStandIn
 
     x = lt.detach().clone().requires_grad_(True)
-    s = _TrainerStandIn("bnpo", x)
+    s = _TrainerStandIn(loss_type, x)
+    s.args.vespo_k_pos, s.args.vespo_lambda_pos = 2.0, 3.0  # TRL's defaults
+    s.args.vespo_k_neg, s.args.vespo_lambda_neg = 3.0, 2.0
     s.use_vllm = mode is not None
     s.vllm_importance_sampling_correction = mode is not None
     s.off_policy_mask_threshold = opsm
@@ -577,3 +579,45 @@ def test_trl_off_policy_mask_called_directly_float64():
         torch.testing.assert_close(got.detach(), want, rtol=1e-12, atol=1e-13)
         torch.testing.assert_close(x.grad, g_want, rtol=1e-12, atol=1e-13)
     assert dropped > 20  # the mask acted on many draws
+
+
+VESPO_CASES = {
+    "token_truncate": (0.8, 1.25, Correction(weight="token", clip_min=0.8, clip_max=1.25)),
+    "token_mask": (
+        0.8,
+        1.25,
+        Correction(weight="token", clip_min=0.8, clip_max=1.25, zero_outside=True),
+    ),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(VESPO_CASES))
+def test_vespo_fold_is_trls_vespo_with_vllm_is(mode):
+    """TRL's VESPO with vLLM IS (``_compute_loss`` and ``get_gamma_weights`` called): ρ folded
+    into W, no second multiplication = ``vespo.behaviour_weight: fold``; 200 float64 draws to
+    1e-12.  The default 'multiply' is another loss."""
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    from harness.ppo.objectives.vespo import vespo_loss
+
+    cmin, cmax, c = VESPO_CASES[mode]
+    g = torch.Generator().manual_seed(34)
+    differs = 0
+    for _ in range(200):
+        lt, lp, lb, A, M = _draw(g)
+        want, g_want = _trl_call(mode, cmin, cmax, lt, lp, lb, A, M, loss_type="vespo")
+        x = lt.detach().clone().requires_grad_(True)
+        got, stats = vespo_loss(x, lp, lb, A * M, M, correction=c, behaviour_weight="fold")
+        got.backward()
+        torch.testing.assert_close(got.detach(), want, rtol=1e-12, atol=1e-13)
+        torch.testing.assert_close(x.grad, g_want, rtol=1e-12, atol=1e-13)
+        phi = GRPOTrainer.get_gamma_weights(
+            advantages=A[:, :1],
+            log_ratio_per_token=lt - lp,
+            mask=M.to(lt.dtype),
+            importance_sampling_ratio=_trl_ratio(lp, lb, M.to(lt.dtype), mode, cmin, cmax),
+        )
+        torch.testing.assert_close(stats["gate"][:, :1], phi, rtol=1e-12, atol=1e-13)
+        multiplied, _ = vespo_loss(lt.detach(), lp, lb, A * M, M, correction=c)
+        differs += not torch.allclose(multiplied, got.detach(), rtol=1e-6)
+    assert differs > 150

@@ -329,7 +329,31 @@ def _correction_problems(p: Any) -> list[tuple[str, str]]:
     kw, problems = trl_settings(c)
     if any(k.startswith("vllm_") for k in kw):
         problems.append(("ppo.correction.weight", VLLM_ONLY))
+        if getattr(p, "policy_loss", "ppo") == "vespo":
+            problems += _vespo_composition_problems(p, kw)
     return problems
+
+
+def _vespo_composition_problems(p: Any, kw: dict[str, Any]) -> list[tuple[str, str]]:
+    """TRL's VESPO folds its vLLM weight ρ into W and refuses sequence-level ρ."""
+    out = []
+    if not str(kw["vllm_importance_sampling_mode"]).startswith("token"):
+        out.append(
+            (
+                "ppo.correction.weight",
+                "TRL's VESPO takes only token_truncate / token_mask weights (folded into W)",
+            )
+        )
+    if p.vespo.behaviour_weight != "fold":
+        out.append(
+            (
+                "ppo.vespo.behaviour_weight",
+                "TRL's VESPO folds ρ into W (log W += Σ_t clamp(log ρ_t, log 1e-8, 20)) and does "
+                "not multiply the loss by ρ; this cell multiplies (W against π_prox only). Set "
+                "fold for TRL's composition",
+            )
+        )
+    return out
 
 
 def trl_problems(cfg: Any) -> list[tuple[str, str]]:

@@ -105,6 +105,14 @@ def export_trl(cfg: RunConfig) -> str:
             )
         )
     lines += [comment(f"approximate: {a}") for a in approximations(cfg)]
+    p = cfg.ppo
+    if p.policy_loss == "vespo" and p.vespo.behaviour_weight == "fold":
+        lines.append(
+            comment(
+                "ppo.vespo.behaviour_weight=fold: TRL's own VESPO composition (ρ folded into W, "
+                "log W += Σ_t clamp(log ρ_t, log 1e-8, 20); the loss is not multiplied by ρ)"
+            )
+        )
     kw = grpo_kwargs(cfg, strict=False)
     use_cpu, note = _trl_use_cpu(cfg)
     kw["use_cpu"] = use_cpu
@@ -236,21 +244,19 @@ def _verl_policy_loss(p: Any, A: str) -> tuple[list[tuple[str, Any]], list[str]]
     """verl's ``policy_loss.loss_mode`` and the objective's options, from its declaration."""
     o = lookup(p.policy_loss)
     peer = o.verl
-    if o.name == "reinforce":
-        # verl runs REINFORCE only as its bypass_mode loss, chosen by
-        # algorithm.rollout_correction.loss_type (written with the correction), not loss_mode.
-        c = resolve(p.correction)
-        if c is not None and c.bypass:
-            return [], []
-        return [], [
-            "# ppo.policy_loss=reinforce: verl runs REINFORCE only in bypass mode "
-            "(ppo.correction with bypass: true, e.g. bypass_pg_is)"
-        ]
+    c = resolve(p.correction)
+    if o.name == "reinforce" and c is not None and c.bypass:
+        # verl's bypass_mode loss replaces loss_mode; REINFORCE there is chosen by
+        # algorithm.rollout_correction.loss_type (written with the correction).
+        return [], []
     if peer is None:
         return [], [f"# ppo.policy_loss={o.name}: verl has no loss_mode for it"]
     options = getattr(p, o.name, None)
     mode = peer.name_for(p.importance_sampling_level, options)
     kv: list[tuple[str, Any]] = [(f"{A}.policy_loss.loss_mode", mode)]
+    if o.name == "dppo":
+        dppo_kv, dppo_notes = _verl_dppo(p, A)
+        return kv + dppo_kv, dppo_notes
     if peer.options is None:
         why = (
             peer.note
@@ -263,6 +269,30 @@ def _verl_policy_loss(p: Any, A: str) -> tuple[list[tuple[str, Any]], list[str]]
         for ours, theirs in peer.options.items()
     ]
     return kv, []
+
+
+def _verl_dppo(p: Any, A: str) -> tuple[list[tuple[str, Any]], list[str]]:
+    """verl's dppo_tv / dppo_kl read δ from actor.clip_ratio_low/high and truncate r at
+    actor.clip_ratio_c: those keys carry DPPO's own values (they replace the PPO-clip ones)."""
+    o = p.dppo
+    lo, hi = o.deltas()
+    kv: list[tuple[str, Any]] = [(f"{A}.clip_ratio_low", lo), (f"{A}.clip_ratio_high", hi)]
+    notes = []
+    if o.surrogate == "truncated_is":
+        kv.append((f"{A}.clip_ratio_c", o.cap()))
+    else:
+        kv.append((f"{A}.clip_ratio_c", 1e9))
+        notes.append(
+            "# ppo.dppo.surrogate=ratio: verl's dppo loss is −A·sg(min(r, clip_ratio_c))·log π; "
+            "with clip_ratio_c=1e9 its gradient equals this cell's −A·r, its loss value does "
+            "not (set ppo.dppo.surrogate truncated_is for verl's surrogate)"
+        )
+    if o.anchor == "behaviour" and p.use_decoupled_loss:
+        notes.append(
+            "# ppo.dppo.anchor=behaviour: verl anchors DPPO at old_log_prob (π_prox under the "
+            "decoupled loss); set ppo.dppo.anchor proximal for verl's"
+        )
+    return kv, notes
 
 
 def _verl_stability(cfg: RunConfig) -> tuple[list[tuple[str, Any]], list[str]]:
@@ -323,9 +353,14 @@ def export_verl(cfg: RunConfig) -> str:
         kv.append((f"{A}.clip_ratio_c", p.c_clip))
     else:  # verl's vanilla loss always applies the dual clip; a huge c switches it off
         kv.append((f"{A}.clip_ratio_c", 1e9))
-        notes.append("# ppo.c_clip null: verl always dual-clips; clip_ratio_c=1e9 disables it")
+        if p.policy_loss != "dppo":  # DPPO writes its own clip_ratio_c (its truncation cap)
+            notes.append("# ppo.c_clip null: verl always dual-clips; clip_ratio_c=1e9 disables it")
     kv_loss, loss_notes = _verl_policy_loss(p, A)
-    kv += kv_loss
+    # An objective may give actor keys their own meaning (DPPO's δ in clip_ratio_*): its value
+    # replaces the PPO-clip one in place, so every key is written once.
+    own = dict(kv_loss)
+    kv = [(k, own.pop(k)) if k in own else (k, v) for k, v in kv]
+    kv += list(own.items())
     notes += loss_notes
     if p.loss_agg_mode == "prompt-mean":
         notes.append("# ppo.loss_agg_mode=prompt-mean: verl has no prompt-level loss_agg_mode")

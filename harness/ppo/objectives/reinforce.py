@@ -16,6 +16,9 @@ from harness.ppo.objectives import registry as R
         "policy/silenced_frac": "0 (nothing is silenced)",
         "policy/reweighted_frac": "0 (the correction's ρ is reported as policy/behave_weight_*)",
     },
+    # verl's gpg loss is −A·log π (times rollout_is_weights); under bypass its bypass_mode
+    # loss with rollout_correction.loss_type reinforce is the same.
+    verl=R.Peer("gpg"),
 )
 def reinforce_terms(p: R.PolicyInputs, o: None, ctx: R.Context) -> R.Terms:
     """REINFORCE (Williams 1992) as verl's bypass-mode loss.
@@ -27,7 +30,9 @@ def reinforce_terms(p: R.PolicyInputs, o: None, ctx: R.Context) -> R.Terms:
     ``compute_policy_loss_reinforce`` (verl-project/verl ``verl/trainer/ppo/core_algos.py``:
     ``pg_losses = -advantages * log_prob * rollout_is_weights``, then ``agg_loss``), which
     verl's ``bypass_mode`` loss dispatches to when ``rollout_correction.loss_type`` is
-    ``reinforce``.  With ``correction: bypass_pg_is`` this is verl's ``bypass_pg_is`` preset
+    ``reinforce``; outside bypass mode verl's ``loss_mode: gpg`` (``compute_policy_loss_gpg``:
+    ``pg_losses = -log_prob * advantages``, × ``rollout_is_weights``).  With
+    ``correction: bypass_pg_is`` this is verl's ``bypass_pg_is`` preset
     (sequence TIS, threshold 2); with ``{bypass: true, weight: token, clip_max: C, log_clamp:
     20}`` it is verl's token form, which equals ``policy_loss: cispo`` (ratio_max C) under
     ``correction: bypass``.  Nothing is clipped, silenced or re-weighted by the objective.
