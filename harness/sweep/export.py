@@ -30,6 +30,7 @@ from harness.config.trl_map import VLLM_ONLY, approximations, grpo_kwargs, trl_p
 from harness.core.configtools import ConfigError, to_dict
 from harness.ppo.corrections import resolve
 from harness.ppo.corrections.peers import verl_settings
+from harness.ppo.loss import legacy_to_rejection_sampling
 from harness.ppo.objectives import lookup
 from harness.sweep.cell_choice import best_to_export, resolve_cell
 
@@ -37,6 +38,9 @@ if TYPE_CHECKING:
     pass
 
 TARGETS = ("trl", "verl", "areal")
+# The verl release the overrides are written for: keys and loss semantics move between releases
+# (0.9.1's gspo follows loss_agg_mode; up to 0.9.0 it forced seq-mean-token-mean).
+VERL_VERSION = "0.9.1"
 
 
 def one_line(text: Any) -> str:
@@ -366,6 +370,12 @@ def export_verl(cfg: RunConfig) -> str:
         notes.append("# ppo.loss_agg_mode=prompt-mean: verl has no prompt-level loss_agg_mode")
     else:
         kv.append((f"{A}.loss_agg_mode", p.loss_agg_mode))
+        if (f"{A}.policy_loss.loss_mode", "gspo") in kv_loss:
+            notes.append(
+                f"# loss_mode gspo: verl {VERL_VERSION} aggregates it by loss_agg_mode="
+                f"{p.loss_agg_mode} (written below); verl <= 0.9.0 forces seq-mean-token-mean "
+                "whatever loss_agg_mode says"
+            )
     stab_kv, stab_notes = _verl_stability(cfg)
     kv += stab_kv
     notes += stab_notes
@@ -462,6 +472,7 @@ def export_verl(cfg: RunConfig) -> str:
         notes.append("# ppo.reward_scaling / reward_bias: verl has no reward shaping option")
     where = {"actor_rollout_ref.model.target_modules": "model_options.lora.target_modules"}
     out = [_override(k, _typed(v), where.get(k, k)) for k, v in kv]
+    notes.insert(0, f"# verl {VERL_VERSION} overrides (keys and loss semantics of that release)")
     return "\n".join([comment(n.removeprefix("# ")) for n in notes] + out) + "\n"
 
 
@@ -539,11 +550,10 @@ def export_areal(cfg: RunConfig) -> str:
             "# ppo.correction: AReaL's actor has rejection_sampling only (the harness's "
             "ppo.rejection_sampling is that setting); not mapped"
         )
-    if p.rejection_sampling is not None:
-        actor["rejection_sampling"] = to_dict(p.rejection_sampling)
-    elif p.behave_imp_weight_mode != "disabled":
-        actor["behave_imp_weight_mode"] = p.behave_imp_weight_mode
-        actor["behave_imp_weight_cap"] = p.behave_imp_weight_cap
+    rs, rs_notes = _areal_rejection_sampling(p)
+    if rs is not None:
+        actor["rejection_sampling"] = rs
+    notes += rs_notes
     if o.warmup_steps:
         notes.append(
             f"# optim.warmup_steps={o.warmup_steps}: AReaL takes a proportion "
@@ -583,6 +593,36 @@ def export_areal(cfg: RunConfig) -> str:
     body = yaml.safe_dump(doc, sort_keys=False)
     lines = [comment(n.removeprefix("# ")) for n in notes]
     return "\n".join(lines) + ("\n" if lines else "") + body
+
+
+# What AReaL main's RejectionSamplingConfig.__post_init__ accepts as metric (binary_kl, KPop,
+# is implemented there but missing from this list, so a config naming it fails at load).
+AREAL_RS_METRICS = ("ratio", "kl_k1", "kl_k2", "kl_k3")
+
+
+def _areal_rejection_sampling(p: Any) -> tuple[dict[str, Any] | None, list[str]]:
+    """``actor.rejection_sampling`` as AReaL main takes it.  AReaL main removed
+    ``behave_imp_weight_mode`` / ``_cap``: a legacy mode is written as AReaL's own migration
+    of it; a block AReaL would refuse is a comment, not a key."""
+    if p.rejection_sampling is not None:
+        rs = to_dict(p.rejection_sampling)
+        if rs["metric"] not in AREAL_RS_METRICS:
+            return None, [
+                f"# ppo.rejection_sampling.metric={rs['metric']}: AReaL main refuses it "
+                f"(RejectionSamplingConfig accepts metric {', '.join(AREAL_RS_METRICS)}); not "
+                f"written: rejection_sampling: {rs}"
+            ]
+        return rs, []
+    if p.behave_imp_weight_mode == "disabled":
+        return None, []
+    legacy = legacy_to_rejection_sampling(p.behave_imp_weight_mode, p.behave_imp_weight_cap)
+    assert legacy is not None
+    return to_dict(legacy), [
+        f"# ppo.behave_imp_weight_mode={p.behave_imp_weight_mode} (cap "
+        f"{p.behave_imp_weight_cap}): AReaL main removed behave_imp_weight_mode/_cap; written as "
+        "the rejection_sampling AReaL migrates it to (the legacy mode kept dropped tokens in "
+        "the loss mask with weight 0: only importance_sampling_level sequence can tell)"
+    ]
 
 
 def _areal_stability(cfg: RunConfig, actor: dict[str, Any]) -> list[str]:
