@@ -110,7 +110,7 @@ def export_trl(cfg: RunConfig) -> str:
         )
     lines += [comment(f"approximate: {a}") for a in approximations(cfg)]
     p = cfg.ppo
-    if p.policy_loss == "vespo" and p.vespo.behaviour_weight == "fold":
+    if p.policy_loss == "vespo" and getattr(p, p.policy_loss).behaviour_weight == "fold":
         lines.append(
             comment(
                 "ppo.vespo.behaviour_weight=fold: TRL's own VESPO composition (ρ folded into W, "
