@@ -1,6 +1,6 @@
 """How a harness ``RunConfig`` becomes TRL 1.16 ``GRPOConfig`` arguments — the mapping as data.
 
-``TRL_MAPPING`` is the table the README prints (``python -m harness.config.trl_map`` writes it):
+``TRL_MAPPING`` is the table of ``docs/trl-mapping.md`` (``python -m harness.config.trl_map`` writes it):
 one row per harness option with the ``GRPOConfig`` field it becomes and how faithful that is:
 
     exact      same math (up to float rounding)
@@ -566,5 +566,17 @@ def markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def page() -> str:
+    """``docs/trl-mapping.md``: the table with a heading and how to regenerate it."""
+    return (
+        f"# The harness → TRL {TRL_VERSION} `GRPOConfig` mapping\n\n"
+        "Generated from `harness/config/trl_map.py` (regenerate with "
+        "`python -m harness.config.trl_map > docs/trl-mapping.md`).  `trainer: trl` refuses "
+        "a `none` option, and a `must` option outside its expressible values, in one line; "
+        "`harness export --to trl` writes what is expressible and a `#` comment for the rest."
+        "\n\n" + markdown()
+    )
+
+
 if __name__ == "__main__":
-    print(markdown(), end="")
+    print(page(), end="")
