@@ -195,3 +195,15 @@ def test_verl_export_of_reinforce_without_bypass_is_gpg_and_cispo_under_bypass_s
     assert "actor_rollout_ref.actor.policy_loss.loss_mode=gpg" in text.splitlines()
     text = export_verl(cfg("bypass", **{"ppo.policy_loss": "cispo"}))
     assert "# ppo.correction.bypass: not expressible in verl (verl's bypass_mode loss is " in text
+
+
+def test_reinforce_with_bypass_pg_is_trains_through_the_cli(tmp_path):
+    from objective_cli import assert_trains_through_the_cli
+
+    assert_trains_through_the_cli(
+        tmp_path,
+        "ppo.policy_loss=reinforce",
+        "ppo.correction=bypass_pg_is",
+        "ppo.use_decoupled_loss=false",
+        "rollout.staleness=1",
+    )
