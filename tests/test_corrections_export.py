@@ -47,7 +47,7 @@ def verl_comments(correction) -> list[str]:
         ("seq_tis", {"rollout_is": "sequence", "rollout_is_threshold": "2.0"}),
         ("icepop", {"rollout_is": "token", "rollout_is_threshold": "0.5_5.0"}),
         ("k3_rs", {"rollout_rs": "seq_mean_k3", "rollout_rs_threshold": "0.01"}),
-        ("bypass", {"bypass_mode": "True"}),
+        ("bypass", {"bypass_mode": "True", "loss_type": "ppo_clip"}),
     ],
 )
 def test_verl_export_of_the_presets(name, expect):
@@ -166,3 +166,44 @@ def test_k1_direction_is_explicit_in_the_export():
     kv, _ = verl_settings(Correction(filters=(f,), denominator="post"))
     lo, hi = (float(x) for x in dict(kv)[f"{RC}.rollout_rs_threshold"].split("_"))
     assert (lo, hi) == pytest.approx((math.exp(-0.2), math.exp(0.1)))
+
+
+def test_verl_export_of_bypass_pg_is_is_verls_preset():
+    """reinforce + bypass_pg_is = verl's RolloutCorrectionConfig.bypass_pg_is(): sequence IS,
+    threshold 2, loss_type reinforce; verl picks its bypass_mode loss itself (no loss_mode)."""
+    text = export_verl(
+        cfg("bypass_pg_is", **{"ppo.policy_loss": "reinforce", "ppo.use_decoupled_loss": False})
+    )
+    lines = {}
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            k, v = shlex.split(line)[0].split("=", 1)
+            lines[k] = v.strip('"')
+    for k, v in {
+        "bypass_mode": "True",
+        "loss_type": "reinforce",
+        "rollout_is": "sequence",
+        "rollout_is_threshold": "2.0",
+    }.items():
+        assert lines[f"{RC}.{k}"] == v, lines
+    assert "actor_rollout_ref.actor.policy_loss.loss_mode" not in lines
+    assert not [c for c in text.splitlines() if c.startswith("#") and "correction" in c]
+
+
+def test_verl_export_of_reinforce_without_bypass_is_gpg_and_cispo_under_bypass_says_why():
+    text = export_verl(cfg(None, **{"ppo.policy_loss": "reinforce"}))
+    assert "actor_rollout_ref.actor.policy_loss.loss_mode=gpg" in text.splitlines()
+    text = export_verl(cfg("bypass", **{"ppo.policy_loss": "cispo"}))
+    assert "# ppo.correction.bypass: not expressible in verl (verl's bypass_mode loss is " in text
+
+
+def test_reinforce_with_bypass_pg_is_trains_through_the_cli(tmp_path):
+    from objective_cli import assert_trains_through_the_cli
+
+    assert_trains_through_the_cli(
+        tmp_path,
+        "ppo.policy_loss=reinforce",
+        "ppo.correction=bypass_pg_is",
+        "ppo.use_decoupled_loss=false",
+        "rollout.staleness=1",
+    )

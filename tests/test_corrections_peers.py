@@ -15,6 +15,7 @@ import torch
 
 from harness.ppo.corrections import Correction, Filter
 from harness.ppo.objectives import cispo_loss, ppo_actor_loss
+from harness.ppo.objectives.reinforce import reinforce_loss
 
 EPS = 0.2
 
@@ -44,9 +45,9 @@ def ours(lt, lp, lb, A, M, c, loss=ppo_actor_loss, **kw):
 def agree(peer, mine, lt):
     (g_peer,) = torch.autograd.grad(peer, lt)
     (g_mine,) = torch.autograd.grad(mine, lt)
-    # The harness computes ρ in float32 (as AReaL); the peers' formulas here run in float64.
-    assert torch.allclose(peer, mine, rtol=1e-6, atol=1e-7), (float(peer), float(mine))
-    assert torch.allclose(g_peer, g_mine, rtol=1e-6, atol=1e-7)
+    # float64 inputs: the harness computes ρ in float64 too, so only summation order differs.
+    assert torch.allclose(peer, mine, rtol=1e-12, atol=1e-13), (float(peer), float(mine))
+    assert torch.allclose(g_peer, g_mine, rtol=1e-12, atol=1e-13)
     assert g_mine.abs().sum() > 0
 
 
@@ -334,11 +335,55 @@ def test_verl_bypass_ppo_clip_with_rs_against_current_policy():
     agree(peer, ours(lt, lb, lb, A, M, c), lt)
 
 
-def test_verl_bypass_pg_is_is_cispo_under_bypass():
+def verl_bypass_reinforce(lt, lb, A, M, level, threshold):
+    """verl bypass_mode with loss_type reinforce (verl-project/verl
+    verl/trainer/ppo/core_algos.py ``compute_policy_loss_bypass_mode`` →
+    ``compute_policy_loss_reinforce``; weights from rollout_corr_helper.py with sg(ℓθ) in the
+    place of old_log_prob): L = −A·ℓθ·ρ, token-mean over the caller's mask."""
+    rho = verl_is(lt.detach(), lb, M, level, threshold)
+    pg = -A * lt * rho
+    Mf = M.to(lt.dtype)
+    return (pg * Mf).sum() / Mf.sum().clamp(min=1)
+
+
+def test_verl_bypass_token_reinforce_is_cispo_under_bypass():
+    """verl bypass + reinforce + rollout_is=token, threshold C: the same loss and gradient as
+    cispo (ratio_max C) under preset bypass (min(exp(clamp(x, ±20)), C) = min(exp(x), C) here)."""
     lt, _, lb, A, M = data(10)
-    rho = torch.exp(lt.detach() - lb).clamp(max=1.1)
-    peer = (-A * lt * rho * M).sum() / M.sum()
+    peer = verl_bypass_reinforce(lt, lb, A, M, "token", 1.1)
     agree(peer, ours(lt, lb, lb, A, M, "bypass", loss=cispo_loss, ratio_max=1.1), lt)
+    c = Correction(bypass=True, weight="token", clip_max=1.1, log_clamp=20.0)
+    agree(
+        verl_bypass_reinforce(lt, lb, A, M, "token", 1.1),
+        ours(lt, lb, lb, A, M, c, reinforce_loss),
+        lt,
+    )
+
+
+def test_verl_bypass_pg_is_is_sequence_level():
+    """verl's ``RolloutCorrectionConfig.bypass_pg_is()`` (rollout_is="sequence", threshold 2.0,
+    loss_type reinforce): ρ_i = min(exp(clamp(Σ_t M(ℓθ − ℓb), ±20)), 2) broadcast over the row,
+    = preset bypass_pg_is under policy_loss reinforce; 200 float64 draws to 1e-12.  The token
+    form (cispo under bypass) does not equal it."""
+    g = torch.Generator().manual_seed(33)
+    capped = 0
+    for _ in range(200):
+        lt, lp, lb, A, M = _draw(g)
+        lb = lt.detach() + (lb - lp)  # the sampler drifts from the current policy
+        x = lt.detach().clone().requires_grad_(True)
+        peer = verl_bypass_reinforce(x, lb, A, M, "sequence", 2.0)
+        (g_peer,) = torch.autograd.grad(peer, x)
+        y = lt.detach().clone().requires_grad_(True)
+        mine, stats = reinforce_loss(y, lb, lb, A * M, M, correction="bypass_pg_is")
+        (g_mine,) = torch.autograd.grad(mine, y)
+        torch.testing.assert_close(mine.detach(), peer.detach(), rtol=1e-12, atol=1e-13)
+        torch.testing.assert_close(g_mine, g_peer, rtol=1e-12, atol=1e-13)
+        capped += int(stats["correction_truncated"].any())
+    assert capped > 20  # the threshold 2 binds on many draws
+    lt, _, lb, A, M = data(10)
+    lb = lb - 0.3  # rows far enough off that the sequence product exceeds 2
+    token = ours(lt, lb, lb, A, M, "bypass", loss=cispo_loss, ratio_max=2.0)
+    assert not torch.allclose(token, verl_bypass_reinforce(lt, lb, A, M, "sequence", 2.0))
 
 
 # --------------------------------------------------------------------------- SkyRL
@@ -428,3 +473,151 @@ def test_geo_mask_preset_is_skyrl_geometric_mask_defaults():
 def test_skyrl_single_corrections(kw, c):
     lt, lp, lb, A, M = data(12, B=10)
     agree(skyrl_loss(lt, lp, lb, A, M, **kw), ours(lt, lp, lb, A, M, c), lt)
+
+
+# --------------------------------------------------------------------------- TRL, called
+
+
+def _trl_call(mode, cmin, cmax, lt, lp, lb, A, M, opsm=None, loss_type="bnpo"):
+    """TRL 1.16 ``GRPOTrainer._compute_loss`` itself (loss_type bnpo, vLLM IS on), its loss and
+    d loss / d ℓθ.  TRL computes ρ inline in ``_generate_and_score_completions`` (no function to
+    call): ``_trl_ratio`` transcribes those lines (trl/trainer/grpo_trainer.py)."""
+    pytest.importorskip("trl")
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    from tests.test_objectives_trl import _TrainerStandIn
+
+    x = lt.detach().clone().requires_grad_(True)
+    s = _TrainerStandIn(loss_type, x)
+    s.args.vespo_k_pos, s.args.vespo_lambda_pos = 2.0, 3.0  # TRL's defaults
+    s.args.vespo_k_neg, s.args.vespo_lambda_neg = 3.0, 2.0
+    s.use_vllm = mode is not None
+    s.vllm_importance_sampling_correction = mode is not None
+    s.off_policy_mask_threshold = opsm
+    s.get_off_policy_mask = GRPOTrainer.get_off_policy_mask  # TRL's own static methods
+    s.get_gamma_weights = GRPOTrainer.get_gamma_weights
+    B, T = lt.shape
+    Mf = M.to(lt.dtype)
+    inputs = {
+        "prompt_ids": torch.zeros(B, 1, dtype=torch.long),
+        "prompt_mask": torch.ones(B, 1, dtype=torch.long),
+        "completion_ids": torch.zeros(B, T, dtype=torch.long),
+        "completion_mask": Mf,
+        "advantages": A[:, 0],
+        "old_per_token_logps": lp,
+        "sampling_per_token_logps": lb,
+        "num_items_in_batch": Mf.sum(),
+    }
+    if mode is not None:
+        inputs["importance_sampling_ratio"] = _trl_ratio(lp, lb, Mf, mode, cmin, cmax)
+    loss = GRPOTrainer._compute_loss(s, None, inputs)
+    loss.backward()
+    return loss.detach(), x.grad
+
+
+def _trl_ratio(lp, lb, mask, mode, cmin, cmax):
+    """TRL 1.16's vLLM IS weight, line for line (grpo_trainer.py, _generate_and_score_completions)."""
+    diff = torch.nan_to_num((lp - lb) * mask, nan=0.0)
+    if mode in ("sequence_mask", "sequence_truncate"):
+        diff = diff.sum(dim=-1, keepdim=True)
+    ratio = torch.exp(diff)
+    if mode in ("sequence_truncate", "token_truncate"):
+        return torch.clamp(ratio, min=cmin, max=cmax)
+    lo = cmin if cmin is not None else -math.inf
+    hi = cmax if cmax is not None else math.inf
+    return ratio.masked_fill((ratio < lo) | (ratio > hi), value=0.0)
+
+
+def _draw(g):
+    """One random float64 batch: shape, lengths and mismatch spread vary with the draw."""
+    B, T = int(torch.randint(2, 7, (1,), generator=g)), int(torch.randint(2, 9, (1,), generator=g))
+    spread = float(torch.rand((), generator=g, dtype=torch.float64)) * 0.6
+    lb = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3 - 0.05
+    lp = lb + spread * torch.randn(B, T, generator=g, dtype=torch.float64)
+    lt = lp + 0.1 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    M = torch.arange(T)[None] < lengths[:, None]
+    A = torch.randn(B, 1, generator=g, dtype=torch.float64).expand(B, T)
+    return lt, lp, lb, A, M
+
+
+@pytest.mark.parametrize("case", sorted(TRL_CASES))
+def test_trl_vllm_importance_sampling_called_directly_float64(case):
+    """200 random float64 draws: the harness's loss and gradient equal TRL's ``_compute_loss``
+    to ~1e-12 (ρ is computed in float64 for float64 inputs, as TRL does)."""
+    mode, cmin, cmax, c = TRL_CASES[case]
+    g = torch.Generator().manual_seed(31)
+    for _ in range(200):
+        lt, lp, lb, A, M = _draw(g)
+        want, g_want = _trl_call(mode, cmin, cmax, lt, lp, lb, A, M)
+        x = lt.detach().clone().requires_grad_(True)
+        got, _ = ppo_actor_loss(x, lp, lb, A * M, M, correction=c)
+        got.backward()
+        torch.testing.assert_close(got.detach(), want, rtol=1e-12, atol=1e-13)
+        torch.testing.assert_close(x.grad, g_want, rtol=1e-12, atol=1e-13)
+
+
+def test_trl_off_policy_mask_called_directly_float64():
+    """TRL's ``get_off_policy_mask`` (through ``_compute_loss``) against preset ``opsm`` with its
+    threshold, 200 float64 draws."""
+    import dataclasses
+
+    from harness.ppo.corrections import PRESETS
+
+    base = PRESETS["opsm"].correction
+    delta = 0.02  # small enough to drop some negative rows
+    c = dataclasses.replace(base, filters=(dataclasses.replace(base.filters[0], upper=delta),))
+    g = torch.Generator().manual_seed(32)
+    dropped = 0
+    for _ in range(200):
+        lt, lp, lb, A, M = _draw(g)
+        want, g_want = _trl_call(None, None, None, lt, lp, lb, A, M, opsm=delta)
+        x = lt.detach().clone().requires_grad_(True)
+        got, stats = ppo_actor_loss(x, lp, lb, A * M, M, correction=c)
+        got.backward()
+        dropped += int(stats["correction_masked"].any())
+        torch.testing.assert_close(got.detach(), want, rtol=1e-12, atol=1e-13)
+        torch.testing.assert_close(x.grad, g_want, rtol=1e-12, atol=1e-13)
+    assert dropped > 20  # the mask acted on many draws
+
+
+VESPO_CASES = {
+    "token_truncate": (0.8, 1.25, Correction(weight="token", clip_min=0.8, clip_max=1.25)),
+    "token_mask": (
+        0.8,
+        1.25,
+        Correction(weight="token", clip_min=0.8, clip_max=1.25, zero_outside=True),
+    ),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(VESPO_CASES))
+def test_vespo_fold_is_trls_vespo_with_vllm_is(mode):
+    """TRL's VESPO with vLLM IS (``_compute_loss`` and ``get_gamma_weights`` called): ρ folded
+    into W, no second multiplication = ``vespo.behaviour_weight: fold``; 200 float64 draws to
+    1e-12.  The default 'multiply' is another loss."""
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    from harness.ppo.objectives.vespo import vespo_loss
+
+    cmin, cmax, c = VESPO_CASES[mode]
+    g = torch.Generator().manual_seed(34)
+    differs = 0
+    for _ in range(200):
+        lt, lp, lb, A, M = _draw(g)
+        want, g_want = _trl_call(mode, cmin, cmax, lt, lp, lb, A, M, loss_type="vespo")
+        x = lt.detach().clone().requires_grad_(True)
+        got, stats = vespo_loss(x, lp, lb, A * M, M, correction=c, behaviour_weight="fold")
+        got.backward()
+        torch.testing.assert_close(got.detach(), want, rtol=1e-12, atol=1e-13)
+        torch.testing.assert_close(x.grad, g_want, rtol=1e-12, atol=1e-13)
+        phi = GRPOTrainer.get_gamma_weights(
+            advantages=A[:, :1],
+            log_ratio_per_token=lt - lp,
+            mask=M.to(lt.dtype),
+            importance_sampling_ratio=_trl_ratio(lp, lb, M.to(lt.dtype), mode, cmin, cmax),
+        )
+        torch.testing.assert_close(stats["gate"][:, :1], phi, rtol=1e-12, atol=1e-13)
+        multiplied, _ = vespo_loss(lt.detach(), lp, lb, A * M, M, correction=c)
+        differs += not torch.allclose(multiplied, got.detach(), rtol=1e-6)
+    assert differs > 150

@@ -171,7 +171,16 @@ def test_areal_export_pins_the_mapping():
     a = doc["actor"]
     assert a["eps_clip"] == 0.2 and a["c_clip"] == 3.0 and a["use_decoupled_loss"] is True
     assert a["adv_norm"]["mean_level"] == "batch" and a["adv_norm"]["std_level"] == "batch"
-    assert a["behave_imp_weight_mode"] == "token_mask" and a["behave_imp_weight_cap"] == 5.0
+    # AReaL main has no behave_imp_weight_*: the legacy mode is its rejection_sampling migration
+    assert "behave_imp_weight_mode" not in a
+    assert a["rejection_sampling"] == {
+        "level": "token",
+        "action": "mask",
+        "metric": "ratio",
+        "agg": "mean",
+        "upper": 5.0,
+        "lower": None,
+    }
     assert a["ppo_n_minibatches"] == 4 and a["optimizer"]["lr"] == 3e-4
     assert doc["rollout"]["max_head_offpolicyness"] == 2
     assert doc["gconfig"] == {

@@ -412,3 +412,82 @@ def test_best_of_a_search_is_its_best_point_with_the_seeds_spread(tmp_path):
     assert verl_overrides(out)["actor_rollout_ref.actor.clip_ratio_low"] == repr(
         top.params["ppo.eps_clip"]
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Peer versions: verl 0.9.1's GSPO aggregation, AReaL main's rejection_sampling
+
+
+def test_verl_export_names_its_version_and_gspo_aggregation():
+    """verl 0.9.1's gspo loss follows loss_agg_mode (<= 0.9.0 forced seq-mean-token-mean):
+    the export says which release it targets and writes the aggregation, the default too."""
+    for agg in ("token-mean", "seq-mean-token-mean"):
+        text = export_verl(
+            build_run_config(
+                {}, {"ppo.importance_sampling_level": "sequence", "ppo.loss_agg_mode": agg}
+            )
+        )
+        assert (
+            text.splitlines()[0]
+            == "# verl 0.9.1 overrides (keys and loss semantics of that release)"
+        )
+        kv = verl_overrides(text)
+        assert kv["actor_rollout_ref.actor.policy_loss.loss_mode"] == "gspo"
+        assert kv["actor_rollout_ref.actor.loss_agg_mode"] == agg
+        assert f"# loss_mode gspo: verl 0.9.1 aggregates it by loss_agg_mode={agg}" in text
+        assert "verl <= 0.9.0 forces seq-mean-token-mean" in text
+    plain = export_verl(build_run_config({}, {}))
+    assert plain.startswith("# verl 0.9.1 overrides") and "loss_mode gspo" not in plain
+
+
+def areal_main_accepts(rs: dict) -> bool:
+    """AReaL main's ``RejectionSamplingConfig.__post_init__`` (inclusionAI/AReaL
+    areal/api/cli_args.py), transcribed: True where it would construct, False where it raises."""
+    if set(rs) - {"level", "action", "metric", "agg", "upper", "lower"}:
+        return False
+    upper, lower = rs.get("upper", 5.0), rs.get("lower")
+    metric, action = rs.get("metric", "ratio"), rs.get("action", "mask")
+    if rs.get("level", "token") not in ("token", "sequence") or action not in ("mask", "clamp"):
+        return False
+    if metric not in ("ratio", "kl_k1", "kl_k2", "kl_k3"):
+        return False
+    if rs.get("agg", "mean") not in ("sum", "mean", "max"):
+        return False
+    if lower is not None and lower > upper:
+        return False
+    if metric == "ratio" and (upper <= 1.0 or (lower is not None and lower <= 0)):
+        return lower == 0.0 and action == "clamp" and upper > 1.0  # clamp's own default 0.0
+    if metric in ("kl_k2", "kl_k3") and upper <= 0:
+        return False
+    return not (action == "clamp" and metric != "ratio")
+
+
+@pytest.mark.parametrize(
+    "mode,cap", [("token_mask", 2.0), ("token_truncate", 5.0), ("sequence_mask", None)]
+)
+def test_areal_export_writes_legacy_modes_as_areal_mains_rejection_sampling(mode, cap):
+    over = {"ppo.use_decoupled_loss": True, "ppo.behave_imp_weight_mode": mode}
+    if cap is not None:
+        over["ppo.behave_imp_weight_cap"] = cap
+    text = export_areal(build_run_config({}, over))
+    actor = yaml.safe_load(text)["actor"]
+    assert "behave_imp_weight_mode" not in actor and "behave_imp_weight_cap" not in actor
+    rs = actor["rejection_sampling"]
+    assert areal_main_accepts(rs), rs
+    level, kind = mode.split("_")
+    assert rs["level"] == level and rs["action"] == ("mask" if kind == "mask" else "clamp")
+    assert rs["upper"] == (float("inf") if cap is None else cap)
+    assert f"# ppo.behave_imp_weight_mode={mode} (cap {cap}): AReaL main removed" in text
+
+
+def test_areal_export_comments_what_areal_main_refuses():
+    base = {"ppo.use_decoupled_loss": True}
+    kpop = {"metric": "binary_kl", "upper": 0.1}
+    text = export_areal(build_run_config({}, {**base, "ppo.rejection_sampling": kpop}))
+    assert "rejection_sampling" not in yaml.safe_load(text)["actor"]
+    assert "# ppo.rejection_sampling.metric=binary_kl: AReaL main refuses it" in text
+    assert not areal_main_accepts({"metric": "binary_kl", "upper": 0.1})
+    ok = {"level": "sequence", "metric": "kl_k3", "agg": "max", "upper": 0.5}
+    text = export_areal(build_run_config({}, {**base, "ppo.rejection_sampling": ok}))
+    rs = yaml.safe_load(text)["actor"]["rejection_sampling"]
+    assert areal_main_accepts(rs) and rs["metric"] == "kl_k3" and rs["agg"] == "max"

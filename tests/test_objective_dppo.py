@@ -198,8 +198,8 @@ def test_anchor_and_decoupled_loss_with_behaviour_weights():
     g = torch.Generator().manual_seed(5)
     lp = (lb + torch.randn(lb.shape, generator=g, dtype=F64) * 0.3).clamp(max=-1e-4)
     base = {"policy_loss": "dppo", "use_decoupled_loss": True}
-    # token_truncate with cap 2; the behaviour weight is computed in float32 (as AReaL does)
-    w = (torch.exp(lp.float() - lb.float()).clamp(max=2.0) * mask).double()
+    # token_truncate with cap 2; float64 inputs give a float64 behaviour weight
+    w = torch.exp(lp - lb).clamp(max=2.0) * mask
     for anchor, lmu in (("behaviour", lb), ("proximal", lp)):
         cfg = from_dict(
             PPOActorConfig,
@@ -265,3 +265,100 @@ def test_short_train_through_the_cli(tmp_path):
     assert_trains_through_the_cli(
         tmp_path, "ppo.policy_loss=dppo", "ppo.dppo.divergence=binary_kl", "rollout.staleness=1"
     )
+
+
+# ------------------------------------------------------------------ verl's own surrogate
+
+
+def verl_dppo(old_log_prob, log_prob, advantages, response_mask, kind, lo, hi, c):
+    """verl-project/verl verl/trainer/ppo/core_algos.py ``compute_policy_loss_dppo_tv`` /
+    ``compute_policy_loss_dppo_kl``, line for line, with agg_loss token-mean."""
+    negative_approx_kl = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+    ratio = torch.exp(negative_approx_kl)
+    truncated_ratio = torch.clamp(ratio, max=c).detach()
+    prob, old_prob = torch.exp(log_prob), torch.exp(old_log_prob)
+    if kind == "binary_tv":
+        valid_positive_mask = (prob - old_prob) <= hi
+        valid_negative_mask = (prob - old_prob) >= -lo
+    else:
+        binary_kl = old_prob * (old_log_prob - log_prob) + (1 - old_prob) * torch.log(
+            (1.0 - old_prob + 1e-8) / (1.0 - prob + 1e-8)
+        )
+        valid_positive_mask = (binary_kl <= hi) | (prob <= old_prob)
+        valid_negative_mask = (binary_kl <= lo) | (prob >= old_prob)
+    valid_mask = torch.where(advantages > 0, valid_positive_mask, valid_negative_mask)
+    valid_mask = valid_mask.detach().to(log_prob.dtype)
+    pg_losses = -advantages * truncated_ratio * log_prob * valid_mask
+    m = response_mask.to(log_prob.dtype)
+    loss = (pg_losses * m).sum() / m.sum().clamp(min=1)
+    lower = ((ratio > c).to(m.dtype) * valid_mask * m).sum() / m.sum()
+    return loss, lower
+
+
+@pytest.mark.parametrize("kind", ["binary_tv", "binary_kl"])
+def test_truncated_is_is_verls_dppo_loss_and_gradient(kind):
+    """200 float64 draws: surrogate truncated_is with ratio_cap c, anchor proximal, equals
+    verl's dppo_tv / dppo_kl (loss, gradient and pg_clipfrac_lower) to 1e-12; surrogate ratio
+    has another loss value."""
+    g = torch.Generator().manual_seed(35)
+    capped = dropped = differs = 0
+    for _ in range(200):
+        B, T = (
+            int(torch.randint(2, 6, (1,), generator=g)),
+            int(torch.randint(2, 8, (1,), generator=g)),
+        )
+        lp = torch.log(torch.rand(B, T, generator=g, dtype=F64) * 0.98 + 0.01)
+        lb = lp + 0.3 * torch.randn(B, T, generator=g, dtype=F64)
+        # log-probs stay below 0 (a probability above 1 has no binary KL)
+        lt = (lp + torch.randn(B, T, generator=g, dtype=F64) * 1.2).clamp(max=-1e-3)
+        adv = torch.randn(B, T, generator=g, dtype=F64)
+        mask = torch.rand(B, T, generator=g) < 0.8
+        mask[:, 0] = True
+        lo, hi, c = (0.2, 0.25, 1.5) if kind == "binary_tv" else (0.05, 0.08, 1.5)
+        x = lt.clone().requires_grad_(True)
+        want, lower = verl_dppo(lp, x, adv, mask, kind, lo, hi, c)
+        (g_want,) = torch.autograd.grad(want, x)
+        y = lt.clone().requires_grad_(True)
+        kw = dict(divergence=kind, delta_low=lo, delta_high=hi, anchor="proximal")
+        got, st = dppo_loss(y, lp, lb, adv, mask, surrogate="truncated_is", ratio_cap=c, **kw)
+        (g_got,) = torch.autograd.grad(got, y)
+        torch.testing.assert_close(got, want.detach(), rtol=1e-12, atol=1e-13)
+        torch.testing.assert_close(g_got, g_want, rtol=1e-12, atol=1e-13)
+        frac = float(st["reweighted_mask"].sum()) / float(mask.sum())
+        assert frac == pytest.approx(float(lower), abs=1e-12)
+        capped += int(st["reweighted_mask"].any())
+        dropped += int(st["silenced_mask"].any())
+        ratio, _ = dppo_loss(lt, lp, lb, adv, mask, **kw)
+        differs += not torch.allclose(ratio, got.detach())
+    assert capped > 50 and dropped > 50  # both the cap and the trust region act
+    assert differs > 150  # the loss values differ unless every token is dropped
+
+
+def test_truncated_is_cap_defaults_to_verls_actor_default():
+    lt, lmu, adv, m = golden_inputs()
+    a, _ = dppo_loss(lt, lmu, lmu, adv, m, surrogate="truncated_is")
+    b, _ = dppo_loss(lt, lmu, lmu, adv, m, surrogate="truncated_is", ratio_cap=3.0)
+    assert a.item() == b.item()
+
+
+def test_ratio_cap_without_truncated_is_is_one_line():
+    with pytest.raises(ConfigError) as err:
+        build_run_config({}, {"ppo.policy_loss": "dppo", "ppo.dppo.ratio_cap": 5.0})
+    assert "dppo.ratio_cap means nothing with dppo.surrogate 'ratio'" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_verl_export_says_which_dppo_surrogate():
+    from harness.sweep.export import export_verl
+
+    A = "actor_rollout_ref.actor"
+    over = {"ppo.policy_loss": "dppo", "ppo.dppo.delta_low": 0.1, "ppo.dppo.delta_high": 0.3}
+    text = export_verl(build_run_config({}, {**over, "ppo.dppo.surrogate": "truncated_is"}))
+    lines = [x for x in text.splitlines() if not x.startswith("#")]
+    assert f"{A}.clip_ratio_low=0.1" in lines and f"{A}.clip_ratio_high=0.3" in lines
+    assert f"{A}.clip_ratio_c=3.0" in lines and f"{A}.policy_loss.loss_mode=dppo_tv" in lines
+    assert len({x.split("=")[0] for x in lines}) == len(lines)  # every key once
+    assert "surrogate=ratio" not in text and "c_clip null" not in text
+    text = export_verl(build_run_config({}, over))
+    assert f"{A}.clip_ratio_c=1e9" in text.splitlines()
+    assert "# ppo.dppo.surrogate=ratio: verl's dppo loss is −A·sg(min(r, clip_ratio_c))" in text

@@ -17,16 +17,17 @@ from harness.core.configtools import ConfigError, field_defaults, from_dict, met
 from harness.metrics import markdown
 from harness.ppo import PPOActorConfig
 from harness.ppo.objectives import OBJECTIVES, Options, Terms, objective_loss, register
-from harness.ppo.objectives.docs import metrics_markdown, objectives_markdown
+from harness.ppo.objectives.docs import metrics_markdown, objectives_markdown, objectives_page
 from harness.ppo.objectives.registry import lookup, renamed_keys, unregister
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_readme_table_is_generated_from_the_registry():
-    assert objectives_markdown() in (ROOT / "README.md").read_text(), (
-        "regenerate with python -m harness.ppo.objectives readme"
+def test_objectives_page_is_generated_from_the_registry():
+    assert (ROOT / "docs" / "objectives.md").read_text() == objectives_page(), (
+        "regenerate with python -m harness.ppo.objectives objectives > docs/objectives.md"
     )
+    assert objectives_markdown() in objectives_page()
     assert (ROOT / "docs" / "metrics.md").read_text() == metrics_markdown()
 
 

@@ -264,7 +264,7 @@ def test_decoupled_loss_takes_w_against_the_proximal_policy_times_the_behaviour_
         },
     )
     got, st = objective_loss(cfg, lt, lp, lb, adv, mask)
-    w = (torch.exp(lp.float() - lb.float()).clamp(max=1.5) * mask).double()
+    w = torch.exp(lp - lb).clamp(max=1.5) * mask  # float64 inputs: a float64 weight
     phi = trl_gamma(adv, lt - lp, mask.to(F64))
     want = (torch.where(mask, -phi * adv * lt, 0.0) * w).sum() / mask.sum()
     assert got.item() == pytest.approx(want.item(), rel=1e-6)
@@ -350,3 +350,33 @@ def test_bad_vespo_options_are_one_line(over, msg):
 
 def test_short_train_through_the_cli(tmp_path):
     assert_trains_through_the_cli(tmp_path, "ppo.policy_loss=vespo", "rollout.staleness=1")
+
+
+@pytest.mark.parametrize(
+    "correction", [None, {"weight": "sequence_product", "clip_max": 2.0}, "opsm"]
+)
+def test_fold_without_a_token_weight_is_one_line(correction):
+    over = {"ppo.policy_loss": "vespo", "ppo.vespo.behaviour_weight": "fold"}
+    over |= {"ppo.use_decoupled_loss": True, "ppo.correction": correction}
+    with pytest.raises(ConfigError) as err:
+        build_run_config({}, over)
+    msg = str(err.value)
+    assert "ppo.vespo.behaviour_weight 'fold'" in msg or "vespo.behaviour_weight 'fold'" in msg
+    assert "weight 'token'" in msg and "\n" not in msg
+
+
+def test_trl_export_says_which_vespo_composition_the_cell_uses():
+    from harness.sweep.export import export_trl
+
+    over = {
+        "ppo.policy_loss": "vespo",
+        "ppo.use_decoupled_loss": True,
+        "ppo.correction": {"weight": "token", "clip_min": 0.5, "clip_max": 2.0},
+    }
+    folded = export_trl(build_run_config({}, {**over, "ppo.vespo.behaviour_weight": "fold"}))
+    assert "# ppo.vespo.behaviour_weight=fold: TRL's own VESPO composition" in folded
+    assert "vllm_importance_sampling_mode='token_truncate'" in folded
+    multiplied = export_trl(build_run_config({}, over))
+    assert "# ppo.vespo.behaviour_weight: not expressible in TRL (TRL's VESPO folds ρ" in multiplied
+    assert "Set fold for TRL's composition" in multiplied
+    assert "behaviour_weight=fold" not in multiplied

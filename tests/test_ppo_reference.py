@@ -221,7 +221,7 @@ def test_loss_matches_naive(case):
         behave_imp_weight_cap=cap,
         importance_sampling_level=level,
     )
-    # behaviour weights are computed in float32, as AReaL does
+    # float64 inputs: the behaviour weights are float64 too (bf16 / float32 ones: float32)
     assert loss.item() == pytest.approx(expected, rel=1e-5, abs=1e-7)
     got_tok = torch.where(torch.tensor(m), st["loss"], torch.zeros(()))
     torch.testing.assert_close(got_tok, tt(per_tok), rtol=1e-5, atol=1e-7)

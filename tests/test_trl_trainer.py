@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.config import ConfigError, build_run_config
-from harness.config.trl_map import TRL_MAPPING, grpo_kwargs, markdown, trl_problems
+from harness.config.trl_map import TRL_MAPPING, grpo_kwargs, markdown, page, trl_problems
 from harness.metrics import STEP_METRICS
 from harness.run.tracked import tracked_run
 from harness.run.trainers import train
@@ -214,9 +214,10 @@ def test_cli_refuses_with_one_line_and_exit_2(command, tmp_path):
     assert not (results / "mlflow.db").exists() and not (results / "optuna-journal.log").exists()
 
 
-def test_mapping_table_is_in_the_readme():
-    readme = (ROOT / "README.md").read_text()
-    assert markdown() in readme, "regenerate with python -m harness.config.trl_map"
+def test_mapping_page_is_generated_from_the_table():
+    text = (ROOT / "docs" / "trl-mapping.md").read_text()
+    assert text == page(), "regenerate with python -m harness.config.trl_map > docs/trl-mapping.md"
+    assert markdown() in text
     assert {m.kind for m in TRL_MAPPING} <= {"exact", "approx", "must", "none"}
 
 

@@ -1,6 +1,6 @@
 """How a harness ``RunConfig`` becomes TRL 1.16 ``GRPOConfig`` arguments — the mapping as data.
 
-``TRL_MAPPING`` is the table the README prints (``python -m harness.config.trl_map`` writes it):
+``TRL_MAPPING`` is the table of ``docs/trl-mapping.md`` (``python -m harness.config.trl_map`` writes it):
 one row per harness option with the ``GRPOConfig`` field it becomes and how faithful that is:
 
     exact      same math (up to float rounding)
@@ -329,7 +329,31 @@ def _correction_problems(p: Any) -> list[tuple[str, str]]:
     kw, problems = trl_settings(c)
     if any(k.startswith("vllm_") for k in kw):
         problems.append(("ppo.correction.weight", VLLM_ONLY))
+        if getattr(p, "policy_loss", "ppo") == "vespo":
+            problems += _vespo_composition_problems(p, kw)
     return problems
+
+
+def _vespo_composition_problems(p: Any, kw: dict[str, Any]) -> list[tuple[str, str]]:
+    """TRL's VESPO folds its vLLM weight ρ into W and refuses sequence-level ρ."""
+    out = []
+    if not str(kw["vllm_importance_sampling_mode"]).startswith("token"):
+        out.append(
+            (
+                "ppo.correction.weight",
+                "TRL's VESPO takes only token_truncate / token_mask weights (folded into W)",
+            )
+        )
+    if p.vespo.behaviour_weight != "fold":
+        out.append(
+            (
+                "ppo.vespo.behaviour_weight",
+                "TRL's VESPO folds ρ into W (log W += Σ_t clamp(log ρ_t, log 1e-8, 20)) and does "
+                "not multiply the loss by ρ; this cell multiplies (W against π_prox only). Set "
+                "fold for TRL's composition",
+            )
+        )
+    return out
 
 
 def trl_problems(cfg: Any) -> list[tuple[str, str]]:
@@ -542,5 +566,17 @@ def markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def page() -> str:
+    """``docs/trl-mapping.md``: the table with a heading and how to regenerate it."""
+    return (
+        f"# The harness → TRL {TRL_VERSION} `GRPOConfig` mapping\n\n"
+        "Generated from `harness/config/trl_map.py` (regenerate with "
+        "`python -m harness.config.trl_map > docs/trl-mapping.md`).  `trainer: trl` refuses "
+        "a `none` option, and a `must` option outside its expressible values, in one line; "
+        "`harness export --to trl` writes what is expressible and a `#` comment for the rest."
+        "\n\n" + markdown()
+    )
+
+
 if __name__ == "__main__":
-    print(markdown(), end="")
+    print(page(), end="")

@@ -221,6 +221,13 @@ class PPOActorConfig:
                     "correction.bypass needs use_decoupled_loss=false and "
                     "recompute_logprob=false (bypass means no proximal recompute)"
                 )
+        vespo = getattr(self, "vespo", None)
+        if self.policy_loss == "vespo" and vespo is not None and vespo.behaviour_weight == "fold":
+            if c is None or c.weight != "token":
+                raise ValueError(
+                    "vespo.behaviour_weight 'fold' folds a per-token ρ into W: it needs "
+                    "correction with weight 'token' (TRL's token_truncate / token_mask)"
+                )
         weighting = self.behave_imp_weight_mode != "disabled" or self.rejection_sampling is not None
         weighting = weighting or (c is not None and "proximal" in c.references())
         if weighting and not self.use_decoupled_loss:

@@ -30,6 +30,7 @@ from harness.config.trl_map import VLLM_ONLY, approximations, grpo_kwargs, trl_p
 from harness.core.configtools import ConfigError, to_dict
 from harness.ppo.corrections import resolve
 from harness.ppo.corrections.peers import verl_settings
+from harness.ppo.loss import legacy_to_rejection_sampling
 from harness.ppo.objectives import lookup
 from harness.sweep.cell_choice import best_to_export, resolve_cell
 
@@ -37,6 +38,9 @@ if TYPE_CHECKING:
     pass
 
 TARGETS = ("trl", "verl", "areal")
+# The verl release the overrides are written for: keys and loss semantics move between releases
+# (0.9.1's gspo follows loss_agg_mode; up to 0.9.0 it forced seq-mean-token-mean).
+VERL_VERSION = "0.9.1"
 
 
 def one_line(text: Any) -> str:
@@ -105,6 +109,14 @@ def export_trl(cfg: RunConfig) -> str:
             )
         )
     lines += [comment(f"approximate: {a}") for a in approximations(cfg)]
+    p = cfg.ppo
+    if p.policy_loss == "vespo" and getattr(p, p.policy_loss).behaviour_weight == "fold":
+        lines.append(
+            comment(
+                "ppo.vespo.behaviour_weight=fold: TRL's own VESPO composition (ρ folded into W, "
+                "log W += Σ_t clamp(log ρ_t, log 1e-8, 20); the loss is not multiplied by ρ)"
+            )
+        )
     kw = grpo_kwargs(cfg, strict=False)
     use_cpu, note = _trl_use_cpu(cfg)
     kw["use_cpu"] = use_cpu
@@ -236,11 +248,19 @@ def _verl_policy_loss(p: Any, A: str) -> tuple[list[tuple[str, Any]], list[str]]
     """verl's ``policy_loss.loss_mode`` and the objective's options, from its declaration."""
     o = lookup(p.policy_loss)
     peer = o.verl
+    c = resolve(p.correction)
+    if o.name == "reinforce" and c is not None and c.bypass:
+        # verl's bypass_mode loss replaces loss_mode; REINFORCE there is chosen by
+        # algorithm.rollout_correction.loss_type (written with the correction).
+        return [], []
     if peer is None:
         return [], [f"# ppo.policy_loss={o.name}: verl has no loss_mode for it"]
     options = getattr(p, o.name, None)
     mode = peer.name_for(p.importance_sampling_level, options)
     kv: list[tuple[str, Any]] = [(f"{A}.policy_loss.loss_mode", mode)]
+    if o.name == "dppo":
+        dppo_kv, dppo_notes = _verl_dppo(p, A)
+        return kv + dppo_kv, dppo_notes
     if peer.options is None:
         why = (
             peer.note
@@ -253,6 +273,30 @@ def _verl_policy_loss(p: Any, A: str) -> tuple[list[tuple[str, Any]], list[str]]
         for ours, theirs in peer.options.items()
     ]
     return kv, []
+
+
+def _verl_dppo(p: Any, A: str) -> tuple[list[tuple[str, Any]], list[str]]:
+    """verl's dppo_tv / dppo_kl read δ from actor.clip_ratio_low/high and truncate r at
+    actor.clip_ratio_c: those keys carry DPPO's own values (they replace the PPO-clip ones)."""
+    o = p.dppo
+    lo, hi = o.deltas()
+    kv: list[tuple[str, Any]] = [(f"{A}.clip_ratio_low", lo), (f"{A}.clip_ratio_high", hi)]
+    notes = []
+    if o.surrogate == "truncated_is":
+        kv.append((f"{A}.clip_ratio_c", o.cap()))
+    else:
+        kv.append((f"{A}.clip_ratio_c", 1e9))
+        notes.append(
+            "# ppo.dppo.surrogate=ratio: verl's dppo loss is −A·sg(min(r, clip_ratio_c))·log π; "
+            "with clip_ratio_c=1e9 its gradient equals this cell's −A·r, its loss value does "
+            "not (set ppo.dppo.surrogate truncated_is for verl's surrogate)"
+        )
+    if o.anchor == "behaviour" and p.use_decoupled_loss:
+        notes.append(
+            "# ppo.dppo.anchor=behaviour: verl anchors DPPO at old_log_prob (π_prox under the "
+            "decoupled loss); set ppo.dppo.anchor proximal for verl's"
+        )
+    return kv, notes
 
 
 def _verl_stability(cfg: RunConfig) -> tuple[list[tuple[str, Any]], list[str]]:
@@ -313,14 +357,25 @@ def export_verl(cfg: RunConfig) -> str:
         kv.append((f"{A}.clip_ratio_c", p.c_clip))
     else:  # verl's vanilla loss always applies the dual clip; a huge c switches it off
         kv.append((f"{A}.clip_ratio_c", 1e9))
-        notes.append("# ppo.c_clip null: verl always dual-clips; clip_ratio_c=1e9 disables it")
+        if p.policy_loss != "dppo":  # DPPO writes its own clip_ratio_c (its truncation cap)
+            notes.append("# ppo.c_clip null: verl always dual-clips; clip_ratio_c=1e9 disables it")
     kv_loss, loss_notes = _verl_policy_loss(p, A)
-    kv += kv_loss
+    # An objective may give actor keys their own meaning (DPPO's δ in clip_ratio_*): its value
+    # replaces the PPO-clip one in place, so every key is written once.
+    own = dict(kv_loss)
+    kv = [(k, own.pop(k)) if k in own else (k, v) for k, v in kv]
+    kv += list(own.items())
     notes += loss_notes
     if p.loss_agg_mode == "prompt-mean":
         notes.append("# ppo.loss_agg_mode=prompt-mean: verl has no prompt-level loss_agg_mode")
     else:
         kv.append((f"{A}.loss_agg_mode", p.loss_agg_mode))
+        if (f"{A}.policy_loss.loss_mode", "gspo") in kv_loss:
+            notes.append(
+                f"# loss_mode gspo: verl {VERL_VERSION} aggregates it by loss_agg_mode="
+                f"{p.loss_agg_mode} (written below); verl <= 0.9.0 forces seq-mean-token-mean "
+                "whatever loss_agg_mode says"
+            )
     stab_kv, stab_notes = _verl_stability(cfg)
     kv += stab_kv
     notes += stab_notes
@@ -417,6 +472,7 @@ def export_verl(cfg: RunConfig) -> str:
         notes.append("# ppo.reward_scaling / reward_bias: verl has no reward shaping option")
     where = {"actor_rollout_ref.model.target_modules": "model_options.lora.target_modules"}
     out = [_override(k, _typed(v), where.get(k, k)) for k, v in kv]
+    notes.insert(0, f"# verl {VERL_VERSION} overrides (keys and loss semantics of that release)")
     return "\n".join([comment(n.removeprefix("# ")) for n in notes] + out) + "\n"
 
 
@@ -494,11 +550,10 @@ def export_areal(cfg: RunConfig) -> str:
             "# ppo.correction: AReaL's actor has rejection_sampling only (the harness's "
             "ppo.rejection_sampling is that setting); not mapped"
         )
-    if p.rejection_sampling is not None:
-        actor["rejection_sampling"] = to_dict(p.rejection_sampling)
-    elif p.behave_imp_weight_mode != "disabled":
-        actor["behave_imp_weight_mode"] = p.behave_imp_weight_mode
-        actor["behave_imp_weight_cap"] = p.behave_imp_weight_cap
+    rs, rs_notes = _areal_rejection_sampling(p)
+    if rs is not None:
+        actor["rejection_sampling"] = rs
+    notes += rs_notes
     if o.warmup_steps:
         notes.append(
             f"# optim.warmup_steps={o.warmup_steps}: AReaL takes a proportion "
@@ -538,6 +593,36 @@ def export_areal(cfg: RunConfig) -> str:
     body = yaml.safe_dump(doc, sort_keys=False)
     lines = [comment(n.removeprefix("# ")) for n in notes]
     return "\n".join(lines) + ("\n" if lines else "") + body
+
+
+# What AReaL main's RejectionSamplingConfig.__post_init__ accepts as metric (binary_kl, KPop,
+# is implemented there but missing from this list, so a config naming it fails at load).
+AREAL_RS_METRICS = ("ratio", "kl_k1", "kl_k2", "kl_k3")
+
+
+def _areal_rejection_sampling(p: Any) -> tuple[dict[str, Any] | None, list[str]]:
+    """``actor.rejection_sampling`` as AReaL main takes it.  AReaL main removed
+    ``behave_imp_weight_mode`` / ``_cap``: a legacy mode is written as AReaL's own migration
+    of it; a block AReaL would refuse is a comment, not a key."""
+    if p.rejection_sampling is not None:
+        rs = to_dict(p.rejection_sampling)
+        if rs["metric"] not in AREAL_RS_METRICS:
+            return None, [
+                f"# ppo.rejection_sampling.metric={rs['metric']}: AReaL main refuses it "
+                f"(RejectionSamplingConfig accepts metric {', '.join(AREAL_RS_METRICS)}); not "
+                f"written: rejection_sampling: {rs}"
+            ]
+        return rs, []
+    if p.behave_imp_weight_mode == "disabled":
+        return None, []
+    legacy = legacy_to_rejection_sampling(p.behave_imp_weight_mode, p.behave_imp_weight_cap)
+    assert legacy is not None
+    return to_dict(legacy), [
+        f"# ppo.behave_imp_weight_mode={p.behave_imp_weight_mode} (cap "
+        f"{p.behave_imp_weight_cap}): AReaL main removed behave_imp_weight_mode/_cap; written as "
+        "the rejection_sampling AReaL migrates it to (the legacy mode kept dropped tokens in "
+        "the loss mask with weight 0: only importance_sampling_level sequence can tell)"
+    ]
 
 
 def _areal_stability(cfg: RunConfig, actor: dict[str, Any]) -> list[str]:

@@ -43,9 +43,10 @@ def _zeros_like(x: torch.Tensor) -> torch.Tensor:
 
 
 def _wide(x: torch.Tensor) -> torch.Tensor:
-    """float32, as AReaL computes its behaviour weights (bf16 log-probs are widened; the weight
-    is then multiplied into a loss of the log-probs' own dtype)."""
-    return x.detach().float()
+    """The inputs' own precision, never below float32: bf16/fp16 log-probs are widened to
+    float32 (as AReaL computes its behaviour weights), float64 ones stay float64 (narrowing them
+    would put a ~1e-7 relative error on ρ that no peer has)."""
+    return x.detach().to(torch.promote_types(x.dtype, torch.float32))
 
 
 def log_weight(ref: torch.Tensor, behave: torch.Tensor) -> torch.Tensor:

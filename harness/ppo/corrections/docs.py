@@ -91,8 +91,11 @@ def markdown() -> str:
         "| verl stacked `rollout_rs=a,b` | one filter per option (AND) |",
         "| verl Geo-RS-Token-TIS | `{weight: token, clip_max: C, log_clamp: 20, filters: "
         "[{level: sequence, metric: k1, agg: mean, ...}], denominator: post}` |",
-        "| verl `bypass_pg_is` (reinforce, token TIS C) | `ppo.policy_loss: cispo`, "
-        "`ppo.cispo.ratio_max: C`, `ppo.correction: bypass` |",
+        "| verl `bypass_pg_is` (bypass, reinforce, sequence TIS 2.0) | preset `bypass_pg_is` "
+        "with `ppo.policy_loss: reinforce` |",
+        "| verl bypass + reinforce + `rollout_is=token`, threshold C | `ppo.policy_loss: "
+        "reinforce`, `{bypass: true, weight: token, clip_max: C, log_clamp: 20}` (the same "
+        "gradient as `ppo.policy_loss: cispo`, `ratio_max: C`, `correction: bypass`) |",
         "| SkyRL outlier (low, high) | `sequential: true`, filters `{level: sequence, agg: max, "
         "upper: high}`, `{level: sequence, agg: min, lower: low}` first |",
         "| SkyRL token mask [low, high] | filter `{level: token, lower: low, upper: high}` |",
@@ -117,8 +120,13 @@ def markdown() -> str:
         "",
         "`harness export --to trl` writes `vllm_importance_sampling_{correction,mode,clip_min,"
         "clip_max}` (TRL applies them only with a vLLM sampler) and `off_policy_mask_threshold`; "
-        "`--to verl` writes `algorithm.rollout_correction.*`.  What a target cannot express is "
-        "a `#` comment naming the field.  `trainer: trl` runs `opsm` (TRL's "
+        "`--to verl` writes `algorithm.rollout_correction.*` (under `bypass`, also its "
+        "`loss_type`: `ppo_clip` for `ppo.policy_loss: ppo`, `reinforce` for "
+        "`ppo.policy_loss: reinforce`; verl's bypass mode runs no other loss).  Under "
+        "`ppo.policy_loss: vespo` TRL folds ρ into VESPO's sequence weight instead of "
+        "multiplying the loss by it: `ppo.vespo.behaviour_weight: fold` is that composition, "
+        "the default `multiply` is named in the TRL export as not TRL's.  What a target cannot "
+        "express is a `#` comment naming the field.  `trainer: trl` runs `opsm` (TRL's "
         "`off_policy_mask_threshold`); any other correction is refused there in one line "
         "(TRL's IS weights need a separate vLLM sampler).",
     ]

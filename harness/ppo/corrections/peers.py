@@ -125,9 +125,24 @@ def verl_settings(
         return kv, problems
     if c.bypass:
         kv.append((f"{A}.bypass_mode", True))
-        if policy_loss == "ppo" and c.weight != "none":
+        # verl's bypass_mode loss dispatches on rollout_correction.loss_type: PPO-clip (no IS
+        # weight) or REINFORCE −A·sg(ρ)·ℓθ; no other objective runs there.
+        if policy_loss == "reinforce":
+            kv.append((f"{A}.loss_type", "reinforce"))
+        elif policy_loss == "ppo":
+            kv.append((f"{A}.loss_type", "ppo_clip"))
+            if c.weight != "none":
+                problems.append(
+                    (f"{F}.weight", "verl's bypass ppo_clip applies no IS weight (use weight none)")
+                )
+        else:
             problems.append(
-                (f"{F}.weight", "verl's bypass ppo_clip applies no IS weight (use weight none)")
+                (
+                    f"{F}.bypass",
+                    f"verl's bypass_mode loss is ppo_clip or reinforce, not {policy_loss} (cispo "
+                    "with ratio_max C and no weight is policy_loss reinforce with {weight: token, "
+                    "clip_max: C, log_clamp: 20})",
+                )
             )
     if c.weight == "sequence_geometric":
         problems.append(

@@ -56,6 +56,19 @@ def objectives_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def objectives_page() -> str:
+    """``docs/objectives.md`` (``python -m harness.ppo.objectives objectives``): the table with
+    a heading and how to regenerate it."""
+    return (
+        "# Policy objectives (`ppo.policy_loss`)\n\n"
+        "Generated from `harness/ppo/objectives/` (regenerate with "
+        "`python -m harness.ppo.objectives objectives > docs/objectives.md`).  Each objective's "
+        "options are `ppo.<objective>.<option>`; an option of an objective that is not selected "
+        "must stay at its default.  Corrections (`ppo.correction`, docs/corrections.md) "
+        "compose with every objective.\n\n" + objectives_markdown()
+    )
+
+
 _COMMON = ("policy/silenced_frac", "policy/reweighted_frac")
 
 

@@ -12,7 +12,9 @@ from harness.ppo.objectives import registry as R
 # SkyRL's bounds: 0.2 for the total variation, 0.05 recommended for the KL.
 DEFAULT_DELTA = {"binary_tv": 0.2, "binary_kl": 0.05}
 _EPS = 1e-8  # inside the binary KL's (1 − p) logs, as in the peers
-_LOG_RATIO_CLAMP = 20.0  # SkyRL clamps ℓθ − ℓμ to ±20 before the exp
+_LOG_RATIO_CLAMP = 20.0  # SkyRL and verl clamp ℓθ − ℓμ to ±20 before the exp
+# verl's actor config sets clip_ratio_c 3.0 (its dppo code falls back to 20 only without the key).
+DEFAULT_RATIO_CAP = 3.0
 
 
 @dataclass(frozen=True)
@@ -41,13 +43,39 @@ class DPPOOptions(R.Options):
         "old_log_prob under use_decoupled_loss).",
     )
 
+    surrogate: Literal["ratio", "truncated_is"] = R.option(
+        "ratio",
+        "DPPO: the loss on kept tokens: ratio = −A·r (SkyRL, prime-rl; the gradient flows "
+        "through r), truncated_is = −A·sg(min(r, ratio_cap))·log π (verl's dppo_tv / dppo_kl; "
+        "the same gradient while r <= ratio_cap, a different loss value).",
+    )
+    ratio_cap: float | None = R.option(
+        None,
+        "DPPO: the cap c of surrogate truncated_is (verl's actor.clip_ratio_c); null = 3.0, "
+        "verl's actor default.  Only with surrogate truncated_is.",
+        gt=0,
+    )
+
     def check(self) -> None:
+        if self.surrogate not in ("ratio", "truncated_is"):
+            raise ValueError(
+                f"dppo.surrogate must be one of ratio, truncated_is; got {self.surrogate!r}"
+            )
+        if self.surrogate == "ratio" and self.ratio_cap is not None:
+            raise ValueError(
+                "dppo.ratio_cap means nothing with dppo.surrogate 'ratio' (it caps "
+                "truncated_is); leave it at null"
+            )
         if self.divergence not in DEFAULT_DELTA:
             raise ValueError(
                 f"dppo.divergence must be one of binary_tv, binary_kl; got {self.divergence!r}"
             )
         if self.anchor not in ("behaviour", "proximal"):
             raise ValueError(f"dppo.anchor must be one of behaviour, proximal; got {self.anchor!r}")
+
+    def cap(self) -> float:
+        """c of surrogate truncated_is (verl's clip_ratio_c, 3.0 in its actor config)."""
+        return DEFAULT_RATIO_CAP if self.ratio_cap is None else self.ratio_cap
 
     def deltas(self) -> tuple[float, float]:
         """(δ_low, δ_high), the divergence's default where null."""
@@ -73,7 +101,8 @@ def binary_kl(
     options=DPPOOptions,
     stats={
         "policy/silenced_frac": "tokens outside the trust region (dropped)",
-        "policy/reweighted_frac": "0",
+        "policy/reweighted_frac": "kept tokens with r > ratio_cap under surrogate truncated_is "
+        "(verl's pg_clipfrac_lower); 0 under ratio",
         "policy/clipfrac": "tokens outside the trust region (SkyRL's clip_ratio)",
         "policy/clipfrac_low": "dropped tokens with A < 0 (prime-rl's is_masked_low)",
         "policy/clipfrac_high": "dropped tokens with A > 0 (prime-rl's is_masked_high)",
@@ -83,8 +112,9 @@ def binary_kl(
         "dppo_tv",
         options=None,
         by_option=("divergence", {"binary_tv": "dppo_tv", "binary_kl": "dppo_kl"}),
-        note="verl reuses actor.clip_ratio_low/high as δ_low/δ_high and anchors at "
-        "old_log_prob: ppo.dppo.anchor proximal under use_decoupled_loss",
+        note="verl reuses actor.clip_ratio_low/high as δ_low/δ_high and clip_ratio_c as the "
+        "truncated_is cap, and anchors at old_log_prob: ppo.dppo.anchor proximal under "
+        "use_decoupled_loss",
     ),
 )
 def dppo_terms(p: R.PolicyInputs, o: DPPOOptions, ctx: R.Context) -> R.Terms:
@@ -96,7 +126,9 @@ def dppo_terms(p: R.PolicyInputs, o: DPPOOptions, ctx: R.Context) -> R.Terms:
         D = p_μ(ℓμ − ℓθ) + (1 − p_μ)·log((1 − p_μ + 1e-8)/(1 − p_θ + 1e-8))
         binary_tv: drop ⇔ (A > 0 ∧ d > δ_high) ∨ (A < 0 ∧ d < −δ_low)
         binary_kl: drop ⇔ (A > 0 ∧ d > 0 ∧ D > δ_high) ∨ (A < 0 ∧ d < 0 ∧ D > δ_low)
-        r = exp(clamp(ℓθ − ℓμ, −20, 20));  L = −A·r on kept tokens, 0 on dropped ones
+        r = exp(clamp(ℓθ − ℓμ, −20, 20))
+        surrogate ratio:        L = −A·r on kept tokens, 0 on dropped ones
+        surrogate truncated_is: L = −A·sg(min(r, c))·ℓθ on kept tokens, 0 on dropped ones
                                                     then ·w and ``loss_agg_mode``
 
     A move toward the advantage's sign is bounded; a move away from it never drops a token
@@ -110,15 +142,19 @@ def dppo_terms(p: R.PolicyInputs, o: DPPOOptions, ctx: R.Context) -> R.Terms:
     bounds 0.2, without the ±20 clamp (equal unless |ℓθ − ℓb| > 20) and with a separate
     ``kl_tau``·(ℓθ − ℓb)² term (not here).  verl ``loss_mode: dppo_tv | dppo_kl`` anchors at
     ``old_log_prob`` = ``anchor: proximal`` under ``use_decoupled_loss`` (in verl's bypass mode
-    and here without the decoupled loss, ℓp = ℓb and both anchors agree); its surrogate
-    −A·sg(min(r, c))·ℓθ has the same gradient as this one while r ≤ c (``clip_ratio_c``, 3.0),
-    but a different value, and verl sends A = 0 tokens down the A < 0 branch (their loss is 0
+    and here without the decoupled loss, ℓp = ℓb and both anchors agree); its surrogate is
+    ``truncated_is`` with c = ``clip_ratio_c`` (verl-project/verl
+    ``verl/trainer/ppo/core_algos.py`` ``compute_policy_loss_dppo_tv`` / ``_kl``:
+    ``pg_losses = -advantages * clamp(ratio, max=clip_ratio_c).detach() * log_prob *
+    valid_mask``; 3.0 in verl's actor config), whose gradient equals ``ratio``'s while r ≤ c
+    but whose value differs; verl sends A = 0 tokens down the A < 0 branch (their loss is 0
     either way, only the drop count differs).  With ``anchor: behaviour`` and a behaviour weight
     (``behave_imp_weight_mode`` / ``rejection_sampling``) π_prox/π_behave is counted twice, as
     SkyRL warns for its own corrections.
 
     Stats: ``clip_mask`` = ``silenced_mask`` = the dropped valid tokens (``clip_low_mask`` with
-    A < 0, ``clip_high_mask`` with A > 0); nothing is re-weighted.
+    A < 0, ``clip_high_mask`` with A > 0); ``reweighted_mask`` = kept tokens with r > c under
+    ``truncated_is`` (verl's ``pg_clipfrac_lower``), none under ``ratio``.
     """
     lo, hi = o.deltas()
     anchor = (p.old if o.anchor == "behaviour" else p.prox).detach()
@@ -137,8 +173,14 @@ def dppo_terms(p: R.PolicyInputs, o: DPPOOptions, ctx: R.Context) -> R.Terms:
             kl = binary_kl(p_mu, p_theta, l_mu, l_theta)
             drop = (pos & (d > 0) & (kl > hi)) | (neg & (d < 0) & (kl > lo))
         drop = drop & p.m
-    pg = torch.where(drop, p.zero, -p.adv * r)
-    return R.Terms(pg, clip_mask=drop, silenced=drop)
+    if o.surrogate == "ratio":
+        pg = torch.where(drop, p.zero, -p.adv * r)
+        return R.Terms(pg, clip_mask=drop, silenced=drop)
+    r_hat = r.detach().clamp(max=o.cap())
+    lt = torch.where(p.m, p.logprobs, p.zero)
+    pg = torch.where(drop, p.zero, -p.adv * r_hat * lt)
+    capped = (r.detach() > o.cap()) & p.m & ~drop
+    return R.Terms(pg, clip_mask=drop, silenced=drop, reweighted=capped, gate=r_hat)
 
 
 dppo_loss = R.loss_function(dppo_terms)

@@ -117,7 +117,9 @@ class Terms:
     masks), ``reweighted`` = kept but re-weighted or penalised, ``gate`` = its per-token weight,
     ``extra`` = further stats (floats become ``policy/<key>`` metrics).  ``keep``: the valid
     tokens it keeps in the loss mask; the others leave the loss, its denominators and the clip
-    statistics, as if the caller had narrowed ``loss_mask`` (None = all)."""
+    statistics, as if the caller had narrowed ``loss_mask`` (None = all).  ``weighted``: the
+    loss already carries the behaviour weight ρ (VESPO's ``fold``), so it is not multiplied by
+    ρ again."""
 
     loss: torch.Tensor
     keep: torch.Tensor | None = None
@@ -127,6 +129,7 @@ class Terms:
     reweighted: torch.Tensor | None = None
     gate: torch.Tensor | None = None
     extra: Stats = field(default_factory=dict)
+    weighted: bool = False
 
 
 @dataclass(frozen=True)
@@ -315,7 +318,7 @@ def finish(p: PolicyInputs, t: Terms, loss_agg_mode: str) -> tuple[torch.Tensor,
     none = torch.zeros_like(p.m)
     clip_mask = none if t.clip_mask is None else t.clip_mask
     dual_clip_mask = none if t.dual_clip_mask is None else t.dual_clip_mask
-    pg = behaviour_weighted(t.loss, p)
+    pg = t.loss if t.weighted else behaviour_weighted(t.loss, p)
     loss = aggregate(pg, p, loss_agg_mode)
     stats = base_stats(p, pg, clip_mask, dual_clip_mask)
     silenced = clip_mask | dual_clip_mask if t.silenced is None else t.silenced

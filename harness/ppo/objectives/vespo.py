@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -39,6 +40,20 @@ class VESPOOptions(R.Options):
         "VESPO: rate λ of the gamma weight where A < 0 (TRL's vespo_lambda_neg, default 2.0).",
         gt=0,
     )
+    behaviour_weight: Literal["multiply", "fold"] = R.option(
+        "multiply",
+        "VESPO: how the correction's ρ (ppo.correction) enters: 'multiply' L·ρ per token, as "
+        "for every objective, with W against π_prox only; 'fold' TRL's composition: log W += "
+        "Σ_t clamp(log ρ_t, log 1e-8, 20) and L is not multiplied by ρ (needs a correction with "
+        "weight 'token', TRL's token_truncate / token_mask).",
+    )
+
+    def check(self) -> None:
+        if self.behaviour_weight not in ("multiply", "fold"):
+            raise ValueError(
+                "vespo.behaviour_weight must be one of multiply, fold; "
+                f"got {self.behaviour_weight!r}"
+            )
 
 
 def gamma_weight(log_w: torch.Tensor, k: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
@@ -86,25 +101,51 @@ def vespo_terms(p: R.PolicyInputs, o: VESPOOptions, ctx: R.Context) -> R.Terms:
     Peers.  TRL 1.16 ``loss_type="vespo"`` (``vespo_k_pos``/``vespo_lambda_pos``/``vespo_k_neg``/
     ``vespo_lambda_neg``, defaults 2, 3, 3, 2), with the sign of A taken per token (TRL's
     advantages are per sequence, so the same there); TRL aggregates it like ``dapo`` (=
-    ``token-mean`` here over one generation batch).  TRL folds its vLLM token weight ρ into W
-    (log W += Σ clamp(log ρ, log 1e-8, 20)) and does not multiply by ρ again; here, under
-    ``use_decoupled_loss``, W is taken against π_prox and the behaviour weight w = π_prox/π_behave
-    multiplies L per token, as for every objective.  Token level only (W is already a sequence
-    quantity; TRL warns for ``importance_sampling_level: sequence``).
+    ``token-mean`` here over one generation batch).  With a behaviour weight ρ (``ppo.correction``)
+    the composition is an option, ``behaviour_weight``:
+
+        multiply (default): W against π_prox as above; L·ρ per token, as every objective
+        fold (TRL 1.16, ``get_gamma_weights`` in trl/trainer/grpo_trainer.py):
+            log W_i = clamp(Σ_t M·clamp(ℓθ − ℓp, ±20) + Σ_t M·clamp(log ρ_t, log 1e-8, 20),
+                            log 1e-8, 20);   L = −φ(W)·A·ℓθ, NOT multiplied by ρ again
+
+    so under ``fold`` W is the ratio against the sampler (π_θ/π_prox · π_prox/π_behave, each ρ_t
+    truncated or zeroed first) and a token ρ = 0 (``zero_outside``) sends the row's W to 1e-8
+    (φ ≈ 0).  TRL sums log ρ over the padded width, where its ρ = clip(1, C_min, C_max): the
+    two agree whenever C_min ≤ 1 ≤ C_max (TRL's defaults), which the sum over M assumes.  Token
+    level only (W is already a sequence quantity; TRL warns for ``importance_sampling_level:
+    sequence``).
 
     Stats: ``gate`` = φ broadcast to the row's tokens; ``silenced_mask`` = tokens with φ = 0
     (e.g. a row with log W at a clamp bound and a large λ); ``reweighted_mask`` = φ < 0.5.
     """
     log_r = torch.where(p.m, p.log_ratio.detach(), p.zero)
     log_r = log_r.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-    log_w = log_r.sum(dim=-1, keepdim=True).clamp(_LOG_W_MIN, _LOG_W_MAX)
+    log_w = log_r.sum(dim=-1, keepdim=True)
+    fold = o.behaviour_weight == "fold"
+    if fold:
+        if p.w is None:
+            raise ValueError(
+                "vespo.behaviour_weight 'fold' needs a behaviour weight ρ (ppo.correction with "
+                "weight 'token'); without one use 'multiply'"
+            )
+        # log ρ = −inf where ρ = 0 (token_mask): the clamp turns it into log 1e-8, as TRL.
+        log_rho = torch.log(p.w.detach()).clamp(_LOG_W_MIN, _LOG_W_MAX)
+        log_w = log_w + torch.where(p.m, log_rho, torch.zeros_like(log_rho)).sum(-1, keepdim=True)
+    log_w = log_w.clamp(_LOG_W_MIN, _LOG_W_MAX)
     nonneg = p.adv >= 0
     k = torch.where(nonneg, o.k_pos, o.k_neg).to(log_w.dtype)
     lam = torch.where(nonneg, o.lambda_pos, o.lambda_neg).to(log_w.dtype).clamp(min=_LAMBDA_MIN)
     phi = gamma_weight(log_w, k, lam)
     # Padding may hold any log-prob (−inf included): only valid tokens enter the product.
     lt = torch.where(p.m, p.logprobs, p.zero)
-    return R.Terms(-phi * p.adv * lt, silenced=phi == 0, reweighted=phi < 0.5, gate=phi)
+    return R.Terms(
+        -phi * p.adv * lt,
+        silenced=phi == 0,
+        reweighted=phi < 0.5,
+        gate=phi,
+        weighted=fold,
+    )
 
 
 vespo_loss = R.loss_function(vespo_terms)
