@@ -68,6 +68,10 @@ OPTION_DECLS: dict[str, tuple[Any, dict[str, Any]]] = {
     "answer_field": (str, meta("hf: the answer column.")),
     "split": (str | None, meta("hf: the split of a DatasetDict directory (default train).")),
     "eval_size": (int, meta("rg: items in the held-out pool.", ge=1, le=100_000)),
+    "reward_timeout_s": (
+        float,
+        meta("python: seconds one reward call may take; past it the run fails.", gt=0, le=3600),
+    ),
 }
 
 _BUILTINS: dict[str, Callable[..., Any]] = {
