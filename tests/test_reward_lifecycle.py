@@ -49,7 +49,7 @@ def too_big(prompt, completion, answer):
     return 1e39  # finite in float64, inf in float32
 
 def huge_int(prompt, completion, answer):
-    return 10**400
+    return 10**5000  # past str()'s digit limit, too
 
 def a_list(prompt, completion, answer):
     return [1.0, 0.0]
@@ -148,7 +148,7 @@ FAILS = {
     "hard_exit": "ended the reward process (exit code 3, e.g. os._exit(3))",
     "ctrl_c": "raised KeyboardInterrupt",
     "too_big": "returned 1e+39, outside the float32 range",
-    "huge_int": "returned an integer of 401 digits, beyond float range",
+    "huge_int": "returned an integer of 16610 bits, beyond float range",
     "a_list": "returned [1.0, 0.0], not a number",
 }
 

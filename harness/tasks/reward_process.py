@@ -62,7 +62,9 @@ def reward_value(value: Any) -> float | str:
     try:
         number = float(value)
     except OverflowError:
-        return f"returned an integer of {len(str(abs(int(value))))} digits, beyond float range"
+        if isinstance(value, int):
+            return f"returned an integer of {value.bit_length()} bits, beyond float range"
+        return f"returned {value!r:.60}, beyond float range"
     if not math.isfinite(number):
         return f"returned {number}, not a finite number"
     if abs(number) > FLOAT32_MAX:
