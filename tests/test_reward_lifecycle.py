@@ -198,6 +198,20 @@ def test_reward_timeout_is_a_declared_bounded_option(tmp_path):
     assert not (results / "mlflow.db").exists()
 
 
+def test_a_built_in_reward_scale_beyond_float32_is_refused_before_training(tmp_path):
+    results = tmp_path / "results"
+    for task, key in (("add", "scale"), ("mixed-scale", "add_scale")):
+        r = CliRunner().invoke(
+            app,
+            ["run", "--set", f"task={task}", "--set", f"task_options.{key}=1e39", *SMALL]
+            + ["--results-dir", str(results)],
+        )
+        assert r.exit_code == 2, r.output
+        (line,) = r.stderr.strip().splitlines()
+        assert line.startswith(f"error: task_options.{key}: ") and "1e+06" in line, line
+    assert not results.exists() or not any(results.iterdir())
+
+
 # -- rewards that misbehave without failing: the run goes on, unharmed ------------------------
 
 
