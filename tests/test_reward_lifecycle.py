@@ -62,6 +62,12 @@ def hangs_after_ready(prompt, completion, answer):
         fh.write(str(os.getpid()))
     time.sleep(10**6)
 
+def hangs_once(prompt, completion, answer):
+    if completion == "hang":
+        open(READY, "w").close()
+        time.sleep(10**6)
+    return 1.0
+
 def forks(prompt, completion, answer):
     if os.path.exists(READY):
         return 1.0
@@ -241,6 +247,41 @@ def test_a_reward_that_mutates_its_inputs_cannot_reach_the_runs_data(tmp_path):
         assert [(e.prompt, e.answer) for e in task.eval_examples(4)] == held
         assert all(e.answer.isdigit() for e in task.train)
     finally:
+        task.close()
+
+
+def test_a_call_cut_short_by_a_signal_leaves_no_answer_behind(tmp_path):
+    """Ctrl-C during a call (a signal sent once the reward is known to be running), then
+    another call: it gets its own answer from a new process, not the first call's late one."""
+    import threading
+
+    from harness.tasks import get_task
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(signum, frame):
+        raise Interrupted
+
+    module, ready = _module(tmp_path)
+    task = get_task(f"python:{module}:hangs_once", reward_timeout_s=30)
+    main = threading.main_thread().ident
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+
+    def when_ready() -> None:
+        _wait_for(ready.exists, "the reward to be called")
+        signal.pthread_kill(main, signal.SIGUSR1)
+
+    try:
+        assert task.score(task.train[0], "1") == 1.0  # the process is up
+        sender = threading.Thread(target=when_ready)
+        sender.start()
+        with pytest.raises(Interrupted):
+            task.score(task.train[0], "hang")
+        sender.join()
+        assert task.score(task.train[1], "1") == 1.0
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
         task.close()
 
 

@@ -107,6 +107,11 @@ class RewardProcess:
                 answered = self._recv.poll(self.timeout_s)
             except (BrokenPipeError, ConnectionResetError):
                 answered = True  # the child is gone: recv() below reports how it ended
+            except BaseException:
+                # Ctrl-C or SIGTERM mid-call: the answer would still arrive and be read as the
+                # next call's, so this process is done with.
+                self.close()
+                raise
             if not answered:
                 self.close()
                 raise RewardError(
@@ -169,8 +174,9 @@ class RewardProcess:
         self._proc = proc
         self._send = Connection(req_w, readable=False)
         self._recv = Connection(rep_r, writable=False)
-        self._finalizer = weakref.finalize(self, _kill_group, proc, self._send, self._recv)
-        threading.Thread(target=_drain, args=(out_r, self.function), daemon=True).start()
+        drainer = threading.Thread(target=_drain, args=(out_r, self.function), daemon=True)
+        drainer.start()
+        self._finalizer = weakref.finalize(self, _kill_group, proc, drainer, self._send, self._recv)
         self._send.send(("init", list(sys.path), self.spec, self.module, self.function))
         if not self._recv.poll(START_TIMEOUT_S):
             self.close()
@@ -190,7 +196,9 @@ class RewardProcess:
         self._proc = self._send = self._recv = self._finalizer = None
 
 
-def _kill_group(proc: subprocess.Popen[bytes], *conns: Connection) -> None:
+def _kill_group(
+    proc: subprocess.Popen[bytes], drainer: threading.Thread, *conns: Connection
+) -> None:
     # The child leads its own session: killing the group ends what the reward forked, too.
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -202,6 +210,9 @@ def _kill_group(proc: subprocess.Popen[bytes], *conns: Connection) -> None:
         pass  # SIGKILLed: it is gone as soon as the kernel reaps it
     for conn in conns:
         conn.close()
+    # Its output so far reaches the console before whatever the caller prints next; bounded,
+    # since a process that left the group (setsid) may still hold the pipe open.
+    drainer.join(timeout=5)
 
 
 def _drain(fd: int, function: str) -> None:
@@ -257,7 +268,8 @@ class _CappedText:
 
 def _die_with_parent() -> None:
     """Ask Linux to SIGKILL this process when its parent dies (elsewhere: a closed pipe ends
-    it between calls, which is the best the platform allows)."""
+    it between calls, which is the best the platform allows).  Linux ties this to the thread
+    that started the child, which is the thread that scores: the main thread of a run."""
     if not sys.platform.startswith("linux"):
         return
     import ctypes
