@@ -377,3 +377,51 @@ def test_a_signal_during_a_reward_that_never_returns_closes_the_run_killed(
     assert run.data.tags["run.status"] == "interrupted"
     child = int(ready.read_text())
     _wait_for(lambda: _gone(child), f"the reward process {child} to end", timeout=30)
+
+
+# -- every way out of tracked_run closes the run with its reason ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "reason"),
+    [
+        (SystemExit(0), "FAILED", "SystemExit: 0"),
+        (KeyboardInterrupt(), "KILLED", "interrupted by SIGINT (Ctrl-C)"),
+        ("SIGTERM", "KILLED", "terminated by SIGTERM"),
+        ("SIGHUP", "KILLED", "terminated by SIGHUP"),
+    ],
+)
+def test_every_way_a_run_ends_closes_it_with_the_reason(monkeypatch, error, status, reason):
+    import harness.run.tracked as tracked
+    from harness.config import RunConfig
+    from harness.tracking import MemoryTracker
+
+    if isinstance(error, str):
+        error = tracked.Terminated(signal.Signals[error])
+
+    def train(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(tracked, "train", train)
+    tracker = MemoryTracker()
+    with pytest.raises(type(error)):
+        tracked.tracked_run(RunConfig(), tracker, experiment="e", run_name="r")
+    (run,) = tracker.runs.values()
+    assert run.status == status
+    assert run.tags["run.reason"] == reason
+
+
+def test_sigterm_in_harness_run_raises_where_the_run_waits_and_restores_the_handler():
+    import threading
+
+    from harness.run.tracked import Terminated, signals_interrupt
+
+    before = signal.getsignal(signal.SIGTERM)
+    waiting = threading.Event()
+    with pytest.raises(Terminated, match="terminated by SIGTERM"), signals_interrupt():
+        threading.Thread(
+            target=lambda: waiting.wait(60) and os.kill(os.getpid(), signal.SIGTERM)
+        ).start()
+        waiting.set()
+        threading.Event().wait(60)  # the signal cuts this wait
+    assert signal.getsignal(signal.SIGTERM) is before
