@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -40,16 +41,25 @@ def run_cmd(
     tracker = tracking.open_tracker(tracking_uri, results_dir)
 
     from harness.cli.console import run_with_progress
+    from harness.run.tracked import Terminated, interrupt_reason, signals_interrupt
     from harness.tasks.base import RewardError
 
     try:
-        result, rid = run_with_progress(
-            cfg,
-            tracker,
-            experiment=experiment,
-            run_name=run_name or f"{cfg.task}-seed{cfg.seed}",
-            results_dir=results_dir,
-        )
+        # SIGTERM/SIGHUP as Ctrl-C: the run is closed KILLED with the reason, not left RUNNING.
+        with signals_interrupt():
+            result, rid = run_with_progress(
+                cfg,
+                tracker,
+                experiment=experiment,
+                run_name=run_name or f"{cfg.task}-seed{cfg.seed}",
+                results_dir=results_dir,
+            )
+    except KeyboardInterrupt as err:
+        # Closed KILLED with this reason (harness.run.tracked); the shell's code for the signal.
+        code = 128 + (err.signum if isinstance(err, Terminated) else signal.SIGINT)
+        fail(f"run KILLED: {interrupt_reason(err)}", code=code)
+    except SystemExit as err:  # library code that exits mid-run: closed FAILED with the reason
+        fail(f"run FAILED: SystemExit: {err.code!r} (sys.exit during the run)", code=1)
     except RewardError as err:
         # The MLflow run is already ended FAILED with this reason (harness.run.tracked): a run
         # failure, not bad input, so exit 1 with the reason and no traceback.

@@ -356,4 +356,8 @@ def execute(cfg: RunConfig, steps: Callable[[Run], None], hooks: Hooks) -> RunRe
         steps(run)
     except Diverged as err:
         run.diverged(err)
+    finally:
+        close = getattr(run.task, "close", None)  # a python: reward's process ends with the run
+        if callable(close):
+            close()
     return run.result(time.perf_counter() - t_start)

@@ -3,8 +3,11 @@ the final summaries.  Shared by ``harness run`` and the sweep workers."""
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Required, TypedDict, Unpack
 
@@ -43,11 +46,52 @@ def start_tracked_run(cfg: RunConfig, tracker: Tracker, **identity: Unpack[RunId
     return rid
 
 
+class Terminated(KeyboardInterrupt):
+    """A termination signal (SIGTERM, SIGHUP) reached ``harness run``: handled as Ctrl-C is, so
+    the run is closed KILLED with this as its reason instead of the process vanishing with its
+    tracked run left RUNNING."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"terminated by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def interrupt_reason(err: KeyboardInterrupt) -> str:
+    """The reason recorded for an interrupted run."""
+    return str(err) if isinstance(err, Terminated) else "interrupted by SIGINT (Ctrl-C)"
+
+
+@contextlib.contextmanager
+def signals_interrupt(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
+    """While in this block, the first of ``signals`` raises :class:`Terminated` in the main
+    thread (wherever it waits: in a reward call, a store write, a kernel launch); a second is
+    ignored so that closing the run is not cut short (SIGKILL still ends the process).  The
+    previous handlers are restored on the way out.  Off the main thread it does nothing: only
+    the main thread can take a signal, and there the caller's handlers stay."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired: list[int] = []
+
+    def handler(signum: int, frame: object) -> None:
+        if fired:
+            return
+        fired.append(signum)
+        raise Terminated(signum)
+
+    previous = {s: signal.signal(s, handler) for s in signals}
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
 def close_failed_run(tracker: Tracker, rid: str, err: BaseException) -> None:
     """End a run whose training (or recording) raised ``err``, keeping ``err`` the one raised.
 
-    A full disk or Ctrl-C interrupts the run (KILLED, resumable); any other error fails it
-    (FAILED, with the reason).  Closing is best effort: on a full disk the tracking store may
+    A full disk, Ctrl-C or a termination signal interrupts the run (KILLED, resumable); any
+    other error, ``sys.exit`` included, fails it (FAILED, with the reason).  Closing is best effort: on a full disk the tracking store may
     refuse it too, and that second error must not hide the first.
     """
     from harness.core.fsutil import disk_full_message, is_disk_full
@@ -55,8 +99,11 @@ def close_failed_run(tracker: Tracker, rid: str, err: BaseException) -> None:
     if is_disk_full(err):
         status: RunStatus = "KILLED"
         tags = {"run.status": "interrupted", "run.reason": disk_full_message(err)}
+    elif isinstance(err, KeyboardInterrupt):
+        status = "KILLED"
+        tags = {"run.status": "interrupted", "run.reason": interrupt_reason(err)}
     else:
-        status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
+        status = "FAILED"
         tags = {"run.status": "failed", "run.reason": f"{type(err).__name__}: {err}"[:500]}
     try:
         tracker.set_tags(rid, tags)

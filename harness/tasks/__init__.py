@@ -47,8 +47,9 @@ OPTION_DECLS: dict[str, tuple[Any, dict[str, Any]]] = {
     "min_len": (int, meta("Shortest digit string (reverse, sort, mixed-scale).", ge=1, le=256)),
     "max_len": (int, meta("Longest digit string (reverse, sort, mixed-scale).", ge=1, le=256)),
     "max_operand": (int, meta("Largest operand of add.", ge=1, le=10**9)),
-    "scale": (float, meta("Reward of an exact add answer.")),
-    "add_scale": (float, meta("mixed-scale: reward of an exact add answer.")),
+    # Bounded so that every reward stays far inside float32 (1e39 is inf there: no score).
+    "scale": (float, meta("Reward of an exact add answer.", ge=-1e6, le=1e6)),
+    "add_scale": (float, meta("mixed-scale: reward of an exact add answer.", ge=-1e6, le=1e6)),
     "add_fraction": (float, meta("mixed-scale: share of add prompts.", ge=0, le=1)),
     "eval_fraction": (float, meta("jsonl/hf/python: share of prompts held out.", gt=0, lt=1)),
     "reward": (
@@ -68,6 +69,10 @@ OPTION_DECLS: dict[str, tuple[Any, dict[str, Any]]] = {
     "answer_field": (str, meta("hf: the answer column.")),
     "split": (str | None, meta("hf: the split of a DatasetDict directory (default train).")),
     "eval_size": (int, meta("rg: items in the held-out pool.", ge=1, le=100_000)),
+    "reward_timeout_s": (
+        float,
+        meta("python: seconds one reward call may take; past it the run fails.", gt=0, le=3600),
+    ),
 }
 
 _BUILTINS: dict[str, Callable[..., Any]] = {

@@ -26,7 +26,6 @@ import importlib
 import importlib.util
 import itertools
 import json
-import math
 import os
 import random
 import sys
@@ -35,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.tasks.answers import AnswerSpec, check_match_rule, numeric_or_exact_match
-from harness.tasks.base import Example, RewardError, stable_hash
+from harness.tasks.base import Example, stable_hash
+from harness.tasks.reward_process import DEFAULT_REWARD_TIMEOUT_S, RewardProcess
 
 
 def answer_text(value: Any) -> str | None:
@@ -157,7 +157,9 @@ class PairTask:
         fingerprint: str = "",
         answer_spec: AnswerSpec | None = None,
         options: dict[str, object] | None = None,
+        on_close: Callable[[], None] | None = None,
     ) -> None:
+        self._on_close = on_close
         if not 0.0 < eval_fraction < 1.0:
             raise ValueError(f"task '{name}': eval_fraction must be in (0, 1); got {eval_fraction}")
         self.name = name
@@ -189,6 +191,12 @@ class PairTask:
 
     def sample(self, rng: random.Random, n: int) -> list[Example]:
         return [rng.choice(self.train) for _ in range(n)]
+
+    def close(self) -> None:
+        """Release what scoring holds (a ``python:`` reward's process); scoring again after
+        this starts it anew."""
+        if self._on_close is not None:
+            self._on_close()
 
     def eval_examples(self, n: int) -> list[Example]:
         return self.held_out[:n]
@@ -259,7 +267,9 @@ def jsonl_task(
     )
 
 
-def _import_module(spec: str, module: str) -> Any:
+def import_module(spec: str, module: str) -> Any:
+    """The user module ``module`` of task ``spec`` (a dotted name or a ``.py`` path); a
+    one-line ``ValueError`` when it cannot be imported."""
     try:
         if module.endswith(".py"):
             path = Path(module).expanduser()
@@ -288,15 +298,23 @@ def _import_module(spec: str, module: str) -> Any:
         ) from exc
 
 
-def python_task(spec: str, target: str, *, eval_fraction: float = 0.1) -> PairTask:
-    """``python:MODULE:FUNCTION[@PATH.jsonl]`` (see the module docstring). Runs user code."""
+def python_task(
+    spec: str,
+    target: str,
+    *,
+    eval_fraction: float = 0.1,
+    reward_timeout_s: float = DEFAULT_REWARD_TIMEOUT_S,
+) -> PairTask:
+    """``python:MODULE:FUNCTION[@PATH.jsonl]`` (see the module docstring). Runs user code: the
+    examples here, the reward in a child process with each call bounded by
+    ``reward_timeout_s`` (:mod:`harness.tasks.reward_process`)."""
     target, _, data_path = target.partition("@")
     module, _, func_name = target.rpartition(":")
     if not module or not func_name:
         raise ValueError(
             f"task '{spec}': expected python:MODULE:FUNCTION or python:MODULE:FUNCTION@PATH.jsonl"
         )
-    mod = _import_module(spec, module)
+    mod = import_module(spec, module)
     func = getattr(mod, func_name, None)
     if not callable(func):
         raise ValueError(f"task '{spec}': module '{module}' has no function '{func_name}'")
@@ -327,28 +345,21 @@ def python_task(spec: str, target: str, *, eval_fraction: float = 0.1) -> PairTa
         data = ""
     source = getattr(mod, "__file__", None)
     code = file_digest(source) if source and Path(source).is_file() else ""
+    child = RewardProcess(spec, module, func_name, reward_timeout_s)
 
     def scorer(ex: Example, completion: str) -> float:
         where = (
             f"task '{spec}': {func_name}(prompt={ex.prompt[:40]!r}, completion={completion[:40]!r})"
         )
-        try:
-            value = func(ex.prompt, completion, ex.answer)
-        except Exception as exc:  # user code: any failure ends the run FAILED with this reason
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            raise RewardError(f"{where} raised {type(exc).__name__}: {first}"[:500]) from exc
-        if isinstance(value, (str, bytes)) or value is None:
-            raise RewardError(f"{where} returned {value!r:.60}, not a number")
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise RewardError(f"{where} returned {value!r:.60}, not a number") from None
-        if not math.isfinite(number):
-            raise RewardError(f"{where} returned {number}, not a finite number")
-        return number
+        return child.call(where, ex.prompt, completion, ex.answer)
 
     return PairTask(
-        spec, examples, scorer, eval_fraction=eval_fraction, fingerprint=f"{code}:{data}"
+        spec,
+        examples,
+        scorer,
+        eval_fraction=eval_fraction,
+        fingerprint=f"{code}:{data}",
+        on_close=child.close,
     )
 
 
@@ -357,6 +368,7 @@ __all__ = [
     "answer_options",
     "answer_text",
     "file_digest",
+    "import_module",
     "jsonl_task",
     "numeric_or_exact_match",
     "pairs_from_records",

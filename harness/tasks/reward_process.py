@@ -1,0 +1,327 @@
+"""A ``python:`` reward called in a child process, each call bounded in time.
+
+Why a child process rather than a signal timer in this one (the chat template's mechanism,
+:func:`harness.core.limits.time_bound`): a timer interrupts Python bytecode only, so a reward
+stuck in C (a regex, a native library, a blocking read) would still hang the run, and nothing
+in-process survives a reward that calls ``os._exit``, forks and returns twice, writes hundreds of
+megabytes to the terminal, or scribbles over the caller's strings through ``ctypes``.  In a child:
+
+* a call that does not answer within ``timeout_s`` is ended by killing the child's whole process
+  group (so anything the reward forked dies with it), whatever it was doing;
+* ``sys.exit``, ``os._exit``, a crash or ``KeyboardInterrupt`` raised by the reward is a reason
+  (:class:`~harness.tasks.base.RewardError`), never the end of the harness;
+* its stdout and stderr go through a pipe the parent drains: the first :data:`OUTPUT_CAP` bytes
+  reach the console, the rest is dropped (one line says so);
+* it sees copies of the prompt, completion and answer, so nothing it does to them reaches the
+  run's own data;
+* it runs in its own session, so Ctrl-C at the terminal interrupts the harness (which closes its
+  run) rather than the reward, and it is killed if the harness dies (Linux parent-death signal).
+
+The child is a fresh interpreter (not a fork of this one: forking a process that holds a model,
+CUDA state and a progress-bar thread is unsafe), started on the first call.  It imports the
+reward's module again, so module-level code runs once in each process.
+
+Protocol (``multiprocessing.connection`` framing over two pipes): the parent sends
+``("init", sys.path, spec, module, function)``, then ``("call", prompt, completion, answer)``
+per reward; the child answers ``("ready",)`` once and ``("ok", float)`` or ``("error", reason)``
+per call.  The value checks (:func:`reward_value`) run in the child, where a hostile
+``__float__`` is bounded by the same deadline.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import signal
+import subprocess
+import sys
+import threading
+import weakref
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from harness.tasks.base import RewardError
+
+# Rewards are trained in float32: a float64 beyond this range becomes inf there.
+FLOAT32_MAX = 3.4028234663852886e38
+OUTPUT_CAP = 64 * 1024  # bytes of a reward's stdout/stderr shown on the console, per process
+START_TIMEOUT_S = 60.0
+DEFAULT_REWARD_TIMEOUT_S = 10.0  # task_options.reward_timeout_s: one call, seconds  # starting the interpreter and importing the reward's module
+
+
+def reward_value(value: Any) -> float | str:
+    """``value`` as the float reward, or the reason it cannot be one (a short phrase).
+
+    A reward is a real number (``int``, ``float``, ``bool`` as 0/1, numpy scalars) that is
+    finite and inside the float32 range the loss is computed in; anything else (a string, None,
+    a list, an array) is refused rather than guessed at."""
+    if not isinstance(value, numbers.Real):
+        return f"returned {value!r:.60}, not a number"
+    try:
+        number = float(value)
+    except OverflowError:
+        if isinstance(value, int):
+            return f"returned an integer of {value.bit_length()} bits, beyond float range"
+        return f"returned {value!r:.60}, beyond float range"
+    if not math.isfinite(number):
+        return f"returned {number}, not a finite number"
+    if abs(number) > FLOAT32_MAX:
+        return (
+            f"returned {number:g}, outside the float32 range (±{FLOAT32_MAX:.4g}) rewards are "
+            "trained in"
+        )
+    return number
+
+
+def describe_exit(exc: BaseException) -> str:
+    """What a reward's exception says as a reason."""
+    if isinstance(exc, SystemExit):
+        return f"called sys.exit({exc.code!r})"
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return f"raised {type(exc).__name__}: {first}" if first else f"raised {type(exc).__name__}"
+
+
+class RewardProcess:
+    """The child process of one ``python:`` reward (see the module docstring)."""
+
+    def __init__(self, spec: str, module: str, function: str, timeout_s: float) -> None:
+        self.spec, self.module, self.function = spec, module, function
+        self.timeout_s = timeout_s
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._send: Connection | None = None
+        self._recv: Connection | None = None
+        self._lock = threading.Lock()  # one request in flight: the protocol is call/answer
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+
+    def call(self, where: str, prompt: str, completion: str, answer: str) -> float:
+        """The reward of one completion; raises :class:`RewardError` naming ``where`` when the
+        reward fails, returns no usable number, ends its process or overruns the bound."""
+        with self._lock:
+            if self._proc is None:
+                self._start(where)
+            assert self._send is not None and self._recv is not None
+            try:
+                self._send.send(("call", prompt, completion, answer))
+                answered = self._recv.poll(self.timeout_s)
+            except (BrokenPipeError, ConnectionResetError):
+                answered = True  # the child is gone: recv() below reports how it ended
+            except BaseException:
+                # Ctrl-C or SIGTERM mid-call: the answer would still arrive and be read as the
+                # next call's, so this process is done with.
+                self.close()
+                raise
+            if not answered:
+                self.close()
+                raise RewardError(
+                    f"{where} did not return within task_options.reward_timeout_s = "
+                    f"{self.timeout_s:g} s (its process was stopped)"
+                )
+            reply = self._reply(where)
+        if reply[0] == "ok":
+            return float(reply[1])
+        raise RewardError(f"{where} {reply[1]}"[:500])
+
+    def _reply(self, where: str) -> tuple[str, Any]:
+        assert self._recv is not None
+        try:
+            reply: tuple[str, Any] = self._recv.recv()
+            return reply
+        except (EOFError, OSError):
+            how = self._ended()
+            self.close()
+            raise RewardError(f"{where} ended the reward process ({how})") from None
+
+    def _ended(self) -> str:
+        """How the child ended (it closed its end of the pipe: it exited or is exiting)."""
+        assert self._proc is not None
+        try:
+            code = self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return "it closed its pipe and did not exit within 5 s"
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit code {code}, e.g. os._exit({code})"
+
+    def _start(self, where: str) -> None:
+        import harness
+
+        root = str(Path(harness.__file__).resolve().parent.parent)
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        out_r, out_w = os.pipe()
+        code = (
+            f"import sys; sys.path.insert(0, {root!r}); "
+            f"from harness.tasks.reward_process import serve; serve({req_r}, {rep_w})"
+        )
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", code],
+                stdin=subprocess.DEVNULL,
+                stdout=out_w,
+                stderr=out_w,
+                pass_fds=(req_r, rep_w),
+                start_new_session=True,
+                cwd=os.getcwd(),
+            )
+        finally:
+            for fd in (req_r, rep_w, out_w):
+                os.close(fd)
+        self._proc = proc
+        self._send = Connection(req_w, readable=False)
+        self._recv = Connection(rep_r, writable=False)
+        drainer = threading.Thread(target=_drain, args=(out_r, self.function), daemon=True)
+        drainer.start()
+        self._finalizer = weakref.finalize(self, _kill_group, proc, drainer, self._send, self._recv)
+        self._send.send(("init", list(sys.path), self.spec, self.module, self.function))
+        if not self._recv.poll(START_TIMEOUT_S):
+            self.close()
+            raise RewardError(
+                f"{where}: the reward process did not import '{self.module}' within "
+                f"{START_TIMEOUT_S:g} s"
+            )
+        reply = self._reply(where)
+        if reply[0] != "ready":
+            self.close()
+            raise RewardError(f"task '{self.spec}': the reward process {reply[1]}"[:500])
+
+    def close(self) -> None:
+        """Kill the child and everything it started; the next call starts a new one."""
+        if self._finalizer is not None:
+            self._finalizer()
+        self._proc = self._send = self._recv = self._finalizer = None
+
+
+def _kill_group(
+    proc: subprocess.Popen[bytes], drainer: threading.Thread, *conns: Connection
+) -> None:
+    # The child leads its own session: killing the group ends what the reward forked, too.
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass  # SIGKILLed: it is gone as soon as the kernel reaps it
+    for conn in conns:
+        conn.close()
+    # Its output so far reaches the console before whatever the caller prints next; bounded,
+    # since a process that left the group (setsid) may still hold the pipe open.
+    drainer.join(timeout=5)
+
+
+def _drain(fd: int, function: str) -> None:
+    """Pass the child's output to this process's stderr up to :data:`OUTPUT_CAP` bytes, then
+    read and drop the rest (the child must never block on a full pipe)."""
+    shown = 0
+    with os.fdopen(fd, "rb", buffering=0) as pipe:
+        while chunk := pipe.read(1 << 20):
+            if shown >= OUTPUT_CAP:
+                continue
+            part = chunk[: OUTPUT_CAP - shown]
+            shown += len(part)
+            try:
+                sys.stderr.write(part.decode("utf-8", "replace"))
+                if shown >= OUTPUT_CAP:
+                    sys.stderr.write(
+                        f"\n[reward {function}: output past {OUTPUT_CAP // 1024} KiB is dropped]\n"
+                    )
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                shown = OUTPUT_CAP  # the console is gone: keep draining
+
+
+class _CappedText:
+    """The child's ``sys.stdout``/``sys.stderr``: text past the shared budget is dropped here,
+    so a reward printing 100 MB costs a length check, not 100 MB through the pipe (what it
+    writes to the file descriptors directly is still capped by the parent's :func:`_drain`)."""
+
+    budget = OUTPUT_CAP + 1  # shared by both streams; one byte more so the parent says "dropped"
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def write(self, text: str) -> int:
+        if _CappedText.budget > 0:
+            data = text[: _CappedText.budget].encode("utf-8", "replace")[: _CappedText.budget]
+            _CappedText.budget -= len(data)
+            try:
+                os.write(self._fd, data)
+            except OSError:
+                _CappedText.budget = 0
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self._fd
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (elsewhere: a closed pipe ends
+    it between calls, which is the best the platform allows).  Linux ties this to the thread
+    that started the child, which is the thread that scores: the main thread of a run."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+
+
+def serve(req_fd: int, rep_fd: int) -> None:
+    """The child's loop (see the module docstring)."""
+    parent = os.getppid()
+    _die_with_parent()
+    if os.getppid() != parent:  # the parent died before the death signal was set
+        os._exit(1)
+    sys.stdout, sys.stderr = _CappedText(1), _CappedText(2)  # type: ignore[assignment]
+    recv = Connection(req_fd, writable=False)
+    send = Connection(rep_fd, readable=False)
+    _, path, spec, module, function = recv.recv()
+    sys.path[:] = path
+    try:
+        from harness.tasks.pairs import import_module
+
+        func = getattr(import_module(spec, module), function)
+    except BaseException as exc:  # the parent imported it; a second import may still fail
+        send.send(("error", f"could not import '{module}': {describe_exit(exc)}"))
+        return
+    send.send(("ready",))
+    me = os.getpid()
+    while True:
+        try:
+            _, prompt, completion, answer = recv.recv()
+        except EOFError:
+            return  # the parent closed the pipe: the run is over
+        try:
+            value = reward_value(func(prompt, completion, answer))
+            reply = ("ok", value) if isinstance(value, float) else ("error", value)
+        except BaseException as exc:  # sys.exit and KeyboardInterrupt are the reward's, too
+            reply = ("error", describe_exit(exc))
+        if os.getpid() != me:
+            os._exit(0)  # a process the reward forked returned here: only the child answers
+        send.send(reply)
+
+
+__all__ = [
+    "DEFAULT_REWARD_TIMEOUT_S",
+    "FLOAT32_MAX",
+    "OUTPUT_CAP",
+    "RewardProcess",
+    "describe_exit",
+    "reward_value",
+]
