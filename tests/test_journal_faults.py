@@ -268,6 +268,8 @@ def _experiment(tmp_path: Path, name: str, task: str, seeds: int = 1) -> Path:
     doc = yaml.safe_load(SMOKE.read_text())
     doc.update(name=name, seeds=seeds, steps=2)
     doc["base"].update(task=task)
+    # The gated reward waits on the test, which may be slow on a loaded machine.
+    doc["base"]["task_options"] = {"reward_timeout_s": 600}
     doc["base"]["tiny"] = {"hidden_size": 16, "num_layers": 1, "num_heads": 2}
     doc["base"]["tiny"]["intermediate_size"] = 16
     doc["base"]["rollout"] = {"prompts_per_step": 2, "n_samples": 2, "max_new_tokens": 3}
