@@ -163,7 +163,10 @@ def hf_task(
     elif p.suffix == ".parquet":
         where, columns, digest = _read_parquet(spec, p, fields)
     elif p.suffix == ".jsonl":
-        examples = read_jsonl(spec, path, prompt_field=prompt_field, answer_field=answer_field)
+        # Other keys are ordinary dataset columns, ignored as in a Parquet file.
+        examples = read_jsonl(
+            spec, path, prompt_field=prompt_field, answer_field=answer_field, only_fields=False
+        )
         where, columns, digest = None, None, file_digest(p)
     else:
         raise ValueError(f"task '{spec}': '{path}' is not {_FORMS}")

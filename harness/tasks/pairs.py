@@ -55,17 +55,36 @@ def pairs_from_records(
     prompt_field: str = "prompt",
     answer_field: str = "answer",
     row: str = "",
+    only_fields: bool = True,
 ) -> list[Example]:
     """``where`` names the file ("PATH", rows are "line N") or "examples()" (rows are "item N");
-    ``row`` overrides the row word ("row" for a dataset)."""
+    ``row`` overrides the row word ("row" for a dataset).
+
+    Every row must carry both keys: a missing answer read as ``""`` would score an empty
+    completion 1.0.  ``only_fields``: any other key is refused too (a misspelt ``anwser``); a
+    dataset whose extra columns are ordinary (``hf:``) passes False."""
     from harness.core.limits import MAX_TEXT_CHARS
 
     row = row or ("item" if where == "examples()" else "line")
+    allowed = (prompt_field, answer_field)
     out = []
     for lineno, obj in records:
-        prompt = obj.get(prompt_field) if isinstance(obj, dict) else None
-        answer = answer_text(obj.get(answer_field, "")) if isinstance(obj, dict) else None
         at = f"task '{spec}': {where} {row} {lineno}"
+        if isinstance(obj, dict):
+            missing = [k for k in allowed if k not in obj]
+            extra = [k for k in obj if k not in allowed] if only_fields else []
+            if extra:
+                raise ValueError(
+                    f"{at}: unknown key {str(extra[0])!r} (allowed: '{prompt_field}', "
+                    f"'{answer_field}')"
+                )
+            if missing:
+                raise ValueError(
+                    f"{at}: missing key '{missing[0]}' (each row needs '{prompt_field}' and "
+                    f"'{answer_field}'; give \"\" for an answer the reward does not use)"
+                )
+        prompt = obj.get(prompt_field) if isinstance(obj, dict) else None
+        answer = answer_text(obj.get(answer_field)) if isinstance(obj, dict) else None
         if not isinstance(prompt, str) or answer is None:
             raise ValueError(
                 f"{at}: expected an object with a string '{prompt_field}' and a string or number "
@@ -87,7 +106,12 @@ def pairs_from_records(
 
 
 def read_jsonl(
-    spec: str, path: str, *, prompt_field: str = "prompt", answer_field: str = "answer"
+    spec: str,
+    path: str,
+    *,
+    prompt_field: str = "prompt",
+    answer_field: str = "answer",
+    only_fields: bool = True,
 ) -> list[Example]:
     """Parse a JSONL file of ``{"prompt": ..., "answer": ...}`` lines (blank lines skipped; the
     two field names are configurable). ``~`` is expanded; a relative path is relative to the
@@ -123,7 +147,12 @@ def read_jsonl(
                     f"task '{spec}': {path} line {lineno}: invalid JSON ({exc.msg})"
                 ) from None
     return pairs_from_records(
-        spec, path, records, prompt_field=prompt_field, answer_field=answer_field
+        spec,
+        path,
+        records,
+        prompt_field=prompt_field,
+        answer_field=answer_field,
+        only_fields=only_fields,
     )
 
 
