@@ -65,3 +65,202 @@ def test_hf_jsonl_ignores_other_columns_but_not_a_missing_answer(tmp_path):
     data.write_text(data.read_text() + json.dumps({"q": "9=", "answr": "9"}) + "\n")
     with pytest.raises(ValueError, match="line 5: missing key 'a'"):
         get_task(f"hf:{data}", prompt_field="q", answer_field="a")
+
+
+# --- ppo.correction acts without the decoupled loss (TRL's semantics) ---------------------------
+
+import torch  # noqa: E402
+
+from harness.ppo import PPOActor, PPOConfig  # noqa: E402
+from harness.ppo.normalization import NormConfig  # noqa: E402
+
+
+def _batch(seed: int = 0, B: int = 4, L: int = 6) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "input_ids": torch.randint(0, 20, (B, L), generator=g),
+        "attention_mask": torch.ones(B, L),
+        "loss_mask": torch.tensor([[0, 0, 1, 1, 1, 0]] * B),
+        "logprobs": -torch.rand(B, L, generator=g),
+        "current_logprobs": -torch.rand(B, L, generator=g),
+        "rewards": torch.tensor([1.0, 0.0, 0.5, 0.0]),
+        "group_sizes": [2, 2],
+    }
+
+
+def test_correction_weighs_the_learner_against_the_sampler_without_the_decoupled_loss():
+    b = _batch()
+    # π_prox = the learner at the old parameters (here: given, as AReaL's prox_logp)
+    prox = torch.roll(b["logprobs"], -1, 1) + torch.tensor([0.0, 0.0, 0.0, 2.0])[:, None]
+    cfg = PPOConfig(correction="token_tis", use_decoupled_loss=False)
+    _, st = PPOActor(cfg).compute_loss({**b, "prox_logp": prox})
+    w = st["behave_imp_weight"][st["behave_mask"]]
+    # ρ = exp(ℓp − ℓb): 1 on the rows where the learner agrees, e² truncated to 2 on the last
+    assert w[:9].tolist() == pytest.approx([1.0] * 9)
+    assert w[9:].tolist() == pytest.approx([2.0] * 3)
+    same = PPOConfig(correction="token_tis", use_decoupled_loss=True)
+    _, st2 = PPOActor(same).compute_loss({**b, "prox_logp": prox})
+    assert torch.equal(st["behave_imp_weight"], st2["behave_imp_weight"])
+    with pytest.raises(ValueError, match="no model, so ppo.correction has no π_prox"):
+        PPOActor(cfg).compute_loss(b)
+
+
+def test_correction_acts_in_a_run_with_a_noisy_sampler(tmp_path):
+    from harness.config import build_run_config
+    from harness.run.loop import run
+
+    cfg = build_run_config(
+        {
+            "steps": 2,
+            "task": "reverse",
+            "tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
+            "rollout": {
+                "prompts_per_step": 2,
+                "n_samples": 2,
+                "max_new_tokens": 5,
+                "sampler_logit_noise": 1.0,
+            },
+            "ppo": {"correction": "icepop"},
+            "eval": {"every": 0, "n_prompts": 4},
+            "threads": 1,
+        }
+    )
+    assert not cfg.ppo.use_decoupled_loss
+    res = run(cfg, results_dir=tmp_path)
+    assert res.status == "completed", res.reason
+    h = res.history
+    lo, hi = h["policy/behave_weight_min"], h["policy/behave_weight_max"]
+    assert all(a < 1.0 or b > 1.0 for a, b in zip(lo, hi, strict=True)), (lo, hi)
+
+
+@pytest.mark.parametrize(
+    "sets,expect",
+    [
+        (["ppo.rejection_sampling.upper=2"], "ppo.rejection_sampling acts only with use_decoupled"),
+        (["ppo.behave_imp_weight_mode=token_mask"], "ppo.behave_imp_weight_mode 'token_mask' acts"),
+        (
+            ["ppo.use_decoupled_loss=true", "ppo.rejection_sampling={upper: 2, agg: max}"],
+            "ppo.rejection_sampling.agg 'max' has no effect at level 'token'",
+        ),
+    ],
+)
+def test_config_warnings_are_errors_on_the_command_line(sets, expect, tmp_path, runner):
+    result, results = _run(runner, tmp_path, *sets)
+    assert_refused(result, expect, results)
+
+
+# --- the Python API: no mutated inputs, AReaL's prox_logp, no ignored group_size ----------------
+
+
+def test_compute_loss_leaves_the_callers_batch_alone():
+    b = _batch()
+    keys = set(b)
+    mean_only = PPOActor(PPOConfig(adv_norm=NormConfig(mean_level="batch", std_level=None)))
+    plain = PPOActor(PPOConfig(adv_norm=None))
+    la, _ = mean_only.compute_loss(b)
+    assert set(b) == keys
+    lb, _ = plain.compute_loss(b)
+    fresh, _ = plain.compute_loss(_batch())
+    assert lb.item() == pytest.approx(fresh.item(), rel=1e-6)
+    assert la.item() != pytest.approx(lb.item(), rel=1e-3)
+
+
+def test_decoupled_loss_reads_areal_prox_logp():
+    b = _batch()
+    cfg = PPOConfig(use_decoupled_loss=True)
+    behaviour = torch.roll(b["logprobs"], -1, 1)
+    at_behaviour, _ = PPOActor(cfg).compute_loss({**b, "prox_logp": behaviour})
+    plain, _ = PPOActor(PPOConfig()).compute_loss(b)
+    assert at_behaviour.item() == pytest.approx(plain.item(), rel=1e-6)
+    moved, _ = PPOActor(cfg).compute_loss({**b, "prox_logp": behaviour - 0.5})
+    assert moved.item() != pytest.approx(plain.item(), rel=1e-3)
+    with pytest.raises(ValueError, match="no model, so use_decoupled_loss has no π_prox"):
+        PPOActor(cfg).compute_loss(b)
+    with pytest.raises(ValueError, match=r"batch\['prox_logp'\] \(π_prox\) is used only with"):
+        PPOActor(PPOConfig()).compute_loss({**b, "prox_logp": behaviour})
+
+
+def test_group_size_that_disagrees_with_the_batch_groups_is_refused():
+    b = _batch()
+    norm = NormConfig(mean_level="group", std_level="group", group_size=512)
+    with pytest.raises(ValueError, match=r"group_size 512 disagrees with the batch's group_sizes"):
+        PPOActor(PPOConfig(adv_norm=norm)).compute_loss(b)
+    agree = NormConfig(mean_level="group", std_level="group", group_size=2)
+    default = NormConfig(mean_level="group", std_level="group")
+    la, _ = PPOActor(PPOConfig(adv_norm=agree)).compute_loss(b)
+    lb, _ = PPOActor(PPOConfig(adv_norm=default)).compute_loss(b)
+    assert la.item() == pytest.approx(lb.item(), rel=1e-6)
+
+
+# --- a metric no run can log is refused before anything trains ---------------------------------
+
+import yaml  # noqa: E402
+
+TINY_BASE = {
+    "task": "reverse",
+    "tiny": {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 16},
+    "rollout": {"prompts_per_step": 2, "n_samples": 2, "max_new_tokens": 3},
+    "eval": {"every": 0, "n_prompts": 2},
+    "threads": 1,
+}
+
+
+@pytest.mark.parametrize(
+    "metric,over,expect",
+    [
+        (
+            "final/eval_pass_at_k",
+            {},
+            "metric: 'final/eval_pass_at_k' needs eval.samples > 0 (sampled evaluation); it is 0",
+        ),
+        (
+            "stability/mismatch_kl_k3_max",
+            {"grid": {"rollout.measure_mismatch": [True, False]}},
+            "needs rollout.measure_mismatch: true; it is false in cell 'measure_mismatch=False'",
+        ),
+        ("final/steps_to_threshold", {}, "is not logged by the training loops"),
+    ],
+)
+def test_a_metric_no_run_can_log_is_refused_on_dry_run(metric, over, expect, tmp_path, runner):
+    doc = {
+        "name": "unlogged",
+        "base": TINY_BASE,
+        "grid": {"ppo.eps_clip": [0.1, 0.2]},
+        "seeds": 1,
+        "steps": 2,
+        "metric": metric,
+        **over,
+    }
+    f = tmp_path / "exp.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    results = tmp_path / "results"
+    for extra in (["--dry-run"], []):
+        r = runner.invoke(app, ["ablate", str(f), "--results-dir", str(results), *extra])
+        assert_refused(r, expect, results)
+
+
+def test_a_run_without_its_metric_records_why(tmp_path, runner):
+    """stability/diverged_step is NaN in a run that does not diverge: the trial fails, and its
+    reason says which metric had no value (it used to say nothing)."""
+    import optuna
+
+    doc = {
+        "name": "nometric",
+        "base": TINY_BASE,
+        "grid": {"ppo.eps_clip": [0.2]},
+        "seeds": 1,
+        "steps": 1,
+        "metric": "stability/diverged_step",
+    }
+    f = tmp_path / "exp.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    results = tmp_path / "results"
+    r = runner.invoke(app, ["ablate", str(f), "--results-dir", str(results)])
+    err = r.stderr or ""
+    assert "no reason recorded" not in r.output + err
+    assert "stability/diverged_step is nan in this run's summary" in err, err
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(results / "optuna-journal.log"))
+    )
+    (trial,) = optuna.load_study(study_name="nometric", storage=storage).trials
+    assert trial.user_attrs["reason"].startswith("stability/diverged_step is nan")

@@ -134,9 +134,17 @@ def build_run_config(
     if isinstance(overrides, list):
         overrides = dict(parse_override(o) for o in overrides)
     merged = apply_overrides(merged, overrides or {})
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return from_dict(RunConfig, merged)
+    # A config's warning says a setting will not do what it reads as: never silenced, it is
+    # the one-line error instead (the CLI's exit 2), found before anything runs.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cfg = from_dict(RunConfig, merged)
+    for w in caught:
+        if issubclass(w.category, UserWarning):
+            raise ConfigError(str(w.message).splitlines()[0])
+    for w in caught:  # a library's own warning (deprecations ...) is shown as it would be
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return cfg
 
 
 def validate_task(cfg: RunConfig) -> None:
