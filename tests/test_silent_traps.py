@@ -264,3 +264,42 @@ def test_a_run_without_its_metric_records_why(tmp_path, runner):
     )
     (trial,) = optuna.load_study(study_name="nometric", storage=storage).trials
     assert trial.user_attrs["reason"].startswith("stability/diverged_step is nan")
+
+
+# --- a correction block may name a preset and refine it ----------------------------------------
+
+
+def test_set_after_a_preset_refines_it():
+    from harness.config import build_run_config
+    from harness.ppo.corrections import PRESETS
+
+    cfg = build_run_config({}, ["ppo.correction=token_tis", "ppo.correction.clip_max=3"])
+    assert cfg.ppo.correction == PRESETS["token_tis"].correction.__class__(
+        **{**vars(PRESETS["token_tis"].correction), "clip_max": 3.0}
+    )
+    block = build_run_config({"ppo": {"correction": {"preset": "icepop", "clip_max": 4}}})
+    c = block.ppo.correction
+    assert (c.weight, c.clip_min, c.clip_max, c.zero_outside) == ("token", 0.5, 4.0, True)
+    # the same in an experiment grid: the axis refines the base's preset in every cell
+    from harness.config.loading import apply_overrides
+
+    base = {"ppo": {"correction": "token_tis"}}
+    cell = build_run_config(apply_overrides(base, {"ppo.correction.clip_max": 5}))
+    assert cell.ppo.correction.clip_max == 5.0 and cell.ppo.correction.log_clamp == 20.0
+    assert base == {"ppo": {"correction": "token_tis"}}
+
+
+@pytest.mark.parametrize(
+    "sets,expect",
+    [
+        (["ppo.correction=none"], "got 'none' (no correction is null, e.g. --set ppo.correction"),
+        (["ppo.correction={preset: tis}"], "ppo.correction.preset: must be one of token_tis,"),
+        (
+            ["ppo.correction.clip_max=3"],
+            "need a weight: set weight to one of token, sequence_product, sequence_geometric",
+        ),
+    ],
+)
+def test_correction_errors_say_what_to_write(sets, expect, tmp_path, runner):
+    result, results = _run(runner, tmp_path, *sets)
+    assert_refused(result, expect, results)

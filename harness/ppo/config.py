@@ -77,7 +77,10 @@ class PPOActorConfig:
         metadata=_h(
             "Training-inference mismatch correction: a block {weight, clip_min, clip_max, "
             "zero_outside, log_clamp, batch_normalize, filters, sequential, denominator, bypass} "
-            "or a preset name (" + ", ".join(PRESETS) + "); docs/corrections.md."
+            "or a preset name (" + ", ".join(PRESETS) + "), or a block {preset: NAME, ...} "
+            "whose keys override the preset's (so does --set ppo.correction.KEY after a preset "
+            "name); without use_decoupled_loss it recomputes π_prox itself (TRL); "
+            "docs/corrections.md."
         ),
     )
     use_decoupled_loss: bool = field(
