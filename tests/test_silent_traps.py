@@ -303,3 +303,36 @@ def test_set_after_a_preset_refines_it():
 def test_correction_errors_say_what_to_write(sets, expect, tmp_path, runner):
     result, results = _run(runner, tmp_path, *sets)
     assert_refused(result, expect, results)
+
+
+# --- math_verify must be able to score the reference answers --------------------------------
+
+
+def test_math_verify_on_answers_that_are_not_math_is_refused(tmp_path, runner):
+    pytest.importorskip("math_verify")
+    data = tmp_path / "capitals.jsonl"
+    rows = [("France", "Paris"), ("Italy", "Rome"), ("Two plus two", "4")]
+    data.write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n" for p, a in rows))
+    result, results = _run(
+        runner, tmp_path, f"task=jsonl:{data}", "task_options={reward: math_verify}"
+    )
+    line = assert_refused(result, "task_options.reward: math_verify scores 2 of 3 checked", results)
+    assert "capitals.jsonl line " in line and "use reward exact or numeric" in line
+
+
+def test_math_verify_on_math_answers_is_accepted():
+    pytest.importorskip("math_verify")
+    import tempfile
+
+    from harness.tasks import get_task
+
+    with tempfile.TemporaryDirectory() as d:
+        data = Path(d) / "math.jsonl"
+        rows = [("half", "\\frac{1}{2}"), ("x", "x^2 + 1"), ("n", "42")]
+        data.write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n" for p, a in rows))
+        task = get_task(f"jsonl:{data}", reward="math_verify", answer_format="tag")
+        ex = task.held_out[0]
+        assert task.score(ex, task.demonstration(ex)) == 1.0
+        # bare in raw format math-verify's free-text extraction misses x^2 + 1: refused
+        with pytest.raises(ValueError, match=r"scores 1 of 3 checked .* 'x\^2 \+ 1'"):
+            get_task(f"jsonl:{data}", reward="math_verify")

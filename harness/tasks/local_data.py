@@ -27,6 +27,7 @@ from typing import Any
 from harness.tasks.pairs import (
     PairTask,
     answer_options,
+    check_reference_answers,
     file_digest,
     pairs_from_records,
     read_jsonl,
@@ -184,7 +185,7 @@ def hf_task(
             row="row",
         )
     options = {"prompt_field": prompt_field, "answer_field": answer_field, "split": split}
-    return PairTask(
+    task = PairTask(
         spec,
         examples,
         scorer,
@@ -193,6 +194,8 @@ def hf_task(
         answer_spec=answer_spec,
         options={**options, **changed},
     )
+    check_reference_answers(task, reward)
+    return task
 
 
 __all__ = ["hf_task"]
