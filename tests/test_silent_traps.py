@@ -336,3 +336,127 @@ def test_math_verify_on_math_answers_is_accepted():
         # bare in raw format math-verify's free-text extraction misses x^2 + 1: refused
         with pytest.raises(ValueError, match=r"scores 1 of 3 checked .* 'x\^2 \+ 1'"):
             get_task(f"jsonl:{data}", reward="math_verify")
+
+
+# --- export: every setting maps or is named in a # comment, in every target ---------------------
+
+import typing  # noqa: E402
+
+from harness.config import RunConfig  # noqa: E402
+from harness.core.configtools import declared_fields, field_defaults  # noqa: E402
+
+# Settings that only act together with others: the walk changes them in that context.
+CONTEXT = {
+    "ppo.rejection_sampling.agg": {
+        "ppo.use_decoupled_loss": True,
+        "ppo.rejection_sampling": {"level": "sequence"},
+    },
+    "ppo.rejection_sampling.": {"ppo.use_decoupled_loss": True, "ppo.rejection_sampling": {}},
+    "ppo.behave_imp_weight_mode": {"ppo.use_decoupled_loss": True},
+    "ppo.overlong_reward_penalty": {},
+    "ppo.behave_imp_weight_cap": {
+        "ppo.use_decoupled_loss": True,
+        "ppo.behave_imp_weight_mode": "token_mask",
+    },
+    "ppo.overlong_": {
+        "ppo.overlong_reward_penalty": True,
+        "ppo.overlong_tokens": 4,
+        "ppo.overlong_penalty_factor": 1.0,
+    },
+    "model_options.lora.": {"model_options.lora": {}},
+    "critic.": {"critic.enabled": True},
+    "warm_start.": {"warm_start.steps": 10},
+    "rollout.max_resample_rounds": {"rollout.zero_variance_filter": True},
+    "ppo.adv_norm.": {"ppo.adv_norm": {"mean_level": "group", "std_level": "group"}},
+    "ppo.reward_norm.": {"ppo.reward_norm": {"mean_level": "group", "std_level": "group"}},
+    "ppo.kl_estimator": {"ppo.kl_ctl": 0.1},
+}
+for _name in ("cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "dppo", "vespo", "m2po"):
+    CONTEXT[f"ppo.{_name}."] = {"ppo.policy_loss": _name}
+# Changed only together with what it needs (the walk adds these to the changed config).
+PARTNERS = {
+    "ppo.overlong_reward_penalty": {"ppo.overlong_tokens": 4, "ppo.overlong_penalty_factor": 1.0}
+}
+CHANGED = {  # a valid other value where the generic rule below cannot find one
+    "ppo.behave_imp_weight_cap": 3.0,
+    "ppo.correction": "token_tis",
+    "ppo.behave_imp_weight_mode": "token_mask",
+    "ppo.rejection_sampling.lower": 0.5,
+    "ppo.rejection_sampling.agg": "max",
+    "ppo.overlong_reward_penalty": True,
+    "ppo.overlong_tokens": 8,
+    "ppo.overlong_penalty_factor": 0.5,
+    "ppo.adv_norm.group_size": 4,
+    "ppo.reward_norm.group_size": 4,
+    "model_options.lora.target_modules": ["q_proj"],
+    "model_options.dtype": "bfloat16",
+    "rollout.chat_template": "auto",
+    "rollout.max_prompt_tokens": 64,
+    "ppo.eps_clip_higher": 0.3,
+    "ppo.c_clip": 3.0,
+    "ppo.loss_agg_mode": "seq-mean-token-sum",
+    "ppo.policy_loss": "cispo",
+    "optim.schedule": "cosine",
+    "optim.grad_clip": 0.5,
+    "rollout.top_p": 0.9,
+}
+
+
+def _other_value(path: str, tp, default):
+    if path in CHANGED:
+        return CHANGED[path]
+    base = typing.get_args(tp)[0] if type(None) in typing.get_args(tp) else tp
+    if typing.get_origin(base) is typing.Literal:
+        return next(v for v in typing.get_args(base) if v != default and v is not None)
+    if base is bool:
+        return not default
+    if base is int:
+        return (default or 1) + 1
+    if base is float:
+        return 0.5 if default in (None, 0.0) else default * 0.5
+    raise AssertionError(f"{path}: give a changed value in CHANGED ({tp!r})")
+
+
+def _in_context(path: str) -> dict:
+    return next((over for prefix, over in CONTEXT.items() if path.startswith(prefix)), {})
+
+
+def _named(path: str, text: str) -> bool:
+    notes = " ".join(ln for ln in text.splitlines() if ln.startswith("#"))
+    parent = path.rsplit(".", 1)[0]
+    return path in notes or (parent.count(".") >= 1 and parent in notes)
+
+
+def _value_at(cfg, path: str):
+    from harness.core.configtools import flatten, to_dict
+
+    return flatten(to_dict(cfg)).get(path)
+
+
+def test_every_setting_maps_or_is_named_by_every_target():
+    """Walk every config field: changed (in the context it acts in), each target's export
+    either writes something different or names the field in a # comment."""
+    from harness.config import build_run_config
+    from harness.config.loading import apply_overrides
+    from harness.sweep.export import NOT_EXPORTED, TARGETS, export_cell
+
+    types = declared_fields(RunConfig)
+    unaccounted, walked = [], 0
+    for path, default in field_defaults(RunConfig).items():
+        if any(path == k or (k.endswith(".") and path.startswith(k)) for k in NOT_EXPORTED):
+            continue
+        context = _in_context(path)
+        tp = types[path][0] if path in types else typing.Any
+        before = build_run_config(apply_overrides({}, context))
+        now = _value_at(before, path)
+        value = _other_value(path, tp, now if now is not None else default)
+        changed = {**context, path: value, **PARTNERS.get(path, {})}
+        after = build_run_config(apply_overrides({}, changed))
+        assert _value_at(after, path) != now or path == "ppo.correction", path
+        walked += 1
+        for target in TARGETS:
+            a, b = export_cell(before, target), export_cell(after, target)
+            if a == b and not _named(path, b):
+                unaccounted.append(f"{target}: {path}")
+    assert walked > 80
+    assert not unaccounted, unaccounted
