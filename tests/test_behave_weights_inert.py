@@ -24,9 +24,9 @@ LEAKED = {"ppo.behave_imp_weight_mode": "token_mask", "ppo.behave_imp_weight_cap
 
 
 def test_leaked_behaviour_weight_settings_are_refused_without_decoupled_loss():
-    with pytest.raises(ConfigError, match="behave_imp_weight_mode 'token_mask' acts only with "):
+    with pytest.raises(ConfigError, match="behave_imp_weight_mode: 'token_mask' acts only with "):
         build_run_config(BASE, LEAKED)
-    with pytest.raises(ConfigError, match="rejection_sampling acts only with use_decoupled_loss"):
+    with pytest.raises(ConfigError, match="rejection_sampling: acts only with use_decoupled_loss"):
         build_run_config(BASE, {"ppo.rejection_sampling": {"upper": 2.0}})
 
 

@@ -229,13 +229,13 @@ class PPOActorConfig:
         if not self.use_decoupled_loss:
             if self.rejection_sampling is not None:
                 raise ValueError(
-                    "rejection_sampling acts only with use_decoupled_loss=true (without it "
+                    "rejection_sampling: acts only with use_decoupled_loss=true (without it "
                     "π_prox = π_behave and every weight is 1); set use_decoupled_loss=true or "
                     "use ppo.correction, which recomputes π_prox itself"
                 )
             if self.behave_imp_weight_mode != "disabled":
                 raise ValueError(
-                    f"behave_imp_weight_mode {self.behave_imp_weight_mode!r} acts only with "
+                    f"behave_imp_weight_mode: {self.behave_imp_weight_mode!r} acts only with "
                     "use_decoupled_loss=true (without it π_prox = π_behave and every weight is "
                     "1); set use_decoupled_loss=true, or behave_imp_weight_mode: disabled"
                 )
