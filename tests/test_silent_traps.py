@@ -136,8 +136,14 @@ def test_correction_acts_in_a_run_with_a_noisy_sampler(tmp_path):
 @pytest.mark.parametrize(
     "sets,expect",
     [
-        (["ppo.rejection_sampling.upper=2"], "ppo.rejection_sampling: acts only with use_decoupled"),
-        (["ppo.behave_imp_weight_mode=token_mask"], "ppo.behave_imp_weight_mode: 'token_mask' acts"),
+        (
+            ["ppo.rejection_sampling.upper=2"],
+            "ppo.rejection_sampling: acts only with use_decoupled",
+        ),
+        (
+            ["ppo.behave_imp_weight_mode=token_mask"],
+            "ppo.behave_imp_weight_mode=token_mask: 'token_mask' acts only with use_decoupled_loss=true",
+        ),
         (
             ["ppo.use_decoupled_loss=true", "ppo.rejection_sampling={upper: 2, agg: max}"],
             "ppo.rejection_sampling.agg 'max' has no effect at level 'token'",
