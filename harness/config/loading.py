@@ -145,7 +145,9 @@ def expand_presets(data: dict[str, Any]) -> dict[str, Any]:
 
     out = copy.deepcopy(data)
     ppo = out.get("ppo")
-    block = ppo.get("correction") if isinstance(ppo, dict) else None
+    if not isinstance(ppo, dict):
+        return out
+    block = ppo.get("correction")
     if isinstance(block, dict) and "preset" in block:
         name = block.pop("preset")
         if name not in PRESETS:
