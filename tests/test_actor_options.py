@@ -198,12 +198,14 @@ def test_areal_style_examples_run_with_only_import_changes():
         use_decoupled_loss=True,
     )
     actor = Actor(config)
-    loss2, stats2 = actor.compute_loss(dict(rollout_batch))
+    # Without a model π_prox comes with the batch, under AReaL's key (predicting layout).
+    prox = {"prox_logp": torch.roll(rollout_batch["logprobs"], -1, 1) + 0.3}
+    loss2, stats2 = actor.compute_loss({**rollout_batch, **prox})
     assert torch.isfinite(loss2) and "behave_imp_weight" in stats2
 
     norm_cfg = NC(
         mean_level="group",
-        group_size=512,
+        group_size=2,
         std_level="group",
         std_unbiased=True,
         mean_leave1out=True,

@@ -94,7 +94,9 @@ def test_actor_default_objective_is_ppo_actor_loss():
         "current_logprobs": cur,
     }
     config = PPOActorConfig(eps_clip=0.2, c_clip=3.0)
-    loss, _ = PPOActor(config).compute_loss(batch)
+    actor = PPOActor(config)
+    actor.compute_advantages(batch)  # compute_loss itself leaves the caller's batch alone
+    loss, _ = actor.compute_loss(batch)
     m = batch["mask"]
     want, _ = ppo_actor_loss(
         torch.roll(cur, -1, -1),

@@ -261,7 +261,7 @@ def test_shape_mismatch_and_bad_configs():
         RejectionSampling(action="clamp", metric="kl_k3", upper=1.0)
     with pytest.raises(ValueError, match="must be <= upper"):
         RejectionSampling(lower=3.0, upper=2.0)
-    with pytest.warns(UserWarning, match="no effect"):
+    with pytest.raises(ValueError, match="agg 'max' has no effect at level 'token'"):
         RejectionSampling(agg="max")
 
 

@@ -120,7 +120,7 @@ def test_jsonl_errors(tmp_path):
     with pytest.raises(ValueError, match=r"bad.jsonl line 3: invalid JSON"):
         get_task(f"jsonl:{bad}")
     keys = _write(tmp_path / "keys.jsonl", ['{"prompt": "a=", "answer": "1"}', '{"question": "b"}'])
-    with pytest.raises(ValueError, match=r"keys.jsonl line 2: expected an object"):
+    with pytest.raises(ValueError, match=r"keys.jsonl line 2: unknown key .question."):
         get_task(f"jsonl:{keys}")
     empty = _write(tmp_path / "empty.jsonl", [""])
     with pytest.raises(ValueError, match="holds no examples"):

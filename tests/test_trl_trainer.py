@@ -151,10 +151,7 @@ BAD = {
     "critic": ({"critic.enabled": True}, "critic.enabled"),
     "staleness": ({"rollout.staleness": 2}, "rollout.staleness"),
     "decoupled": ({"ppo.use_decoupled_loss": True}, "ppo.use_decoupled_loss"),
-    "behave": (
-        {"ppo.use_decoupled_loss": False, "ppo.behave_imp_weight_mode": "token_mask"},
-        "ppo.behave_imp_weight_mode",
-    ),
+    "is-weight": ({"ppo.correction": "token_tis"}, "ppo.correction.weight"),
     "adv_norm": ({"ppo.adv_norm": GROUP}, "ppo.adv_norm"),
     "no-reward-norm": ({"ppo.reward_norm": None}, "ppo.reward_norm"),
     "batch-mean": ({"ppo.reward_norm": {"mean_level": "batch"}}, "ppo.reward_norm"),

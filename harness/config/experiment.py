@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -169,6 +168,37 @@ def _check_overrides(
     return None
 
 
+_SAMPLED_EVAL = ("final/eval_pass_at_1", "final/eval_pass_at_k", "final/eval_mean_at_n")
+_MISMATCH = ("stability/mismatch_kl_k3_mean", "stability/mismatch_kl_k3_max")
+
+
+def unlogged_metric(metric: str, cfg: RunConfig) -> str | None:
+    """Why a run under ``cfg`` can never log ``metric`` (its summary would hold NaN and every
+    trial fail), or None.  Each key that depends on a setting is listed here."""
+    if metric in _SAMPLED_EVAL and cfg.eval.samples == 0:
+        return "needs eval.samples > 0 (sampled evaluation); it is 0"
+    if metric in _MISMATCH:
+        if not cfg.rollout.measure_mismatch:
+            return "needs rollout.measure_mismatch: true; it is false"
+        if cfg.trainer == "trl":
+            return "is not logged with trainer: trl (the harness loop measures the mismatch)"
+    if metric == "final/steps_to_threshold":
+        return "is not logged by the training loops (no reward threshold is configured)"
+    return None
+
+
+def _check_metrics_logged(
+    file: str, metrics: list[tuple[str, str]], cfgs: list[tuple[str, RunConfig]]
+) -> None:
+    """Each ranked/optimized metric must be loggable in every cell, checked before any run."""
+    for key, metric in metrics:
+        for label, cfg in cfgs:
+            why = unlogged_metric(metric, cfg)
+            if why is not None:
+                where = f" in cell {label!r}" if label else ""
+                raise _err(file, key, f"{metric!r} {why}{where}")
+
+
 def load_experiment(path: str | Path) -> ExperimentSpec:
     """Parse and completely validate an experiment file (raises ConfigError)."""
     with shared_probes():  # the cells' prompt probes, computed once per distinct setting
@@ -189,13 +219,26 @@ def _load_experiment(path: str | Path) -> ExperimentSpec:
     cells: list[Cell] = []
     if doc.search is not None:
         search = doc.search.resolve(doc.metric, doc.direction)
+        checked: list[tuple[str, RunConfig]] = [("", base_cfg)]
         for key, param in doc.search.params.items():  # every end of a range is a valid value
             values = param.choices if param.type == "categorical" else (param.low, param.high)
             for v in values or ():
                 _check_overrides(file, f"search.params.{key}", {key: v}, base)
+                over = apply_overrides(base, {key: v})
+                checked.append((f"{key}={v!r}", build_run_config(over)))
+        metrics = [
+            (f"search.objectives[{i}].metric" if doc.search.objectives else "metric", m)
+            for i, (m, _) in enumerate(search.objectives)
+        ]
+        _check_metrics_logged(file, metrics, checked)
     else:
         assert doc.grid is not None  # ExperimentFile refuses a file with neither
         axes, variants, cells = _expand_grid(file, doc.grid, base)
+        _check_metrics_logged(
+            file,
+            [("metric", doc.metric)],
+            [(c.label, build_run_config(apply_overrides(base, c.overrides))) for c in cells],
+        )
     return ExperimentSpec(
         name=doc.name,
         description=doc.description.strip(),
@@ -226,10 +269,8 @@ def _load_base(file: str, base_raw: dict[str, Any] | str) -> tuple[dict[str, Any
         base_raw = load_yaml(base_path)
     base = expand_aliases(base_raw)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            base_cfg = build_run_config(base)
-            validate_task(base_cfg)
+        base_cfg = build_run_config(base)
+        validate_task(base_cfg)
     except ConfigError as err:
         raise _err(file, "base", str(err)) from None
     return base, base_cfg
@@ -292,11 +333,9 @@ def _expand_grid(
         label = cell_label(choice, axis_names)
         suspects = [alone[key] for key in zip(axis_names, picks, strict=True) if key in alone]
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                cfg = build_run_config(apply_overrides(base, overrides))
-                if suspects:  # the checks the value alone failed, now on the whole cell
-                    validate_task(cfg)
+            cfg = build_run_config(apply_overrides(base, overrides))
+            if suspects:  # the checks the value alone failed, now on the whole cell
+                validate_task(cfg)
             # Each axis value was checked alone; together (width x depth) they may not fit.
             check_memory(cfg)
         except ConfigError as err:

@@ -112,7 +112,49 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
     ``overrides`` are never modified."""
     out = copy.deepcopy(data)
     for key, value in overrides.items():
-        set_path(out, resolve_alias(key), copy.deepcopy(value))
+        full = resolve_alias(key)
+        _refine_preset(out, full)
+        set_path(out, full, copy.deepcopy(value))
+    return out
+
+
+# Config paths whose value may be a preset name standing for a whole block.
+PRESET_PATHS = ("ppo.correction",)
+
+
+def _refine_preset(data: dict[str, Any], dotted: str) -> None:
+    """Before a sub-key of a preset path is set (``ppo.correction.clip_max`` after
+    ``ppo.correction: token_tis``), the name becomes ``{preset: token_tis}``, so the sub-key
+    refines the preset instead of replacing it by a block holding only that key."""
+    for block in PRESET_PATHS:
+        if not dotted.startswith(block + "."):
+            continue
+        *parents, last = block.split(".")
+        cur: Any = data
+        for p in parents:
+            cur = cur.get(p) if isinstance(cur, dict) else None
+        if isinstance(cur, dict) and isinstance(cur.get(last), str):
+            cur[last] = {"preset": cur[last]}
+
+
+def expand_presets(data: dict[str, Any]) -> dict[str, Any]:
+    """A block naming a preset (``{preset: token_tis, clip_max: 3}``) → the preset's block with
+    the given keys overriding its own (in a deep copy)."""
+    from harness.ppo.corrections import PRESETS
+    from harness.ppo.corrections.registry import preset_block
+
+    out = copy.deepcopy(data)
+    ppo = out.get("ppo")
+    if not isinstance(ppo, dict):
+        return out
+    block = ppo.get("correction")
+    if isinstance(block, dict) and "preset" in block:
+        name = block.pop("preset")
+        if name not in PRESETS:
+            raise ConfigError(
+                f"ppo.correction.preset: must be one of {', '.join(PRESETS)}; got {name!r}"
+            )
+        ppo["correction"] = {**preset_block(name), **block}
     return out
 
 
@@ -133,10 +175,18 @@ def build_run_config(
     merged = expand_aliases(data or {})
     if isinstance(overrides, list):
         overrides = dict(parse_override(o) for o in overrides)
-    merged = apply_overrides(merged, overrides or {})
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return from_dict(RunConfig, merged)
+    merged = expand_presets(apply_overrides(merged, overrides or {}))
+    # A config's warning says a setting will not do what it reads as: never silenced, it is
+    # the one-line error instead (the CLI's exit 2), found before anything runs.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cfg = from_dict(RunConfig, merged)
+    for w in caught:
+        if issubclass(w.category, UserWarning):
+            raise ConfigError(str(w.message).splitlines()[0])
+    for w in caught:  # a library's own warning (deprecations ...) is shown as it would be
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return cfg
 
 
 def validate_task(cfg: RunConfig) -> None:

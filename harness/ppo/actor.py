@@ -14,6 +14,10 @@ produced by ``harness.run.rollout.sample``:
     values          [B, L]        optional: critic values, "predicting" layout (position t = the
                                   state before token t+1)
     ref_logprobs    [B, L]        optional: reference-policy log-probs, token layout
+    prox_logp       [B, L]        optional (AReaL's key): π_prox, the learner's log-probs at the
+                                  old parameters, *predicting* layout as ``compute_logp`` returns
+                                  them; used instead of a recompute by the decoupled loss, a
+                                  correction or recompute_logprob (refused otherwise)
     current_logprobs [B, L]       optional, model-free use only: the current policy's log-probs
                                   (token layout, carrying the gradient)
     current_entropy [B, L]        optional, model-free use only: its entropy (token layout)
@@ -153,14 +157,42 @@ class PPOActor:
         batch["group_ids"] = group_ids_from_sizes(group_sizes, B, m.device)
 
         # Old (behaviour, or recomputed) and proximal log-probs, predicting layout
-        # (docs/ppo-semantics.md "Log-probability roles").
-        needs_recompute = cfg.use_decoupled_loss or cfg.recompute_logprob
+        # (docs/ppo-semantics.md "Log-probability roles").  A correction weighing π_prox
+        # against the sampler recomputes π_prox even without use_decoupled_loss, as TRL's
+        # vllm_importance_sampling_correction does (docs/corrections.md "Without the
+        # decoupled loss"); with old = prox its weight would be 1 everywhere.
+        decoupled = cfg.recomputes_proximal
+        needs_recompute = decoupled or cfg.recompute_logprob
         behaviour = roll_left(batch["logprobs"].float()) * mf
+        given = batch.get("prox_logp")
+        if given is not None and not needs_recompute:
+            raise ValueError(
+                "batch['prox_logp'] (π_prox) is used only with use_decoupled_loss, "
+                "recompute_logprob or a correction that reads π_prox; drop it or set one"
+            )
         recomputed = None
-        if needs_recompute and self.model is not None:
+        if given is not None:  # AReaL's key: the caller's π_prox, predicting layout
+            if tuple(given.shape) != tuple(loss_mask.shape):
+                raise ValueError(
+                    f"batch['prox_logp'] has shape {tuple(given.shape)}; the batch's loss_mask "
+                    f"has {tuple(loss_mask.shape)}"
+                )
+            recomputed = given.detach().float() * mf
+        elif needs_recompute and self.model is not None:
             with torch.no_grad():
                 recomputed = self.compute_logp(batch)[0] * mf
-        if cfg.use_decoupled_loss:
+        elif needs_recompute:
+            what = (
+                "use_decoupled_loss"
+                if cfg.use_decoupled_loss
+                else ("ppo.correction" if decoupled else "recompute_logprob")
+            )
+            raise ValueError(
+                f"PPOActor has no model, so {what} has no π_prox: pass the batch's 'prox_logp' "
+                "(the learner's log-probs at the old parameters, predicting layout, as "
+                "PPOActor.compute_logp returns them)"
+            )
+        if decoupled:
             old = behaviour
             prox = recomputed if recomputed is not None else behaviour
         elif cfg.recompute_logprob and recomputed is not None:
@@ -233,10 +265,12 @@ class PPOActor:
         logprobs: torch.Tensor | None = None,
         entropy: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
-        """The PPO loss of ``batch`` (computing advantages first if they are missing)."""
+        """The PPO loss of ``batch`` (computing advantages first if they are missing, on a
+        copy: the caller's dict is left as it was, so another actor's options are not
+        answered with this one's advantages)."""
         cfg = self.config
         if "advantages" not in batch:
-            self.compute_advantages(batch)
+            batch = self.compute_advantages(dict(batch))
         top_entropy = cfg.top_entropy_quantile < 1.0
         if logprobs is None:
             logprobs, entropy = self.compute_logp(

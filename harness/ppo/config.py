@@ -6,7 +6,6 @@ run configuration; ``harness.config.RunConfig`` nests it as ``ppo``.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -78,7 +77,10 @@ class PPOActorConfig:
         metadata=_h(
             "Training-inference mismatch correction: a block {weight, clip_min, clip_max, "
             "zero_outside, log_clamp, batch_normalize, filters, sequential, denominator, bypass} "
-            "or a preset name (" + ", ".join(PRESETS) + "); docs/corrections.md."
+            "or a preset name (" + ", ".join(PRESETS) + "), or a block {preset: NAME, ...} "
+            "whose keys override the preset's (so does --set ppo.correction.KEY after a preset "
+            "name); without use_decoupled_loss it recomputes π_prox itself (TRL); "
+            "docs/corrections.md."
         ),
     )
     use_decoupled_loss: bool = field(
@@ -228,15 +230,30 @@ class PPOActorConfig:
                     "vespo.behaviour_weight 'fold' folds a per-token ρ into W: it needs "
                     "correction with weight 'token' (TRL's token_truncate / token_mask)"
                 )
-        weighting = self.behave_imp_weight_mode != "disabled" or self.rejection_sampling is not None
-        weighting = weighting or (c is not None and "proximal" in c.references())
-        if weighting and not self.use_decoupled_loss:
-            warnings.warn(
-                "behaviour importance weights only have an effect with use_decoupled_loss=true "
-                "(otherwise π_prox = π_behave and the weight is 1)",
-                UserWarning,
-                stacklevel=2,
-            )
+        # AReaL's own weightings read π_prox only under its decoupled loss (otherwise π_prox =
+        # π_behave and every weight is 1): refused rather than silently inert.  ppo.correction
+        # recomputes π_prox itself (recomputes_proximal), as TRL does.
+        if not self.use_decoupled_loss:
+            if self.rejection_sampling is not None:
+                raise ValueError(
+                    "rejection_sampling: acts only with use_decoupled_loss=true (without it "
+                    "π_prox = π_behave and every weight is 1); set use_decoupled_loss=true or "
+                    "use ppo.correction, which recomputes π_prox itself"
+                )
+            if self.behave_imp_weight_mode != "disabled":
+                raise ValueError(
+                    f"behave_imp_weight_mode: {self.behave_imp_weight_mode!r} acts only with "
+                    "use_decoupled_loss=true (without it π_prox = π_behave and every weight is "
+                    "1); set use_decoupled_loss=true, or behave_imp_weight_mode: disabled"
+                )
+
+    @property
+    def recomputes_proximal(self) -> bool:
+        """π_prox is the learner recomputed at the old parameters, π_behave the sampler: with
+        the decoupled loss, or with a correction that reads π_prox (TRL's semantics)."""
+        c = self.correction
+        corr = isinstance(c, Correction) and "proximal" in c.references()
+        return self.use_decoupled_loss or corr
 
 
 def check_overlong(on: bool, tokens: int | None, factor: float | None) -> None:

@@ -9,7 +9,6 @@ v1.0.0.post1–v1.0.3.  ``docs/ppo-semantics.md`` "PPO actor loss".
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -106,10 +105,11 @@ class RejectionSampling:
                 f"rejection_sampling.lower ({self.lower}) must be <= upper ({self.upper})"
             )
         if self.level == "token" and self.agg != "mean":
-            warnings.warn(
-                f"rejection_sampling.agg={self.agg!r} has no effect at level 'token'",
-                UserWarning,
-                stacklevel=3,
+            # A setting that cannot act is refused, not warned about (a grid over agg at token
+            # level would give identical cells).
+            raise ValueError(
+                f"rejection_sampling.agg {self.agg!r} has no effect at level 'token'; leave agg "
+                "at 'mean' or set level 'sequence'"
             )
         if self.action == "clamp" and self.lower is None:
             object.__setattr__(self, "lower", 0.0)

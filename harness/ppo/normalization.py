@@ -39,6 +39,8 @@ Deviations from AReaL main, on purpose (each has a test in tests/test_ppo_golden
   dividing the leftover rows by ``eps`` (docs/ppo-semantics.md "Q4: group size that does not
   divide the batch": ``[1, 3, 5]`` with groups of 2 gives
   ``500000.0`` for the last entry there).
+* A ``group_size`` other than 1 next to explicit ``group_sizes`` that disagree with it raises
+  ``ValueError`` (AReaL uses the explicit sizes and ignores the setting).
 * Every statistic stays in float64 until the final cast.  AReaL writes group-level μ and σ into a
   buffer of x's dtype and centres in that dtype (float32 for float32 input), while batch-level
   ones stay float64; the difference is float32 rounding (≤ 1e-6 relative).
@@ -95,7 +97,8 @@ class NormConfig:
         default=1,
         metadata={
             "help": "Rows per group when no explicit group sizes are passed (the training loop "
-            "passes the real per-prompt sizes).",
+            "passes the real per-prompt sizes); 1 = the batch's, any other value must agree "
+            "with them.",
             "ge": 1,
             "le": 10_000,
         },
@@ -138,6 +141,14 @@ def _group_ids(
             raise ValueError(f"group_sizes must all be > 0; got {sizes}")
         if sum(sizes) != batch:
             raise ValueError(f"group_sizes sum to {sum(sizes)} but the batch has {batch} rows")
+        # group_size 1 is the default ("take the batch's groups"); any other value is a claim
+        # about the groups that the batch's own sizes must bear out, else one of them is wrong.
+        if cfg.group_size != 1 and any(s != cfg.group_size for s in sizes):
+            raise ValueError(
+                f"group_size {cfg.group_size} disagrees with the batch's group_sizes "
+                f"{sizes[:8]}{' ...' if len(sizes) > 8 else ''}; leave group_size at 1 to use "
+                "the batch's groups"
+            )
     else:
         if batch % cfg.group_size != 0:
             raise ValueError(

@@ -98,7 +98,7 @@ def mismatch_probe(cfg: Any, device: torch.device, learner: torch.dtype | None) 
         learner=learner,
         temperature=p.temperature,
         enabled=cfg.rollout.measure_mismatch,
-        reuse_recompute=bool(p.use_decoupled_loss or p.recompute_logprob),
+        reuse_recompute=bool(p.recomputes_proximal or p.recompute_logprob),
     )
 
 

@@ -74,7 +74,7 @@ def clip_is_inert(cfg: RunConfig) -> bool:
     when rollouts are fresh, or the recomputed proximal policy in decoupled mode."""
     p = cfg.ppo
     single_step = p.ppo_n_minibatches * p.ppo_epochs == 1
-    return single_step and (cfg.rollout.staleness == 0 or p.use_decoupled_loss)
+    return single_step and (cfg.rollout.staleness == 0 or p.recomputes_proximal)
 
 
 @dataclass

@@ -18,6 +18,7 @@ refused unless they are plain module names (Hydra would interpolate ``${...}`` i
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 import shlex
@@ -90,6 +91,37 @@ def _trl_use_cpu(cfg: RunConfig) -> tuple[bool, str | None]:
     return False, None
 
 
+def _warm_start_note(cfg: RunConfig, target: str) -> list[str]:
+    """The warm start is a separate supervised phase no target's RL config holds."""
+    w = cfg.warm_start
+    if not w.steps:
+        return []
+    return [
+        f"# warm_start.steps={w.steps} (lr {w.lr}, batch_size {w.batch_size}): the harness "
+        f"fine-tunes on the task's demonstrations before RL; {target}'s RL trainer has no such "
+        "phase: run SFT first (e.g. TRL's SFTTrainer) and start RL from that checkpoint"
+    ]
+
+
+def _sampler_notes(cfg: RunConfig, target: str, dtype_key: str | None) -> list[str]:
+    """The harness's sampler-only settings: noise is a measurement knob no framework has; the
+    sampler's precision is the rollout engine's dtype (``dtype_key``) where the target names
+    one in its RL config."""
+    r = cfg.rollout
+    notes = []
+    if r.sampler_logit_noise > 0:
+        notes.append(
+            f"# rollout.sampler_logit_noise={r.sampler_logit_noise}: {target} has no sampler "
+            "noise (the harness adds it to dose the training-inference mismatch)"
+        )
+    if r.sampler_dtype is not None and dtype_key is None:
+        notes.append(
+            f"# rollout.sampler_dtype={r.sampler_dtype}: set the precision of {target}'s "
+            "inference engine (SGLang/vLLM server config); not in its actor config"
+        )
+    return notes
+
+
 def export_trl(cfg: RunConfig) -> str:
     """A snippet that builds TRL's ``GRPOConfig`` (and peft's ``LoraConfig`` under LoRA)."""
     problems = trl_problems(cfg)
@@ -109,7 +141,19 @@ def export_trl(cfg: RunConfig) -> str:
             )
         )
     lines += [comment(f"approximate: {a}") for a in approximations(cfg)]
+    lines += [comment(n.removeprefix("# ")) for n in _warm_start_note(cfg, "TRL")]
     p = cfg.ppo
+    if p.overlong_reward_penalty:
+        # The harness adds it inside the reward it hands TRL; an exported config cannot.
+        lines.append(
+            comment(
+                f"ppo.overlong_reward_penalty (overlong_tokens={p.overlong_tokens}, "
+                f"overlong_penalty_factor={p.overlong_penalty_factor}): not a GRPOConfig "
+                "option; TRL has it as a reward function: add trl.rewards."
+                f"get_soft_overlong_punishment(max_completion_len={cfg.rollout.max_new_tokens}, "
+                f"soft_punish_cache={p.overlong_tokens}) to reward_funcs, weighted by the factor"
+            )
+        )
     if p.policy_loss == "vespo" and getattr(p, p.policy_loss).behaviour_weight == "fold":
         lines.append(
             comment(
@@ -422,11 +466,15 @@ def export_verl(cfg: RunConfig) -> str:
                 f"# model_options.lora.dropout={m.lora.dropout}: verl's LoRA has no dropout "
                 "option (its adapters run without dropout)"
             )
-    kv.append(("actor_rollout_ref.rollout.dtype", m.dtype))
+    # The sampler's precision (rollout.sampler_dtype, else the learner's) is verl's rollout
+    # engine dtype; the learner's is its FSDP actor's, below.
+    kv.append(("actor_rollout_ref.rollout.dtype", r.sampler_dtype or m.dtype))
+    notes += _sampler_notes(cfg, "verl", "actor_rollout_ref.rollout.dtype")
+    notes += _warm_start_note(cfg, "verl")
     if m.dtype == "bfloat16":
         notes.append(
             "# model_options.dtype=bfloat16: verl's FSDP actor already computes in bf16 over "
-            "float32 master weights (its default mixed precision); rollout.dtype set above"
+            "float32 master weights (its default mixed precision)"
         )
     else:
         notes.append(
@@ -545,6 +593,8 @@ def export_areal(cfg: RunConfig) -> str:
             "# model_options.dtype=bfloat16: approximate; AReaL's actor.dtype is the parameter "
             "dtype, the harness keeps float32 master weights under bf16 autocast"
         )
+    notes += _sampler_notes(cfg, "AReaL", None)
+    notes += _warm_start_note(cfg, "AReaL")
     if p.correction is not None:
         notes.append(
             "# ppo.correction: AReaL's actor has rejection_sampling only (the harness's "
@@ -656,8 +706,71 @@ def _areal_stability(cfg: RunConfig, actor: dict[str, Any]) -> list[str]:
     return notes
 
 
+# Not carried by any export (the module docstring: the algorithm, its budget and how the model
+# is trained): a prefix ending in "." covers a block.
+NOT_EXPORTED = (
+    "seed",
+    "model",
+    "tiny.",
+    "model_options.attn_implementation",
+    "model_options.trust_remote_code",
+    "task",
+    "task_options",
+    "rollout.sampler_backend",
+    "rollout.measure_mismatch",
+    "eval.",
+    "device",
+    "bf16",
+    "threads",
+    "trainer",
+    "diverge_after",
+)
+
+
+def _skipped(path: str) -> bool:
+    return any(path == k or (k.endswith(".") and path.startswith(k)) for k in NOT_EXPORTED)
+
+
+def _named(path: str, notes: str) -> bool:
+    parent = path.rsplit(".", 1)[0]
+    return path in notes or (parent.count(".") >= 1 and parent in notes)
+
+
+def unmapped_notes(cfg: RunConfig, target: str, body: str) -> list[str]:
+    """A ``#`` line for each setting the cell changes from its default that ``body`` neither
+    writes nor names: the export with that one setting back at its default is the same text.
+    (A setting that cannot go back alone, such as an overlong_tokens that the penalty needs,
+    is left to the target's own notes.)"""
+    from harness.config.loading import build_run_config
+    from harness.core.configtools import field_defaults, flatten, set_path
+
+    exporter = {"trl": export_trl, "verl": export_verl, "areal": export_areal}[target]
+    notes = " ".join(ln for ln in body.splitlines() if ln.startswith("#"))
+    data = to_dict(cfg)
+    values = flatten(data)
+    out = []
+    for path, default in field_defaults(RunConfig).items():
+        if _skipped(path) or path not in values or values[path] == to_dict(default):
+            continue
+        if _named(path, notes):
+            continue
+        reset = copy.deepcopy(data)
+        set_path(reset, path, to_dict(default))
+        try:
+            same = exporter(build_run_config(reset)) == body
+        except (ConfigError, ValueError):
+            continue
+        if same:
+            out.append(
+                f"# {path}={one_line(values[path])}: {target} has no option this export maps "
+                "it to; not exported"
+            )
+    return out
+
+
 def export_cell(cfg: RunConfig, target: str, header: list[str] | tuple[str, ...] = ()) -> str:
-    """The cell in ``target``'s format, ``header`` lines first as (one-line) comments."""
+    """The cell in ``target``'s format, ``header`` lines first as (one-line) comments; any
+    changed setting the target's text would otherwise drop is named in a comment."""
     if target == "trl":
         body = export_trl(cfg)
     elif target == "verl":
@@ -666,7 +779,8 @@ def export_cell(cfg: RunConfig, target: str, header: list[str] | tuple[str, ...]
         body = export_areal(cfg)
     else:
         raise ValueError(f"--to must be one of {', '.join(TARGETS)}; got {target!r}")
-    return "".join(comment(h) + "\n" for h in header) + body
+    extra = "".join(comment(n.removeprefix("# ")) + "\n" for n in unmapped_notes(cfg, target, body))
+    return "".join(comment(h) + "\n" for h in header) + extra + body
 
 
 # resolve_cell and best_to_export live in harness.sweep.cell_choice; imported from here too.

@@ -209,9 +209,14 @@ def run_grid_trial(t: _Trial) -> str:
     summary = {k: v for k, v in result.summary.items() if isinstance(v, float) and math.isfinite(v)}
     value = result.summary.get(t.spec.metric, math.nan)
     outcome = result.status  # completed | diverged | interrupted
+    reason = result.reason
+    if outcome == "completed" and not math.isfinite(value):
+        # Told FAIL below: the run trained to the end but has no value to rank by; say so,
+        # or the report can only write "no reason recorded".
+        reason = f"{t.spec.metric} is {value} in this run's summary (nothing to rank by)"
     for k, v in {
         "outcome": outcome,
-        "reason": result.reason,
+        "reason": reason,
         "run_id": rid,
         **summary_attrs(summary),  # one attribute each, not a JSON blob (optuna-dashboard)
         "inert_clip": result.inert_clip,
@@ -225,7 +230,7 @@ def run_grid_trial(t: _Trial) -> str:
         t.tracker.set_tags(rid, {"run.superseded": "trial was judged stale and retried elsewhere"})
         t.event("done", cell=cell, seed=seed, outcome="interrupted", reason="superseded")
         return "interrupted"
-    t.event("done", cell=cell, seed=seed, outcome=outcome, value=value, reason=result.reason)
+    t.event("done", cell=cell, seed=seed, outcome=outcome, value=value, reason=reason)
     return outcome
 
 
@@ -312,6 +317,10 @@ def run_search_trial(t: _Trial) -> str:
         outcome = "completed"
     else:
         t.trial.set_user_attr("outcome", "diverged")
+        bad = [m for (m, _), v in zip(plan.objectives, out, strict=True) if not math.isfinite(v)]
+        t.trial.set_user_attr(
+            "reason", f"{', '.join(bad)}: no finite value in any seed (nothing to optimize)"
+        )
         ok = t.tell(state="FAIL")
         outcome = "diverged"
     if not ok:

@@ -34,6 +34,7 @@ from harness.core import limits
 from harness.tasks.pairs import (
     PairTask,
     answer_options,
+    check_reference_answers,
     file_digest,
     pairs_from_records,
     read_jsonl,
@@ -356,7 +357,10 @@ def hf_task(
     elif p.suffix == ".parquet":
         where, columns, digest = _read_parquet(spec, p, fields)
     elif p.suffix == ".jsonl":
-        examples = read_jsonl(spec, path, prompt_field=prompt_field, answer_field=answer_field)
+        # Other keys are ordinary dataset columns, ignored as in a Parquet file.
+        examples = read_jsonl(
+            spec, path, prompt_field=prompt_field, answer_field=answer_field, only_fields=False
+        )
         where, columns, digest = None, None, file_digest(p)
     else:
         raise ValueError(f"task '{spec}': '{path}' is not {_FORMS}")
@@ -374,7 +378,7 @@ def hf_task(
             row="row",
         )
     options = {"prompt_field": prompt_field, "answer_field": answer_field, "split": split}
-    return PairTask(
+    task = PairTask(
         spec,
         examples,
         scorer,
@@ -383,6 +387,8 @@ def hf_task(
         answer_spec=answer_spec,
         options={**options, **changed},
     )
+    check_reference_answers(task, reward)
+    return task
 
 
 __all__ = ["hf_task"]

@@ -21,6 +21,7 @@ whitespace stripped, as for every task.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -56,17 +57,36 @@ def pairs_from_records(
     prompt_field: str = "prompt",
     answer_field: str = "answer",
     row: str = "",
+    only_fields: bool = True,
 ) -> list[Example]:
     """``where`` names the file ("PATH", rows are "line N") or "examples()" (rows are "item N");
-    ``row`` overrides the row word ("row" for a dataset)."""
+    ``row`` overrides the row word ("row" for a dataset).
+
+    Every row must carry both keys: a missing answer read as ``""`` would score an empty
+    completion 1.0.  ``only_fields``: any other key is refused too (a misspelt ``anwser``); a
+    dataset whose extra columns are ordinary (``hf:``) passes False."""
     from harness.core.limits import MAX_TEXT_CHARS
 
     row = row or ("item" if where == "examples()" else "line")
+    allowed = (prompt_field, answer_field)
     out = []
     for lineno, obj in records:
-        prompt = obj.get(prompt_field) if isinstance(obj, dict) else None
-        answer = answer_text(obj.get(answer_field, "")) if isinstance(obj, dict) else None
         at = f"task '{spec}': {where} {row} {lineno}"
+        if isinstance(obj, dict):
+            missing = [k for k in allowed if k not in obj]
+            extra = [k for k in obj if k not in allowed] if only_fields else []
+            if extra:
+                raise ValueError(
+                    f"{at}: unknown key {str(extra[0])!r} (allowed: '{prompt_field}', "
+                    f"'{answer_field}')"
+                )
+            if missing:
+                raise ValueError(
+                    f"{at}: missing key '{missing[0]}' (each row needs '{prompt_field}' and "
+                    f"'{answer_field}'; give \"\" for an answer the reward does not use)"
+                )
+        prompt = obj.get(prompt_field) if isinstance(obj, dict) else None
+        answer = answer_text(obj.get(answer_field)) if isinstance(obj, dict) else None
         if not isinstance(prompt, str) or answer is None:
             raise ValueError(
                 f"{at}: expected an object with a string '{prompt_field}' and a string or number "
@@ -88,7 +108,12 @@ def pairs_from_records(
 
 
 def read_jsonl(
-    spec: str, path: str, *, prompt_field: str = "prompt", answer_field: str = "answer"
+    spec: str,
+    path: str,
+    *,
+    prompt_field: str = "prompt",
+    answer_field: str = "answer",
+    only_fields: bool = True,
 ) -> list[Example]:
     """Parse a JSONL file of ``{"prompt": ..., "answer": ...}`` lines (blank lines skipped; the
     two field names are configurable). ``~`` is expanded; a relative path is relative to the
@@ -132,7 +157,12 @@ def read_jsonl(
                     f"task '{spec}': {path} line {lineno}: invalid JSON ({exc.msg})"
                 ) from None
     return pairs_from_records(
-        spec, path, records, prompt_field=prompt_field, answer_field=answer_field
+        spec,
+        path,
+        records,
+        prompt_field=prompt_field,
+        answer_field=answer_field,
+        only_fields=only_fields,
     )
 
 
@@ -241,6 +271,52 @@ def answer_options(
     return (lambda ex, got: match(ex.answer, got)), answer_spec, changed
 
 
+#: Distinct reference answers the self-check scores (math-verify takes ~0.1 s an answer).
+GOLD_CHECK = 64
+
+
+def check_reference_answers(task: PairTask, reward: str) -> None:
+    """Refuse a reward that cannot score a task's own reference answers as right.
+
+    Each checked answer's ideal completion (``demonstration``) is scored by the task's reward;
+    its correct share must be full.  Only ``math_verify`` can fail this (exact and numeric
+    match a string to itself): on answers that are not math (``Paris``), or written bare in
+    ``answer_format: raw`` where math-verify's free-text extraction misses them (``x^2+1``),
+    the right completion would score 0 and a run would train on all-zero rewards.  The first
+    ``GOLD_CHECK`` distinct answers by stable hash are checked (a spread over the file)."""
+    if reward != "math_verify" or task.answer_spec is None:
+        return
+    spec = task.answer_spec
+    rows: dict[str, Example] = {}
+    for ex in [*task.train, *task.held_out]:
+        rows.setdefault(ex.answer, ex)
+    chosen = sorted(rows, key=lambda a: (stable_hash(a), a))[:GOLD_CHECK]
+    bad = [a for a in chosen if not _scores_itself(task, rows[a], spec.answer_format)]
+    if bad:
+        ex = rows[bad[0]]
+        raise ValueError(
+            f"task '{task.name}': task_options.reward: math_verify scores {len(bad)} of "
+            f"{len(chosen)} checked reference answers 0 against themselves (e.g. {ex.source}: "
+            f"{ex.answer[:60]!r}); use reward exact or numeric for answers that are not math, "
+            "or an answer_format of tag or last_line"
+        )
+
+
+def _scores_itself(task: PairTask, ex: Example, answer_format: str) -> bool:
+    return _gold_self_score(ex.answer, task.demonstration(ex), answer_format) >= 1.0
+
+
+@functools.lru_cache(maxsize=65_536)
+def _gold_self_score(answer: str, demonstration: str, answer_format: str) -> float:
+    # Cached: a grid builds the same task once per checked value.
+    from harness.tasks.answers import extract_answer, math_verify_match
+
+    got = extract_answer(demonstration, answer_format)
+    if got is None:
+        return 0.0
+    return math_verify_match(answer, got, answer_only=answer_format != "raw")
+
+
 def jsonl_task(
     spec: str,
     path: str,
@@ -256,7 +332,7 @@ def jsonl_task(
     as in :mod:`harness.tasks.answers`."""
     scorer, answer_spec, changed = answer_options(spec, reward, answer_format, format_weight, think)
     examples = read_jsonl(spec, path)
-    return PairTask(
+    task = PairTask(
         spec,
         examples,
         scorer,
@@ -265,6 +341,8 @@ def jsonl_task(
         answer_spec=answer_spec,
         options=changed,
     )
+    check_reference_answers(task, reward)
+    return task
 
 
 def import_module(spec: str, module: str) -> Any:
@@ -366,6 +444,7 @@ def python_task(
 __all__ = [
     "PairTask",
     "answer_options",
+    "check_reference_answers",
     "answer_text",
     "file_digest",
     "import_module",

@@ -74,6 +74,36 @@ def markdown() -> str:
         lines.append(f"| `{p.name}` | {what} | {p.formula} | `{_diff(p.correction)}` | {peers} |")
     lines += [
         "",
+        "## A preset with some keys changed",
+        "",
+        "A block may start from a preset and override some of its keys: `ppo.correction: "
+        "{preset: token_tis, clip_max: 3}` is token_tis with C = 3.  On the command line and in "
+        "a grid, a key set after a preset name refines that preset (`--set "
+        "ppo.correction=token_tis --set ppo.correction.clip_max=3`; `grid: "
+        "{ppo.correction.clip_max: [2, 3]}` over a base with `ppo.correction: token_tis`); a "
+        "key set with no preset before it starts from the empty block (weight none).  No "
+        "correction is `null` (YAML reads `none` as the word 'none', which names no preset).",
+        "",
+        "## Without the decoupled loss",
+        "",
+        "Every correction that reads ℓp (a weight, or a filter with `reference: proximal`) "
+        "makes the actor recompute ℓp, the learner's log-probs at the parameters that start "
+        "the update, even with `ppo.use_decoupled_loss: false`.  This is what TRL's "
+        "`GRPOTrainer` does with `vllm_importance_sampling_correction` "
+        "(`trl/trainer/grpo_trainer.py`, `_generate_and_score_completions` and `_compute_loss`): "
+        "it always computes `old_per_token_logps` with the training model, weighs each token by "
+        "ρ = exp(`old_per_token_logps` − `sampling_per_token_logps`) (truncated or masked to "
+        "its bounds), and clips the policy ratio against `old_per_token_logps`.  In the "
+        "harness's notation ℓp is that recompute, ℓb the sampler's log-probs, and the ratio is "
+        "π_θ/π_p — the decoupled loss's structure, so `use_decoupled_loss: true` next to such a "
+        "correction changes nothing further.  Without this, ℓp = ℓb and ρ = 1 everywhere: a "
+        "grid over corrections would give identical cells.  AReaL's own weightings "
+        "(`ppo.rejection_sampling`, `ppo.behave_imp_weight_mode`) keep AReaL's rule (they act "
+        "only under its decoupled loss) and are refused without it.  Model-free use of "
+        "`PPOActor` (the batch carries `current_logprobs`) passes ℓp as AReaL's `prox_logp` "
+        "key (predicting layout); without it such a correction is refused.  `bypass` reads "
+        "sg(ℓθ) instead and needs no recompute.",
+        "",
         "## Other peer settings as blocks",
         "",
         "| peer setting | `ppo.correction` |",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from harness.ppo.corrections.spec import Correction
 
@@ -40,6 +41,15 @@ def preset(p: Preset) -> Preset:
     return p
 
 
+def preset_block(name: str) -> dict[str, Any]:
+    """The preset's correction as a plain config block (what ``{preset: NAME, ...}`` starts
+    from before its own keys override)."""
+    from harness.core.configtools import to_dict
+
+    block: dict[str, Any] = to_dict(PRESETS[name].correction)
+    return block
+
+
 def resolve(value: Correction | str | None) -> Correction | None:
     """A preset name → its correction; a block or None unchanged (``ValueError`` naming the
     presets otherwise)."""
@@ -47,7 +57,13 @@ def resolve(value: Correction | str | None) -> Correction | None:
         return value
     try:
         return PRESETS[value].correction
-    except KeyError:
+    except (KeyError, TypeError):
+        # YAML reads `none` as the string 'none'; no correction is YAML's null.
+        hint = (
+            " (no correction is null, e.g. --set ppo.correction=null)"
+            if str(value).lower() in ("none", "off", "disabled", "false")
+            else ""
+        )
         raise ValueError(
-            f"correction must be a mapping or one of {', '.join(PRESETS)}; got {value!r}"
+            f"correction must be a mapping or one of {', '.join(PRESETS)}; got {value!r}{hint}"
         ) from None

@@ -136,11 +136,17 @@ class Correction:
         if lo is not None and hi is not None and lo > hi:
             raise ValueError(f"clip_min ({lo}) must be <= clip_max ({hi})")
         if self.weight == "none" and (lo is not None or hi is not None or self.zero_outside):
-            raise ValueError("clip_min / clip_max / zero_outside need a weight (not 'none')")
+            raise ValueError(
+                "clip_min / clip_max / zero_outside need a weight: set weight to one of "
+                f"{', '.join(w for w in WEIGHTS if w != 'none')} (it is 'none')"
+            )
         if self.zero_outside and lo is None and hi is None:
             raise ValueError("zero_outside needs clip_min or clip_max")
         if self.weight == "none" and self.batch_normalize:
-            raise ValueError("batch_normalize needs a weight (not 'none')")
+            raise ValueError(
+                "batch_normalize needs a weight: set weight to one of "
+                f"{', '.join(w for w in WEIGHTS if w != 'none')} (it is 'none')"
+            )
         if self.weight == "none" and not self.filters and not self.bypass:
             raise ValueError(
                 "an empty correction: give a weight, filters or bypass (or leave ppo.correction "
