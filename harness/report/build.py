@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.configtools import flatten
-from harness.report.adaptive import adaptive_section
+from harness.report.adaptive import adaptive_section, interim_reason
 from harness.report.format import _code, _fmt_duration, fmt
 from harness.report.plots import (
     PlotFile,
@@ -31,6 +31,7 @@ from harness.report.scores import (
     _tasks_of,
     _worst_by_task,
     fit_curves,
+    paired_ranking,
     ranking,
 )
 from harness.report.studydata import CellRow, StudyData
@@ -101,6 +102,13 @@ def _header(doc: _Doc, data: StudyData, rows: Sequence[CellRow]) -> None:
     unfinished = sum(r.status in ("running", "waiting") for r in runs)
     tasks = _tasks_of(runs)
     doc.heading(1, f"Ablation report: {data.study}")
+    interim = interim_reason(data)
+    if interim:
+        doc.para(
+            f"**Interim report**: the study has not finished ({interim}). Rankings and "
+            "intervals are provisional, and no verdict is given that the study's rule has not "
+            "taken yet. Run `harness report` again when it ends."
+        )
     if data.description:
         doc.para(data.description.strip())
     facts = [
@@ -185,9 +193,27 @@ def _ranking_section(
         "mean over runs of the last logged `policy/approx_kl`; clip fractions = mean over runs of "
         "the last 10 % of logged steps."
     )
-    doc.table(
-        list(RANKING_HEADER), [_ranking_cells(i, r) for i, r in enumerate(rows, 1)], code_col=1
-    )
+    header = list(RANKING_HEADER)
+    cells = [_ranking_cells(i, r) for i, r in enumerate(rows, 1)]
+    if paired_ranking(data):
+        doc.para(
+            "The cells of this adaptive study ran different numbers of seeds (a decided cell "
+            "stops early), so IQMs over their own seeds are not comparable: the cells are "
+            "**ranked by the mean paired difference from the baseline on the seeds both ran** "
+            "(the pairs the seed rule decided on; > 0 is better), and P(improve) counts those "
+            "pairs only. The IQM column stays each cell's own."
+        )
+        header.insert(2, "paired Δ vs baseline (seeds)")
+        for row, r in zip(cells, rows, strict=True):
+            row.insert(
+                2,
+                "0 (baseline)"
+                if r.is_baseline
+                else f"{r.paired_diff:+.3g} ({r.n_paired})"
+                if r.n_paired
+                else "—",
+            )
+    doc.table(header, cells, code_col=1)
 
 
 SUMMARY_COLUMNS = (

@@ -98,3 +98,8 @@ class CellRow:
     diverged_reasons: tuple[str, ...] = ()
     failed_reasons: tuple[str, ...] = ()
     n_missing_metric: int = 0  # completed runs whose summary lacks a finite data.metric
+    # The paired comparison with the baseline on the seeds both scored (cell − baseline, sign
+    # such that > 0 is better): what an adaptive study ranks by, since its cells ran different
+    # seed counts.  NaN / 0 for the baseline and without one.
+    paired_diff: float = float("nan")
+    n_paired: int = 0
