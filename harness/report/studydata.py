@@ -58,6 +58,9 @@ class StudyData:
     command: str = ""  # the command line that produced the study
     # seeds: {min, max, batch, decide, confidence, margin} of an adaptive study (else None)
     adaptive: dict[str, Any] | None = None
+    # cell label -> axis -> the value it takes (the variant's name for 'variant'); empty for
+    # studies stored before it was recorded (the report then reads the overrides)
+    choices: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def runs_of(self, cell: str) -> list[RunData]:
         return [r for r in self.runs if r.cell == cell]
