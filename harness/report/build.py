@@ -242,12 +242,49 @@ OPTIONAL_SUMMARY_COLUMNS = (
 )
 
 
+def cell_config(data: StudyData, cell: str) -> dict[str, Any]:
+    """A cell's flattened configuration: the base with the cell's overrides."""
+    return {**flatten(data.base_config), **flatten(data.cells.get(cell, {}))}
+
+
+_REDUCED = ("bfloat16", "float16", "bf16", "fp16", "half")
+
+
+def mismatch_sources(config: dict[str, Any]) -> list[str]:
+    """What in a (flattened) run configuration makes the sampler's log-probs differ from the
+    learner's beyond float32 rounding (docs/mismatch.md): logit noise, a sampler precision
+    other than the learner's, a reduced-precision learner, or a lagging behaviour policy."""
+    out = []
+    noise = config.get("rollout.sampler_logit_noise") or 0.0
+    if isinstance(noise, int | float) and noise > 0:
+        out.append(f"rollout.sampler_logit_noise={noise:g}")
+    learner = str(config.get("model_options.dtype") or "float32")
+    if config.get("bf16") is True:
+        learner = "bfloat16"
+    sampler = config.get("rollout.sampler_dtype")
+    if sampler is not None and str(sampler) != learner:
+        out.append(f"rollout.sampler_dtype={sampler} (learner {learner})")
+    elif learner in _REDUCED:
+        out.append(f"{learner} learner and sampler")
+    staleness = config.get("rollout.staleness") or 0
+    if isinstance(staleness, int | float) and staleness > 0:
+        out.append(f"rollout.staleness={staleness:g}")
+    return out
+
+
+def study_has_mismatch(data: StudyData) -> bool:
+    """Some cell has a mismatch source: only then are the mismatch columns worth a reader's
+    attention (with none, they hold float32 rounding, ~1e-13)."""
+    return any(mismatch_sources(cell_config(data, c)) for c in data.cells)
+
+
 def _columns(data: StudyData) -> list[tuple[str, str]]:
-    present = [
+    logged = [
         (key, label)
         for key, label in OPTIONAL_SUMMARY_COLUMNS
         if any(math.isfinite(r.summary.get(key, math.nan)) for r in data.runs)
     ]
+    present = logged if study_has_mismatch(data) else []
     return [*SUMMARY_COLUMNS, *present]
 
 
@@ -268,13 +305,22 @@ def summary_table(data: StudyData) -> tuple[list[str], list[list[str]]]:
 
 def _summary_section(doc: _Doc, data: StudyData) -> None:
     doc.heading(2, "Stability summaries per cell")
+    mismatch = (
+        "; mismatch KL = the k3 estimate of KL(π_sampler ‖ π_learner) per step, "
+        "docs/mismatch.md, shown because a cell has a mismatch source"
+        if study_has_mismatch(data)
+        else ""
+    )
     doc.para(
         "Mean over each cell's completed and diverged runs of the run-level summaries defined in "
-        "docs/stability.md (start reward = mean of the first 10 steps; entropy end/start < 1 "
+        "docs/stability.md (start reward = mean of the first 10 steps' batch reward; **eval "
+        "acc** = fraction of the held-out prompts whose greedy completion scores at least "
+        "`eval.threshold` (exact answers on the built-in tasks), at the last eval; **eval "
+        "reward** = the mean reward of those same greedy completions, before the first update "
+        "(start) and at the last eval (final); entropy end/start < 1 "
         "means the policy sharpened; spikes are steps per run above 5× the run's own running "
         "median, so a KL that is high throughout is not a spike; clip frac = mean "
-        "policy/clipfrac; mismatch KL, where measured = the k3 estimate of KL(π_sampler ‖ "
-        "π_learner) per step, docs/mismatch.md)."
+        f"policy/clipfrac{mismatch})."
     )
     header, rows = summary_table(data)
     doc.table(header, rows, code_col=0)
