@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -409,12 +409,16 @@ def _fit_section(doc: _Doc, fits: Sequence[CurveFitRow]) -> None:
         "A sigmoid r(t) = r0 + (A − r0) / (1 + (t_half / t)^B) fitted to each cell's mean reward "
         "curve over its completed runs (ScaleRL, arXiv 2510.13786, with steps for compute). "
         "A is the fitted ceiling; the half-step is where half of the gain A − r0 is reached "
-        "(efficiency). An extrapolated fit (half-step beyond the last step) is a guess."
+        "(efficiency). The fit is bounded: A and r0 within the range of rewards the study "
+        "logged, the half-step within the run's steps; a curve still rising at the end has no "
+        "identified ceiling and shows none."
     )
     rows = []
     for f in fits:
         c = f.fit
         note = c.reason if not c.ok else ("extrapolated" if c.extrapolated else "")
+        if c.ok and c.at_bound:
+            note = "ceiling held at the edge of the rewards logged: the curve may go further"
         rows.append(
             [
                 f.label,
@@ -429,17 +433,108 @@ def _fit_section(doc: _Doc, fits: Sequence[CurveFitRow]) -> None:
     doc.table(["cell", "asymptote A", "half-step", "r0", "rmse", "runs", "note"], rows, code_col=0)
 
 
-def _fixed_section(doc: _Doc, data: StudyData) -> None:
-    doc.heading(2, "What was held fixed")
+# Options that cannot act in a configuration, as (key or key prefix, kept key, why, test): the
+# held-fixed table leaves a key out when it is inactive in every cell, so the reader sees what
+# shaped the runs and not the defaults of machinery that was off.
+_INACTIVE: tuple[tuple[str, str, str, Callable[[dict[str, Any]], bool]], ...] = (
+    ("tiny.", "", "the tiny model is not used", lambda c: c.get("model") != "tiny"),
+    ("critic.", "critic.enabled", "the critic is off", lambda c: not c.get("critic.enabled")),
+    (
+        "warm_start.",
+        "warm_start.steps",
+        "no warm start",
+        lambda c: not c.get("warm_start.steps"),
+    ),
+    ("eval.k", "", "no sampled eval (eval.samples 0)", lambda c: not c.get("eval.samples")),
+    (
+        "ppo.behave_imp_weight_cap",
+        "",
+        "behaviour weights disabled",
+        lambda c: c.get("ppo.behave_imp_weight_mode") in (None, "disabled"),
+    ),
+    (
+        "ppo.overlong_",
+        "ppo.overlong_reward_penalty",
+        "no overlong penalty",
+        lambda c: not c.get("ppo.overlong_reward_penalty"),
+    ),
+    (
+        "ppo.kl_estimator",
+        "",
+        "no KL penalty (ppo.kl_ctl 0)",
+        lambda c: not c.get("ppo.kl_ctl"),
+    ),
+    (
+        "rollout.max_resample_rounds",
+        "",
+        "no zero-variance filter",
+        lambda c: not c.get("rollout.zero_variance_filter"),
+    ),
+)
+
+
+def _objective_block(key: str) -> str | None:
+    """``cispo`` for ``ppo.cispo.ratio_max``: the options block of one policy loss."""
+    parts = key.split(".")
+    if len(parts) == 3 and parts[0] == "ppo" and parts[1] != "correction":
+        return parts[1]
+    return None
+
+
+def held_fixed(data: StudyData) -> tuple[list[tuple[str, str]], list[str]]:
+    """The base configuration's keys no cell varies that can act in some cell, and (why) the
+    groups of keys left out because they are inactive in every cell: other objectives' option
+    blocks, a model that is not used, machinery that is off."""
     varied = _varied_keys(data)
     base = flatten(data.base_config)
     if "steps" in base:  # every run used the study's steps, not the base config's
         base["steps"] = data.steps
-    flat = [(k, _value_str(v)) for k, v in base.items() if k not in varied]
+    configs = [cell_config(data, c) for c in data.cells] or [base]
+    losses = {str(c.get("ppo.policy_loss", "ppo")) for c in configs}
+    kept: list[tuple[str, str]] = []
+    left_out: dict[str, list[str]] = {}
+    for k, v in base.items():
+        if k in varied:
+            continue
+        block = _objective_block(k)
+        if block is not None and block not in losses:
+            left_out.setdefault(f"options of unused policy losses ({block}", []).append(k)
+            continue
+        why = next(
+            (
+                reason
+                for prefix, keep, reason, off in _INACTIVE
+                if k.startswith(prefix) and k != keep and all(off(c) for c in configs)
+            ),
+            None,
+        )
+        if why is not None:
+            left_out.setdefault(why, []).append(k)
+            continue
+        kept.append((k, _value_str(v)))
+    blocks = sorted(
+        {g.split("(")[1] for g in left_out if g.startswith("options of unused policy losses")}
+    )
+    notes = [
+        f"{len(ks)} key{'s' if len(ks) != 1 else ''}: {why}"
+        for why, ks in left_out.items()
+        if not why.startswith("options of unused policy losses")
+    ]
+    if blocks:
+        n = sum(len(ks) for g, ks in left_out.items() if g.startswith("options of unused"))
+        notes.insert(0, f"{n} keys: options of the policy losses not used ({', '.join(blocks)})")
+    return kept, notes
+
+
+def _fixed_section(doc: _Doc, data: StudyData) -> None:
+    doc.heading(2, "What was held fixed")
+    varied = _varied_keys(data)
+    flat, notes = held_fixed(data)
     doc.para(
         "The base configuration every cell starts from, flattened; keys a cell overrides "
         f"({', '.join(_code(k) for k in sorted(varied)) or 'none'}) are listed under "
         "*What was varied* instead; `seed` is each run's seed (see *seeds* above)."
+        + (" Left out as inactive in every cell: " + "; ".join(notes) + "." if notes else "")
     )
     half = (len(flat) + 1) // 2
     left, right = flat[:half], flat[half:]

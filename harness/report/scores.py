@@ -280,6 +280,12 @@ def fit_curves(data: StudyData) -> list[CurveFitRow]:
     Only completed runs enter the mean: a diverged run's truncated curve would bend the mean
     where it stops.  A fit that fails is kept with its reason.
     """
+    # The fit is bounded by what the reward was seen to reach in the study and by the run
+    # length: a ceiling above every value any run logged, or a half-step past the horizon, is
+    # an extrapolation the data cannot support.
+    seen = step_matrix([r for r in data.runs if r.status == "completed"], REWARD, data.steps)
+    finite = seen[np.isfinite(seen)]
+    value_range = (float(finite.min()), float(finite.max())) if finite.size else None
     out = []
     for label in data.cells:
         runs = [r for r in data.runs_of(label) if r.status == "completed"]
@@ -288,7 +294,12 @@ def fit_curves(data: StudyData) -> list[CurveFitRow]:
             with np.errstate(all="ignore"):
                 cnt = np.isfinite(m).sum(axis=0)
                 mean = np.where(cnt > 0, np.nansum(m, axis=0) / np.maximum(cnt, 1), np.nan)
-            fit = stats.fit_saturating_curve(np.arange(mean.size), mean)
+            fit = stats.fit_saturating_curve(
+                np.arange(mean.size),
+                mean,
+                value_range=value_range,
+                max_half_step=float(max(data.steps, mean.size - 1)),
+            )
         else:
             fit = stats.CurveFit("sigmoid", False, "no completed run logged objective/reward")
         out.append(CurveFitRow(label, fit, len(runs)))

@@ -1,0 +1,132 @@
+"""What the report shows, kept to what matters: bounded curve fits, the held-fixed keys that can
+act, why the winner wins, pass@k and the correction's own statistics where measured, legible
+plots for many cells."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.config import build_run_config
+from harness.core.configtools import to_dict
+from harness.report import fit_curves
+from harness.report.build import held_fixed
+from harness.report.studydata import RunData, StudyData
+
+try:
+    from tests.fixtures import synthetic
+except ImportError:  # pragma: no cover - run from inside tests/
+    from fixtures import synthetic  # type: ignore[no-redef]
+
+
+def _ramp_study(steps: int = 100) -> StudyData:
+    """Rewards in [0, 1] still rising linearly at the end (0 -> 0.5): no ceiling in sight."""
+    rng = np.random.default_rng(0)
+    runs = []
+    for seed in range(3):
+        reward = np.linspace(0.0, 0.5, steps) + rng.normal(0, 0.01, steps)
+        runs.append(
+            RunData(
+                "a",
+                seed,
+                "completed",
+                summary={"final/reward": float(reward[-10:].mean())},
+                history={"objective/reward": reward.tolist()},
+            )
+        )
+    return StudyData(
+        study="ramp",
+        experiment="ramp",
+        description="",
+        base_config={"steps": steps},
+        axes={"variant": ["a"]},
+        cells={"a": {}},
+        baseline="a",
+        metric="final/reward",
+        direction="maximize",
+        seeds=[0, 1, 2],
+        steps=steps,
+        runs=runs,
+    )
+
+
+def test_a_curve_still_rising_gets_no_ceiling() -> None:
+    (row,) = fit_curves(_ramp_study())
+    # Unbounded, this curve fits A = 5.5 at half-step 883 for a reward that never passed 0.52.
+    logged = max(max(r.history["objective/reward"]) for r in _ramp_study().runs)
+    assert not row.fit.ok or (row.fit.at_bound and row.fit.asymptote <= logged)
+    assert row.fit.ok or row.fit.reason.endswith("not identified")
+
+
+def test_a_saturating_curve_is_fitted_within_the_logged_range() -> None:
+    study = synthetic.three_cells()
+    rows = fit_curves(study)
+    seen = [
+        v
+        for r in study.runs
+        if r.status == "completed"
+        for v in r.history["objective/reward"]
+        if np.isfinite(v)
+    ]
+    for row in rows:
+        assert row.fit.ok, row.fit.reason
+        assert min(seen) <= row.fit.asymptote <= max(seen)
+        assert 0 < row.fit.half_step <= study.steps
+
+
+def test_held_fixed_lists_what_can_act() -> None:
+    base = to_dict(build_run_config({}))
+    study = StudyData(
+        study="s",
+        experiment="e",
+        description="",
+        base_config=base,
+        axes={"ppo.eps_clip": [0.1, 0.2]},
+        cells={"a": {"ppo.eps_clip": 0.1}, "b": {"ppo.eps_clip": 0.2}},
+        baseline="a",
+        metric="final/reward",
+        direction="maximize",
+        seeds=[0],
+        steps=10,
+        runs=[],
+    )
+    kept, notes = held_fixed(study)
+    keys = [k for k, _ in kept]
+    assert "ppo.eps_clip" not in keys  # varied
+    for inactive in ("ppo.cispo.ratio_max", "ppo.vespo.k_pos", "critic.lr", "eval.k"):
+        assert inactive not in keys, inactive
+    for active in ("model", "task", "ppo.policy_loss", "rollout.n_samples", "optim.lr"):
+        assert active in keys, active
+    assert len(keys) < 75
+    assert notes[0].startswith("20 keys: options of the policy losses not used (cispo, clip_cov")
+    assert "2 keys: the critic is off" in notes
+    # A cell that uses CISPO keeps its options, and a critic in one cell keeps the critic's.
+    cells = {"a": {"ppo.policy_loss": "cispo"}, "b": {"critic.enabled": True}}
+    kept2, _ = held_fixed(replace(study, cells=cells, axes={"variant": ["a", "b"]}))
+    keys2 = [k for k, _ in kept2]
+    assert "ppo.cispo.ratio_max" in keys2 and "critic.lr" in keys2
+    assert "ppo.vespo.k_pos" not in keys2
+
+
+def test_report_held_fixed_section_says_what_it_left_out(tmp_path: Path) -> None:
+    from harness.report import build_report
+
+    study = replace(synthetic.three_cells(), base_config=to_dict(build_run_config({})))
+    md = build_report(study, tmp_path, n_boot=50, fit=False).markdown.read_text()
+    fixed = md.split("## What was held fixed")[1]
+    assert "Left out as inactive in every cell: 20 keys: options of the policy losses" in fixed
+    assert "`ppo.sapo.temperature_pos`" not in fixed
+    assert "`optim.lr`" in fixed
+
+
+@pytest.mark.parametrize("steps", [100])
+def test_fit_section_shows_the_reason_not_a_ceiling(steps: int, tmp_path: Path) -> None:
+    from harness.report import build_report
+
+    md = build_report(_ramp_study(steps), tmp_path, n_boot=50).markdown.read_text()
+    section = md.split("## Saturating curve fits")[1].split("## ")[0]
+    assert "not identified" in section or "ceiling held at the edge of the rewards" in section
+    assert "| `a` | 5.5" not in section
