@@ -130,3 +130,27 @@ def test_fit_section_shows_the_reason_not_a_ceiling(steps: int, tmp_path: Path) 
     section = md.split("## Saturating curve fits")[1].split("## ")[0]
     assert "not identified" in section or "ceiling held at the edge of the rewards" in section
     assert "| `a` | 5.5" not in section
+
+
+def test_largest_ratios_by_hand() -> None:
+    from harness.report.prose import largest_ratios
+
+    winner = {"final KL": 0.05, "clip": 0.0, "entropy": 0.9, "spikes": 0.0, "nan": float("nan")}
+    base = {"final KL": 0.01, "clip": 0.07, "entropy": 0.6, "spikes": 0.0, "nan": 1.0}
+    got = largest_ratios(winner, base)
+    # clip: 0 vs 0.07 (∞), final KL 5×; entropy 1.5× is under 2×; 0 vs 0 and NaN are skipped.
+    assert [(n, r) for n, _, _, r in got] == [
+        ("clip", float("inf")),
+        ("final KL", pytest.approx(5.0)),
+    ]
+
+
+def test_the_conclusion_says_how_the_winner_differs(tmp_path: Path) -> None:
+    from harness.report import conclusion, ranking
+
+    study = synthetic.three_cells()
+    text = "\n".join(conclusion(ranking(study, n_boot=200), study))
+    line = next(s for s in text.splitlines() if s.startswith("How `c_clip=3` differs"))
+    # The fixture's winner has a dual-clip fraction and no KL bursts; the baseline the reverse.
+    assert "dual-clip fraction 0.00971 against 0" in line
+    assert "KL spikes per run 0 against 1.2" in line

@@ -9,7 +9,14 @@ from collections.abc import Sequence
 from harness.report import progress as report_progress
 from harness.report import stats
 from harness.report.adaptive import adaptive_states, decided_cells, interim_reason
-from harness.report.format import _clip_triple, _code, fmt_interval, fmt_pct, fmt_pct_interval
+from harness.report.format import (
+    _clip_triple,
+    _code,
+    fmt,
+    fmt_interval,
+    fmt_pct,
+    fmt_pct_interval,
+)
 from harness.report.scores import paired_ranking
 from harness.report.stats import Interval
 from harness.report.studydata import CellRow, StudyData
@@ -243,6 +250,10 @@ def conclusion(rows: Sequence[CellRow], data: StudyData) -> list[str]:
             + ", ".join(_code(c) for c in separated)
             + "."
         )
+        if best.label in separated:
+            why = why_line(best, base, data)
+            if why:
+                out.append(why)
     inert = [r.label for r in rows if r.inert_clip]
     if inert:
         out.append(
@@ -297,6 +308,10 @@ def _adaptive_verdicts(
             last = st.decision.line() if st.decision is not None else "no look yet"
             out.append(f"{_code(r.label)}: open ({last}): no verdict yet{pairs}.")
     moved = decided["better"] + decided["worse"]
+    if best.label in decided["better"]:
+        why = why_line(best, base, data)
+        if why:
+            out.append(why)
     if moved:
         out.append(
             "Decided different from the baseline by the seed rule: "
@@ -310,6 +325,68 @@ def _adaptive_verdicts(
             + (f"; equivalent within the margin: {', '.join(_code(c) for c in eq)}." if eq else ".")
         )
     return out
+
+
+#: A stability statistic named in "why it wins" differs from the baseline's by at least this
+#: factor (or is 0 where the baseline's is not).
+WHY_MIN_RATIO = 2.0
+
+
+def largest_ratios(
+    winner: dict[str, float], base: dict[str, float], *, min_ratio: float = WHY_MIN_RATIO
+) -> list[tuple[str, float, float, float]]:
+    """The statistics on which ``winner`` and ``base`` differ most, as (name, winner's value,
+    baseline's value, ratio), largest ratio first: ratio = max(|w|, |b|) / min(|w|, |b|), ∞ when
+    exactly one is 0; pairs with a NaN or both 0 are skipped, and so is a ratio below
+    ``min_ratio``."""
+    out = []
+    for name, w in winner.items():
+        b = base.get(name, math.nan)
+        if not (math.isfinite(w) and math.isfinite(b)) or (w == 0 and b == 0):
+            continue
+        lo, hi = sorted((abs(w), abs(b)))
+        ratio = math.inf if lo == 0 else hi / lo
+        if ratio >= min_ratio:
+            out.append((name, w, b, ratio))
+    return sorted(out, key=lambda t: -t[3])
+
+
+def _stability_profile(r: CellRow, data: StudyData) -> dict[str, float]:
+    runs = [x for x in data.runs_of(r.label) if x.status in ("completed", "diverged")]
+
+    def mean(key: str) -> float:
+        vals = [x.summary.get(key, math.nan) for x in runs]
+        vals = [v for v in vals if math.isfinite(v)]
+        return sum(vals) / len(vals) if vals else math.nan
+
+    return {
+        "final KL": r.final_kl,
+        "clip fraction (low + high)": r.clipfrac_low + r.clipfrac_high,
+        "dual-clip fraction": r.dual_clipfrac,
+        "entropy end/start": mean("stability/entropy_ratio"),
+        "KL spikes per run": mean("stability/kl_spikes"),
+        "grad-norm spikes per run": mean("stability/grad_norm_spikes"),
+        "collapse rate": r.collapse_rate,
+    }
+
+
+def why_line(winner: CellRow, base: CellRow, data: StudyData, top: int = 3) -> str | None:
+    """What the winner's own numbers show beside its score: the stability statistics that differ
+    most from the baseline's (at least :data:`WHY_MIN_RATIO` ×), or None when none does."""
+    diffs = largest_ratios(_stability_profile(winner, data), _stability_profile(base, data))
+    if not diffs:
+        return None
+    parts = []
+    for name, w, b, ratio in diffs[:top]:
+        if w == 0 or b == 0:
+            parts.append(f"{name} {fmt(w)} against {fmt(b)}")
+        else:
+            way = "higher" if abs(w) > abs(b) else "lower"
+            parts.append(f"{name} {ratio:.1f}× {way} ({fmt(w)} against {fmt(b)})")
+    return (
+        f"How {_code(winner.label)} differs from the baseline beside its score (means over its "
+        "runs; a description of these runs, not a cause): " + "; ".join(parts) + "."
+    )
 
 
 def no_run_completed(data: StudyData) -> list[str]:
