@@ -155,3 +155,70 @@ def test_the_conclusion_says_how_the_winner_differs(tmp_path: Path) -> None:
     # The fixture's winner has a dual-clip fraction and no KL bursts; the baseline the reverse.
     assert re.search(r"dual-clip fraction 0\.0\d+ against 0;", line), line
     assert "KL spikes per run 0 against 1.2" in line  # counts: 6 spikes over 5 runs
+
+
+def _measured_study() -> StudyData:
+    """The 3-cell fixture with a sampled eval, a correction's statistics and the mismatch split
+    logged in the cells that would have them (values known per cell and seed)."""
+    study = synthetic.three_cells()
+    rollout = {**study.base_config["rollout"], "staleness": 1}
+    runs = []
+    for r in study.runs:
+        i = list(study.cells).index(r.cell)
+        summary = {
+            **r.summary,
+            "start/eval_pass_at_1": 0.1,
+            "final/eval_pass_at_1": 0.2 + 0.1 * i,
+            "start/eval_pass_at_k": 0.3,
+            "final/eval_pass_at_k": 0.5 + 0.1 * i,
+        }
+        h = dict(r.history)
+        n = len(h["objective/reward"])
+        if r.cell == "c_clip=3":
+            h["policy/correction_masked_frac"] = [0.25] * n
+            h["policy/behave_weight_max"] = [3.0] * n
+        h["mismatch/numerics_kl_k3"] = [1e-4] * n
+        h["mismatch/lag_kl_k3"] = [2e-3 * (i + 1)] * n
+        runs.append(replace(r, summary=summary, history=h))
+    return replace(study, runs=runs, base_config={**study.base_config, "rollout": rollout})
+
+
+def test_pass_at_k_correction_and_mismatch_split_appear_when_measured(tmp_path: Path) -> None:
+    from harness.report import build_report
+
+    md = build_report(_measured_study(), tmp_path, n_boot=50, fit=False).markdown.read_text()
+    passk = md.split("## Sampled evaluation: pass@1 and pass@k")[1].split("\n## ")[0]
+    assert "| cell | runs | pass@1 start | pass@1 final | pass@k start | pass@k final |" in passk
+    assert "| `c_clip=3` | 5 | 0.1 | 0.3 | 0.3 | 0.6 |" in passk
+    corr = md.split("## The correction's own statistics")[1].split("\n## ")[0]
+    assert "| cell | runs | masked frac | weight max |" in corr
+    assert "| `c_clip=3` | 5 | 0.25 | 3 |" in corr and "| `baseline` | 5 | — | — |" in corr
+    split = md.split("## Mismatch: numerics and policy lag")[1].split("\n## ")[0]
+    assert "| `minibatches=1` | 5 | 0.0001 | 0.006 |" in split
+    plain = build_report(synthetic.three_cells(), tmp_path / "plain", n_boot=50, fit=False)
+    text = plain.markdown.read_text()
+    for section in ("pass@1 and pass@k", "The correction's own", "numerics and policy lag"):
+        assert section not in text, section
+
+
+def test_plots_draw_the_top_cells_and_the_baseline_past_eight_cells(tmp_path: Path) -> None:
+    from harness.report import build_report, ranking
+    from harness.report.build import MAX_PLOTTED_CELLS, plotted_cells
+
+    base = synthetic.three_cells()
+    runs, cells = [], {}
+    for k in range(11):  # 33 cells: 11 copies of the fixture's 3, baseline#0 the baseline
+        for r in base.runs:
+            label = f"{r.cell}#{k}"
+            cells[label] = {**base.cells[r.cell], "rollout.n_samples": 4 + k}
+            runs.append(replace(r, cell=label))
+    big = replace(
+        base, cells=cells, runs=runs, baseline="baseline#0", axes={"variant": list(cells)}
+    )
+    rows = ranking(big, n_boot=50)
+    shown = plotted_cells(big, rows)
+    assert len(shown) == MAX_PLOTTED_CELLS == 8
+    assert "baseline#0" in shown
+    assert set(shown) - {"baseline#0"} == {r.label for r in rows[:7]} - {"baseline#0"}
+    md = build_report(big, tmp_path, n_boot=50, fit=False).markdown.read_text()
+    assert "Only 8 of the 33 cells are drawn (the top of the ranking and the baseline)" in md

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from harness.core.configtools import flatten
 from harness.report.adaptive import adaptive_section, interim_reason
 from harness.report.factors import cell_choices, study_effects
@@ -20,6 +22,7 @@ from harness.report.plots import (
     plot_intervals,
     plot_metric_curves,
     plot_performance_profile,
+    step_matrix,
 )
 from harness.report.prose import conclusion, warnings_for
 from harness.report.render import RANKING_HEADER, _Doc, _ranking_cells
@@ -60,12 +63,31 @@ _CURVES = (
 )
 
 
+#: Line plots draw at most this many cells: past ~8 lines (and their legend) a figure is
+#: mostly legend, and the ranking table already lists every cell.
+MAX_PLOTTED_CELLS = 8
+
+
+def plotted_cells(data: StudyData, rows: Sequence[CellRow]) -> list[str]:
+    """The cells the line plots draw: all of them up to :data:`MAX_PLOTTED_CELLS`, else the top
+    of the ranking and the baseline, in grid order (so each keeps its colour order)."""
+    if len(data.cells) <= MAX_PLOTTED_CELLS:
+        return list(data.cells)
+    keep = {data.baseline} if data.baseline in data.cells else set()
+    for r in rows:
+        if len(keep) >= MAX_PLOTTED_CELLS:
+            break
+        keep.add(r.label)
+    return [c for c in data.cells if c in keep]
+
+
 def _plots(
     data: StudyData, rows: Sequence[CellRow], plot_dir: Path, n_boot: int, seed: int
 ) -> tuple[list[PlotFile], list[str]]:
     """Draw every figure; returns the written ones and the metrics that nobody logged."""
     written: list[PlotFile] = []
     absent: list[str] = []
+    shown = plotted_cells(data, rows)
 
     def keep(p: PlotFile | None, what: str) -> None:
         if p is None:
@@ -76,22 +98,42 @@ def _plots(
     for stem, key, title, ylabel, sparse in _CURVES[:2]:
         keep(
             plot_metric_curves(
-                data, key, plot_dir / f"{stem}.png", title=title, ylabel=ylabel, markers=sparse
+                data,
+                key,
+                plot_dir / f"{stem}.png",
+                title=title,
+                ylabel=ylabel,
+                markers=sparse,
+                cells=shown,
             ),
             key,
         )
-    keep(plot_clip_fractions(data, plot_dir / "clip_fractions.png"), "policy/clipfrac_*")
+    keep(
+        plot_clip_fractions(data, plot_dir / "clip_fractions.png", cells=shown),
+        "policy/clipfrac_*",
+    )
     for stem, key, title, ylabel, sparse in _CURVES[2:]:
         keep(
             plot_metric_curves(
-                data, key, plot_dir / f"{stem}.png", title=title, ylabel=ylabel, markers=sparse
+                data,
+                key,
+                plot_dir / f"{stem}.png",
+                title=title,
+                ylabel=ylabel,
+                markers=sparse,
+                cells=shown,
             ),
             key,
         )
     scored = [
         plot_intervals(rows, data, plot_dir / "intervals.png"),
         plot_performance_profile(
-            rows, data, plot_dir / "performance_profile.png", n_boot=n_boot, seed=seed
+            rows,
+            data,
+            plot_dir / "performance_profile.png",
+            n_boot=n_boot,
+            seed=seed,
+            cells=shown,
         ),
     ]
     written += [p for p in scored if p is not None]
@@ -301,6 +343,100 @@ def summary_table(data: StudyData) -> tuple[list[str], list[list[str]]]:
         ]
         rows.append([cell, str(len(runs)), *values])
     return header, rows
+
+
+# Sampled evaluation (eval.samples > 0): pass@k before training is the start of the final's.
+EVAL_SAMPLED_COLUMNS = (
+    ("start/eval_pass_at_1", "pass@1 start"),
+    ("final/eval_pass_at_1", "pass@1 final"),
+    ("start/eval_pass_at_k", "pass@k start"),
+    ("final/eval_pass_at_k", "pass@k final"),
+)
+
+# Per-step statistics of the correction and of the mismatch's parts, averaged over a run's
+# logged steps: (history key, column label, when it means something).
+CORRECTION_COLUMNS = (
+    ("policy/correction_masked_frac", "masked frac"),
+    ("policy/correction_truncated_frac", "truncated frac"),
+    ("policy/behave_weight_min", "weight min"),
+    ("policy/behave_weight_max", "weight max"),
+    ("policy/behave_ess", "weight ESS"),
+)
+MISMATCH_SPLIT_COLUMNS = (
+    ("mismatch/numerics_kl_k3", "numerics KL (k3)"),
+    ("mismatch/lag_kl_k3", "policy-lag KL (k3)"),
+)
+
+
+def _run_mean(run: Any, key: str) -> float:
+    """Mean of a run's finite logged values of ``key`` (NaN when it logged none)."""
+    a = step_matrix([run], key)[0]
+    a = a[np.isfinite(a)]
+    return float(a.mean()) if a.size else math.nan
+
+
+def measured_table(
+    data: StudyData, columns: Sequence[tuple[str, str]], *, history: bool
+) -> tuple[list[str], list[list[str]]] | None:
+    """Per cell, the mean over its completed and diverged runs of each column some run of the
+    study measured (a run summary, or the run's mean over steps of a logged metric with
+    ``history``); None when no run measured any of them."""
+
+    def value(run: Any, key: str) -> float:
+        return _run_mean(run, key) if history else run.summary.get(key, math.nan)
+
+    ran = [r for r in data.runs if r.status in ("completed", "diverged")]
+    present = [(k, lab) for k, lab in columns if any(math.isfinite(value(r, k)) for r in ran)]
+    if not present:
+        return None
+    rows = []
+    for cell in data.cells:
+        runs = [r for r in data.runs_of(cell) if r.status in ("completed", "diverged")]
+        rows.append(
+            [cell, str(len(runs))]
+            + [fmt(_mean_finite(value(r, k) for r in runs)) for k, _ in present]
+        )
+    return ["cell", "runs"] + [lab for _, lab in present], rows
+
+
+def _measured_sections(doc: _Doc, data: StudyData) -> None:
+    """pass@k, the correction's own statistics and the mismatch's numerics/lag parts, each
+    where the study measured them."""
+    sampled = measured_table(data, EVAL_SAMPLED_COLUMNS, history=False)
+    if sampled:
+        doc.heading(2, "Sampled evaluation: pass@1 and pass@k")
+        doc.para(
+            "With `eval.samples` > 0 every eval also samples completions of each held-out prompt "
+            "at the rollout temperature: pass@1 and pass@k (k = `eval.k`) are the unbiased "
+            "estimates 1 − C(n−c, k)/C(n, k) averaged over prompts (c of n samples pass "
+            "`eval.threshold`). *start* is before the first update, *final* the last eval; "
+            "means over each cell's runs."
+        )
+        doc.table(*sampled, code_col=0)
+    corr = measured_table(data, CORRECTION_COLUMNS, history=True)
+    if corr:
+        doc.heading(2, "The correction's own statistics")
+        doc.para(
+            "Means over each run's logged steps, then over the cell's runs: the fraction of "
+            "valid tokens the correction took out of the loss (masked) or whose weight it "
+            "clipped (truncated), and the spread of the behaviour weights it applied (smallest, "
+            "largest, effective sample size as a fraction of tokens); docs/corrections.md."
+        )
+        doc.table(*corr, code_col=0)
+    split = (
+        measured_table(data, MISMATCH_SPLIT_COLUMNS, history=True)
+        if study_has_mismatch(data)
+        else None
+    )
+    if split:
+        doc.heading(2, "Mismatch: numerics and policy lag")
+        doc.para(
+            "The sampler-vs-learner KL split into its numerics part (the sampler against the "
+            "learner's forward of the same weights) and its policy-lag part (those weights "
+            "against the current ones, 0 without `rollout.staleness`); means over logged steps "
+            "and runs (docs/mismatch.md)."
+        )
+        doc.table(*split, code_col=0)
 
 
 def _summary_section(doc: _Doc, data: StudyData) -> None:
@@ -592,6 +728,7 @@ def build_report(
     )
     _factor_section(doc, data, rows)
     _summary_section(doc, data)
+    _measured_sections(doc, data)
     doc.heading(2, "Plots")
     if absent:
         doc.para("Not logged by any run (no plot): " + ", ".join(_code(a) for a in absent) + ".")
