@@ -690,12 +690,15 @@ def build_report(
     diverged: DivergedPolicy = "worst",
     fit: bool = True,
 ) -> ReportFiles:
-    """Write ``out_dir/report.md``, ``out_dir/report.html`` and ``out_dir/plots/*.png``.
+    """Write ``out_dir/report.md``, ``out_dir/report.html``, ``out_dir/runs.csv`` (every run,
+    one row each) and ``out_dir/plots/*.png``.
 
     The HTML is self-contained (inline CSS, PNGs as base64 data URIs, no scripts, no external
     resources) so it can be mailed or attached to an MLflow run and still open.  The markdown
-    links the PNGs relatively.  Sections: header (study, varied axes and cells, command),
-    conclusion, warnings, ranking, plots, saturating fits (``fit=True``), held-fixed config.
+    links the PNGs relatively.  Sections: header (an interim banner while the study runs; study,
+    varied axes and cells, command), conclusion, seeds that decide (adaptive), warnings,
+    ranking, factor effects (factorial grids), stability summaries, pass@k / correction /
+    mismatch split (where measured), plots, saturating fits (``fit=True``), held-fixed config.
     """
     import time
 
