@@ -171,7 +171,8 @@ def conclusion(rows: Sequence[CellRow], data: StudyData) -> list[str]:
             "are provisional; the only verdicts are those the seed rule has already taken."
         )
     if base is not None and paired_ranking(data):
-        return out + _adaptive_verdicts(rows, data, base, better, bool(interim)) + progress
+        verdicts = _adaptive_verdicts(rows, data, base, better, bool(interim))
+        return out + verdicts + _inert_lines(rows) + progress
     small = [r for r in usable if _too_small(r)]
     lead = f"{_code(best.label)} ranks first"
     if interim:
@@ -254,13 +255,17 @@ def conclusion(rows: Sequence[CellRow], data: StudyData) -> list[str]:
             why = why_line(best, base, data)
             if why:
                 out.append(why)
+    return out + _inert_lines(rows) + progress
+
+
+def _inert_lines(rows: Sequence[CellRow]) -> list[str]:
     inert = [r.label for r in rows if r.inert_clip]
-    if inert:
-        out.append(
-            f"Clipping is inert in {', '.join(_code(c) for c in inert)}: these results say "
-            "nothing about the clip settings."
-        )
-    return out + progress
+    if not inert:
+        return []
+    return [
+        f"Clipping is inert in {', '.join(_code(c) for c in inert)}: these results say "
+        "nothing about the clip settings."
+    ]
 
 
 def _adaptive_verdicts(
