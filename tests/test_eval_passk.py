@@ -72,6 +72,9 @@ def test_a_run_logs_pass_at_k_and_its_summary_keeps_the_last(tmp_path):
     assert all(k >= one - 1e-12 for k, one in pairs)
     assert res.summary["final/eval_pass_at_k"] == pytest.approx(h["eval/pass_at_k"][-1])
     assert res.summary["final/eval_mean_at_n"] == pytest.approx(h["eval/mean_at_n"][-1])
+    # Before training: the start pass@k and pass@1 (the report compares the final with them).
+    start_k, start_1 = res.summary["start/eval_pass_at_k"], res.summary["start/eval_pass_at_1"]
+    assert 0.0 <= start_1 <= start_k + 1e-12 <= 1.0 + 1e-12
 
 
 def test_threshold_zero_counts_every_prompt_solved_and_no_samples_means_no_pass_at_k(tmp_path):
@@ -79,6 +82,7 @@ def test_threshold_zero_counts_every_prompt_solved_and_no_samples_means_no_pass_
     assert res.history["eval/accuracy"] == [1.0, 1.0]  # every built-in reward is >= 0
     assert "eval/pass_at_k" not in res.history
     assert math.isnan(res.summary["final/eval_pass_at_k"])
+    assert math.isnan(res.summary["start/eval_pass_at_k"])
 
 
 def test_k_above_the_samples_is_one_line(tmp_path):

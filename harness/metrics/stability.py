@@ -73,6 +73,8 @@ OBJECTIVE_KEYS: tuple[str, ...] = (
     "start/reward",
     "start/eval_reward",
     "start/eval_accuracy",
+    "start/eval_pass_at_1",
+    "start/eval_pass_at_k",
 )
 
 #: Logged once per run beside the summaries (not objectives): how far it got, how long it took.

@@ -8,9 +8,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from harness.report.allocation import AdaptivePlan, CellState, allocate
+from harness.report.allocation import AdaptivePlan, CellState, allocate, settled
 from harness.report.format import _fmt_duration
 from harness.report.render import _Doc
+from harness.report.sequential import DECIDED
 from harness.report.studydata import StudyData
 
 
@@ -82,9 +83,40 @@ def adaptive_lines(data: StudyData) -> list[str]:
     return out
 
 
+def decided_cells(data: StudyData) -> dict[str, CellState]:
+    """The cells the seed rule has decided (better, worse, equivalent, or below the winner of a
+    decided ranking): their verdict is the rule's, whatever their seed count."""
+    states = adaptive_states(data) or {}
+    return {c: s for c, s in states.items() if s.status in (*DECIDED, "ranked")}
+
+
+def interim_reason(data: StudyData) -> str:
+    """Why the study is not finished ("" when it is): runs still running or waiting (an adaptive
+    study's held seeds wait too), or cells the seed rule has not settled."""
+    parts = []
+    pending = sum(r.status in ("running", "waiting") for r in data.runs)
+    if pending:
+        parts.append(f"{pending} run{'s' if pending != 1 else ''} still running or waiting")
+    states = adaptive_states(data)
+    if states:
+        unsettled = [c for c, s in states.items() if not s.settled]
+        if unsettled:
+            parts.append(
+                f"{len(unsettled)} of {len(states)} cells not yet settled by the seed rule"
+            )
+    return "; ".join(parts)
+
+
 def savings_line(data: StudyData, states: dict[str, CellState]) -> str:
     s = savings(data, states)
     conf = float(data.adaptive["confidence"]) if data.adaptive else 0.95
+    if not settled(states):
+        # Held seeds are not released yet, so "released" is not what the study will use.
+        return (
+            f"adaptive design so far: {s.seeds_used} seeds released of at most {s.seeds_fixed} "
+            f"({len(data.cells)} cells x {data.adaptive['max'] if data.adaptive else '?'} "
+            "seeds); what it saves is known once every cell is settled"
+        )
     wall = (
         f"; run time (summed over runs) {_fmt_duration(s.wall_used)} against about "
         f"{_fmt_duration(s.wall_fixed)} "
@@ -129,4 +161,12 @@ def adaptive_section(doc: _Doc, data: StudyData) -> None:
     doc.para(savings_line(data, states) + ".")
 
 
-__all__ = ["Savings", "adaptive_lines", "adaptive_section", "adaptive_states", "savings"]
+__all__ = [
+    "Savings",
+    "adaptive_lines",
+    "adaptive_section",
+    "adaptive_states",
+    "decided_cells",
+    "interim_reason",
+    "savings",
+]

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from harness.core.configtools import flatten
-from harness.report.adaptive import adaptive_section
+from harness.report.adaptive import adaptive_section, interim_reason
+from harness.report.factors import cell_choices, study_effects
 from harness.report.format import _code, _fmt_duration, fmt
 from harness.report.plots import (
     PlotFile,
@@ -19,6 +22,7 @@ from harness.report.plots import (
     plot_intervals,
     plot_metric_curves,
     plot_performance_profile,
+    step_matrix,
 )
 from harness.report.prose import conclusion, warnings_for
 from harness.report.render import RANKING_HEADER, _Doc, _ranking_cells
@@ -31,6 +35,7 @@ from harness.report.scores import (
     _tasks_of,
     _worst_by_task,
     fit_curves,
+    paired_ranking,
     ranking,
 )
 from harness.report.studydata import CellRow, StudyData
@@ -43,6 +48,7 @@ class ReportFiles:
     markdown: Path
     html: Path
     pngs: list[Path]
+    runs_csv: Path | None = None  # every run, one row each (for notebooks)
 
 
 PLOT_DIR = "plots"
@@ -57,12 +63,31 @@ _CURVES = (
 )
 
 
+#: Line plots draw at most this many cells: past ~8 lines (and their legend) a figure is
+#: mostly legend, and the ranking table already lists every cell.
+MAX_PLOTTED_CELLS = 8
+
+
+def plotted_cells(data: StudyData, rows: Sequence[CellRow]) -> list[str]:
+    """The cells the line plots draw: all of them up to :data:`MAX_PLOTTED_CELLS`, else the top
+    of the ranking and the baseline, in grid order (so each keeps its colour order)."""
+    if len(data.cells) <= MAX_PLOTTED_CELLS:
+        return list(data.cells)
+    keep = {data.baseline} if data.baseline in data.cells else set()
+    for r in rows:
+        if len(keep) >= MAX_PLOTTED_CELLS:
+            break
+        keep.add(r.label)
+    return [c for c in data.cells if c in keep]
+
+
 def _plots(
     data: StudyData, rows: Sequence[CellRow], plot_dir: Path, n_boot: int, seed: int
 ) -> tuple[list[PlotFile], list[str]]:
     """Draw every figure; returns the written ones and the metrics that nobody logged."""
     written: list[PlotFile] = []
     absent: list[str] = []
+    shown = plotted_cells(data, rows)
 
     def keep(p: PlotFile | None, what: str) -> None:
         if p is None:
@@ -73,22 +98,42 @@ def _plots(
     for stem, key, title, ylabel, sparse in _CURVES[:2]:
         keep(
             plot_metric_curves(
-                data, key, plot_dir / f"{stem}.png", title=title, ylabel=ylabel, markers=sparse
+                data,
+                key,
+                plot_dir / f"{stem}.png",
+                title=title,
+                ylabel=ylabel,
+                markers=sparse,
+                cells=shown,
             ),
             key,
         )
-    keep(plot_clip_fractions(data, plot_dir / "clip_fractions.png"), "policy/clipfrac_*")
+    keep(
+        plot_clip_fractions(data, plot_dir / "clip_fractions.png", cells=shown),
+        "policy/clipfrac_*",
+    )
     for stem, key, title, ylabel, sparse in _CURVES[2:]:
         keep(
             plot_metric_curves(
-                data, key, plot_dir / f"{stem}.png", title=title, ylabel=ylabel, markers=sparse
+                data,
+                key,
+                plot_dir / f"{stem}.png",
+                title=title,
+                ylabel=ylabel,
+                markers=sparse,
+                cells=shown,
             ),
             key,
         )
     scored = [
         plot_intervals(rows, data, plot_dir / "intervals.png"),
         plot_performance_profile(
-            rows, data, plot_dir / "performance_profile.png", n_boot=n_boot, seed=seed
+            rows,
+            data,
+            plot_dir / "performance_profile.png",
+            n_boot=n_boot,
+            seed=seed,
+            cells=shown,
         ),
     ]
     written += [p for p in scored if p is not None]
@@ -101,6 +146,13 @@ def _header(doc: _Doc, data: StudyData, rows: Sequence[CellRow]) -> None:
     unfinished = sum(r.status in ("running", "waiting") for r in runs)
     tasks = _tasks_of(runs)
     doc.heading(1, f"Ablation report: {data.study}")
+    interim = interim_reason(data)
+    if interim:
+        doc.para(
+            f"**Interim report**: the study has not finished ({interim}). Rankings and "
+            "intervals are provisional, and no verdict is given that the study's rule has not "
+            "taken yet. Run `harness report` again when it ends."
+        )
     if data.description:
         doc.para(data.description.strip())
     facts = [
@@ -185,9 +237,27 @@ def _ranking_section(
         "mean over runs of the last logged `policy/approx_kl`; clip fractions = mean over runs of "
         "the last 10 % of logged steps."
     )
-    doc.table(
-        list(RANKING_HEADER), [_ranking_cells(i, r) for i, r in enumerate(rows, 1)], code_col=1
-    )
+    header = list(RANKING_HEADER)
+    cells = [_ranking_cells(i, r) for i, r in enumerate(rows, 1)]
+    if paired_ranking(data):
+        doc.para(
+            "The cells of this adaptive study ran different numbers of seeds (a decided cell "
+            "stops early), so IQMs over their own seeds are not comparable: the cells are "
+            "**ranked by the mean paired difference from the baseline on the seeds both ran** "
+            "(the pairs the seed rule decided on; > 0 is better), and P(improve) counts those "
+            "pairs only. The IQM column stays each cell's own."
+        )
+        header.insert(2, "paired Δ vs baseline (seeds)")
+        for row, r in zip(cells, rows, strict=True):
+            row.insert(
+                2,
+                "0 (baseline)"
+                if r.is_baseline
+                else f"{r.paired_diff:+.3g} ({r.n_paired})"
+                if r.n_paired
+                else "—",
+            )
+    doc.table(header, cells, code_col=1)
 
 
 SUMMARY_COLUMNS = (
@@ -214,12 +284,49 @@ OPTIONAL_SUMMARY_COLUMNS = (
 )
 
 
+def cell_config(data: StudyData, cell: str) -> dict[str, Any]:
+    """A cell's flattened configuration: the base with the cell's overrides."""
+    return {**flatten(data.base_config), **flatten(data.cells.get(cell, {}))}
+
+
+_REDUCED = ("bfloat16", "float16", "bf16", "fp16", "half")
+
+
+def mismatch_sources(config: dict[str, Any]) -> list[str]:
+    """What in a (flattened) run configuration makes the sampler's log-probs differ from the
+    learner's beyond float32 rounding (docs/mismatch.md): logit noise, a sampler precision
+    other than the learner's, a reduced-precision learner, or a lagging behaviour policy."""
+    out = []
+    noise = config.get("rollout.sampler_logit_noise") or 0.0
+    if isinstance(noise, int | float) and noise > 0:
+        out.append(f"rollout.sampler_logit_noise={noise:g}")
+    learner = str(config.get("model_options.dtype") or "float32")
+    if config.get("bf16") is True:
+        learner = "bfloat16"
+    sampler = config.get("rollout.sampler_dtype")
+    if sampler is not None and str(sampler) != learner:
+        out.append(f"rollout.sampler_dtype={sampler} (learner {learner})")
+    elif learner in _REDUCED:
+        out.append(f"{learner} learner and sampler")
+    staleness = config.get("rollout.staleness") or 0
+    if isinstance(staleness, int | float) and staleness > 0:
+        out.append(f"rollout.staleness={staleness:g}")
+    return out
+
+
+def study_has_mismatch(data: StudyData) -> bool:
+    """Some cell has a mismatch source: only then are the mismatch columns worth a reader's
+    attention (with none, they hold float32 rounding, ~1e-13)."""
+    return any(mismatch_sources(cell_config(data, c)) for c in data.cells)
+
+
 def _columns(data: StudyData) -> list[tuple[str, str]]:
-    present = [
+    logged = [
         (key, label)
         for key, label in OPTIONAL_SUMMARY_COLUMNS
         if any(math.isfinite(r.summary.get(key, math.nan)) for r in data.runs)
     ]
+    present = logged if study_has_mismatch(data) else []
     return [*SUMMARY_COLUMNS, *present]
 
 
@@ -238,18 +345,198 @@ def summary_table(data: StudyData) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+# Sampled evaluation (eval.samples > 0): pass@k before training is the start of the final's.
+EVAL_SAMPLED_COLUMNS = (
+    ("start/eval_pass_at_1", "pass@1 start"),
+    ("final/eval_pass_at_1", "pass@1 final"),
+    ("start/eval_pass_at_k", "pass@k start"),
+    ("final/eval_pass_at_k", "pass@k final"),
+)
+
+# Per-step statistics of the correction and of the mismatch's parts, averaged over a run's
+# logged steps: (history key, column label, when it means something).
+CORRECTION_COLUMNS = (
+    ("policy/correction_masked_frac", "masked frac"),
+    ("policy/correction_truncated_frac", "truncated frac"),
+    ("policy/behave_weight_min", "weight min"),
+    ("policy/behave_weight_max", "weight max"),
+    ("policy/behave_ess", "weight ESS"),
+)
+MISMATCH_SPLIT_COLUMNS = (
+    ("mismatch/numerics_kl_k3", "numerics KL (k3)"),
+    ("mismatch/lag_kl_k3", "policy-lag KL (k3)"),
+)
+
+
+def _run_mean(run: Any, key: str) -> float:
+    """Mean of a run's finite logged values of ``key`` (NaN when it logged none)."""
+    a = step_matrix([run], key)[0]
+    a = a[np.isfinite(a)]
+    return float(a.mean()) if a.size else math.nan
+
+
+def measured_table(
+    data: StudyData, columns: Sequence[tuple[str, str]], *, history: bool
+) -> tuple[list[str], list[list[str]]] | None:
+    """Per cell, the mean over its completed and diverged runs of each column some run of the
+    study measured (a run summary, or the run's mean over steps of a logged metric with
+    ``history``); None when no run measured any of them."""
+
+    def value(run: Any, key: str) -> float:
+        return _run_mean(run, key) if history else run.summary.get(key, math.nan)
+
+    ran = [r for r in data.runs if r.status in ("completed", "diverged")]
+    present = [(k, lab) for k, lab in columns if any(math.isfinite(value(r, k)) for r in ran)]
+    if not present:
+        return None
+    rows = []
+    for cell in data.cells:
+        runs = [r for r in data.runs_of(cell) if r.status in ("completed", "diverged")]
+        rows.append(
+            [cell, str(len(runs))]
+            + [fmt(_mean_finite(value(r, k) for r in runs)) for k, _ in present]
+        )
+    return ["cell", "runs"] + [lab for _, lab in present], rows
+
+
+def _measured_sections(doc: _Doc, data: StudyData) -> None:
+    """pass@k, the correction's own statistics and the mismatch's numerics/lag parts, each
+    where the study measured them."""
+    sampled = measured_table(data, EVAL_SAMPLED_COLUMNS, history=False)
+    if sampled:
+        doc.heading(2, "Sampled evaluation: pass@1 and pass@k")
+        doc.para(
+            "With `eval.samples` > 0 every eval also samples completions of each held-out prompt "
+            "at the rollout temperature: pass@1 and pass@k (k = `eval.k`) are the unbiased "
+            "estimates 1 − C(n−c, k)/C(n, k) averaged over prompts (c of n samples pass "
+            "`eval.threshold`). *start* is before the first update, *final* the last eval; "
+            "means over each cell's runs."
+        )
+        doc.table(*sampled, code_col=0)
+    corr = measured_table(data, CORRECTION_COLUMNS, history=True)
+    if corr:
+        doc.heading(2, "The correction's own statistics")
+        doc.para(
+            "Means over each run's logged steps, then over the cell's runs: the fraction of "
+            "valid tokens the correction took out of the loss (masked) or whose weight it "
+            "clipped (truncated), and the spread of the behaviour weights it applied (smallest, "
+            "largest, effective sample size as a fraction of tokens); docs/corrections.md."
+        )
+        doc.table(*corr, code_col=0)
+    split = (
+        measured_table(data, MISMATCH_SPLIT_COLUMNS, history=True)
+        if study_has_mismatch(data)
+        else None
+    )
+    if split:
+        doc.heading(2, "Mismatch: numerics and policy lag")
+        doc.para(
+            "The sampler-vs-learner KL split into its numerics part (the sampler against the "
+            "learner's forward of the same weights) and its policy-lag part (those weights "
+            "against the current ones, 0 without `rollout.staleness`); means over logged steps "
+            "and runs (docs/mismatch.md)."
+        )
+        doc.table(*split, code_col=0)
+
+
 def _summary_section(doc: _Doc, data: StudyData) -> None:
     doc.heading(2, "Stability summaries per cell")
+    mismatch = (
+        "; mismatch KL = the k3 estimate of KL(π_sampler ‖ π_learner) per step, "
+        "docs/mismatch.md, shown because a cell has a mismatch source"
+        if study_has_mismatch(data)
+        else ""
+    )
     doc.para(
         "Mean over each cell's completed and diverged runs of the run-level summaries defined in "
-        "docs/stability.md (start reward = mean of the first 10 steps; entropy end/start < 1 "
+        "docs/stability.md (start reward = mean of the first 10 steps' batch reward; **eval "
+        "acc** = fraction of the held-out prompts whose greedy completion scores at least "
+        "`eval.threshold` (exact answers on the built-in tasks), at the last eval; **eval "
+        "reward** = the mean reward of those same greedy completions, before the first update "
+        "(start) and at the last eval (final); entropy end/start < 1 "
         "means the policy sharpened; spikes are steps per run above 5× the run's own running "
         "median, so a KL that is high throughout is not a spike; clip frac = mean "
-        "policy/clipfrac; mismatch KL, where measured = the k3 estimate of KL(π_sampler ‖ "
-        "π_learner) per step, docs/mismatch.md)."
+        f"policy/clipfrac{mismatch})."
     )
     header, rows = summary_table(data)
     doc.table(header, rows, code_col=0)
+
+
+def _factor_section(doc: _Doc, data: StudyData, rows: Sequence[CellRow]) -> None:
+    """Main effects and two-way interactions of a factorial grid (nothing for one axis)."""
+    effects, why = study_effects(data, rows)
+    if not effects and len(data.axes) < 2:
+        return
+    doc.heading(2, "Factor effects")
+    if not effects:
+        doc.para(f"No factor effects: {why}.")
+        return
+    n = effects[0].n_seeds
+    doc.para(
+        f"Which setting matters, in units of {_code(data.metric)} "
+        f"({'higher' if data.direction == 'maximize' else 'lower'} is better). The *main effect* "
+        "of a level is the mean over every setting of the other axes of (cell at that level − "
+        "cell at the reference level), the reference being the baseline's level; a *two-way "
+        "interaction* a × b is how much more level a moves the metric when the other axis is at "
+        "b instead of its reference (averaged over the remaining axes). Each is computed per "
+        f"seed on the {n} seeds every cell scored and shown with a 95 % paired-t interval "
+        "across those seeds (docs/report.md)."
+    )
+    table = []
+    for e in effects:
+        what = " × ".join(f"{a}={v}" for a, v in zip(e.axes, e.levels, strict=True))
+        ref = " × ".join(f"{a}={v}" for a, v in zip(e.axes, e.reference, strict=True))
+        table.append(
+            [
+                what,
+                e.kind,
+                ref,
+                f"{e.estimate:+.3g} [{e.low:+.3g}, {e.high:+.3g}]",
+                "interval excludes 0" if e.separated else "",
+            ]
+        )
+    doc.table(["effect", "kind", "against", "estimate [95 % CI]", "note"], table, code_col=0)
+
+
+RUNS_CSV = "runs.csv"
+
+
+def runs_csv(data: StudyData, rows: Sequence[CellRow]) -> str:
+    """Every run of the study, one row each, for notebooks: its cell, the axis levels, seed,
+    task, status, the score the ranking used, the reason of a failed or diverged run, wall time,
+    and every run-level summary any run logged (empty where a run has none)."""
+    import csv
+    import io
+
+    choices = cell_choices(data) or {}
+    axes = list(data.axes) if choices else []
+    keys = sorted({k for r in data.runs for k in r.summary})
+    score_of: dict[tuple[str, str, int], float] = {}
+    for row in rows:
+        for run, v in zip(data.runs_of(row.label), row.scores, strict=True):
+            score_of[(run.cell, run.task, run.seed)] = v
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["cell", *axes, "seed", "task", "status", "score", "reason", "wall_time", *keys])
+
+    def num(x: float) -> str:
+        return repr(float(x)) if math.isfinite(x) else ""
+
+    for r in data.runs:
+        w.writerow(
+            [
+                r.cell,
+                *(choices.get(r.cell, {}).get(a, "") for a in axes),
+                r.seed,
+                r.task,
+                r.status,
+                num(score_of.get((r.cell, r.task, r.seed), math.nan)),
+                r.reason,
+                num(r.wall_time),
+                *(num(r.summary.get(k, math.nan)) for k in keys),
+            ]
+        )
+    return buf.getvalue()
 
 
 def _fit_section(doc: _Doc, fits: Sequence[CurveFitRow]) -> None:
@@ -258,12 +545,16 @@ def _fit_section(doc: _Doc, fits: Sequence[CurveFitRow]) -> None:
         "A sigmoid r(t) = r0 + (A − r0) / (1 + (t_half / t)^B) fitted to each cell's mean reward "
         "curve over its completed runs (ScaleRL, arXiv 2510.13786, with steps for compute). "
         "A is the fitted ceiling; the half-step is where half of the gain A − r0 is reached "
-        "(efficiency). An extrapolated fit (half-step beyond the last step) is a guess."
+        "(efficiency). The fit is bounded: A and r0 within the range of rewards the study "
+        "logged, the half-step within the run's steps; a curve still rising at the end has no "
+        "identified ceiling and shows none."
     )
     rows = []
     for f in fits:
         c = f.fit
         note = c.reason if not c.ok else ("extrapolated" if c.extrapolated else "")
+        if c.ok and c.at_bound:
+            note = "ceiling held at the edge of the rewards logged: the curve may go further"
         rows.append(
             [
                 f.label,
@@ -278,17 +569,108 @@ def _fit_section(doc: _Doc, fits: Sequence[CurveFitRow]) -> None:
     doc.table(["cell", "asymptote A", "half-step", "r0", "rmse", "runs", "note"], rows, code_col=0)
 
 
-def _fixed_section(doc: _Doc, data: StudyData) -> None:
-    doc.heading(2, "What was held fixed")
+# Options that cannot act in a configuration, as (key or key prefix, kept key, why, test): the
+# held-fixed table leaves a key out when it is inactive in every cell, so the reader sees what
+# shaped the runs and not the defaults of machinery that was off.
+_INACTIVE: tuple[tuple[str, str, str, Callable[[dict[str, Any]], bool]], ...] = (
+    ("tiny.", "", "the tiny model is not used", lambda c: c.get("model") != "tiny"),
+    ("critic.", "critic.enabled", "the critic is off", lambda c: not c.get("critic.enabled")),
+    (
+        "warm_start.",
+        "warm_start.steps",
+        "no warm start",
+        lambda c: not c.get("warm_start.steps"),
+    ),
+    ("eval.k", "", "no sampled eval (eval.samples 0)", lambda c: not c.get("eval.samples")),
+    (
+        "ppo.behave_imp_weight_cap",
+        "",
+        "behaviour weights disabled",
+        lambda c: c.get("ppo.behave_imp_weight_mode") in (None, "disabled"),
+    ),
+    (
+        "ppo.overlong_",
+        "ppo.overlong_reward_penalty",
+        "no overlong penalty",
+        lambda c: not c.get("ppo.overlong_reward_penalty"),
+    ),
+    (
+        "ppo.kl_estimator",
+        "",
+        "no KL penalty (ppo.kl_ctl 0)",
+        lambda c: not c.get("ppo.kl_ctl"),
+    ),
+    (
+        "rollout.max_resample_rounds",
+        "",
+        "no zero-variance filter",
+        lambda c: not c.get("rollout.zero_variance_filter"),
+    ),
+)
+
+
+def _objective_block(key: str) -> str | None:
+    """``cispo`` for ``ppo.cispo.ratio_max``: the options block of one policy loss."""
+    parts = key.split(".")
+    if len(parts) == 3 and parts[0] == "ppo" and parts[1] != "correction":
+        return parts[1]
+    return None
+
+
+def held_fixed(data: StudyData) -> tuple[list[tuple[str, str]], list[str]]:
+    """The base configuration's keys no cell varies that can act in some cell, and (why) the
+    groups of keys left out because they are inactive in every cell: other objectives' option
+    blocks, a model that is not used, machinery that is off."""
     varied = _varied_keys(data)
     base = flatten(data.base_config)
     if "steps" in base:  # every run used the study's steps, not the base config's
         base["steps"] = data.steps
-    flat = [(k, _value_str(v)) for k, v in base.items() if k not in varied]
+    configs = [cell_config(data, c) for c in data.cells] or [base]
+    losses = {str(c.get("ppo.policy_loss", "ppo")) for c in configs}
+    kept: list[tuple[str, str]] = []
+    left_out: dict[str, list[str]] = {}
+    for k, v in base.items():
+        if k in varied:
+            continue
+        block = _objective_block(k)
+        if block is not None and block not in losses:
+            left_out.setdefault(f"options of unused policy losses ({block}", []).append(k)
+            continue
+        why = next(
+            (
+                reason
+                for prefix, keep, reason, off in _INACTIVE
+                if k.startswith(prefix) and k != keep and all(off(c) for c in configs)
+            ),
+            None,
+        )
+        if why is not None:
+            left_out.setdefault(why, []).append(k)
+            continue
+        kept.append((k, _value_str(v)))
+    blocks = sorted(
+        {g.split("(")[1] for g in left_out if g.startswith("options of unused policy losses")}
+    )
+    notes = [
+        f"{len(ks)} key{'s' if len(ks) != 1 else ''}: {why}"
+        for why, ks in left_out.items()
+        if not why.startswith("options of unused policy losses")
+    ]
+    if blocks:
+        n = sum(len(ks) for g, ks in left_out.items() if g.startswith("options of unused"))
+        notes.insert(0, f"{n} keys: options of the policy losses not used ({', '.join(blocks)})")
+    return kept, notes
+
+
+def _fixed_section(doc: _Doc, data: StudyData) -> None:
+    doc.heading(2, "What was held fixed")
+    varied = _varied_keys(data)
+    flat, notes = held_fixed(data)
     doc.para(
         "The base configuration every cell starts from, flattened; keys a cell overrides "
         f"({', '.join(_code(k) for k in sorted(varied)) or 'none'}) are listed under "
         "*What was varied* instead; `seed` is each run's seed (see *seeds* above)."
+        + (" Left out as inactive in every cell: " + "; ".join(notes) + "." if notes else "")
     )
     half = (len(flat) + 1) // 2
     left, right = flat[:half], flat[half:]
@@ -308,12 +690,15 @@ def build_report(
     diverged: DivergedPolicy = "worst",
     fit: bool = True,
 ) -> ReportFiles:
-    """Write ``out_dir/report.md``, ``out_dir/report.html`` and ``out_dir/plots/*.png``.
+    """Write ``out_dir/report.md``, ``out_dir/report.html``, ``out_dir/runs.csv`` (every run,
+    one row each) and ``out_dir/plots/*.png``.
 
     The HTML is self-contained (inline CSS, PNGs as base64 data URIs, no scripts, no external
     resources) so it can be mailed or attached to an MLflow run and still open.  The markdown
-    links the PNGs relatively.  Sections: header (study, varied axes and cells, command),
-    conclusion, warnings, ranking, plots, saturating fits (``fit=True``), held-fixed config.
+    links the PNGs relatively.  Sections: header (an interim banner while the study runs; study,
+    varied axes and cells, command), conclusion, seeds that decide (adaptive), warnings,
+    ranking, factor effects (factorial grids), stability summaries, pass@k / correction /
+    mismatch split (where measured), plots, saturating fits (``fit=True``), held-fixed config.
     """
     import time
 
@@ -340,7 +725,13 @@ def build_report(
             "cell's CI separates from the baseline's."
         )
     _ranking_section(doc, data, rows, n_boot, seed, diverged)
+    doc.para(
+        f"Every run (cell, axis levels, seed, status, score, reason, summaries) is in "
+        f"[{RUNS_CSV}]({RUNS_CSV}) beside this report."
+    )
+    _factor_section(doc, data, rows)
     _summary_section(doc, data)
+    _measured_sections(doc, data)
     doc.heading(2, "Plots")
     if absent:
         doc.para("Not logged by any run (no plot): " + ", ".join(_code(a) for a in absent) + ".")
@@ -356,8 +747,12 @@ def build_report(
     # full disk) leave a complete report, never a missing or half-written file.
     atomic_write(md_path, "\n".join(doc.md).rstrip() + "\n")
     atomic_write(html_path, doc.render_html(f"Ablation report: {data.study}"))
+    csv_path = out_dir / RUNS_CSV
+    atomic_write(csv_path, runs_csv(data, rows))
     _remove_stale_plots(plot_dir, {p.path.name for p in plots}, started)
-    return ReportFiles(markdown=md_path, html=html_path, pngs=[p.path for p in plots])
+    return ReportFiles(
+        markdown=md_path, html=html_path, pngs=[p.path for p in plots], runs_csv=csv_path
+    )
 
 
 def _remove_stale_plots(plot_dir: Path, keep: set[str], started: float) -> None:

@@ -32,6 +32,7 @@ class CurveFit:
     exponent: float = math.nan
     rmse: float = math.nan
     extrapolated: bool = False
+    at_bound: bool = False  # A landed on the edge of ``value_range``
 
     def predict(self, steps: ArrayLike) -> np.ndarray:
         t = np.asarray(steps, dtype=float)
@@ -56,6 +57,8 @@ def fit_saturating_curve(
     rewards: ArrayLike,
     *,
     form: Literal["sigmoid", "exponential"] = "sigmoid",
+    value_range: tuple[float, float] | None = None,
+    max_half_step: float | None = None,
 ) -> CurveFit:
     """Fit a saturating curve to a (cell's mean) reward curve; never raises for bad data.
 
@@ -67,6 +70,12 @@ def fit_saturating_curve(
     t_half): "efficiency", separate from the ceiling A.  Fitted with
     ``scipy.optimize.curve_fit`` (trust-region, bounded: ``C_mid``, ``t_half`` in
     ``(0, 100 t_max]``, ``B`` in ``[0.05, 20]``) from a few starting points, keeping the best.
+
+    ``value_range`` bounds A and r0 to the metric's range (a reward in [0, 1] cannot saturate
+    at 2.36); ``max_half_step`` bounds the half-step to the horizon.  A bounded fit whose
+    half-step lands on ``max_half_step`` has not saturated within the horizon: its ceiling is
+    not identified: it is returned with ``ok=False`` and that reason instead of numbers.  A fit
+    whose A lands on the edge of ``value_range`` is kept with ``at_bound`` True.
 
     Steps must be >= 0.  Non-finite points are ignored.  Returns ``CurveFit(ok=False, reason=...)``
     when there are too few points, no variation, or the optimizer fails.
@@ -95,13 +104,18 @@ def fit_saturating_curve(
     head = float(np.mean(r[order][: max(1, t.size // 10)]))
     tail = float(np.mean(r[order][-max(1, t.size // 10) :]))
     lo_r, hi_r = float(r.min()) - 10 * span, float(r.max()) + 10 * span
+    if value_range is not None:
+        lo_r, hi_r = max(lo_r, float(value_range[0])), min(hi_r, float(value_range[1]))
+        if not lo_r < hi_r:
+            return CurveFit(form, False, f"empty value range {value_range}")
+    top_half = 100 * t_max if max_half_step is None else min(100 * t_max, float(max_half_step))
     if form == "sigmoid":
         model: Callable[..., np.ndarray] = _sigmoid
-        lower, upper = [lo_r, lo_r, 1e-9 * t_max, 0.05], [hi_r, hi_r, 100 * t_max, 20.0]
+        lower, upper = [lo_r, lo_r, 1e-9 * t_max, 0.05], [hi_r, hi_r, top_half, 20.0]
         starts = [[head, tail, c * t_max, b] for c in (0.1, 0.3, 1.0) for b in (1.0, 2.5)]
     else:
         model = _exponential
-        lower, upper = [lo_r, lo_r, 1e-9 * t_max], [hi_r, hi_r, 100 * t_max]
+        lower, upper = [lo_r, lo_r, 1e-9 * t_max], [hi_r, hi_r, top_half]
         starts = [[head, tail, c * t_max] for c in (0.05, 0.2, 1.0)]
     best, best_sse, last_err = None, math.inf, "optimizer did not converge"
     for start in starts:
@@ -121,6 +135,12 @@ def fit_saturating_curve(
     if best is None:
         return CurveFit(form, False, last_err)
     r0, a, half = float(best[0]), float(best[1]), float(best[2])
+    if max_half_step is not None and half >= 0.999 * top_half:
+        return CurveFit(
+            form,
+            False,
+            f"no saturation within {max_half_step:g} steps: the ceiling is not identified",
+        )
     b = float(best[3]) if form == "sigmoid" else math.nan
     return CurveFit(
         form=form,
@@ -132,4 +152,7 @@ def fit_saturating_curve(
         exponent=b,
         rmse=math.sqrt(best_sse / t.size),
         extrapolated=half > t_max,
+        # Noisy rewards around a plateau reach past it, so a ceiling pinned to the edge of the
+        # allowed range is a curve still moving, whose real ceiling may lie beyond.
+        at_bound=value_range is not None and not lo_r + 1e-3 * span < a < hi_r - 1e-3 * span,
     )

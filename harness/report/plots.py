@@ -172,15 +172,17 @@ def plot_metric_curves(
     title: str,
     ylabel: str,
     markers: bool = False,
+    cells: Sequence[str] | None = None,
 ) -> PlotFile | None:
-    """Mean over a cell's seeds per step (line) with the min–max over seeds (band), per cell.
+    """Mean over a cell's seeds per step (line) with the min–max over seeds (band), per cell
+    (``cells``: only these, in this order, e.g. the top of the ranking and the baseline).
 
     Light centered smoothing (:func:`default_window`) keeps the seed band readable; sparse
     metrics (``markers=True``, e.g. eval accuracy every k steps) are drawn unsmoothed at the
     steps where they were logged.  Diverged runs are marked × at their last logged value.
     Returns None when no run logged ``key``.
     """
-    labels = list(data.cells)
+    labels = list(data.cells) if cells is None else list(cells)
     colors = cell_colors(labels)
     mats = {c: step_matrix(data.runs_of(c), key, data.steps) for c in labels}
     if not any(np.isfinite(m).any() for m in mats.values()):
@@ -232,17 +234,29 @@ def plot_metric_curves(
         f"Mean of `{key}` over each cell's seeds per step (line) and the min–max over seeds "
         f"(band).{smooth_note}"
         + (" × marks the last logged step of a diverged run." if any_diverged else "")
+        + _subset_note(labels, data)
     )
     return PlotFile(_save(fig, path), title, caption)
 
 
-def plot_clip_fractions(data: StudyData, path: Path) -> PlotFile | None:
+def _subset_note(labels: Sequence[str], data: StudyData) -> str:
+    if len(labels) >= len(data.cells):
+        return ""
+    return (
+        f" Only {len(labels)} of the {len(data.cells)} cells are drawn (the top of the ranking "
+        "and the baseline), so the lines stay legible; the ranking table has every cell."
+    )
+
+
+def plot_clip_fractions(
+    data: StudyData, path: Path, *, cells: Sequence[str] | None = None
+) -> PlotFile | None:
     """Clip fractions low / high / dual per cell in three panels (mean over seeds, smoothed).
 
     Separating the three shows *which* bound binds: a cell whose lines are all zero never clipped
     (inert clipping, or a step size too small to reach the clip range).
     """
-    labels = list(data.cells)
+    labels = list(data.cells) if cells is None else list(cells)
     colors = cell_colors(labels)
     mats = {
         (c, k): step_matrix(data.runs_of(c), k, data.steps) for c in labels for k, _ in CLIP_KEYS
@@ -267,6 +281,7 @@ def plot_clip_fractions(data: StudyData, path: Path) -> PlotFile | None:
         "`policy/dual_clipfrac`"
         + (f", smoothed over {window} steps." if window > 1 else ".")
         + " All-zero lines mean the clip never bound in that cell."
+        + _subset_note(labels, data)
     )
     return PlotFile(_save(fig, path), title, caption)
 
@@ -334,7 +349,13 @@ def plot_intervals(rows: Sequence[CellRow], data: StudyData, path: Path) -> Plot
 
 
 def plot_performance_profile(
-    rows: Sequence[CellRow], data: StudyData, path: Path, *, n_boot: int, seed: int
+    rows: Sequence[CellRow],
+    data: StudyData,
+    path: Path,
+    *,
+    n_boot: int,
+    seed: int,
+    cells: Sequence[str] | None = None,
 ) -> PlotFile | None:
     """Performance profile: the fraction of a cell's runs scoring better than τ, for each τ.
 
@@ -343,6 +364,8 @@ def plot_performance_profile(
     scores), so a curve further up-right is always better.  Bands are pointwise bootstrap CIs.
     Uses the same scores as the ranking (diverged runs at their imputed score).
     """
+    if cells is not None:
+        rows = [r for r in rows if r.label in set(cells)]
     scores = {r.label: np.asarray([s for s in r.scores if math.isfinite(s)]) for r in rows}
     scores = {c: s for c, s in scores.items() if s.size}
     if not scores:
@@ -355,7 +378,7 @@ def plot_performance_profile(
     bands = stats.performance_profile_ci(
         {c: sign * s for c, s in scores.items()}, sign * taus, n_boot=n_boot, seed=seed
     )
-    colors = cell_colors(list(data.cells))
+    colors = cell_colors(list(data.cells) if cells is None else list(cells))
     fig = Figure(figsize=(8, 3.6), layout="constrained")
     ax = fig.add_subplot()
     for r in rows:
@@ -379,5 +402,6 @@ def plot_performance_profile(
         f"Fraction of each cell's scored runs with `{data.metric}` {cmp} τ (step line) and its "
         "pointwise 95 % bootstrap band.  A curve that lies above another for every τ dominates "
         "it; crossing curves mean the ranking depends on the threshold."
+        + _subset_note([r.label for r in rows], data)
     )
     return PlotFile(_save(fig, path), "Performance profile", caption)

@@ -139,9 +139,11 @@ def ranking(
     tasks = _tasks_of(data.runs)
     sign = 1.0 if data.direction == "maximize" else -1.0
     base_vals = None
+    base_runs: list[RunData] = []
     if data.baseline is not None and data.baseline in data.cells:
         base_runs = data.runs_of(data.baseline)
         base_vals = _by_task(base_runs, [score_of[id(r)] for r in base_runs], tasks)
+    by_paired = paired_ranking(data)
     rows: list[CellRow] = []
     for label, overrides in data.cells.items():
         runs = data.runs_of(label)
@@ -157,10 +159,19 @@ def ranking(
             n_boot=n_boot,
         )
         p_iv = None
+        pr, mine, theirs = _paired_scores(runs, vals_list, base_runs, score_of)
+        paired_diff = sign * float(np.mean(np.subtract(mine, theirs))) if mine else math.nan
         if base_vals is not None and label != data.baseline:
+            if by_paired:
+                # Cells of an adaptive study ran different seed counts: compare on the seeds
+                # both ran (the pairs the sequential decision used), not 3 seeds against 8.
+                cell_p = _by_task(pr, mine, tasks)
+                base_p = _by_task(pr, theirs, tasks)
+            else:
+                cell_p, base_p = _finite_only(vals), _finite_only(base_vals)
             p_iv = stats.probability_of_improvement_ci(
-                _flip(_finite_only(vals), sign),
-                _flip(_finite_only(base_vals), sign),
+                _flip(cell_p, sign),
+                _flip(base_p, sign),
                 n_boot=n_boot,
                 seed=seed,
             )
@@ -196,15 +207,54 @@ def ranking(
                     r.status == "completed" and math.isnan(_metric_value(r, data.metric))
                     for r in runs
                 ),
+                paired_diff=math.nan if label == data.baseline else paired_diff,
+                n_paired=0 if label == data.baseline else len(mine),
             )
         )
     order = {label: i for i, label in enumerate(data.cells)}
 
     def key(r: CellRow) -> tuple[bool, float, int]:
+        if by_paired:
+            v = 0.0 if r.is_baseline else r.paired_diff
+            bad = math.isnan(v)
+            return bad, 0.0 if bad else -v, order[r.label]
         bad = math.isnan(r.iqm.point)
         return bad, 0.0 if bad else -sign * r.iqm.point, order[r.label]
 
     return sorted(rows, key=key)
+
+
+def paired_ranking(data: StudyData) -> bool:
+    """Whether the ranking compares each cell with the baseline on the seeds both ran: in an
+    adaptive study deciding against the baseline, where a decided cell stops at fewer seeds than
+    the baseline runs, so IQMs over different seed sets are not comparable."""
+    return (
+        data.adaptive is not None
+        and data.adaptive.get("decide", "baseline") == "baseline"
+        and data.baseline is not None
+        and data.baseline in data.cells
+    )
+
+
+def _paired_scores(
+    runs: Sequence[RunData],
+    values: Sequence[float],
+    base_runs: Sequence[RunData],
+    score_of: Mapping[int, float],
+) -> tuple[list[RunData], list[float], list[float]]:
+    """The cell's runs, their scores and the baseline's on the (task, seed) pairs both scored,
+    in the cell's run order."""
+    base = {(r.task, r.seed): score_of[id(r)] for r in base_runs}
+    paired: list[RunData] = []
+    mine: list[float] = []
+    theirs: list[float] = []
+    for r, v in zip(runs, values, strict=True):
+        b = base.get((r.task, r.seed), math.nan)
+        if math.isfinite(v) and math.isfinite(b):
+            paired.append(r)
+            mine.append(v)
+            theirs.append(b)
+    return paired, mine, theirs
 
 
 def _run_note(run: RunData) -> str:
@@ -230,6 +280,12 @@ def fit_curves(data: StudyData) -> list[CurveFitRow]:
     Only completed runs enter the mean: a diverged run's truncated curve would bend the mean
     where it stops.  A fit that fails is kept with its reason.
     """
+    # The fit is bounded by what the reward was seen to reach in the study and by the run
+    # length: a ceiling above every value any run logged, or a half-step past the horizon, is
+    # an extrapolation the data cannot support.
+    seen = step_matrix([r for r in data.runs if r.status == "completed"], REWARD, data.steps)
+    finite = seen[np.isfinite(seen)]
+    value_range = (float(finite.min()), float(finite.max())) if finite.size else None
     out = []
     for label in data.cells:
         runs = [r for r in data.runs_of(label) if r.status == "completed"]
@@ -238,7 +294,12 @@ def fit_curves(data: StudyData) -> list[CurveFitRow]:
             with np.errstate(all="ignore"):
                 cnt = np.isfinite(m).sum(axis=0)
                 mean = np.where(cnt > 0, np.nansum(m, axis=0) / np.maximum(cnt, 1), np.nan)
-            fit = stats.fit_saturating_curve(np.arange(mean.size), mean)
+            fit = stats.fit_saturating_curve(
+                np.arange(mean.size),
+                mean,
+                value_range=value_range,
+                max_half_step=float(max(data.steps, mean.size - 1)),
+            )
         else:
             fit = stats.CurveFit("sigmoid", False, "no completed run logged objective/reward")
         out.append(CurveFitRow(label, fit, len(runs)))

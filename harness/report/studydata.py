@@ -58,6 +58,9 @@ class StudyData:
     command: str = ""  # the command line that produced the study
     # seeds: {min, max, batch, decide, confidence, margin} of an adaptive study (else None)
     adaptive: dict[str, Any] | None = None
+    # cell label -> axis -> the value it takes (the variant's name for 'variant'); empty for
+    # studies stored before it was recorded (the report then reads the overrides)
+    choices: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def runs_of(self, cell: str) -> list[RunData]:
         return [r for r in self.runs if r.cell == cell]
@@ -98,3 +101,8 @@ class CellRow:
     diverged_reasons: tuple[str, ...] = ()
     failed_reasons: tuple[str, ...] = ()
     n_missing_metric: int = 0  # completed runs whose summary lacks a finite data.metric
+    # The paired comparison with the baseline on the seeds both scored (cell − baseline, sign
+    # such that > 0 is better): what an adaptive study ranks by, since its cells ran different
+    # seed counts.  NaN / 0 for the baseline and without one.
+    paired_diff: float = float("nan")
+    n_paired: int = 0

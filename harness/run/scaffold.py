@@ -249,6 +249,9 @@ class Run:
         summary["start/reward"] = sum(first) / len(first) if first else math.nan
         summary["start/eval_reward"] = self.start_eval["eval/reward"]
         summary["start/eval_accuracy"] = self.start_eval["eval/accuracy"]
+        # pass@k before training is where the sampled eval starts (NaN without eval.samples).
+        summary["start/eval_pass_at_1"] = self.start_eval.get("eval/pass_at_1", math.nan)
+        summary["start/eval_pass_at_k"] = self.start_eval.get("eval/pass_at_k", math.nan)
         evals = [v for v in history.get("eval/reward", []) if math.isfinite(v)]
         summary["final/eval_reward"] = evals[-1] if evals else math.nan
         return RunResult(

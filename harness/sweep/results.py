@@ -113,4 +113,5 @@ def load_study_data(study: Any, tracker: Any | None, *, command: str = "") -> St
         parent_run_id=spec.parent_run_id,
         command=command,
         adaptive=dict(spec.adaptive) if spec.adaptive is not None else None,
+        choices={k: dict(v) for k, v in spec.choices.items()},
     )
