@@ -181,3 +181,203 @@ def test_the_limits_can_be_raised_in_the_file(tmp_path: Path) -> None:
     exp = _grid_file(tmp_path, {"optim.lr": _lr_axis(6)}, limits={"cells": 0})
     r = CliRunner().invoke(app, ["ablate", "--dry-run", str(exp)])
     assert r.exit_code == 2 and "limits.cells" in _one_error_line(r.output), r.output
+
+
+# -- a worker killed from outside, a coordinator stopped with workers stuck -----------------------
+
+REWARDS = """
+import os, time
+
+READY = {ready!r}
+
+def examples():
+    return [{{"prompt": f"{{i}}=", "answer": str(i)}} for i in range(40)]
+
+def first_waits(prompt, completion, answer):
+    # The first call of the whole sweep claims READY (with its pid) and waits there for ever:
+    # the test acts on a worker known to be mid-trial. Every other call returns at once.
+    try:
+        fd = os.open(READY, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    except FileExistsError:
+        return float(completion == answer)
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    while True:
+        time.sleep(0.05)
+"""
+
+
+def _stuck_experiment(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    ready = tmp_path / "ready"
+    module = tmp_path / "rewards.py"
+    module.write_text(REWARDS.format(ready=str(ready)))
+    doc = yaml.safe_load(SMOKE.read_text())
+    doc.update(name=name, seeds=1, steps=2)
+    doc["base"].update(task=f"python:{module}:first_waits")
+    doc["base"]["tiny"] = {"hidden_size": 16, "num_layers": 1, "num_heads": 2}
+    doc["base"]["tiny"]["intermediate_size"] = 16
+    doc["base"]["rollout"] = {"prompts_per_step": 2, "n_samples": 2, "max_new_tokens": 3}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path, ready
+
+
+def _wait_for(what: str, cond: Any, proc: subprocess.Popen[Any] | None, limit: float) -> None:
+    """Wait (bounded) for ``cond()``; fails naming ``what`` if it never holds."""
+    import threading
+    import time
+
+    end = time.monotonic() + limit
+    while not cond():
+        assert proc is None or proc.poll() is None, f"exited before {what}"
+        assert time.monotonic() < end, f"no {what} within {limit} s"
+        threading.Event().wait(0.05)
+
+
+def _trials(results: Path, name: str) -> list[Any]:
+    import optuna
+
+    from harness.sweep.storage import make_storage
+
+    return optuna.load_study(study_name=name, storage=make_storage(None, results)).get_trials()
+
+
+def _child_runs(results: Path, name: str) -> dict[str, Any]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{results / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name(name).experiment_id])
+    return {
+        r.data.tags["optuna.trial_number"]: r
+        for r in runs
+        if r.data.tags.get("harness.role") == "child"
+    }
+
+
+@pytest.mark.slow
+def test_sigterm_with_a_worker_stuck_in_a_reward_kills_it_after_the_grace_and_closes_its_run(
+    tmp_path: Path,
+) -> None:
+    import signal
+    import sys
+
+    import psutil
+
+    exp, ready = _stuck_experiment(tmp_path, "stuck")
+    results = tmp_path / "results"
+    env = {**os.environ, "HARNESS_STOP_GRACE_S": "3"}
+    err_path = tmp_path / "stderr.txt"
+    with err_path.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "harness", "ablate", str(exp), "--results-dir", str(results)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+        try:
+            _wait_for(
+                "worker in the reward", lambda: ready.is_file() and ready.read_text(), proc, 240
+            )
+            worker = int(ready.read_text())
+            family = [worker, *(p.pid for p in psutil.Process(proc.pid).children(recursive=True))]
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(timeout=120)  # the grace (3 s) plus closing, not for ever
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    text = err_path.read_text()
+    assert rc == 130, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert "SIGTERM: stopping the workers (waiting at most 3 s" in text, text[-3000:]
+    killed = [line for line in text.splitlines() if " killed: " in line]
+    assert killed == [
+        f"worker 0 (pid {worker}) killed: still running 3 s after the stop was asked; it was "
+        "running trial 0 (c_clip=none seed=0)"
+    ], text[-3000:]
+    assert "interrupted: run the same command again to resume" in text
+    assert not [
+        p for p in family if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+    ]
+    trials = _trials(results, "stuck")
+    assert [(t.state.name, t.user_attrs.get("outcome")) for t in trials] == [
+        ("FAIL", "interrupted"),
+        ("WAITING", None),
+    ]
+    assert trials[0].user_attrs["reason"].startswith("worker killed: still running 3 s")
+    runs = _child_runs(results, "stuck")
+    assert sorted(runs) == ["0"] and runs["0"].info.status == "KILLED"
+    assert runs["0"].data.tags["run.reason"] == trials[0].user_attrs["reason"]
+
+
+@pytest.mark.slow
+def test_a_worker_killed_by_sigkill_is_named_with_its_trial_and_the_trial_is_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import signal
+
+    from harness.config.experiment import load_experiment
+    from harness.sweep.launch import make_launcher, run_workers
+    from harness.sweep.storage import make_storage
+    from harness.sweep.study import enqueue_missing, open_study
+    from harness.sweep.worker import WorkerOptions
+    from harness.tracking import make_tracker
+
+    monkeypatch.setenv("HARNESS_HEARTBEAT_S", "1")  # the dead worker's trial is stale after 4 s
+    exp, ready = _stuck_experiment(tmp_path, "oom")
+    results = tmp_path / "results"
+    study, spec = open_study(
+        load_experiment(exp),
+        storage=make_storage(None, results),
+        tracker=make_tracker(None, results),
+        study_name=None,
+        tracking_uri=None,
+        command="test",
+    )
+    enqueue_missing(study, spec)
+    events: list[dict[str, Any]] = []
+    said: list[str] = []
+
+    killed: list[int] = []
+
+    def kill_when_stuck() -> None:
+        # The worker that claims READY is stuck in its first reward: SIGKILL it (what the OOM
+        # killer does) once READY names it; a bounded poll on that state, never a bare sleep.
+        _wait_for("worker in the reward", lambda: ready.is_file() and ready.read_text(), None, 240)
+        killed.append(int(ready.read_text()))
+        os.kill(killed[0], signal.SIGKILL)
+
+    import threading
+
+    killer = threading.Thread(target=kill_when_stuck, daemon=True)
+    killer.start()
+    counts = run_workers(
+        make_launcher("local"),
+        2,
+        WorkerOptions(study="oom", storage=None, results_dir=results),
+        total=2,
+        done_before=0,
+        on_event=events.append,
+        show_progress=False,
+        say=said.append,
+    )
+    killer.join(timeout=1)
+    assert killed, "the stuck worker was never seen"
+    crashes = [e for e in events if e["event"] == "crash"]
+    assert len(crashes) == 1, events
+    victim = crashes[0]
+    started = [e for e in events if e["event"] == "start" and e["worker"] == victim["worker"]]
+    held = started[-1]
+    assert held["pid"] == killed[0]
+    assert [line for line in said if "was killed" in line] == [
+        f"worker {victim['worker']} (pid {held['pid']}) was killed by SIGKILL while running "
+        f"trial {held['trial']} ({held['cell']} seed=0); a running trial is retried once its "
+        "heartbeat goes stale (by another worker, or by running the same command again)"
+    ]
+    assert counts["died"] == 1 and counts["completed"] == 2, counts
+    trials = _trials(results, "oom")
+    complete = sorted(t.user_attrs["cell"] for t in trials if t.state.name == "COMPLETE")
+    assert complete == ["c_clip=3", "c_clip=none"]  # every cell once, the dead one's retried
+    assert not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
+    runs = _child_runs(results, "oom")
+    assert runs[str(held["trial"])].info.status == "KILLED"
