@@ -381,3 +381,62 @@ def test_a_worker_killed_by_sigkill_is_named_with_its_trial_and_the_trial_is_ret
     assert not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
     runs = _child_runs(results, "oom")
     assert runs[str(held["trial"])].info.status == "KILLED"
+
+
+# -- two coordinators on one study --------------------------------------------------------------
+
+HOLDER = """
+import sys
+from pathlib import Path
+from harness.sweep.coordinator import coordinator_lock
+
+with coordinator_lock(Path(sys.argv[1]), sys.argv[2]):
+    print("held", flush=True)
+    sys.stdin.read()  # until the test closes stdin or kills this process
+"""
+
+
+def test_a_second_coordinator_of_a_study_is_refused_naming_the_first(tmp_path: Path) -> None:
+    """Two `harness ablate` of one adaptive study at once would both enqueue the missing seeds
+    (each pair then runs twice): the second is refused before it opens the study, and a
+    coordinator killed with SIGKILL leaves nothing locked."""
+    import signal
+    import sys
+
+    import optuna
+
+    from harness.sweep.coordinator import coordinator_lock
+    from harness.sweep.storage import make_storage
+
+    adaptive = {"min": 2, "max": 4, "batch": 2, "decide": "ranking"}
+    exp = _grid_file(tmp_path, {"ppo.c_clip": [None, 3.0]}, seeds=adaptive, name="twice")
+    results = tmp_path / "results"
+    results.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(results), "twice"],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        r = CliRunner().invoke(app, ["ablate", str(exp), "--results-dir", str(results)])
+        assert r.exit_code == 2, r.output
+        assert _one_error_line(r.output) == (
+            f"error: study 'twice': already being run by pid {holder.pid} (lock "
+            f"{results / '.twice.coordinator.lock'}); wait for it to end, or add workers to it "
+            "with `harness worker --study twice`"
+        )
+        storage = make_storage(None, results)
+        assert optuna.get_all_study_names(storage) == []  # nothing enqueued, no study opened
+        with pytest.raises(Exception, match="already being run by pid"):
+            with coordinator_lock(results, "twice"):
+                pass
+        with coordinator_lock(results, "another-study"):  # other studies are not affected
+            pass
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+    with coordinator_lock(results, "twice"):  # the dead holder's lock went with it
+        assert (results / ".twice.coordinator.lock").read_text() == f"{os.getpid()}\n"

@@ -40,6 +40,47 @@ def sweep(
     """Run the experiment ``exp`` (a grid or a search) to its end; ``say`` prints a line for the
     user.  0 when it finished, 1 when a grid is unfinished or no trial completed, 130 when
     interrupted (resumable)."""
+    from harness.sweep.coordinator import coordinator_lock
+
+    with coordinator_lock(results_dir, study_name or exp.name):
+        return _sweep(
+            exp,
+            optuna_storage=optuna_storage,
+            tracker=tracker,
+            storage=storage,
+            tracking_uri=tracking_uri,
+            results_dir=results_dir,
+            study_name=study_name,
+            workers=workers,
+            device_list=device_list,
+            command=command,
+            choice=choice,
+            say=say,
+            max_retries=max_retries,
+            fail_fast=fail_fast,
+            report=report,
+        )
+
+
+def _sweep(
+    exp: Any,
+    *,
+    optuna_storage: Any,
+    tracker: Any,
+    storage: str | None,
+    tracking_uri: str | None,
+    results_dir: Path,
+    study_name: str | None,
+    workers: int,
+    device_list: list[str] | None,
+    command: str,
+    choice: LaunchChoice,
+    say: Callable[[str], None],
+    max_retries: int = 0,
+    fail_fast: bool = False,
+    report: bool = True,
+) -> int:
+    """``sweep`` under the study's coordinator lock."""
     from harness.sweep.study import enqueue_missing, open_study
 
     study, study_spec = open_study(

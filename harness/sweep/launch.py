@@ -156,7 +156,7 @@ def run_workers(
 
     def line(text: str) -> None:
         if show_progress:
-            progress.console.print(text, markup=False, highlight=False)
+            progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
         elif say is not None:
             say(text)
 
