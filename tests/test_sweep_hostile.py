@@ -277,12 +277,12 @@ def test_sigterm_with_a_worker_stuck_in_a_reward_kills_it_after_the_grace_and_cl
         )
         try:
             _wait_for(
-                "worker in the reward", lambda: ready.is_file() and ready.read_text(), proc, 240
+                "worker in the reward", lambda: ready.is_file() and ready.read_text(), proc, 600
             )
             worker = int(ready.read_text())
             family = [worker, *(p.pid for p in psutil.Process(proc.pid).children(recursive=True))]
             proc.send_signal(signal.SIGTERM)
-            rc = proc.wait(timeout=120)  # the grace (3 s) plus closing, not for ever
+            rc = proc.wait(timeout=300)  # the grace (3 s) plus closing, not for ever
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -343,7 +343,7 @@ def test_a_worker_killed_by_sigkill_is_named_with_its_trial_and_the_trial_is_ret
     def kill_when_stuck() -> None:
         # The worker that claims READY is stuck in its first reward: SIGKILL it (what the OOM
         # killer does) once READY names it; a bounded poll on that state, never a bare sleep.
-        _wait_for("worker in the reward", lambda: ready.is_file() and ready.read_text(), None, 240)
+        _wait_for("worker in the reward", lambda: ready.is_file() and ready.read_text(), None, 600)
         killed.append(int(ready.read_text()))
         os.kill(killed[0], signal.SIGKILL)
 
