@@ -82,9 +82,10 @@ def probe_store(uri: str, scheme: str, timeout: float = 5.0) -> str | None:
 # ------------------------------------------------------------------ a command's --tracking-uri
 
 
-def check_sqlite_path(flag: str, path: str) -> None:
+def check_sqlite_path(flag: str, path: str, *, writable: bool = True) -> None:
     """sqlite:///PATH must name a file in an existing directory: SQLAlchemy/MLflow would
-    otherwise create the directories (anywhere on the machine) or use an in-memory database."""
+    otherwise create the directories (anywhere on the machine) or use an in-memory database.
+    ``writable``: and a command that writes it must be able to (read-only commands need not)."""
     from harness.core.configtools import ConfigError
 
     if not path or path.endswith("/"):
@@ -96,7 +97,7 @@ def check_sqlite_path(flag: str, path: str) -> None:
         raise ConfigError(
             f"{flag}: directory {str(target.parent)!r} does not exist (create it first)"
         )
-    problem = _sqlite_write_problem(target)
+    problem = _sqlite_write_problem(target) if writable else None
     if problem is not None:
         raise ConfigError(f"{flag}: cannot write the SQLite database {path!r} ({problem})")
 
