@@ -290,7 +290,7 @@ def test_sigterm_with_a_worker_stuck_in_a_reward_kills_it_after_the_grace_and_cl
     assert rc == 130, text[-3000:]
     assert "Traceback" not in text, text[-3000:]
     assert "SIGTERM: stopping the workers (waiting at most 3 s" in text, text[-3000:]
-    killed = [line for line in text.splitlines() if " killed: " in line]
+    killed = [ln for ln in text.splitlines() if ln.startswith("worker ") and " killed: " in ln]
     assert killed == [
         f"worker 0 (pid {worker}) killed: still running 3 s after the stop was asked; it was "
         "running trial 0 (c_clip=none seed=0)"
