@@ -191,6 +191,7 @@ def run_workers(
                 ask_stop()
         elif e["event"] == "crash":
             counts["error"] += 1
+            held.pop(w, None)  # dead: its trial is the heartbeat's to recover, not ours to kill
         elif e["event"] == "fatal":  # a full disk: every other worker would hit it too
             counts["fatal"] += 1
             ask_stop()
