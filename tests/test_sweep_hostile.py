@@ -442,3 +442,17 @@ def test_a_second_coordinator_of_a_study_is_refused_naming_the_first(tmp_path: P
         holder.wait(timeout=30)
     with coordinator_lock(results, "twice"):  # the dead holder's lock went with it
         assert (results / ".twice.coordinator.lock").read_text() == f"{os.getpid()}\n"
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "1e9", "nan"])
+def test_a_bad_stop_grace_is_refused_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("HARNESS_STOP_GRACE_S", value)
+    results = tmp_path / "results"
+    r = CliRunner().invoke(app, ["ablate", str(SMOKE), "--results-dir", str(results)])
+    assert r.exit_code == 2, r.output
+    assert _one_error_line(r.output) == (
+        f"error: HARNESS_STOP_GRACE_S: must be seconds in (0, 3600]; got {value!r}"
+    )
+    assert not results.exists()
