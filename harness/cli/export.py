@@ -50,7 +50,7 @@ def export_cmd(
 
         from harness.sweep.stores import check_store_urls
 
-        check_store_urls(storage, None)
+        check_store_urls(storage, None, writable=False)
         name = study_name or spec.name
         if storage is None and not (results_dir / "optuna-journal.log").exists():
             raise ConfigError(f"--best: no study store under {results_dir} (run the sweep first)")

@@ -93,6 +93,9 @@ def _run_experiment(
         print_grid(spec)
         return
     check_devices(*devices_to_check(spec, device_list))
+    from harness.sweep.launch import stop_grace_s
+
+    stop_grace_s()  # a bad HARNESS_STOP_GRACE_S is refused before any store is opened
     choice = launch_choice(*launcher, storage, tracking_uri)
     optuna_storage, tracker = open_stores(storage, tracking_uri, results_dir)
     code = sweep(

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from harness.config import (
 from harness.config.experiment_schema import (
     AdaptiveSeedsFile,
     ExperimentFile,
+    LimitsFile,
     SearchParam,
     SearchSpec,
 )
@@ -233,6 +235,7 @@ def _load_experiment(path: str | Path) -> ExperimentSpec:
         _check_metrics_logged(file, metrics, checked)
     else:
         assert doc.grid is not None  # ExperimentFile refuses a file with neither
+        check_grid_size(file, doc.grid, len(doc.seed_list), doc.limits)
         axes, variants, cells = _expand_grid(file, doc.grid, base)
         _check_metrics_logged(
             file,
@@ -256,6 +259,30 @@ def _load_experiment(path: str | Path) -> ExperimentSpec:
         path=file,
         raw=raw,
     )
+
+
+def check_grid_size(file: str, grid: dict[str, Any], n_seeds: int, limits: LimitsFile) -> None:
+    """Refuse a grid larger than ``limits`` from the axis sizes alone, before one cell is built:
+    enumerating and validating 10^5 cells takes minutes, and every (cell, seed) becomes a trial
+    enqueued at start."""
+    sizes = [len(v) if isinstance(v, (list, dict)) else 1 for v in grid.values()]
+    n_cells = math.prod(sizes)
+    shape = " x ".join(str(n) for n in sizes)
+    if n_cells > limits.cells:
+        raise _err(
+            file,
+            "grid",
+            f"{n_cells} cells ({shape}) exceed the limit of {limits.cells}; shrink the grid or "
+            f"raise it with limits: {{cells: {n_cells}}} in the file",
+        )
+    if n_cells * n_seeds > limits.trials:
+        raise _err(
+            file,
+            "grid",
+            f"{n_cells} cells x {n_seeds} seeds = {n_cells * n_seeds} trials exceed the limit "
+            f"of {limits.trials}; fewer cells or seeds, or raise it with "
+            f"limits: {{trials: {n_cells * n_seeds}}} in the file",
+        )
 
 
 def _load_base(file: str, base_raw: dict[str, Any] | str) -> tuple[dict[str, Any], RunConfig]:

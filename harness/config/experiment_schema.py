@@ -208,6 +208,31 @@ class AdaptiveSeedsFile:
         return [*range(self.min, self.max, self.batch), self.max]
 
 
+# What one grid may enumerate and enqueue up front unless its file raises the limits: every cell
+# is validated (a config build and a memory check each) before anything runs, and every
+# (cell, seed) is an Optuna trial written to the study at start.
+DEFAULT_MAX_CELLS = 10_000
+DEFAULT_MAX_GRID_TRIALS = 20_000
+
+
+@dataclass(frozen=True)
+class LimitsFile:
+    """``limits:`` of an experiment file: how big a grid may be (raise them knowingly)."""
+
+    cells: int = field(
+        default=DEFAULT_MAX_CELLS,
+        metadata=meta("Most cells a grid may have (the product of its axes).", ge=1, le=10**7),
+    )
+    trials: int = field(
+        default=DEFAULT_MAX_GRID_TRIALS,
+        metadata=meta(
+            "Most trials a grid may enqueue: cells x seeds (adaptive seeds: x max).",
+            ge=1,
+            le=10**8,
+        ),
+    )
+
+
 @dataclass
 class ExperimentFile:
     """An experiment file: a grid (or a search) over a base run config."""
@@ -241,6 +266,10 @@ class ExperimentFile:
     )
     metric: str = field(default="final/reward", metadata=meta("Run-summary key for the ranking."))
     direction: Direction = field(default="maximize", metadata=meta("maximize | minimize."))
+    limits: LimitsFile = field(
+        default_factory=LimitsFile,
+        metadata=meta("{cells, trials}: the most a grid may enumerate (default 10000, 20000)."),
+    )
 
     def __post_init__(self) -> None:
         check_name(self.name, "name")

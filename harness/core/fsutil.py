@@ -56,6 +56,13 @@ def make_dirs(path: Path) -> list[Path]:
 def ensure_results_dir(path: Path | str) -> Path:
     """Create ``path`` (mode 0755) if missing and check it is a writable directory, not full."""
     p = Path(path)
+    # Free space first, on the nearest directory that exists: a full or tiny filesystem is
+    # refused before the results dir is created on it.
+    existing = p
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if existing.is_dir():
+        _check_free(p, existing)
     try:
         make_dirs(p)
     except OSError as err:
@@ -68,13 +75,17 @@ def ensure_results_dir(path: Path | str) -> Path:
         probe.unlink()
     except OSError as err:
         raise ConfigError(f"results dir {str(p)!r}: not writable ({err.strerror})") from None
-    free = shutil.disk_usage(p).free
+    _check_free(p, p)
+    return p
+
+
+def _check_free(results_dir: Path, on: Path) -> None:
+    free = shutil.disk_usage(on).free
     if free < MIN_FREE_BYTES:
         raise ConfigError(
-            f"results dir {str(p)!r}: only {free // (1024 * 1024)} MiB free (need at least "
-            f"{MIN_FREE_BYTES // (1024 * 1024)} MiB)"
+            f"results dir {str(results_dir)!r}: only {free // (1024 * 1024)} MiB free (need at "
+            f"least {MIN_FREE_BYTES // (1024 * 1024)} MiB)"
         )
-    return p
 
 
 # --------------------------------------------------------------------------------------------

@@ -40,6 +40,47 @@ def sweep(
     """Run the experiment ``exp`` (a grid or a search) to its end; ``say`` prints a line for the
     user.  0 when it finished, 1 when a grid is unfinished or no trial completed, 130 when
     interrupted (resumable)."""
+    from harness.sweep.coordinator import coordinator_lock
+
+    with coordinator_lock(results_dir, study_name or exp.name):
+        return _sweep(
+            exp,
+            optuna_storage=optuna_storage,
+            tracker=tracker,
+            storage=storage,
+            tracking_uri=tracking_uri,
+            results_dir=results_dir,
+            study_name=study_name,
+            workers=workers,
+            device_list=device_list,
+            command=command,
+            choice=choice,
+            say=say,
+            max_retries=max_retries,
+            fail_fast=fail_fast,
+            report=report,
+        )
+
+
+def _sweep(
+    exp: Any,
+    *,
+    optuna_storage: Any,
+    tracker: Any,
+    storage: str | None,
+    tracking_uri: str | None,
+    results_dir: Path,
+    study_name: str | None,
+    workers: int,
+    device_list: list[str] | None,
+    command: str,
+    choice: LaunchChoice,
+    say: Callable[[str], None],
+    max_retries: int = 0,
+    fail_fast: bool = False,
+    report: bool = True,
+) -> int:
+    """``sweep`` under the study's coordinator lock."""
     from harness.sweep.study import enqueue_missing, open_study
 
     study, study_spec = open_study(
@@ -126,10 +167,13 @@ def _run_and_finish(
         threads=1,  # one torch thread per run: results must not depend on the worker count
     )
     fatal: list[str] = []
+    killed: dict[int, str] = {}  # trial number -> why its worker was killed
 
     def on_event(e: dict[str, Any]) -> None:
         if e["event"] == "fatal":
             fatal.append(str(e.get("reason") or "disk full"))
+        elif e["event"] == "killed" and e.get("trial") is not None:
+            killed[int(e["trial"])] = f"worker killed: {e['reason']}"
 
     counts = run_workers(
         make_launcher(choice.name, ray_address=choice.ray_address),
@@ -140,7 +184,10 @@ def _run_and_finish(
         done_before=done,
         fail_fast=fail_fast,
         on_event=on_event,
+        say=say,
     )
+    if killed:  # recorded interrupted now, not left to the heartbeat: the next run resumes them
+        close_killed_trials(study, spec, tracker, killed)
     if fatal:  # a worker found the disk full: no report from a store that cannot take it
         raise DiskFullError(fatal[0])
 
@@ -162,6 +209,39 @@ def _run_and_finish(
     if not finished.completed:  # a search in which every trial failed (reasons printed above)
         return 1
     return 0
+
+
+def close_killed_trials(study: Any, spec: Any, tracker: Any, killed: dict[int, str]) -> None:
+    """Trials whose workers the coordinator killed (stuck past the stop's grace period): each
+    still RUNNING is told FAIL with outcome 'interrupted' and the reason, and its MLflow run is
+    ended KILLED with it, as the worker would have done had it stopped in time."""
+    from functools import partial
+
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
+    from harness.core.db import with_retries
+    from harness.sweep.trials import end_orphaned_runs
+
+    by_number = {t.number: t for t in with_retries(lambda: study.get_trials(deepcopy=False))}
+    storage = study._storage  # a trial's attrs are set by id, outside an optuna Trial object
+
+    def interrupt(trial_id: int, number: int, reason: str) -> Any:
+        storage.set_trial_user_attr(trial_id, "outcome", "interrupted")
+        storage.set_trial_user_attr(trial_id, "reason", reason)
+        study.tell(number, state=TrialState.FAIL)
+        return storage.get_trial(trial_id)
+
+    ended = []
+    for number, reason in sorted(killed.items()):
+        t = by_number.get(number)
+        if t is None or t.state != TrialState.RUNNING:
+            continue
+        try:
+            ended.append(with_retries(partial(interrupt, t._trial_id, number, reason)))
+        except UpdateFinishedTrialError:
+            continue  # judged stale and retried meanwhile: the retry closes its run
+    end_orphaned_runs(tracker, spec, study.study_name, ended)
 
 
 def progress_total(study: Any, spec: Any) -> int:

@@ -49,20 +49,38 @@ def make_launcher(name: str, *, ray_address: str | None = None) -> Launcher:
 # The coordinator loop.
 
 
+def stop_grace_s() -> float:
+    """How long a stopped sweep waits for its workers to finish their current step before it
+    kills them: ``HARNESS_STOP_GRACE_S`` seconds (default 30)."""
+    import os
+
+    raw = os.environ.get("HARNESS_STOP_GRACE_S", "30")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 3600:
+        from harness.core.configtools import ConfigError
+
+        raise ConfigError(f"HARNESS_STOP_GRACE_S: must be seconds in (0, 3600]; got {raw!r}")
+    return value
+
+
 class StopSignals:
     """SIGINT/SIGTERM handling of a coordinator: the first signal asks the workers to stop (they
-    finish the current step and record their trials as interrupted); a second one terminates
-    them.  Use as a context manager; the previous handlers come back on exit."""
+    finish the current step and record their trials as interrupted); a second one has them
+    killed.  The handler only records; ``run_workers`` acts.  Use as a context manager; the
+    previous handlers come back on exit."""
 
     def __init__(self, launcher: Launcher) -> None:
         self.launcher, self.count = launcher, 0
+        self.names: list[str] = []
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.count += 1
+        self.names.append(signal.Signals(signum).name)
         if self.count == 1:
             self.launcher.request_stop()
-        else:
-            self.launcher.terminate()
 
     def __enter__(self) -> StopSignals:
         self._old = (
@@ -80,6 +98,15 @@ class StopSignals:
         return self.count > 0
 
 
+def _held(h: dict[str, Any] | None) -> str:
+    """What a worker was running, for a line about its end."""
+    if not h:
+        return "no trial"
+    seed = f" seed={h['seed']}" if h.get("seed") is not None else ""
+    cell = f" ({h['cell']}{seed})" if h.get("cell") and h["cell"] != f"trial {h['trial']}" else ""
+    return f"trial {h['trial']}{cell}"
+
+
 def run_workers(
     launcher: Launcher,
     n_workers: int,
@@ -91,13 +118,20 @@ def run_workers(
     fail_fast: bool = False,
     on_event: Callable[[Event], None] | None = None,
     show_progress: bool = True,
+    say: Callable[[str], None] | None = None,
 ) -> dict[str, int]:
     """Start the workers, show live progress until they exit, and count outcomes.
 
     SIGINT/SIGTERM: workers are asked to stop (their running trials end as 'interrupted' and are
-    resumed by the next run); a second signal terminates them.  A worker's ``fatal`` event (a
-    full disk) asks all workers to stop the same way; ``counts["fatal"]`` says how many sent one.
+    resumed by the next run).  Every stop (a signal, fail-fast, a full disk) waits at most
+    ``stop_grace_s()`` for the workers; then, or at a second signal, the workers still running
+    are killed (SIGKILL, with every process they started), one line each, and a ``killed``
+    event names the trial each held (the caller records it as interrupted and closes its run).
+    A worker that dies of a signal (the OOM killer) gets one line naming the trial it held,
+    which the heartbeat then finds stale and retries.  A worker's ``fatal`` event (a full disk)
+    asks all workers to stop; ``counts["fatal"]`` says how many sent one.
     """
+    import time
     from contextlib import nullcontext
 
     from harness.sweep.progress import SweepProgress
@@ -109,32 +143,97 @@ def run_workers(
         "error": 0,
         "interrupted": 0,
         "fatal": 0,
+        "died": 0,
+        "killed": 0,
     }
+    grace = stop_grace_s()
     progress = SweepProgress(n_workers, total=total, done=done_before)
     signals = StopSignals(launcher)
+    held: dict[int, dict[str, Any]] = {}  # worker -> the trial it is running
+    pids: dict[int, int] = {}
+    stop_asked: list[float] = []  # when a stop was first asked (not by a signal)
+    killed = False
+
+    def line(text: str) -> None:
+        if show_progress:
+            progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        elif say is not None:
+            say(text)
+
+    def ask_stop() -> None:
+        if not stop_asked:
+            stop_asked.append(time.monotonic())
+        launcher.request_stop()
 
     def handle(e: Event) -> None:
+        w = e.get("worker", 0)
+        if e["event"] == "start":
+            held[w] = {k: e.get(k) for k in ("trial", "cell", "seed")}
+            if e.get("pid"):
+                pids[w] = e["pid"]
+        if e["event"] == "crash" and e.get("signal"):  # killed from outside: say what it held
+            counts["died"] += 1
+            e["line"] = (
+                f"worker {w} (pid {e.get('pid') or pids.get(w, '?')}) was killed by "
+                f"{e['signal']} while running {_held(held.get(w))}; a running trial is retried "
+                "once its heartbeat goes stale (by another worker, or by running the same "
+                "command again)"
+            )
+            line(e["line"])
         if show_progress:
             progress.handle(e)
         if on_event is not None:
             on_event(e)
         if e["event"] == "done":
+            held.pop(w, None)
             counts[e["outcome"]] = counts.get(e["outcome"], 0) + 1
             if fail_fast and e["outcome"] == "error":
-                launcher.request_stop()
+                ask_stop()
         elif e["event"] == "crash":
             counts["error"] += 1
+            held.pop(w, None)  # dead: its trial is the heartbeat's to recover, not ours to kill
         elif e["event"] == "fatal":  # a full disk: every other worker would hit it too
             counts["fatal"] += 1
-            launcher.request_stop()
+            ask_stop()
+        elif e["event"] == "exit":
+            held.pop(w, None)
+
+    def kill_stragglers(why: str) -> None:
+        alive = launcher.running()
+        launcher.terminate()
+        for w in sorted(held):
+            counts["killed"] += 1
+            e = {"event": "killed", "worker": w, **held[w], "reason": why}
+            line(
+                f"worker {w} (pid {pids.get(w, '?')}) killed: {why}; it was running {_held(held[w])}"
+            )
+            if on_event is not None:
+                on_event(e)
+        if alive and not held:
+            line(f"{alive} worker(s) killed: {why}")
 
     try:
         with signals, progress if show_progress else nullcontext():
             launcher.start(n_workers, opts, resources)
+            first_signal: float | None = None
             while True:
                 batch = launcher.events(0.25)
                 for e in batch:
                     handle(e)
+                if signals.count and first_signal is None:
+                    first_signal = time.monotonic()
+                    line(
+                        f"{signals.names[0]}: stopping the workers (waiting at most {grace:g} s "
+                        "for them to finish their step; a second signal kills them now)"
+                    )
+                asked = [t for t in (first_signal, *stop_asked) if t is not None]
+                if not killed and launcher.running():
+                    if signals.count >= 2:
+                        kill_stragglers(f"second {signals.names[1]}")
+                        killed = True
+                    elif asked and time.monotonic() - min(asked) > grace:
+                        kill_stragglers(f"still running {grace:g} s after the stop was asked")
+                        killed = True
                 if not batch and not launcher.running():
                     for e in launcher.events(0.05):  # anything sent just before the exit
                         handle(e)

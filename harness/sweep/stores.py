@@ -13,8 +13,11 @@ from harness.core.redact import redact_url
 from harness.tracking.probe import check_sqlite_path, check_tracking_scheme, probe_tracking_uri
 
 
-def check_store_urls(storage: str | None, tracking_uri: str | None) -> None:
-    """Scheme checks that need no connection (so bad URLs fail before anything is written)."""
+def check_store_urls(
+    storage: str | None, tracking_uri: str | None, *, writable: bool = True
+) -> None:
+    """Scheme checks that need no connection (so bad URLs fail before anything is written);
+    ``writable``: a SQLite database must also be writable where it is (a sweep, a run)."""
     if storage not in (None, "journal"):
         scheme = url_scheme(storage)
         if scheme not in ("sqlite", "postgresql"):
@@ -25,7 +28,7 @@ def check_store_urls(storage: str | None, tracking_uri: str | None) -> None:
     check_tracking_scheme(tracking_uri)
     for flag, url in (("--storage", storage), ("--tracking-uri", tracking_uri)):
         if url is not None and url.startswith("sqlite:///"):
-            check_sqlite_path(flag, url[len("sqlite:///") :])
+            check_sqlite_path(flag, url[len("sqlite:///") :], writable=writable)
 
 
 def probe_remote(storage: str | None, tracking_uri: str | None) -> None:
@@ -65,7 +68,7 @@ def existing_storage(storage: str | None, results_dir: Path, study: str | None) 
     was asked for)."""
     from harness.sweep.storage import JOURNAL_FILE, make_storage
 
-    check_store_urls(storage, None)
+    check_store_urls(storage, None, writable=False)
     local: Path | None = None
     if storage in (None, "journal"):
         local = results_dir / JOURNAL_FILE

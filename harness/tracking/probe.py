@@ -4,6 +4,7 @@ probe of a PostgreSQL or HTTP store (a few seconds, instead of MLflow's minutes 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from harness.core.db import database_connect_error
@@ -81,11 +82,10 @@ def probe_store(uri: str, scheme: str, timeout: float = 5.0) -> str | None:
 # ------------------------------------------------------------------ a command's --tracking-uri
 
 
-def check_sqlite_path(flag: str, path: str) -> None:
+def check_sqlite_path(flag: str, path: str, *, writable: bool = True) -> None:
     """sqlite:///PATH must name a file in an existing directory: SQLAlchemy/MLflow would
-    otherwise create the directories (anywhere on the machine) or use an in-memory database."""
-    from pathlib import Path
-
+    otherwise create the directories (anywhere on the machine) or use an in-memory database.
+    ``writable``: and a command that writes it must be able to (read-only commands need not)."""
     from harness.core.configtools import ConfigError
 
     if not path or path.endswith("/"):
@@ -97,6 +97,33 @@ def check_sqlite_path(flag: str, path: str) -> None:
         raise ConfigError(
             f"{flag}: directory {str(target.parent)!r} does not exist (create it first)"
         )
+    problem = _sqlite_write_problem(target) if writable else None
+    if problem is not None:
+        raise ConfigError(f"{flag}: cannot write the SQLite database {path!r} ({problem})")
+
+
+def _sqlite_write_problem(target: Path) -> str | None:
+    """Why SQLite could not write ``target`` (and its ``-journal``/``.lock`` files beside it),
+    or None.  Tried, not read from the mode bits: root passes every permission check, yet a
+    read-only mount or a pseudo-filesystem such as /proc still refuses the write, which MLflow
+    would only report later as a long traceback.  The probe file is removed at once."""
+    if target.exists():
+        if not target.is_file():
+            return "not a regular file"
+        try:
+            os.close(os.open(target, os.O_RDWR))
+        except OSError as err:
+            return err.strerror or str(err)
+    probe = target.parent / f".{target.name}.write-probe-{os.getpid()}"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as err:
+        return f"directory not writable: {err.strerror or err}"
+    try:
+        probe.unlink()
+    except OSError:
+        pass  # created but not removable: still writable, which is what is asked
+    return None
 
 
 def check_tracking_scheme(uri: str | None) -> None:

@@ -56,6 +56,7 @@ class LocalLauncher:
         self._events = self._ctx.Queue()
         self._stop = self._ctx.Event()
         self.procs: list[Any] = []
+        self._reported: set[int] = set()  # workers whose death by a signal was reported
 
     def start(self, n_workers: int, opts: WorkerOptions, resources: Resources) -> None:
         for i in range(n_workers):
@@ -68,7 +69,14 @@ class LocalLauncher:
             self.procs.append(p)
 
     def events(self, timeout: float) -> list[Event]:
-        return _drain(self._events, timeout)
+        out = _drain(self._events, timeout)
+        # A worker killed by a signal (the OOM killer's SIGKILL) could not say so itself.
+        for i, p in enumerate(self.procs):
+            code = p.exitcode
+            if code is not None and code < 0 and i not in self._reported:
+                self._reported.add(i)
+                out.append(signal_death(i, p.pid, -code))
+        return out
 
     def running(self) -> int:
         return sum(p.is_alive() for p in self.procs)
@@ -77,19 +85,52 @@ class LocalLauncher:
         self._stop.set()
 
     def terminate(self) -> None:
-        for p in self.procs:
-            if p.is_alive():
-                p.terminate()
+        for i, p in enumerate(self.procs):
+            if p.is_alive() and p.pid is not None:
+                self._reported.add(i)  # the coordinator killed it and says so itself
+                kill_tree(p.pid)
 
     def close(self) -> None:
         for p in self.procs:
             p.join(timeout=30)
-            if p.is_alive():
-                p.terminate()
+            if p.is_alive() and p.pid is not None:
+                kill_tree(p.pid)
                 p.join(timeout=5)
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs if p.pid is not None]
+
+
+def signal_death(worker: int, pid: int | None, signum: int) -> Event:
+    """The ``crash`` event of a worker that a signal killed (it could send none itself)."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    return {
+        "event": "crash",
+        "worker": worker,
+        "pid": pid,
+        "signal": name,
+        "reason": f"killed by {name}",
+    }
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a worker and every process it started (a reward may fork): a worker stuck in a
+    call that never returns ignores the polite stop, and its children would outlive it."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        family = [*proc.children(recursive=True), proc]
+    except psutil.NoSuchProcess:
+        return
+    for p in family:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
 
 
 def _drain(q: Any, timeout: float) -> list[Event]:
@@ -120,6 +161,7 @@ class CommandLauncher:
         self.procs: list[subprocess.Popen[str]] = []
         self._events: queue.Queue[Event] = queue.Queue()
         self._readers: list[threading.Thread] = []
+        self._killed: set[int] = set()
 
     def start(self, n_workers: int, opts: WorkerOptions, resources: Resources) -> None:
         for i in range(n_workers):
@@ -165,9 +207,12 @@ class CommandLauncher:
                 continue
             if isinstance(e, dict) and "event" in e:
                 self._events.put(e)
-        if p.wait() != 0:
+        code = p.wait()
+        if code < 0 and worker_id not in self._killed:
+            self._events.put(signal_death(worker_id, p.pid, -code))
+        elif code > 0:
             self._events.put(
-                {"event": "crash", "worker": worker_id, "reason": f"exit {p.returncode}"}
+                {"event": "crash", "worker": worker_id, "pid": p.pid, "reason": f"exit {code}"}
             )
 
     def events(self, timeout: float) -> list[Event]:
@@ -183,16 +228,17 @@ class CommandLauncher:
                 p.send_signal(signal.SIGTERM)
 
     def terminate(self) -> None:
-        for p in self.procs:
+        for i, p in enumerate(self.procs):
             if p.poll() is None:
-                p.kill()
+                self._killed.add(i)  # the coordinator killed it and says so itself
+                kill_tree(p.pid)
 
     def close(self) -> None:
         for p in self.procs:
             try:
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                p.kill()
+                kill_tree(p.pid)
                 p.wait(timeout=5)
         for r in self._readers:
             r.join(timeout=5)
