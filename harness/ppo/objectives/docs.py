@@ -1,4 +1,4 @@
-"""The README objectives table and ``docs/metrics.md``, generated from the registry."""
+"""The objectives table of ``docs/objectives.md`` and ``docs/metrics.md``, generated from the registry."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def _peers_cell(o: Objective) -> str:
 
 
 def objectives_markdown() -> str:
-    """The README's objectives table (``python -m harness.ppo.objectives readme``)."""
+    """The objectives table of ``docs/objectives.md`` (``python -m harness.ppo.objectives table``)."""
     lines = [
         "| `ppo.policy_loss` | what it does | its options (default, source) | levels | reports | peer |",
         "|---|---|---|---|---|---|",
