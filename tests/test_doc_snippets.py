@@ -197,3 +197,21 @@ def test_make_ablate_output_is_ignored_by_git():
         r = subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT)
         assert r.returncode == 0, f"{path} is not ignored"
     assert (ROOT / "docs" / "demo" / "report.md").exists()
+
+
+def test_fields_task_options_lists_every_task_sources_options():
+    r = CliRunner().invoke(app, ["fields", "task_options"])  # piped: tab-separated lines
+    assert r.exit_code == 0, r.output
+    rows = [line.split("\t") for line in r.output.splitlines()]
+    assert all(len(row) == 3 for row in rows) and "{}" not in [row[1] for row in rows]
+    got = {(row[0], row[1], row[2].split("]")[0] + "]") for row in rows}
+    for expected in [
+        ("task_options.min_len", "3", "[reverse]"),
+        ("task_options.add_scale", "10.0", "[mixed-scale]"),
+        ("task_options.reward", "'numeric'", "[jsonl:PATH]"),
+        ("task_options.prompt_field", "'prompt'", "[hf:PATH]"),
+        ("task_options.eval_fraction", "0.1", "[python:MODULE:FUNCTION]"),
+        ("task_options.answer_format", "'tag'", "[rg:NAME]"),
+        ("task_options.eval_size", "128", "[rg:NAME]"),
+    ]:
+        assert expected in got, expected
