@@ -186,6 +186,16 @@ def test_inexpressible_options_are_config_errors(case):
     build_run_config({"trainer": "harness", "tiny": TINY, "ppo": {"reward_norm": GROUP}}, over)
 
 
+def test_every_inexpressible_option_is_named_in_one_message():
+    """Three refusals at once, not one per attempt: the first field leads the line."""
+    with pytest.raises(ConfigError) as err:
+        cfg(**{"ppo.kl_ctl": 0.1, "ppo.discount": 0.9, "rollout.n_samples": 1})
+    msg = str(err.value)
+    assert "\n" not in msg and msg.count("not expressible with trainer: trl") == 1
+    fields = re.findall(r"(?:^|; also )([\w.]+): ", msg)
+    assert sorted(fields) == ["ppo.discount", "ppo.kl_ctl", "rollout.n_samples"], msg
+
+
 def test_harness_trainer_needs_none_of_it():
     c = build_run_config({}, {"ppo.adv_norm": GROUP, "critic.enabled": True})
     assert c.trainer == "harness" and trl_problems(c)  # listed, but only trl refuses them
