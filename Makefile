@@ -4,14 +4,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test test-slow test-gpu ablate findings lint typecheck bench clean-venv
+.PHONY: test test-slow test-gpu ablate docs docs-serve findings lint typecheck bench clean-venv
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: pip then takes the local CPU wheel, never a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev,lora,ray,tasks]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev,lora,ray,tasks,docs]'
 	touch $(STAMP)
 
 test: $(STAMP)
@@ -25,6 +25,14 @@ test-gpu: $(STAMP)
 
 ablate: $(STAMP)
 	$(VENV)/bin/harness ablate experiments/default.yaml --workers 2
+
+# The documentation site from docs/ into site/; --strict: a warning (a broken nav entry, page or
+# anchor) fails the build.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --quiet
+
+docs-serve: $(STAMP)
+	$(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
 
 # The reproductions of published results (results/findings/), one after another.
 FINDINGS := experiments/findings/inert-clip.yaml experiments/findings/dual-clip.yaml \

@@ -168,7 +168,7 @@ def test_nonfinite_gradient_step_is_skipped(setup):
 
 
 def test_areal_style_examples_run_with_only_import_changes():
-    """The three AReaL-style examples of the README's "Python API", with new import lines."""
+    """The three AReaL-style examples of docs/python-api.md, with new import lines."""
     from harness.ppo import NormConfig as NC
     from harness.ppo import PPOActor as Actor
     from harness.ppo import PPOConfig

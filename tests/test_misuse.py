@@ -1,6 +1,6 @@
 """Misuse that used to end in a traceback mid-run: LoRA targets that match nothing (or a norm
-layer), a model directory without a tokenizer, `~` in paths (the README's own YAML), plus the
-README's task examples run as written, `harness fields` output and the sampler/learner gap."""
+layer), a model directory without a tokenizer, `~` in paths (docs/models.md's own YAML), plus
+docs/tasks.md's task examples run as written, `harness fields` output and the sampler/learner gap."""
 
 import math
 import re
@@ -23,7 +23,8 @@ except ImportError:  # plain `pytest` puts tests/ itself on sys.path
     from hf_archs import arch_configs, build_bpe_tokenizer, save_arch  # type: ignore[no-redef]
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
+# The pages whose examples run here as written.
+README = "".join((ROOT / "docs" / page).read_text() for page in ("models.md", "tasks.md"))
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
 FAST = [
     "steps=2",
@@ -139,20 +140,20 @@ def test_model_directory_with_weights_but_no_tokenizer(gpt2_dir, tmp_path):
     )
 
 
-# ---------------------------------------------------------------- ~ in paths: the README's YAML
+# ---------------------------------------------------------------- ~ in paths: the docs' YAML
 
 
 def _readme_block(start: str) -> str:
-    """The fenced code block of the README whose first line is ``start``."""
+    """The fenced code block of docs/models.md or docs/tasks.md whose first line is ``start``."""
     for block in re.findall(r"```[a-z]*\n(.*?)```", README, flags=re.S):
         if block.startswith(start):
             return block
-    raise AssertionError(f"README has no code block starting with {start!r}")
+    raise AssertionError(f"docs/models.md, docs/tasks.md: no code block starting with {start!r}")
 
 
 def test_the_readme_model_yaml_runs_as_written(tmp_path, monkeypatch):
     """`model: ~/models/...` and `task: jsonl:my-questions.jsonl` (relative to the current
-    directory) resolve as the README says; a tiny Qwen2 with a chat template stands in."""
+    directory) resolve as docs/models.md says; a tiny Qwen2 with a chat template stands in."""
     from transformers import AutoModelForCausalLM
 
     home, work = tmp_path / "home", tmp_path / "work"
@@ -203,7 +204,7 @@ def test_tilde_is_expanded_in_every_path(tmp_path, monkeypatch):
     assert len(get_task("jsonl:~/q.jsonl").held_out) == 1
 
 
-# ---------------------------------------------------------------- the README's task examples
+# ---------------------------------------------------------------- docs/tasks.md's examples
 
 
 def test_the_readme_task_examples_run_as_written(tmp_path, monkeypatch):

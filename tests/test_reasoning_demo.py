@@ -1,4 +1,4 @@
-"""The reasoning recipes as shipped: the README's countdown-on-Qwen YAML loads as a run config
+"""The reasoning recipes as shipped: docs/tasks.md's countdown-on-Qwen YAML loads as a run config
 (a tiny Qwen2 directory with a chat template stands in for Qwen2.5-0.5B-Instruct), and
 experiments/reasoning.yaml expands into its grid without training."""
 
@@ -23,14 +23,14 @@ pytest.importorskip("reasoning_gym")
 pytest.importorskip("peft")
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
+README = (ROOT / "docs" / "tasks.md").read_text()
 
 
 def _readme_block(start: str) -> str:
     for block in re.findall(r"```[a-z]*\n(.*?)```", README, flags=re.S):
         if block.startswith(start):
             return block
-    raise AssertionError(f"README has no code block starting with {start!r}")
+    raise AssertionError(f"docs/tasks.md has no code block starting with {start!r}")
 
 
 def test_the_readme_countdown_recipe_loads_as_a_run_config(tmp_path, monkeypatch):

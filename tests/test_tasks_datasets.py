@@ -264,18 +264,18 @@ def test_harness_run_trains_on_a_saved_dataset_through_the_cli(tmp_path, monkeyp
     assert [v for _, v in run.metrics["reward/correct"]] == pytest.approx(rewards)
 
 
-# ---------------------------------------------------------------- the README's examples
+# ---------------------------------------------------------------- docs/tasks.md's examples
 
 
 def _readme_block(start: str) -> str:
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "tasks.md").read_text()
     for block in re.findall(r"```[a-z]*\n(.*?)```", readme, flags=re.S):
         if block.startswith(start):
             return block
-    raise AssertionError(f"README has no code block starting with {start!r}")
+    raise AssertionError(f"docs/tasks.md has no code block starting with {start!r}")
 
 
 def test_the_readme_hf_and_rg_examples_run_as_written(tmp_path, monkeypatch):

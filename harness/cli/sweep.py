@@ -91,6 +91,8 @@ def _run_experiment(
         from harness.sweep.display import print_grid
 
         print_grid(spec)
+        if grid:
+            print(wall_time_line(spec, workers))
         return
     check_devices(*devices_to_check(spec, device_list))
     from harness.sweep.launch import stop_grace_s
@@ -117,6 +119,18 @@ def _run_experiment(
     )
     if code:
         raise typer.Exit(code)
+
+
+def wall_time_line(spec: Any, workers: int) -> str:
+    """The dry run's wall-time estimate (harness.sweep.estimate), or why there is none: a probe
+    that cannot run here (a CUDA cell on a CPU machine, ...) is said, not hidden."""
+    from harness.sweep.estimate import estimate_text, estimate_wall_time
+
+    try:
+        return estimate_text(estimate_wall_time(spec, workers), workers)
+    except Exception as err:  # the probe is a real run: any failure is a reason, not a crash
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        return f"estimated wall time: not measured (the probe run failed: {first})"
 
 
 Devices = Annotated[

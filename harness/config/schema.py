@@ -284,8 +284,11 @@ class RunConfig:
 
             problems = trl_problems(self)
             if problems:
+                # every refusal at once, so a user fixes them in one go, not one run at a time;
+                # the first field leads (a --set error names the flag of that field)
                 where, why = problems[0]
-                raise ValueError(f"{where}: not expressible with trainer: trl ({why})")
+                more = "".join(f"; also {w}: {y}" for w, y in problems[1:])
+                raise ValueError(f"{where}: not expressible with trainer: trl ({why}){more}")
         if (
             self.ppo.overlong_tokens is not None
             and self.ppo.overlong_tokens > self.rollout.max_new_tokens

@@ -566,17 +566,5 @@ def markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-def page() -> str:
-    """``docs/trl-mapping.md``: the table with a heading and how to regenerate it."""
-    return (
-        f"# The harness → TRL {TRL_VERSION} `GRPOConfig` mapping\n\n"
-        "Generated from `harness/config/trl_map.py` (regenerate with "
-        "`python -m harness.config.trl_map > docs/trl-mapping.md`).  `trainer: trl` refuses "
-        "a `none` option, and a `must` option outside its expressible values, in one line; "
-        "`harness export --to trl` writes what is expressible and a `#` comment for the rest."
-        "\n\n" + markdown()
-    )
-
-
 if __name__ == "__main__":
-    print(page(), end="")
+    print(markdown(), end="")

@@ -15,7 +15,12 @@ class SweepProgress:
     def __init__(
         self, n_workers: int, *, total: int, done: int, console: Console | None = None
     ) -> None:
-        self.console = console or Console(stderr=True)
+        if console is None:
+            console = Console(stderr=True)
+            if not console.is_terminal:  # a log file: 80 columns would cut the cell names
+                console = Console(stderr=True, width=200)
+        self.console = console
+        self.warned: set[tuple[str, str]] = set()  # (cell, message) already printed
         self.rows: dict[int, dict[str, Any]] = {i: {"state": "starting"} for i in range(n_workers)}
         self.bar = Progress(
             TextColumn("[bold]trials"),
@@ -97,6 +102,13 @@ class SweepProgress:
                 )
                 self.console.print(f"trial {e['trial']}: {e['outcome']} {values}  {point}")
             self.bar.update(self.task, info=self._info())
+        elif kind == "warning":
+            # a run's warning, once per cell however many seeds raise it, without the source
+            # location Python's own warning line adds
+            key = (str(e.get("cell", "")), str(e.get("message", "")))
+            if key not in self.warned:
+                self.warned.add(key)
+                self.console.print(f"{key[0]}: warning: {key[1]}", markup=False, highlight=False)
         elif kind == "cancelled":
             # The total is what may still run: a cancelled seed leaves it, never counted as
             # done, so an adaptive study ends at done/done instead of done/(cells x max).

@@ -34,6 +34,7 @@ import math
 import os
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,17 +138,27 @@ class _Trial:
         def on_step(step: int, m: dict[str, float]) -> None:
             self.event("step", step=step + 1, reward=m.get("objective/reward", math.nan))
 
-        result, rid = tracked_run(
-            cfg,
-            self.tracker,
-            experiment=self.spec.experiment,
-            run_name=f"{label} seed={seed}",
-            parent_run_id=self.spec.parent_run_id,
-            tags=child_run_tags(self.spec, self.study.study_name, label, seed, self.trial.number),
-            on_step=on_step,
-            should_stop=self.should_stop,
-            results_dir=self.opts.results_dir,
-        )
+        # The run's warnings go to the driver as events, which prints each once per cell (not
+        # once per seed from every worker, with a source path): none is dropped.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            try:
+                result, rid = tracked_run(
+                    cfg,
+                    self.tracker,
+                    experiment=self.spec.experiment,
+                    run_name=f"{label} seed={seed}",
+                    parent_run_id=self.spec.parent_run_id,
+                    tags=child_run_tags(
+                        self.spec, self.study.study_name, label, seed, self.trial.number
+                    ),
+                    on_step=on_step,
+                    should_stop=self.should_stop,
+                    results_dir=self.opts.results_dir,
+                )
+            finally:
+                for w in caught:
+                    self.event("warning", cell=label, seed=seed, message=str(w.message))
         self.run_id = rid
         return result, rid
 

@@ -87,6 +87,46 @@ _ALLOWED = ", ".join(
 )
 
 
+# The task sources whose options are keyword arguments of one factory, as the docs name them.
+_SOURCES: dict[str, Callable[..., Any]] = {
+    **_BUILTINS,
+    "jsonl:PATH": jsonl_task,
+    "hf:PATH": hf_task,
+    "python:MODULE:FUNCTION": python_task,
+}
+# rg:NAME takes the harness's answer options plus every field of the generator's config
+# dataclass; these are the harness's own, with the defaults reasoning_task applies.
+RG_OPTIONS: dict[str, tuple[object, str]] = {
+    "answer_format": ("tag", OPTION_DECLS["answer_format"][1]["help"]),
+    "format_weight": (0.0, OPTION_DECLS["format_weight"][1]["help"]),
+    "think": (False, OPTION_DECLS["think"][1]["help"]),
+    "eval_size": (128, OPTION_DECLS["eval_size"][1]["help"]),
+    "seed": (0, "rg: seed of the training and held-out pools (not the run seed)."),
+    "size": (None, "rg: items in the training pool (null: the generator's own, 500 for most)."),
+    "*": (
+        None,
+        "rg: any other field of the generator's config dataclass (e.g. countdown's "
+        "min_numbers), checked against its type.",
+    ),
+}
+
+
+def option_table() -> list[tuple[str, str, str, str]]:
+    """Every task source's options: ``(source, "task_options.NAME", default, help)`` rows, read
+    from the factories' keyword arguments (their defaults are the ones a run uses) and
+    :data:`OPTION_DECLS` (their help), so ``harness fields task_options`` and ``docs/fields.md``
+    cannot drift from what :func:`get_task` accepts."""
+    rows = []
+    for source, factory in _SOURCES.items():
+        for name, param in inspect.signature(factory).parameters.items():
+            if param.kind is inspect.Parameter.KEYWORD_ONLY:
+                help_text = OPTION_DECLS[name][1]["help"]
+                rows.append((source, f"task_options.{name}", repr(param.default), help_text))
+    for name, (default, help_text) in RG_OPTIONS.items():
+        rows.append(("rg:NAME", f"task_options.{name}", repr(default), help_text))
+    return rows
+
+
 def _construct(spec: str, factory: Callable[..., Any], *args: Any, **options: Any) -> Any:
     """Call ``factory``, turning an unknown option into a one-line ``ValueError``."""
     params = inspect.signature(factory).parameters
@@ -160,6 +200,7 @@ __all__ = [
     "is_held_out",
     "math_verify_match",
     "numeric_or_exact_match",
+    "option_table",
     "position_credit",
     "reasoning_task",
     "score_parts",

@@ -26,6 +26,7 @@ Every other option is the generator's own config field (``min_numbers``, ``n_peo
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import random
 import time
@@ -335,9 +336,12 @@ def reasoning_task(spec: str, generator: str, options: dict[str, Any]) -> Reason
     rg = _reasoning_gym(spec)
     datasets = rg.factory.DATASETS
     if generator not in datasets:
+        # reasoning-gym ships ~100 generators: name the close ones, not all of them
+        close = difflib.get_close_matches(generator, sorted(datasets), n=5, cutoff=0.6)
+        hint = f"did you mean {', '.join(close)}?" if close else "no installed name is close"
         raise ValueError(
-            f"task '{spec}': unknown reasoning-gym generator '{generator}' (installed: "
-            f"{', '.join(sorted(datasets))})"
+            f"task '{spec}': unknown reasoning-gym generator '{generator}' ({hint}; "
+            f"{len(datasets)} installed, listed by reasoning_gym.factory.DATASETS)"
         )
     _, config_cls = datasets[generator]
     hints = typing.get_type_hints(config_cls)

@@ -1,4 +1,4 @@
-"""The README objectives table and ``docs/metrics.md``, generated from the registry."""
+"""The objectives table of ``docs/objectives.md`` and ``docs/metrics.md``, generated from the registry."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def _peers_cell(o: Objective) -> str:
 
 
 def objectives_markdown() -> str:
-    """The README's objectives table (``python -m harness.ppo.objectives readme``)."""
+    """The objectives table of ``docs/objectives.md`` (``python -m harness.ppo.objectives table``)."""
     lines = [
         "| `ppo.policy_loss` | what it does | its options (default, source) | levels | reports | peer |",
         "|---|---|---|---|---|---|",
@@ -54,22 +54,6 @@ def objectives_markdown() -> str:
             f"{stats or '-'} | {_peers_cell(o)} |"
         )
     return "\n".join(lines) + "\n"
-
-
-def objectives_page() -> str:
-    """``docs/objectives.md`` (``python -m harness.ppo.objectives objectives``): the table with
-    a heading and how to regenerate it."""
-    return (
-        "# Policy objectives (`ppo.policy_loss`)\n\n"
-        "Generated from `harness/ppo/objectives/` (regenerate with "
-        "`python -m harness.ppo.objectives objectives > docs/objectives.md`).  Each objective's "
-        "options are `ppo.<objective>.<option>`; an option of an objective that is not selected "
-        "must stay at its default.  Corrections (`ppo.correction`, docs/corrections.md) "
-        "compose with every objective.\n\n" + objectives_markdown()
-    )
-
-
-_COMMON = ("policy/silenced_frac", "policy/reweighted_frac")
 
 
 def metrics_markdown() -> str:

@@ -13,8 +13,8 @@ they mean under it), and how TRL / verl / AReaL name it.  From that the registry
 * the validation of a ``PPOActorConfig`` (``validate_selection``): the name, an unselected
   objective's options left at their defaults, the level and the aggregation;
 * the dispatch (``objective_loss``), the TRL / verl / AReaL mappings (``harness.config.trl_map``,
-  ``harness.sweep.export``), the README objectives table and the per-objective section of
-  ``docs/metrics.md`` (``python -m harness.ppo.objectives readme|metrics``).
+  ``harness.sweep.export``), the objectives table of ``docs/objectives.md`` and the per-objective section of
+  ``docs/metrics.md`` (``python -m harness.ppo.objectives table|metrics``).
 """
 
 from __future__ import annotations
@@ -148,9 +148,9 @@ class Objective:
     """One registered objective (see the module docstring)."""
 
     name: str
-    summary: str  # what it does, for the README table
+    summary: str  # what it does, for the objectives table
     terms: TermsFn
-    rank: int = 100  # place in listings (the README table, "must be one of ...")
+    rank: int = 100  # place in listings (the objectives table, "must be one of ...")
     options: type[Any] | None = None
     clip: bool = False
     levels: tuple[str, ...] = ("token",)
