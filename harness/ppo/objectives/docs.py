@@ -40,6 +40,9 @@ def _peers_cell(o: Objective) -> str:
     return ", ".join(out) or "-"
 
 
+_COMMON = ("policy/silenced_frac", "policy/reweighted_frac")
+
+
 def objectives_markdown() -> str:
     """The objectives table of ``docs/objectives.md`` (``python -m harness.ppo.objectives table``)."""
     lines = [
