@@ -376,6 +376,8 @@ CONTEXT = {
     "ppo.adv_norm.": {"ppo.adv_norm": {"mean_level": "group", "std_level": "group"}},
     "ppo.reward_norm.": {"ppo.reward_norm": {"mean_level": "group", "std_level": "group"}},
     "ppo.kl_estimator": {"ppo.kl_ctl": 0.1},
+    "ppo.dppo.ratio_cap": {"ppo.policy_loss": "dppo", "ppo.dppo.surrogate": "truncated_is"},
+    "ppo.vespo.behaviour_weight": {"ppo.policy_loss": "vespo", "ppo.correction": "token_tis"},
 }
 for _name in ("cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "dppo", "vespo", "m2po"):
     CONTEXT[f"ppo.{_name}."] = {"ppo.policy_loss": _name}
