@@ -148,7 +148,6 @@ class EngineSampler:
     device: torch.device
     dtype: str = "float32"
     kv_cache_gib: int = 1
-    threads: int = 0  # 0 = the engine's default
     gpu_memory_utilization: float = 0.3
     seed: int = 0
     sample_kw: dict[str, Any] = field(default_factory=dict)  # EOS ids, truncation, template
@@ -181,11 +180,9 @@ class EngineSampler:
             "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
         }
         if self.device.type == "cpu":
-            # The harness sets torch's threads itself (RunConfig.threads); the engine must not
-            # pin OpenMP threads to cores that other workers on the machine share.
+            # In-process, the engine computes on torch's own intra-op threads (RunConfig.threads);
+            # it must not pin OpenMP threads to cores that other workers on the machine share.
             env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
-            if self.threads:
-                env["OMP_NUM_THREADS"] = str(self.threads)
         kwargs: dict[str, Any] = {
             "model": self._workdir,
             "skip_tokenizer_init": True,
@@ -200,10 +197,17 @@ class EngineSampler:
         if self.device.type == "cuda":
             kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
         try:
-            with _env(env):
-                from vllm import LLM
+            # The CPU worker replaces torch.set_num_threads with a no-op for the whole process
+            # (it expects a process of its own); the run and later runs in this process keep
+            # the real one.
+            set_threads = torch.set_num_threads
+            try:
+                with _env(env):
+                    from vllm import LLM
 
-                self._llm = LLM(**kwargs)
+                    self._llm = LLM(**kwargs)
+            finally:
+                torch.set_num_threads = set_threads
         except Exception as err:  # any start failure ends the run with its reason
             self.close()
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""
@@ -378,7 +382,6 @@ def engine_sampler(
         device=device,
         dtype=engine_dtype(r.sampler_dtype, cfg.model_options.dtype),
         kv_cache_gib=r.engine_kv_cache_gib,
-        threads=cfg.threads,
         gpu_memory_utilization=r.engine_gpu_memory_utilization,
         seed=cfg.seed,
         sample_kw=dict(sample_kw),
