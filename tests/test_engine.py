@@ -39,10 +39,12 @@ def _one_thread() -> Iterator[None]:
 
 
 def _learner_gap(model, rb, temperature: float = 1.0) -> torch.Tensor:
-    """|ℓb − ℓp| on every generated token (the learner's float32 forward)."""
-    lp = forward_logprobs(model, rb.input_ids, rb.attention_mask, temperature=temperature)[0]
-    mask = torch.roll(rb.loss_mask, -1, -1).bool()
-    return (torch.roll(rb.logprobs, -1, -1) - lp)[mask].abs()
+    """|ℓb − ℓp| on every generated token (the learner's float32 forward; both in token
+    layout)."""
+    with torch.no_grad():
+        lp = forward_logprobs(model, rb.input_ids, rb.attention_mask, temperature=temperature)[0]
+    mask = rb.loss_mask.bool()
+    return (rb.logprobs - lp)[mask].abs()
 
 
 def _draw(sampler, model, tok, seed: int, *, temperature: float = 1.0, n: int = 4, new: int = 10):
