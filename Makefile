@@ -6,12 +6,15 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: test test-slow test-gpu ablate docs docs-serve findings lint typecheck bench clean-venv
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt tools/install_engine.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: pip then takes the local CPU wheel, never a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev,lora,ray,tasks,docs]'
+	# The inference engine (rollout.sampler_backend: vllm), CPU build, without the CUDA-built
+	# torchvision/torchaudio/torchcodec it would otherwise pull in.
+	$(PY) tools/install_engine.py --constraints constraints.txt
 	touch $(STAMP)
 
 test: $(STAMP)

@@ -290,7 +290,7 @@ def test_the_updates_first_forward_measures_what_an_extra_forward_would(tiny, mi
         (["rollout.sampler_dtype=float8"], "rollout.sampler_dtype"),
         (["rollout.sampler_logit_noise=-0.1"], "rollout.sampler_logit_noise"),
         (["rollout.sampler_logit_noise=nan"], "rollout.sampler_logit_noise"),
-        (["rollout.sampler_backend=vllm"], "rollout.sampler_backend"),
+        (["rollout.sampler_backend=sglang"], "rollout.sampler_backend"),
         (["rollout.measure_mismatch=maybe"], "rollout.measure_mismatch"),
     ],
 )

@@ -296,6 +296,25 @@ def check_sampler_backend(cfg: RunConfig, config: Any | None) -> None:
         )
 
 
+def check_engine(cfg: RunConfig, config: Any | None) -> None:
+    """``rollout.sampler_backend: vllm``: the engine is installed and serves the model's
+    architecture, checked now rather than at the first rollout."""
+    if cfg.rollout.sampler_backend != "vllm":
+        return
+    from harness.run.engine import INSTALL_HINT, engine_installed, served_architecture
+
+    if not engine_installed():
+        raise ValueError(f"rollout.sampler_backend: vllm needs {INSTALL_HINT}")
+    if config is None:  # the built-in model is a plain Llama, which the engine serves
+        return
+    if served_architecture(config) is None:
+        archs = ", ".join(getattr(config, "architectures", None) or ["(none named)"])
+        raise ValueError(
+            f"rollout.sampler_backend: vllm cannot serve this model's architecture {archs} "
+            "(not in the engine's model registry); use auto"
+        )
+
+
 def check_lengths(cfg: RunConfig, task: Task) -> None:
     """Raise ``ValueError`` (one line) when the model cannot hold prompt + max_new_tokens, does
     not fit in memory, its tokenizer gives ids it does not have, or an option needs something
@@ -309,6 +328,7 @@ def check_lengths(cfg: RunConfig, task: Task) -> None:
         )
     config = None if cfg.model == "tiny" else model_config(cfg)
     check_sampler_backend(cfg, config)
+    check_engine(cfg, config)
     limit, where = model_limit(cfg, config)
     check_model_memory(cfg, config)
     try:
@@ -358,6 +378,7 @@ def check_lengths(cfg: RunConfig, task: Task) -> None:
 
 __all__ = [
     "Probe",
+    "check_engine",
     "check_lengths",
     "check_memory",
     "check_sampler_backend",

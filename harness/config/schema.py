@@ -93,12 +93,31 @@ class RolloutConfig:
             le=100,
         ),
     )
-    sampler_backend: Literal["auto", "fast", "hf"] = field(
+    sampler_backend: Literal["auto", "fast", "hf", "vllm"] = field(
         default="auto",
         metadata=_h(
             "Decode path of the sampler: auto = the functional Llama/Qwen2/Mistral decoder when "
             "it applies, else the model's own forward; fast = insist on the former; hf = always "
-            "the latter."
+            "the latter; vllm = the vLLM inference engine (optional; weights synced before "
+            "every rollout; docs/engine.md)."
+        ),
+    )
+    engine_kv_cache_gib: int = field(
+        default=1,
+        metadata=_h(
+            "sampler_backend vllm on CPU: GiB reserved for the engine's KV cache "
+            "(VLLM_CPU_KVCACHE_SPACE; whole GiB).",
+            ge=1,
+            le=4096,
+        ),
+    )
+    engine_gpu_memory_utilization: float = field(
+        default=0.3,
+        metadata=_h(
+            "sampler_backend vllm on CUDA: the share of the GPU's memory the engine may take "
+            "(weights + KV cache); the learner uses the rest.",
+            gt=0,
+            lt=1,
         ),
     )
     measure_mismatch: bool = field(
@@ -110,6 +129,18 @@ class RolloutConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.sampler_backend == "vllm":
+            # What the engine cannot do as the local sampler does is refused, never approximated.
+            if self.top_p < 1.0:
+                raise ValueError(
+                    "rollout.top_p: must be 1 with sampler_backend vllm (the engine's log-probs "
+                    "under top_p < 1 are renormalised over the nucleus, unlike the learner's)"
+                )
+            if self.sampler_logit_noise > 0:
+                raise ValueError(
+                    "rollout.sampler_logit_noise: must be 0 with sampler_backend vllm (the "
+                    "engine's logits cannot be perturbed)"
+                )
         if self.max_resample_rounds and not self.zero_variance_filter:
             raise ValueError(
                 "rollout.max_resample_rounds means nothing with rollout.zero_variance_filter "

@@ -101,6 +101,8 @@ STEP_METRICS: dict[str, str] = {
     "perf/rollout_time": "Wall time of sampling (s).",
     "perf/update_time": "Wall time of the PPO (and critic) updates (s).",
     "perf/tokens_per_sec": "Generated tokens per second of step time.",
+    "perf/weight_sync_s": "Wall time of copying the policy's weights into the inference engine "
+    "(s; rollout.sampler_backend vllm only, part of perf/rollout_time).",
 }
 
 _KNOWN = frozenset(STEP_METRICS)

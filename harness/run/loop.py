@@ -38,7 +38,7 @@ from harness.run.dynamic_sampling import Round, option_metrics, refill, round_me
 from harness.run.dynamic_sampling import skipped_step_metrics as _skipped
 from harness.run.mismatch import mismatch_probe
 from harness.run.rollout import NonFiniteLogits, StalenessRing, forward_logprobs
-from harness.run.sampler import local_sampler
+from harness.run.sampler import Sampler, build_sampler
 from harness.run.scaffold import (
     Diverged,
     Hooks,
@@ -60,11 +60,21 @@ def run(cfg: RunConfig, **hooks: Unpack[Hooks]) -> RunResult:
 
 def ppo_steps(run: Run) -> None:
     """The PPO steps on the scaffold's warm-started policy ``run.model``."""
-    cfg, model, tokenizer, task, device = run.cfg, run.model, run.tokenizer, run.task, run.device
     # One precision for recompute, reference, update and critic (models.ModelOptions); the
     # sampler's is rollout.sampler_dtype (default: the same), a mismatch source (docs/mismatch.md).
-    amp = precision_dtype(cfg.model_options.dtype)
-    sampler = local_sampler(cfg, device, amp, run.sample_kw)
+    amp = precision_dtype(run.cfg.model_options.dtype)
+    sampler = build_sampler(run.cfg, run.device, amp, run.sample_kw)
+    try:
+        _train(run, sampler, amp)
+    finally:
+        # An inference engine lives as long as the run, whatever ends it.
+        close = getattr(sampler, "close", None)
+        if callable(close):
+            close()
+
+
+def _train(run: Run, sampler: Sampler, amp: torch.dtype | None) -> None:
+    cfg, model, tokenizer, task, device = run.cfg, run.model, run.tokenizer, run.task, run.device
     probe = mismatch_probe(cfg, device, amp)
     lora = is_lora(model)
 
@@ -260,6 +270,7 @@ def ppo_steps(run: Run) -> None:
             "perf/rollout_time": t_rollout,
             "perf/update_time": t_update,
             "perf/tokens_per_sec": n_gen / step_time if step_time > 0 else 0.0,
+            **_sync_metrics(sampler),
             **stats,
             **option_metrics(cfg, first, dyn, batch),
             **mismatch,
@@ -269,6 +280,12 @@ def ppo_steps(run: Run) -> None:
                 metrics.update(run.evaluate(model))
         # No optimizer step taken: every update's loss or gradient norm was non-finite.
         run.record(step, metrics, all_updates_nonfinite=stats["stability/optimizer_steps"] == 0)
+
+
+def _sync_metrics(sampler: Sampler) -> dict[str, float]:
+    """``perf/weight_sync_s`` of a sampler that syncs weights (the inference engine)."""
+    pop = getattr(sampler, "pop_sync_seconds", None)
+    return {"perf/weight_sync_s": pop()} if callable(pop) else {}
 
 
 def _lr_lambda(cfg: RunConfig, total_updates: int) -> Callable[[int], float]:

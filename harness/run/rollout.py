@@ -224,7 +224,6 @@ def sample(
     enc = encode_prompts(tokenizer, prompts, max_prompt_tokens, chat_template)
     prompt_ids = enc["input_ids"].to(device).repeat_interleave(n_samples, dim=0)
     prompt_mask = enc["attention_mask"].to(device).repeat_interleave(n_samples, dim=0)
-    n_rows, width = prompt_ids.shape
     longest = int(prompt_mask.sum(-1).max())
     if max_positions is not None and longest + max_new_tokens > max_positions:
         raise ValueError(
@@ -249,7 +248,33 @@ def sample(
         noise_generator=noise_generator,
     )
     # Everything below runs outside inference mode: the batch's tensors are ordinary tensors
-    # that the training forward pass may use under autograd. A generated slot is real up to and including the first EOS.
+    # that the training forward pass may use under autograd.
+    return assemble_batch(
+        tokenizer,
+        prompt_ids,
+        prompt_mask,
+        tokens,
+        logps,
+        eos,
+        group_sizes=[n_samples] * len(prompts),
+    )
+
+
+def assemble_batch(
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    tokens: torch.Tensor,
+    logps: torch.Tensor,
+    eos: torch.Tensor,
+    *,
+    group_sizes: list[int],
+) -> RolloutBatch:
+    """The :class:`RolloutBatch` of sampled ``tokens`` ``[N, T]`` (pad after EOS) and their
+    behaviour log-probs ``logps`` behind left-padded prompts ``[N, P]``: the one place the
+    token layout is built, whichever sampler produced the tokens."""
+    n_rows, width = prompt_ids.shape
+    # A generated slot is real up to and including the first EOS.
     is_eos = torch.isin(tokens, eos)
     after_eos = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
     gen_mask = (~after_eos).to(prompt_mask.dtype)
@@ -264,7 +289,7 @@ def sample(
         response_lens=response_lens,
         truncated=truncated,
         completions=_decode(tokenizer, tokens, response_lens, truncated),
-        group_sizes=[n_samples] * len(prompts),
+        group_sizes=group_sizes,
         prompt_width=width,
     )
 
@@ -348,6 +373,7 @@ class StalenessRing:
 __all__ = [
     "RolloutBatch",
     "StalenessRing",
+    "assemble_batch",
     "encode_prompts",
     "forward_logprobs",
     "position_ids",

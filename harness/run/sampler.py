@@ -5,9 +5,10 @@ corrections) consumes a :class:`~harness.run.rollout.RolloutBatch` and never ask
 made it. :class:`LocalSampler` is the in-process one (the KV-cache loop of
 :func:`harness.run.rollout.sample`) with the three sources of training–inference mismatch the
 harness can dial (``rollout.sampler_dtype``, ``rollout.sampler_logit_noise``,
-``rollout.sampler_backend``; docs/mismatch.md). An inference engine (e.g. vLLM) becomes a
-backend by implementing :class:`Sampler`: take the policy (or its weights), return the batch in
-token layout with its own log-probs in ``logprobs``.
+``rollout.sampler_backend``; docs/mismatch.md). The vLLM inference engine
+(:mod:`harness.run.engine`, ``sampler_backend: vllm``) is another implementation of
+:class:`Sampler`: it takes the policy's weights, and returns the batch in token layout with its
+own log-probs in ``logprobs``.
 """
 
 from __future__ import annotations
@@ -127,4 +128,19 @@ def local_sampler(
     )
 
 
-__all__ = ["LocalSampler", "Sampler", "local_sampler", "sampler_autocast"]
+def build_sampler(
+    cfg: RunConfig,
+    device: torch.device,
+    learner: torch.dtype | None,
+    sample_kw: dict[str, Any],
+) -> Sampler:
+    """The run's sampler: the inference engine for ``rollout.sampler_backend: vllm``
+    (:mod:`harness.run.engine`, started at the first rollout), else the local one."""
+    if cfg.rollout.sampler_backend == "vllm":
+        from harness.run.engine import engine_sampler
+
+        return engine_sampler(cfg, device, sample_kw)
+    return local_sampler(cfg, device, learner, sample_kw)
+
+
+__all__ = ["LocalSampler", "Sampler", "build_sampler", "local_sampler", "sampler_autocast"]
