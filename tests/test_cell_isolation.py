@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from extras import usable_here
 
 from harness.config import (
     apply_overrides,
@@ -29,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GRID_FILES = sorted(
     p
     for p in [*ROOT.glob("experiments/*.yaml"), *ROOT.glob("experiments/findings/*.yaml")]
-    if "grid" in (yaml.safe_load(p.read_text()) or {})
+    if "grid" in (yaml.safe_load(p.read_text()) or {}) and usable_here(p)
 )
 
 

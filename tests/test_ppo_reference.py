@@ -171,7 +171,11 @@ def test_normalize_matches_naive(case):
     for s in sizes:
         groups.append(list(range(start, start + s)))
         start += s
-    cfg = NormConfig(mean_level, loo, std_level, unbiased, eps=1e-5, group_size=G)
+    # Variable groups come with the batch (group_sizes); a group_size that contradicts them is
+    # refused, so it is left at 1 then.
+    cfg = NormConfig(
+        mean_level, loo, std_level, unbiased, eps=1e-5, group_size=1 if variable else G
+    )
     xt = torch.tensor(x, dtype=torch.float32)
     mt = torch.tensor(mask) if use_mask else None
     if use_mask and not any(any(r) for r in mask):

@@ -61,7 +61,9 @@ def ensure_results_dir(path: Path | str) -> Path:
     existing = p
     while not existing.exists() and existing.parent != existing:
         existing = existing.parent
-    if existing.is_dir():
+    # A pseudo filesystem (/proc, /sys) has no blocks at all: creating the dir there fails
+    # below with the truer reason.
+    if existing.is_dir() and os.statvfs(existing).f_blocks > 0:
         _check_free(p, existing)
     try:
         make_dirs(p)

@@ -221,10 +221,12 @@ def close_killed_trials(study: Any, spec: Any, tracker: Any, killed: dict[int, s
     from optuna.trial import TrialState
 
     from harness.core.db import with_retries
+    from harness.sweep.optuna_adapter import storage_of, trial_id
     from harness.sweep.trials import end_orphaned_runs
 
     by_number = {t.number: t for t in with_retries(lambda: study.get_trials(deepcopy=False))}
-    storage = study._storage  # a trial's attrs are set by id, outside an optuna Trial object
+    # A trial's attrs are set by id, outside an optuna Trial object.
+    storage = storage_of(study)
 
     def interrupt(trial_id: int, number: int, reason: str) -> Any:
         storage.set_trial_user_attr(trial_id, "outcome", "interrupted")
@@ -238,7 +240,7 @@ def close_killed_trials(study: Any, spec: Any, tracker: Any, killed: dict[int, s
         if t is None or t.state != TrialState.RUNNING:
             continue
         try:
-            ended.append(with_retries(partial(interrupt, t._trial_id, number, reason)))
+            ended.append(with_retries(partial(interrupt, trial_id(t), number, reason)))
         except UpdateFinishedTrialError:
             continue  # judged stale and retried meanwhile: the retry closes its run
     end_orphaned_runs(tracker, spec, study.study_name, ended)

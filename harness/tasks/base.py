@@ -12,10 +12,15 @@ machines and Python versions (unlike ``hash()``, which is salted per process).
 from __future__ import annotations
 
 import hashlib
+import importlib
+import importlib.util
+import os
 import random
+import sys
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 HOLDOUT_MODULUS = 10
 
@@ -115,7 +120,39 @@ def position_credit(answer: str, completion: str) -> float:
     return hits / denom
 
 
+def import_module(spec: str, module: str) -> Any:
+    """The user module ``module`` of task ``spec`` (a dotted name or a ``.py`` path); a
+    one-line ``ValueError`` when it cannot be imported."""
+    try:
+        if module.endswith(".py"):
+            path = Path(module).expanduser()
+            if not path.is_file():
+                raise ValueError(f"task '{spec}': file '{module}' does not exist")
+            mod_name = f"harness_user_task_{stable_hash(str(path.resolve())):x}"
+            loader_spec = importlib.util.spec_from_file_location(mod_name, path)
+            if loader_spec is None or loader_spec.loader is None:
+                raise ValueError(f"task '{spec}': cannot load '{module}' as a Python module")
+            mod = importlib.util.module_from_spec(loader_spec)
+            loader_spec.loader.exec_module(mod)
+            return mod
+        added = os.getcwd() not in sys.path
+        if added:
+            sys.path.insert(0, os.getcwd())
+        try:
+            return importlib.import_module(module)
+        finally:
+            if added:
+                sys.path.remove(os.getcwd())
+    except ValueError:
+        raise
+    except Exception as exc:
+        raise ValueError(
+            f"task '{spec}': cannot import module '{module}' ({type(exc).__name__}: {exc})"
+        ) from exc
+
+
 __all__ = [
+    "import_module",
     "HOLDOUT_MODULUS",
     "Example",
     "RewardError",

@@ -23,19 +23,15 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib
-import importlib.util
 import itertools
 import json
-import os
 import random
-import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from harness.tasks.answers import AnswerSpec, check_match_rule, numeric_or_exact_match
-from harness.tasks.base import Example, stable_hash
+from harness.tasks.base import Example, import_module, stable_hash
 from harness.tasks.reward_process import DEFAULT_REWARD_TIMEOUT_S, RewardProcess
 
 
@@ -343,37 +339,6 @@ def jsonl_task(
     )
     check_reference_answers(task, reward)
     return task
-
-
-def import_module(spec: str, module: str) -> Any:
-    """The user module ``module`` of task ``spec`` (a dotted name or a ``.py`` path); a
-    one-line ``ValueError`` when it cannot be imported."""
-    try:
-        if module.endswith(".py"):
-            path = Path(module).expanduser()
-            if not path.is_file():
-                raise ValueError(f"task '{spec}': file '{module}' does not exist")
-            mod_name = f"harness_user_task_{stable_hash(str(path.resolve())):x}"
-            loader_spec = importlib.util.spec_from_file_location(mod_name, path)
-            if loader_spec is None or loader_spec.loader is None:
-                raise ValueError(f"task '{spec}': cannot load '{module}' as a Python module")
-            mod = importlib.util.module_from_spec(loader_spec)
-            loader_spec.loader.exec_module(mod)
-            return mod
-        added = os.getcwd() not in sys.path
-        if added:
-            sys.path.insert(0, os.getcwd())
-        try:
-            return importlib.import_module(module)
-        finally:
-            if added:
-                sys.path.remove(os.getcwd())
-    except ValueError:
-        raise
-    except Exception as exc:
-        raise ValueError(
-            f"task '{spec}': cannot import module '{module}' ({type(exc).__name__}: {exc})"
-        ) from exc
 
 
 def python_task(

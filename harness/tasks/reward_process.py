@@ -42,7 +42,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from harness.tasks.base import RewardError
+from harness.tasks.base import RewardError, import_module
 
 # Rewards are trained in float32: a float64 beyond this range becomes inf there.
 FLOAT32_MAX = 3.4028234663852886e38
@@ -294,8 +294,6 @@ def serve(req_fd: int, rep_fd: int) -> None:
     _, path, spec, module, function = recv.recv()
     sys.path[:] = path
     try:
-        from harness.tasks.pairs import import_module
-
         func = getattr(import_module(spec, module), function)
     except BaseException as exc:  # the parent imported it; a second import may still fail
         send.send(("error", f"could not import '{module}': {describe_exit(exc)}"))
