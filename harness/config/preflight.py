@@ -301,7 +301,7 @@ def check_engine(cfg: RunConfig, config: Any | None) -> None:
     architecture, checked now rather than at the first rollout."""
     if cfg.rollout.sampler_backend != "vllm":
         return
-    from harness.run.engine import INSTALL_HINT, engine_installed, served_architecture
+    from harness.model.engine_support import INSTALL_HINT, engine_installed, served_architecture
 
     if not engine_installed():
         raise ValueError(f"rollout.sampler_backend: vllm needs {INSTALL_HINT}")

@@ -151,6 +151,7 @@ OPTION_METRICS = frozenset(
         "rollout/resample_rounds",
         "rollout/train_groups",
         "rollout/update_skipped",
+        "perf/weight_sync_s",  # only with rollout.sampler_backend: vllm
     }
 )
 

