@@ -80,9 +80,9 @@ def test_what_the_engine_cannot_do_is_a_config_error(rollout, field):
 
 
 def test_without_the_engine_the_cli_names_the_extra_and_writes_nothing(tmp_path, monkeypatch):
-    import harness.run.engine as engine
+    import harness.model.engine_support as support
 
-    monkeypatch.setattr(engine, "engine_installed", lambda: False)
+    monkeypatch.setattr(support, "engine_installed", lambda: False)
     out = tmp_path / "results"
     res = CliRunner().invoke(
         app,
