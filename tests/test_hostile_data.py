@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,16 +24,18 @@ from harness.cli import app
 from harness.core import limits
 
 try:
-    from tests.test_hostile_input import SMALL, assert_one_line
+    from tests.test_hostile_input import SMALL, assert_one_line, run_batch_under_memory_limit
 except ImportError:  # plain `pytest` puts tests/ itself on sys.path
-    from test_hostile_input import SMALL, assert_one_line  # type: ignore[no-redef]
+    from test_hostile_input import (  # type: ignore[no-redef]
+        SMALL,
+        assert_one_line,
+        run_batch_under_memory_limit,
+    )
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 ROOT = Path(__file__).resolve().parent.parent
-AS_LIMIT = 4_000_000_000
-BATCH_TIMEOUT_S = 600
 FIELDS = ["--set", "task_options.prompt_field=q", "--set", "task_options.answer_field=a"]
 
 
@@ -141,39 +141,15 @@ BOMBS = [
 ]
 
 
-def _limit_address_space() -> None:
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
-
-
 @pytest.fixture(scope="module")
 def bomb_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("bombs")
     cases = _bomb_cases(tmp)
     assert list(cases) == BOMBS
-    spec, out = tmp / "cases.json", tmp / "results.jsonl"
-    spec.write_text(json.dumps({n: [argv, {}] for n, (argv, _) in cases.items()}))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    try:
-        proc = subprocess.run(
-            [sys.executable, str(ROOT / "tests" / "test_hostile_input.py"), str(spec), str(out)],
-            cwd=ROOT,
-            env=env,
-            preexec_fn=_limit_address_space,
-            capture_output=True,
-            text=True,
-            timeout=BATCH_TIMEOUT_S,
-        )
-        tail = (proc.stdout + proc.stderr)[-3000:]
-    except subprocess.TimeoutExpired as err:
-        tail = f"timed out after {BATCH_TIMEOUT_S} s: {str(err.stderr)[-2000:]}"
-    got = {}
-    if out.exists():
-        for line in out.read_text().splitlines():
-            item = json.loads(line)
-            got[item["name"]] = item
-    return {"cases": cases, "got": got, "tail": tail, "tmp": tmp}
+    batch = run_batch_under_memory_limit(
+        tmp, {n: [argv, {}] for n, (argv, _) in cases.items()}, memory_check=False
+    )
+    return {"cases": cases, "tmp": tmp, **batch}
 
 
 @pytest.mark.parametrize("case", BOMBS)

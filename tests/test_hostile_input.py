@@ -258,18 +258,20 @@ def _limit_address_space() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
 
 
-@pytest.fixture(scope="module")
-def size_results(tmp_path_factory: pytest.TempPathFactory, qwen_dir: Path) -> dict[str, Any]:
-    tmp = tmp_path_factory.mktemp("size")
-    cases = _size_cases(tmp, qwen_dir)
-    assert list(cases) == SIZE_CASES
-    spec, out = tmp / "cases.json", tmp / "results.jsonl"
-    spec.write_text(json.dumps({n: [argv, patch] for n, (argv, _, patch) in cases.items()}))
+def run_batch_under_memory_limit(
+    tmp: Path, spec: dict[str, list[Any]], *, memory_check: bool = True
+) -> dict[str, Any]:
+    """Run CLI cases ``{name: [argv, limits patch]}`` in one child process under ``AS_LIMIT`` bytes
+    of address space (one interpreter start for all cases); return each case's result by name and
+    the child's output tail, which says where the child died if a case has no result."""
+    spec_path, out = tmp / "cases.json", tmp / "results.jsonl"
+    spec_path.write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("HARNESS_MEMORY_CHECK", None)
+    if memory_check:
+        env.pop("HARNESS_MEMORY_CHECK", None)
     try:
         proc = subprocess.run(
-            [sys.executable, __file__, str(spec), str(out)],
+            [sys.executable, str(Path(__file__).resolve()), str(spec_path), str(out)],
             cwd=ROOT,
             env=env,
             preexec_fn=_limit_address_space,
@@ -285,7 +287,18 @@ def size_results(tmp_path_factory: pytest.TempPathFactory, qwen_dir: Path) -> di
         for line in out.read_text().splitlines():
             item = json.loads(line)
             got[item["name"]] = item
-    return {"cases": cases, "got": got, "tail": tail, "tmp": tmp}
+    return {"got": got, "tail": tail}
+
+
+@pytest.fixture(scope="module")
+def size_results(tmp_path_factory: pytest.TempPathFactory, qwen_dir: Path) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("size")
+    cases = _size_cases(tmp, qwen_dir)
+    assert list(cases) == SIZE_CASES
+    batch = run_batch_under_memory_limit(
+        tmp, {n: [argv, patch] for n, (argv, _, patch) in cases.items()}
+    )
+    return {"cases": cases, "tmp": tmp, **batch}
 
 
 @pytest.mark.parametrize("case", SIZE_CASES)
