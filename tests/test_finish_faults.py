@@ -7,9 +7,11 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -326,3 +328,87 @@ def test_driver_messages_never_show_fragments_of_such_a_password() -> None:
     assert short_reason(words, url) == str(words)
     encoded = Exception("bad dsn: password=pa%40ss%40word host=db.example")
     assert short_reason(encoded, url) == "bad dsn: password=*** host=db.example"
+
+
+# -- kill -9 while the report is written ------------------------------------------------------
+
+HOOKS = Path(__file__).resolve().parent / "hooks"
+
+
+@pytest.mark.slow  # two sweeps in subprocesses
+def test_a_sweep_killed_mid_report_reruns_to_a_whole_report_and_no_leftovers(
+    tmp_path: Path,
+) -> None:
+    """A power cut while ``report.md`` is half written: no trial is run again, the rerun writes
+    the whole report, closes the parent run, and removes the dead writer's temp file."""
+    from mlflow.tracking import MlflowClient
+
+    exp = _experiment(tmp_path, "midreport", "reverse", [None, 3.0])
+    results = tmp_path / "results"
+    marker = tmp_path / "writing"
+    cmd = [sys.executable, "-m", "harness", "ablate", str(exp), "--results-dir", str(results)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HOOKS), str(ROOT)])}
+    first = subprocess.Popen(
+        [*cmd, "--workers", "2"],
+        env={**env, "HARNESS_TEST_HANG_IN_REPORT": str(marker)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while not (marker.exists() and marker.read_text()):
+            if first.poll() is not None:
+                out = first.stdout.read().decode(errors="replace") if first.stdout else ""
+                raise AssertionError(f"the sweep ended before the report:\n{out[-3000:]}")
+            assert time.monotonic() < deadline, "the sweep never reached its report"
+            time.sleep(0.05)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    report_dir = results / "midreport"
+    assert not (report_dir / "report.md").exists()
+    (left,) = report_dir.glob(".report.md.*.tmp")  # the half-written report of the dead writer
+    assert left.name.startswith(f".report.md.{socket.gethostname()}.{marker.read_text()}.")
+
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "2 already done, 0 enqueued" in again.stderr
+    text = (report_dir / "report.md").read_text()
+    assert text.startswith("# ") and "## Conclusion" in text and text.endswith("\n")
+    assert "held fixed" in text.lower()  # the last section: the file is whole
+    assert list(report_dir.glob(".*.tmp")) == []
+    client = MlflowClient(f"sqlite:///{results / 'mlflow.db'}")
+    exp_id = client.get_experiment_by_name("midreport").experiment_id
+    parents = client.search_runs([exp_id], "tags.`harness.role` = 'parent'")
+    assert [(p.info.status, p.data.tags.get("harness.outcome")) for p in parents] == [
+        ("FINISHED", "complete")
+    ]
+    trials = optuna.load_study(study_name="midreport", storage=make_storage(None, results)).trials
+    assert sorted(t.state.name for t in trials) == ["COMPLETE", "COMPLETE"]
+
+
+def test_orphan_temp_files_of_dead_writers_are_removed_and_live_ones_kept(tmp_path: Path) -> None:
+    from harness.core import fsutil
+
+    target = tmp_path / "report.md"
+    host = socket.gethostname()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], text=True,
+                          capture_output=True, check=True)  # fmt: skip
+    mine = tmp_path / f".report.md.{host}.{os.getpid()}.aaaaaaaa.tmp"
+    gone = tmp_path / f".report.md.{host}.{dead.stdout.strip()}.bbbbbbbb.tmp"
+    elsewhere = tmp_path / ".report.md.other-host.1.cccccccc.tmp"
+    stale = tmp_path / ".report.md.other-host.2.dddddddd.tmp"
+    other_file = tmp_path / f".runs.csv.{host}.{dead.stdout.strip()}.eeeeeeee.tmp"
+    for p in (mine, gone, elsewhere, stale, other_file):
+        p.write_text("half")
+    hour_ago = time.time() - fsutil.ORPHAN_TEMP_AGE_S - 5
+    os.utime(stale, (hour_ago, hour_ago))
+    assert sorted(p.name for p in fsutil.remove_orphan_temps(target)) == sorted(
+        [gone.name, stale.name]
+    )
+    fsutil.atomic_write(target, "whole\n")
+    assert target.read_text() == "whole\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [mine.name, elsewhere.name, other_file.name, "report.md"]
+    )

@@ -24,11 +24,17 @@ from harness.cli import app
 from harness.core import limits
 
 try:
-    from tests.test_hostile_input import SMALL, assert_one_line, run_batch_under_memory_limit
+    from tests.test_hostile_input import (
+        SMALL,
+        assert_one_line,
+        qwen_dir,  # noqa: F401  (a fixture)
+        run_batch_under_memory_limit,
+    )
 except ImportError:  # plain `pytest` puts tests/ itself on sys.path
     from test_hostile_input import (  # type: ignore[no-redef]
         SMALL,
         assert_one_line,
+        qwen_dir,  # noqa: F401  (a fixture)
         run_batch_under_memory_limit,
     )
 
@@ -577,3 +583,19 @@ def test_a_long_prompt_without_a_template_is_not_blamed_on_the_template(tmp_path
     cfg = build_run_config({"task": f"jsonl:{data}"})
     probe = probe_prompts(cfg, get_task(cfg.task), build_tokenizer())
     assert probe.longest >= 2
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer.json", "model.safetensors"])
+def test_a_fifo_in_a_model_directory_is_refused_without_opening_it(
+    name: str, qwen_dir: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(qwen_dir, model)
+    assert (model / name).is_file()
+    (model / name).unlink()
+    os.mkfifo(model / name)
+    results = tmp_path / "results"
+    code, err = run_cli(["--set", f"model={model}"], results)
+    assert_one_line(code, err, f"model: {model / name} is a FIFO, not a regular file", results)

@@ -16,6 +16,7 @@ import contextlib
 import contextvars
 import importlib.util
 import json
+import os
 import random
 import time
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from harness.core.limits import (
     MAX_MODEL_CONFIG_BYTES,
     RenderTimeout,
     file_too_big,
+    not_regular,
     time_bound,
 )
 
@@ -42,10 +44,27 @@ PROBE_PROMPTS = 256
 PROBE_EXTREMES = 8
 
 
+def refuse_special_files(model_dir: Path) -> None:
+    """Refuse a model directory holding a FIFO, socket or device where a file belongs (its
+    ``config.json``, tokenizer or weights): the loaders would open it and block for ever on a
+    FIFO.  Checked by ``stat`` only, before anything in the directory is opened."""
+    try:
+        entries = list(os.scandir(model_dir))
+    except OSError:
+        return  # a missing or unreadable directory is reported by the loader, with its reason
+    for entry in entries:
+        if entry.is_dir():
+            continue
+        kind = not_regular(entry.path)
+        if kind is not None:
+            raise ValueError(f"model: {entry.path} is {kind}, not a regular file")
+
+
 def model_config(cfg: RunConfig) -> Any:
     """The HF config of ``cfg.model`` (a directory), its ``config.json`` size-checked first."""
     from transformers import AutoConfig
 
+    refuse_special_files(Path(cfg.model))
     too_big = file_too_big(Path(cfg.model) / "config.json", MAX_MODEL_CONFIG_BYTES, "config.json")
     if too_big:
         raise ValueError(f"model: {too_big}")

@@ -12,8 +12,11 @@ mode.
 from __future__ import annotations
 
 import errno
+import glob
 import os
 import shutil
+import socket
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -160,15 +163,58 @@ def disk_full_message(error: BaseException) -> str:
     return "disk full"
 
 
+ORPHAN_TEMP_AGE_S = 3600.0  # a temp file of another host's writer is left this long
+
+
+def temp_path(path: Path) -> Path:
+    """The hidden sibling ``atomic_write`` writes first: ``.NAME.HOST.PID.RANDOM.tmp``, so a
+    later writer can tell a dead writer's leftover from a live one's."""
+    return path.with_name(
+        f".{path.name}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    )
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_orphan_temps(path: Path) -> list[Path]:
+    """Remove the temp files of ``path``'s writers that died before their ``os.replace`` (kill -9
+    or a power cut mid-write): a writer on this host whose pid is gone, or any writer's file older
+    than ``ORPHAN_TEMP_AGE_S`` (a pid on another host cannot be asked).  Returns what it removed."""
+    here = f".{path.name}.{socket.gethostname()}"
+    removed = []
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        prefix, _, rest = tmp.name[: -len(".tmp")].rpartition(".")  # rest: the random part
+        prefix, _, pid = prefix.rpartition(".")
+        try:
+            dead = prefix == here and pid.isdigit() and not _pid_alive(int(pid))
+            old = time.time() - tmp.stat().st_mtime > ORPHAN_TEMP_AGE_S
+        except OSError:
+            continue  # removed meanwhile by its writer or another cleaner
+        if dead or old:
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
+
+
 def atomic_write(path: Path, data: bytes | str) -> Path:
     """Write ``path`` whole or not at all: a temp file in the same directory, then ``os.replace``.
 
     Readers (and a second process writing the same report) see the old file or the new one,
     never a half-written or missing one; a failed write (a full disk) removes its temp file and
-    leaves the old file as it was.
+    leaves the old file as it was.  A writer killed mid-write cannot remove its temp file, so
+    each write first removes such leftovers (``remove_orphan_temps``).
     """
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    remove_orphan_temps(path)
+    tmp = temp_path(path)
     try:
         with open(tmp, "wb") as f:
             f.write(raw)

@@ -33,3 +33,27 @@ if _MARKER:
             time.sleep(3600)
 
     _jl.JournalLock._claim = _claim  # type: ignore[method-assign]
+
+_REPORT_MARKER = os.environ.get("HARNESS_TEST_HANG_IN_REPORT")
+
+if _REPORT_MARKER:
+    import time
+
+    import harness.core.fsutil as _fs
+
+    _real_atomic_write = _fs.atomic_write
+
+    def _atomic_write(path, data):  # type: ignore[no-untyped-def]
+        """Half of ``report.md`` reaches its temp file, then the writer hangs there until killed:
+        the state a power cut mid-report leaves."""
+        if path.name != "report.md":
+            return _real_atomic_write(path, data)
+        raw = data.encode("utf-8") if isinstance(data, str) else data
+        with open(_fs.temp_path(path), "wb") as f:
+            f.write(raw[: len(raw) // 2])
+        with open(_REPORT_MARKER, "w") as f:
+            f.write(str(os.getpid()))
+        while True:
+            time.sleep(3600)
+
+    _fs.atomic_write = _atomic_write
