@@ -95,6 +95,7 @@ def test_killed_ray_worker_trial_is_recovered_exactly_once(
     )
     enqueue_missing(study, spec)
     killed: list[int] = []
+    said: list[str] = []
 
     def on_event(e: dict[str, Any]) -> None:
         if e["event"] == "start" and not killed and e["worker"] == 0:
@@ -109,8 +110,11 @@ def test_killed_ray_worker_trial_is_recovered_exactly_once(
         done_before=0,
         on_event=on_event,
         show_progress=False,
+        say=said.append,
     )
     assert killed
+    died = [ln for ln in said if f"(pid {killed[0]}) died while running trial " in ln]
+    assert len(died) == 1 and "restarted as pid" in died[0], said
     pairs = _pairs(None, "raykill", results)  # type: ignore[arg-type]
     complete = [
         (c, s) for (c, s, state), n in pairs.items() if state == "COMPLETE" for _ in range(n)

@@ -168,9 +168,18 @@ def run_workers(
     def handle(e: Event) -> None:
         w = e.get("worker", 0)
         if e["event"] == "start":
+            old, new = pids.get(w), e.get("pid")
+            if w in held and old and new and new != old:
+                # Ray restarts a worker whose process died (the OOM killer's SIGKILL) without
+                # telling us: a new process starting while the old one held a trial is its death.
+                counts["died"] += 1
+                line(
+                    f"worker {w} (pid {old}) died while running {_held(held[w])} and was "
+                    f"restarted as pid {new}; the trial is retried once its heartbeat goes stale"
+                )
             held[w] = {k: e.get(k) for k in ("trial", "cell", "seed")}
-            if e.get("pid"):
-                pids[w] = e["pid"]
+            if new:
+                pids[w] = new
         if e["event"] == "crash" and e.get("signal"):  # killed from outside: say what it held
             counts["died"] += 1
             e["line"] = (
