@@ -353,6 +353,9 @@ from harness.core.configtools import declared_fields, field_defaults  # noqa: E4
 
 # Settings that only act together with others: the walk changes them in that context.
 CONTEXT = {
+    # MaxRL's mean divisor replaces the std: walked on a centred, undivided block.
+    "ppo.adv_norm.divide_by": {"ppo.adv_norm": {"mean_level": "group", "std_level": None}},
+    "ppo.reward_norm.divide_by": {"ppo.reward_norm": {"mean_level": "group", "std_level": None}},
     "ppo.rejection_sampling.agg": {
         "ppo.use_decoupled_loss": True,
         "ppo.rejection_sampling": {"level": "sequence"},
