@@ -1,6 +1,6 @@
-"""prime-rl's ``ipo`` loss as ``ppo.policy_loss: ipo``: golden numbers, loss AND gradient
-against a transcription of prime-rl's ``pg_loss_fn`` (trust_region "ipo"), the config paths,
-training, and the exports."""
+"""prime-rl's losses: ``ipo`` as ``ppo.policy_loss: ipo`` (golden numbers, loss AND gradient
+against a transcription of prime-rl's ``pg_loss_fn`` with trust_region "ipo", the config paths and
+the exports) and its default loss as ``ppo.policy_loss: dppo`` with ``ppo.dppo.kl_tau``."""
 
 from __future__ import annotations
 
@@ -122,3 +122,48 @@ def test_every_target_names_the_objective_it_lacks():
         text = export_cell(cfg, target)
         notes = [ln for ln in text.splitlines() if ln.startswith("#")]
         assert any("ipo" in ln for ln in notes), (target, notes)
+
+
+def prime_rl_default(
+    trainer_logprobs, inference_logprobs, advantages, loss_mask, low, high, kl_tau
+):
+    """PrimeIntellect-ai/prime-rl src/prime_rl/trainer/rl/loss.py ``default_loss_fn`` (the DPPO
+    trust region, adv_tau 1), divided by the rl token count."""
+    log_importance_ratio = trainer_logprobs - inference_logprobs
+    importance_ratio = torch.exp(log_importance_ratio)
+    probs_diff = torch.exp(trainer_logprobs) - torch.exp(inference_logprobs)
+    positive_advantages = advantages > 0
+    dppo_invalid_mask_high = probs_diff > high
+    dppo_invalid_mask_low = probs_diff < -low
+    is_masked = torch.where(positive_advantages, dppo_invalid_mask_high, dppo_invalid_mask_low)
+    keep_mask = loss_mask & ~is_masked
+    pg_loss = keep_mask * advantages * importance_ratio
+    kl_loss = loss_mask * log_importance_ratio**2
+    return (-pg_loss + kl_tau * kl_loss).sum() / loss_mask.sum()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("kl_tau", [1e-3, 0.05])
+def test_dppo_with_kl_tau_is_prime_rls_default_loss(seed, kl_tau):
+    lt, lb, A, M = data(seed)
+    peer = prime_rl_default(lt, lb, A, M, 0.05, 0.05, kl_tau)
+    o = lookup("dppo")
+    mine, stats = o.loss(lt, lb, lb, A, M, delta_low=0.05, delta_high=0.05, kl_tau=kl_tau)
+    (g_peer,) = torch.autograd.grad(peer, lt)
+    (g_mine,) = torch.autograd.grad(mine, lt)
+    assert torch.allclose(peer, mine, rtol=1e-12, atol=1e-14), (float(peer), float(mine))
+    assert torch.allclose(g_peer, g_mine, rtol=1e-12, atol=1e-14)
+    assert 0 < int(stats["clip_mask"][M].sum()) < int(M.sum())
+    # kl_tau 0 (the default) is DPPO without the drift term: the value moves by kl_tau·mean(log r)²
+    plain, _ = o.loss(lt, lb, lb, A, M, delta_low=0.05, delta_high=0.05)
+    drift = float(((lt.detach() - lb) ** 2)[M].mean())
+    assert float(mine.detach()) - float(plain) == pytest.approx(kl_tau * drift, rel=1e-9)
+
+
+def test_prime_rl_default_loss_from_the_config():
+    cfg = build_run_config({}, {"ppo.policy_loss": "dppo", "ppo.dppo.kl_tau": 1e-3})
+    assert cfg.ppo.dppo.kl_tau == 1e-3
+    with pytest.raises(ConfigError, match="dppo.kl_tau"):
+        build_run_config({}, {"ppo.policy_loss": "dppo", "ppo.dppo.kl_tau": -1})
+    verl = export_cell(cfg, "verl")
+    assert "ppo.dppo.kl_tau" in verl  # verl's dppo has no drift term: named, not dropped

@@ -346,6 +346,11 @@ def _verl_dppo(p: Any, A: str) -> tuple[list[tuple[str, Any]], list[str]]:
             "with clip_ratio_c=1e9 its gradient equals this cell's −A·r, its loss value does "
             "not (set ppo.dppo.surrogate truncated_is for verl's surrogate)"
         )
+    if o.kl_tau:
+        notes.append(
+            f"# ppo.dppo.kl_tau={o.kl_tau}: verl's dppo loss has no drift term "
+            "kl_tau·(ℓθ − ℓμ)² (prime-rl's default loss); not exported"
+        )
     if o.anchor == "behaviour" and p.use_decoupled_loss:
         notes.append(
             "# ppo.dppo.anchor=behaviour: verl anchors DPPO at old_log_prob (π_prox under the "
