@@ -382,7 +382,11 @@ CONTEXT = {
     "ppo.dppo.ratio_cap": {"ppo.policy_loss": "dppo", "ppo.dppo.surrogate": "truncated_is"},
     "ppo.vespo.behaviour_weight": {"ppo.policy_loss": "vespo", "ppo.correction": "token_tis"},
 }
-for _name in ("cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "dppo", "vespo", "m2po", "ipo"):
+_OBJECTIVES_WITH_OPTIONS = (
+    *("cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "dppo", "vespo", "m2po"),
+    *("ipo", "kimi15", "topr"),
+)
+for _name in _OBJECTIVES_WITH_OPTIONS:
     CONTEXT[f"ppo.{_name}."] = {"ppo.policy_loss": _name}
 # Changed only together with what it needs (the walk adds these to the changed config).
 PARTNERS = {
