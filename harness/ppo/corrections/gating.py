@@ -37,8 +37,9 @@ preset(
 preset(
     Preset(
         "openrlhf_tv",
-        "OpenRLHF's TV trust region: tokens with |p_p − p_b| > 0.2 get weight 0, survivors weigh w",
-        "ρ_t = w_t if |p̃_p − p̃_b| ≤ 0.2 else 0, p̃ = clamp(p, 1e-6, 1 − 1e-6)",
+        "OpenRLHF's TV trust region: tokens with abs(p_p − p_b) > 0.2 get weight 0, survivors "
+        "weigh w",
+        "ρ_t = w_t if abs(p̃_p − p̃_b) ≤ 0.2 else 0, p̃ = clamp(p, 1e-6, 1 − 1e-6)",
         Correction(weight="token", filters=(Filter(metric="tv", upper=0.2),)),
         peers={"OpenRLHF": _OPENRLHF.format(gating="tv", threshold="[0, 0.2]")},
         rank=41,

@@ -40,7 +40,7 @@ class Filter:
         "in log space: sum = the product, mean = the geometric mean); 'k1' −log u; 'k2' "
         "½(log u)²; 'k3' u − 1 − log u; 'binary_kl' the larger Bernoulli KL of the token's "
         "probabilities; 'binary_kl_directed' the Bernoulli KL in the KL direction "
-        "(behave_ref: KL(Bern(p_b)‖Bern(p_r)), OpenRLHF's binary_kl); 'tv' |p_r − p_b| "
+        "(behave_ref: KL(Bern(p_b)‖Bern(p_r)), OpenRLHF's binary_kl); 'tv' abs(p_r − p_b) "
         "(OpenRLHF's tv); 'prob_diff' the signed p_r − p_b (ROLL's infer_diff band); p = the "
         "sampled token's probability.",
     )

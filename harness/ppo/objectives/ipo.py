@@ -34,7 +34,7 @@ class IPOOptions(R.Options):
 @R.register(
     "ipo",
     rank=12,
-    summary="prime-rl's ipo: −A·r on tokens with |p_θ − p_b| ≤ threshold, 0 elsewhere, plus "
+    summary="prime-rl's ipo: −A·r on tokens with \\|p_θ − p_b\\| ≤ threshold, 0 elsewhere, plus "
     "kl_tau·(log r)² on every token (r against the sampler)",
     options=IPOOptions,
     stats={
