@@ -353,6 +353,9 @@ from harness.core.configtools import declared_fields, field_defaults  # noqa: E4
 
 # Settings that only act together with others: the walk changes them in that context.
 CONTEXT = {
+    # MaxRL's mean divisor replaces the std: walked on a centred, undivided block.
+    "ppo.adv_norm.divide_by": {"ppo.adv_norm": {"mean_level": "group", "std_level": None}},
+    "ppo.reward_norm.divide_by": {"ppo.reward_norm": {"mean_level": "group", "std_level": None}},
     "ppo.rejection_sampling.agg": {
         "ppo.use_decoupled_loss": True,
         "ppo.rejection_sampling": {"level": "sequence"},
@@ -379,7 +382,11 @@ CONTEXT = {
     "ppo.dppo.ratio_cap": {"ppo.policy_loss": "dppo", "ppo.dppo.surrogate": "truncated_is"},
     "ppo.vespo.behaviour_weight": {"ppo.policy_loss": "vespo", "ppo.correction": "token_tis"},
 }
-for _name in ("cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "dppo", "vespo", "m2po"):
+_OBJECTIVES_WITH_OPTIONS = (
+    *("cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "dppo", "vespo", "m2po"),
+    *("ipo", "kimi15", "topr"),
+)
+for _name in _OBJECTIVES_WITH_OPTIONS:
     CONTEXT[f"ppo.{_name}."] = {"ppo.policy_loss": _name}
 # Changed only together with what it needs (the walk adds these to the changed config).
 PARTNERS = {

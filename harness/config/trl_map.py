@@ -130,7 +130,7 @@ TRL_MAPPING: tuple[MapRow, ...] = (
         "{group, null} → none, {group, batch} → batch (approx: TRL's batch std is about the batch "
         "mean, the harness pools deviations from the group means); std is always Bessel-corrected "
         "with eps 1e-4 (approx when the harness eps differs); mean_leave1out and batch/no "
-        "centering are errors",
+        "centering are errors; divide_by mean (MaxRL) is an error",
     ),
     MapRow("ppo.adv_norm", "-", "none", "TRL has no token-level advantage normalization"),
     MapRow(
@@ -378,6 +378,14 @@ def trl_problems(cfg: Any) -> list[tuple[str, str]]:
             (
                 "ppo.reward_norm",
                 "TRL always centres rewards by the group mean; use mean_level: group",
+            )
+        )
+    elif n.divide_by == "mean":
+        out.append(
+            (
+                "ppo.reward_norm.divide_by",
+                "TRL 1.16's GRPOTrainer has no mean-divided (MaxRL) advantage; scale_rewards "
+                "divides by a std or not at all",
             )
         )
     elif n.mean_leave1out:

@@ -42,6 +42,8 @@ STEP_METRICS: dict[str, str] = {
     "policy/cov_candidates": "Clip-Cov: tokens per optimizer step inside the covariance band (ppo.clip_cov.cov_lb, ppo.clip_cov.cov_ub) and not already clipped, from which the selection is drawn.",
     "policy/cov_threshold": "Covariance threshold of the selection: the smallest covariance among selected tokens (KL-Cov: the top-k cut-off), mean over optimizer steps that selected any.",
     "policy/cov_penalty_kl": "KL-Cov: mean |log π_θ − log π_prox| on the penalised tokens.",
+    "policy/ipo_drift": "IPO (prime-rl): mean over valid tokens of (ℓθ − ℓb)², the drift the "
+    "kl_tau penalty acts on, mean over optimizer steps.",
     "policy/entropy_masked_frac": "ppo.top_entropy_quantile < 1 only: fraction of valid tokens the top-entropy mask took out of the policy loss (about 1 − ρ; ties at the threshold are kept), token-weighted over the step's minibatches.",
     "policy/loss": "Mean PPO loss over the step's optimizer steps (including the entropy bonus).",
     "policy/behave_weight_mean": "Mean behaviour importance weight w = π_prox/π_behave after capping/masking (weighting on).",
@@ -135,6 +137,7 @@ OBJECTIVE_METRICS = frozenset(
         "policy/cov_candidates",
         "policy/cov_threshold",
         "policy/cov_penalty_kl",
+        "policy/ipo_drift",
     }
 )
 

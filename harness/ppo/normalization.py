@@ -50,6 +50,10 @@ Deviations from AReaL main, on purpose (each has a test in tests/test_ppo_golden
 
 Group-level centering with singleton groups and no leave-one-out sets every output to 0; this
 emits a ``UserWarning`` (main warns in ``PPOActorConfig`` for reward_norm with group_size 1).
+
+``divide_by="mean"`` is MaxRL's mean normalization (Tajwar et al., arXiv 2602.02710), which AReaL
+does not have: the centred value is divided by the scope's own mean instead of a std,
+y = (x − μ)/(μ + eps), and a scope whose mean is ≤ 0 gives 0 (:func:`divide_by_mean`).
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ import torch
 
 Level = Literal["batch", "group"] | None
 _LEVELS = ("batch", "group", None)
+_DIVISORS = ("std", "mean")
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,15 @@ class NormConfig:
             "le": 10_000,
         },
     )
+    divide_by: Literal["std", "mean"] = field(
+        default="std",
+        metadata={
+            "help": "What the centred value is divided by: 'std' (std_level's σ, AReaL) or "
+            "'mean' (MaxRL, prime-rl max_rl / SkyRL maxrl: (x − μ)/(μ + eps) with μ the "
+            "mean_level scope's mean; a scope with μ ≤ 0 gives 0; needs std_level null and "
+            "no leave-one-out). eps 0 is prime-rl's, 1e-6 SkyRL's."
+        },
+    )
 
     def __post_init__(self) -> None:
         for name in ("mean_level", "std_level"):
@@ -120,6 +134,24 @@ class NormConfig:
             raise ValueError(f"group_size must be an integer >= 1; got {self.group_size!r}")
         if not isinstance(self.eps, (int, float)) or isinstance(self.eps, bool) or self.eps < 0:
             raise ValueError(f"eps must be a number >= 0; got {self.eps!r}")
+        if self.divide_by not in _DIVISORS:
+            raise ValueError(f"divide_by must be one of 'std', 'mean'; got {self.divide_by!r}")
+        if self.divide_by == "mean":
+            # The divisor is the mean of the centring scope: without centring there is none, a
+            # leave-one-out mean is a different number per entry, and a std would be a second
+            # divisor that the formula has no place for.
+            if self.mean_level is None:
+                raise ValueError("divide_by 'mean' needs mean_level 'group' or 'batch'; got None")
+            if self.mean_leave1out:
+                raise ValueError(
+                    "divide_by 'mean' needs mean_leave1out false (MaxRL divides by "
+                    "the plain scope mean)"
+                )
+            if self.std_level is not None:
+                raise ValueError(
+                    f"divide_by 'mean' replaces the std: set std_level null (got "
+                    f"{self.std_level!r})"
+                )
 
     @property
     def uses_groups(self) -> bool:
@@ -236,6 +268,9 @@ def normalize(
                 mu = torch.where(one_row, xv, mu)
 
     centred = torch.where(valid, xv - mu, torch.zeros((), dtype=torch.float64))
+    if cfg.divide_by == "mean":
+        out = divide_by_mean(centred, mu, float(cfg.eps))
+        return torch.where(valid, out, torch.zeros((), dtype=torch.float64)).to(torch.float32)
 
     # ---- std ----
     eps = float(cfg.eps)
@@ -256,3 +291,32 @@ def normalize(
     out = centred / (sigma + eps)
     out = torch.where(valid, out, torch.zeros((), dtype=torch.float64))
     return out.to(torch.float32)
+
+
+def divide_by_mean(centred: torch.Tensor, mu: torch.Tensor, eps: float) -> torch.Tensor:
+    """MaxRL's mean normalization of centred rewards (Tajwar et al., arXiv 2602.02710, the
+    p-normalized advantage that makes the group estimator unbiased for the truncated
+    maximum-likelihood objective):
+
+        A = (r − μ) / (μ + eps)   where μ > 0,      A = 0   where μ ≤ 0
+
+    with μ the scope (group) mean and ``centred`` = r − μ.  With binary rewards and K of N
+    correct, a correct sample gets (N − K)/K and a wrong one −1: rarely solved prompts weigh ~1/p.
+
+    Peers (float64 here; both compute in float32):
+
+    * prime-rl ``src/prime_rl/orchestrator/algo/max_rl.py`` (``MaxRLAlgorithm.score_group``):
+      (r − μ)/μ, no epsilon; a group with μ ≤ 0 gets 0.  A one-sample group: (r − r)/r = 0.
+    * SkyRL ``skyrl/backends/skyrl_train/utils/ppo_utils.py`` (``compute_maxrl_advantage``):
+      (r − μ)/(μ + 1e-6) with no guard, so a negative group mean flips the sign of every
+      advantage in the group (and μ = −1e-6 divides by zero); a one-sample group passes its raw
+      reward r through (μ is taken as 0 there).
+
+    The harness follows prime-rl's guard (μ ≤ 0 → 0: with non-negative rewards, μ = 0 means no
+    sample succeeded and there is nothing to learn) and its one-row rule (output 0, as every
+    group-centred scope here), and takes eps from the config, so eps 0 is prime-rl's formula
+    and eps 1e-6 SkyRL's for non-negative rewards in groups of two or more.
+    """
+    positive = mu > 0
+    safe = torch.where(positive, mu + eps, torch.ones_like(mu))
+    return torch.where(positive, centred / safe, torch.zeros_like(centred))

@@ -206,6 +206,17 @@ def _verl_estimator(cfg: RunConfig) -> tuple[str | None, list[str], list[str]]:
         if a is None or a.mean_level != "batch" or a.std_level != "batch":
             notes.append("# ppo.adv_norm: verl's gae always whitens advantages over the batch")
         return "gae", [], notes
+    if n is not None and n.divide_by == "mean":
+        # verl's own adv_estimator list has no mean-divided estimator (MaxRL's authors ship it
+        # in their verl fork as adv_estimator=maxrl, with epsilon 1e-6).
+        return (
+            None,
+            [],
+            [
+                "# ppo.reward_norm.divide_by=mean: verl has no MaxRL adv_estimator (the MaxRL "
+                "authors' verl fork calls it maxrl: (r − μ)/(μ + 1e-6))"
+            ],
+        )
     if n is not None and n.mean_level == "group" and n.mean_leave1out and n.std_level is None:
         return "rloo", [], []
     if n is not None and n.mean_level == "group" and not n.mean_leave1out:
@@ -334,6 +345,11 @@ def _verl_dppo(p: Any, A: str) -> tuple[list[tuple[str, Any]], list[str]]:
             "# ppo.dppo.surrogate=ratio: verl's dppo loss is −A·sg(min(r, clip_ratio_c))·log π; "
             "with clip_ratio_c=1e9 its gradient equals this cell's −A·r, its loss value does "
             "not (set ppo.dppo.surrogate truncated_is for verl's surrogate)"
+        )
+    if o.kl_tau:
+        notes.append(
+            f"# ppo.dppo.kl_tau={o.kl_tau}: verl's dppo loss has no drift term "
+            "kl_tau·(ℓθ − ℓμ)² (prime-rl's default loss); not exported"
         )
     if o.anchor == "behaviour" and p.use_decoupled_loss:
         notes.append(
@@ -533,12 +549,19 @@ def export_areal(cfg: RunConfig) -> str:
     p, r, o, m = cfg.ppo, cfg.rollout, cfg.optim, cfg.model_options
     notes: list[str] = []
 
-    def norm(n: Any) -> Any:
+    def norm(n: Any, name: str) -> Any:
         # AReaL's NormConfig takes the group size from its own field (default 1: groups of one
         # sample, i.e. no group normalization at all): the cell's group is n_samples.
         d = to_dict(n)
         if isinstance(d, dict):
             d["group_size"] = r.n_samples
+            # AReaL's NormConfig always divides by a std (or nothing): MaxRL's mean divisor is
+            # named in a comment, not written as a key AReaL would refuse.
+            if d.pop("divide_by", "std") == "mean":
+                notes.append(
+                    f"# ppo.{name}.divide_by=mean: AReaL's NormConfig has no mean divisor "
+                    "(MaxRL); written without it, i.e. centred and not divided"
+                )
         return d
 
     actor: dict[str, Any] = {
@@ -550,8 +573,8 @@ def export_areal(cfg: RunConfig) -> str:
         "recompute_logprob": p.recompute_logprob,
         "importance_sampling_level": p.importance_sampling_level,
         "ppo_n_minibatches": p.ppo_n_minibatches,
-        "adv_norm": norm(p.adv_norm),
-        "reward_norm": norm(p.reward_norm),
+        "adv_norm": norm(p.adv_norm, "adv_norm"),
+        "reward_norm": norm(p.reward_norm, "reward_norm"),
         "kl_ctl": p.kl_ctl,
         "kl_estimator": p.kl_estimator,
         "discount": p.discount,

@@ -19,7 +19,7 @@ from harness.ppo.corrections.registry import PRESETS, Preset, resolve
 from harness.ppo.corrections.spec import Correction, Filter
 
 # The families, each registering its presets on import (docs order is the presets' rank).
-for _family in ("tis", "mis", "rs", "opsm", "bypass"):
+for _family in ("tis", "mis", "rs", "opsm", "bypass", "gating"):
     importlib.import_module(f"{__name__}.{_family}")
 
 __all__ = [

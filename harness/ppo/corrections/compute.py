@@ -85,6 +85,8 @@ def token_metric(
         return 0.5 * lw * lw
     if f.metric == "k3":
         return torch.exp(log_u) - 1 - log_u
+    if f.metric in ("tv", "prob_diff", "binary_kl_directed"):
+        return probability_statistic(f.metric, ref, behave, f.direction)
     # binary_kl: the larger of the two Bernoulli KLs of the sampled token's probability.
     p = _wide(ref).exp().clamp(1e-8, 1 - 1e-8)
     q = _wide(behave).exp().clamp(1e-8, 1 - 1e-8)
@@ -93,6 +95,41 @@ def token_metric(
         return a * (a / b).log() + (1 - a) * ((1 - a) / (1 - b)).log()
 
     return torch.maximum(bkl(p, q), bkl(q, p))
+
+
+OPENRLHF_PROB_CLAMP = 1e-6
+
+
+def probability_statistic(
+    metric: str, ref: torch.Tensor, behave: torch.Tensor, direction: str = "behave_ref"
+) -> torch.Tensor:
+    """Per-token statistics of the sampled token's probabilities p_r = exp(ℓr), p_b = exp(ℓb):
+
+        prob_diff            d = p_r − p_b                      (no clamp)
+        tv                   |p̃_r − p̃_b|
+        binary_kl_directed   p̃_b·log(p̃_b/p̃_r) + (1 − p̃_b)·log((1 − p̃_b)/(1 − p̃_r))
+                             = KL(Bern(p̃_b) ‖ Bern(p̃_r))  (direction behave_ref; ref_behave
+                             swaps the two)
+
+    with p̃ = clamp(p, 1e-6, 1 − 1e-6).
+
+    Sources: OpenRLHF ``openrlhf/models/loss.py`` (``PolicyLoss.forward``,
+    ``is_correction_gating`` ``binary_kl`` / ``tv``: p = rollout, q = old probabilities, both
+    clamped to [1e-6, 1 − 1e-6], stat = p·log(p/q) + (1 − p)·log((1 − p)/(1 − q)) or |p − q|);
+    ROLL ``roll/pipeline/rlvr/actor_worker.py`` (``loss_func``: ``train_infer_diff =
+    old_log_probs.exp() − infer_log_probs.exp()``, unclamped, gated by
+    ``token_filter.infer_diff_clamp_low/high``).
+    """
+    p_r = _wide(ref).exp()
+    p_b = _wide(behave).exp()
+    if metric == "prob_diff":
+        return p_r - p_b
+    lo, hi = OPENRLHF_PROB_CLAMP, 1 - OPENRLHF_PROB_CLAMP
+    p_r, p_b = p_r.clamp(lo, hi), p_b.clamp(lo, hi)
+    if metric == "tv":
+        return (p_r - p_b).abs()
+    a, b = (p_b, p_r) if direction == "behave_ref" else (p_r, p_b)
+    return a * (a / b).log() + (1 - a) * ((1 - a) / (1 - b)).log()
 
 
 def filter_statistic(

@@ -134,6 +134,18 @@ def markdown() -> str:
         "| SkyRL sequence TIS C | `{weight: sequence_product, clip_max: C, log_clamp: 20}` "
         "(`sequential: true` makes the product use the narrowed mask, as SkyRL) |",
         "| TRL `off_policy_mask_threshold` δ | preset `opsm` with `upper: δ` |",
+        "| OpenRLHF `is_correction_level=seq`, `mask`, gating g, threshold [lo, hi] | "
+        "`{weight: token, filters: [{level: sequence, agg: mean, metric: ratio / "
+        "binary_kl_directed / tv, lower: lo, upper: hi}]}` (ratio: the geometric mean; a "
+        "divergence: the plain mean; OpenRLHF's is_filter_ratio then counts rows, "
+        "`policy/correction_masked_frac` tokens) |",
+        "| OpenRLHF `is_correction_mode=clip` [lo, hi] (token ratio only) | `{weight: token, "
+        "clip_min: lo, clip_max: hi}` |",
+        "| ROLL `token_filter.infer_diff_mask` [lo, hi] | `{filters: [{metric: prob_diff, "
+        "lower: lo, upper: hi}], denominator: post}` (preset `roll_infer_diff` is ±0.2) |",
+        "| ROLL `segment_filter.infer_diff_mask` [lo, hi] | the same filter at `level: "
+        "sequence, agg: mean` (ROLL averages per run of consecutive response tokens: one run "
+        "per row in single-turn data) |",
         "| AReaL `rejection_sampling` {level, action, metric, agg, lower, upper} | "
         "`{weight: token (sequence_geometric for sequence ratio), filters: [{level, metric "
         "(kl_kN → kN), direction: ref_behave, agg, lower, upper, action: mask / truncate}]}` |",

@@ -91,8 +91,8 @@ def _verl_rs(f: Filter, i: int, bypass: bool) -> tuple[tuple[str, Any] | None, s
     level = "token" if f.level == "token" else _VERL_AGG.get(f.agg)
     if level is None:
         return None, "verl's rollout_rs has no min aggregation"
-    if f.metric == "binary_kl":
-        return None, "verl's rollout_rs has no binary_kl"
+    if f.metric in ("binary_kl", "binary_kl_directed", "tv", "prob_diff"):
+        return None, f"verl's rollout_rs has no {f.metric} (it filters on log-ratios only)"
     lo, hi = f.lower, f.upper
     if f.metric in ("ratio", "k1"):
         if f.agg == "max" and f.level == "sequence":

@@ -18,7 +18,7 @@ from typing import Literal
 from harness.core.configtools import option
 
 WEIGHTS = ("none", "token", "sequence_product", "sequence_geometric")
-FILTER_METRICS = ("ratio", "k1", "k2", "k3", "binary_kl")
+FILTER_METRICS = ("ratio", "k1", "k2", "k3", "binary_kl", "binary_kl_directed", "tv", "prob_diff")
 FILTER_AGGS = ("sum", "mean", "max", "min")
 DIRECTIONS = ("behave_ref", "ref_behave")
 REFERENCES = ("proximal", "current")
@@ -32,18 +32,23 @@ class Filter:
     level: Literal["token", "sequence"] = option(
         "token", "'token': each token on its own; 'sequence': the row's aggregate decides."
     )
-    metric: Literal["ratio", "k1", "k2", "k3", "binary_kl"] = option(
+    metric: Literal[
+        "ratio", "k1", "k2", "k3", "binary_kl", "binary_kl_directed", "tv", "prob_diff"
+    ] = option(
         "ratio",
         "The statistic, with u the ratio of the KL direction: 'ratio' w = π_r/π_b (aggregated "
         "in log space: sum = the product, mean = the geometric mean); 'k1' −log u; 'k2' "
         "½(log u)²; 'k3' u − 1 − log u; 'binary_kl' the larger Bernoulli KL of the token's "
-        "probabilities.",
+        "probabilities; 'binary_kl_directed' the Bernoulli KL in the KL direction "
+        "(behave_ref: KL(Bern(p_b)‖Bern(p_r)), OpenRLHF's binary_kl); 'tv' abs(p_r − p_b) "
+        "(OpenRLHF's tv); 'prob_diff' the signed p_r − p_b (ROLL's infer_diff band); p = the "
+        "sampled token's probability.",
     )
     direction: Literal["behave_ref", "ref_behave"] = option(
         "behave_ref",
-        "KL direction of k1/k3: 'behave_ref' estimates KL(π_b‖π_r), u = w (verl: k1 = ℓb − ℓr, "
-        "k3 = w − 1 − log w); 'ref_behave' u = 1/w (AReaL's kl_k1 = ℓr − ℓb, kl_k3 = 1/w − 1 + "
-        "log w).",
+        "KL direction of k1/k3/binary_kl_directed: 'behave_ref' estimates KL(π_b‖π_r), u = w "
+        "(verl: k1 = ℓb − ℓr, k3 = w − 1 − log w); 'ref_behave' u = 1/w (AReaL's kl_k1 = ℓr − "
+        "ℓb, kl_k3 = 1/w − 1 + log w).",
     )
     agg: Literal["sum", "mean", "max", "min"] = option(
         "mean", "Sequence level: sum, mean (over the row's valid tokens), max or min of the metric."

@@ -55,6 +55,12 @@ class DPPOOptions(R.Options):
         "verl's actor default.  Only with surrogate truncated_is.",
         gt=0,
     )
+    kl_tau: float = R.option(
+        0.0,
+        "DPPO: coefficient of prime-rl's drift penalty kl_tau·(ℓθ − ℓμ)² on every valid token, "
+        "dropped or not (prime-rl's default loss: 1e-3); 0 = none (SkyRL, verl).",
+        ge=0,
+    )
 
     def check(self) -> None:
         if self.surrogate not in ("ratio", "truncated_is"):
@@ -129,6 +135,7 @@ def dppo_terms(p: R.PolicyInputs, o: DPPOOptions, ctx: R.Context) -> R.Terms:
         r = exp(clamp(ℓθ − ℓμ, −20, 20))
         surrogate ratio:        L = −A·r on kept tokens, 0 on dropped ones
         surrogate truncated_is: L = −A·sg(min(r, c))·ℓθ on kept tokens, 0 on dropped ones
+        + kl_tau·(ℓθ − ℓμ)² on every valid token   (kl_tau 0 by default)
                                                     then ·w and ``loss_agg_mode``
 
     A move toward the advantage's sign is bounded; a move away from it never drops a token
@@ -139,8 +146,12 @@ def dppo_terms(p: R.PolicyInputs, o: DPPOOptions, ctx: R.Context) -> R.Terms:
     this function with ``anchor: behaviour`` (its μ is the rollout log-probs; SkyRL cites §5.2 of
     the paper for that choice, so it is the default here); a strict ``>`` drops, so a divergence
     equal to δ is kept.  prime-rl's default loss is binary_tv with ``anchor: behaviour`` and
-    bounds 0.2, without the ±20 clamp (equal unless |ℓθ − ℓb| > 20) and with a separate
-    ``kl_tau``·(ℓθ − ℓb)² term (not here).  verl ``loss_mode: dppo_tv | dppo_kl`` anchors at
+    bounds 0.2, without the ±20 clamp (equal unless |ℓθ − ℓb| > 20), with ``kl_tau`` 1e-3:
+    PrimeIntellect-ai/prime-rl ``src/prime_rl/trainer/rl/loss.py`` ``default_loss_fn`` (``pg_loss
+    = keep_mask · adv_tau·A · importance_ratio``, ``kl_loss = loss_mask · log_importance_ratio²``,
+    ``loss = (−pg_loss + kl_tau · kl_loss).sum()`` over the step's loss-token count =
+    ``loss_agg_mode: token-mean``); prime-rl sends A = 0 tokens down the A < 0 branch, which
+    changes its ``is_masked`` count only (their loss is 0).  verl ``loss_mode: dppo_tv | dppo_kl`` anchors at
     ``old_log_prob`` = ``anchor: proximal`` under ``use_decoupled_loss`` (in verl's bypass mode
     and here without the decoupled loss, ℓp = ℓb and both anchors agree); its surrogate is
     ``truncated_is`` with c = ``clip_ratio_c`` (verl-project/verl
@@ -173,13 +184,17 @@ def dppo_terms(p: R.PolicyInputs, o: DPPOOptions, ctx: R.Context) -> R.Terms:
             kl = binary_kl(p_mu, p_theta, l_mu, l_theta)
             drop = (pos & (d > 0) & (kl > hi)) | (neg & (d < 0) & (kl > lo))
         drop = drop & p.m
+    # prime-rl's drift penalty: on every valid token, through the unclamped log-ratio.
+    drift = o.kl_tau * log_r * log_r if o.kl_tau else None
     if o.surrogate == "ratio":
         pg = torch.where(drop, p.zero, -p.adv * r)
-        return R.Terms(pg, clip_mask=drop, silenced=drop)
+        return R.Terms(pg if drift is None else pg + drift, clip_mask=drop, silenced=drop)
     r_hat = r.detach().clamp(max=o.cap())
     lt = torch.where(p.m, p.logprobs, p.zero)
     pg = torch.where(drop, p.zero, -p.adv * r_hat * lt)
     capped = (r.detach() > o.cap()) & p.m & ~drop
+    if drift is not None:
+        pg = pg + drift
     return R.Terms(pg, clip_mask=drop, silenced=drop, reweighted=capped, gate=r_hat)
 
 

@@ -1,0 +1,76 @@
+"""Probability-space gates: a token leaves the loss when a statistic of the sampled token's
+probabilities under the learner (p_p) and the sampler (p_b) leaves a band.
+
+OpenRLHF's ``is_correction_gating`` (``ratio | binary_kl | tv`` with ``is_correction_mode:
+mask``) keeps a survivor's token IS weight w = exp(ℓp − ℓb), unclipped, and gives a gated token
+weight 0 without taking it out of the denominators; its trust-region gates (binary_kl, tv) take a
+single upper bound δ.  ROLL's ``token_filter.infer_diff_mask`` drops tokens whose signed
+probability difference p_p − p_b leaves [low, high] from ``response_mask`` before ``agg_loss``
+(so they leave the denominators), with no weight.  OpenRLHF applies the gate under
+``policy_loss_type: ppo`` only; here it composes with every objective, as every correction does.
+The OpenRLHF thresholds of the trust-region presets (0.2 for tv, 0.05 for binary_kl) are the
+harness's choice: OpenRLHF's default threshold is the ratio band [0.5, 5], which it refuses for a
+divergence gate; 0.2 and 0.05 are the δ SkyRL recommends for DPPO's binary TV and KL.
+"""
+
+from __future__ import annotations
+
+from harness.ppo.corrections.registry import Preset, preset
+from harness.ppo.corrections.spec import Correction, Filter
+
+_OPENRLHF = (
+    "`is_correction_level=token`, `is_correction_mode=mask`, `is_correction_gating={gating}`, "
+    "`is_correction_threshold={threshold}` (`openrlhf/models/loss.py` PolicyLoss)"
+)
+
+preset(
+    Preset(
+        "openrlhf_ratio",
+        "OpenRLHF's ratio gate: tokens whose w leaves [0.5, 5] get weight 0, survivors weigh w",
+        "ρ_t = w_t if 0.5 ≤ w_t ≤ 5 else 0 (unclipped; pre-filter denominators)",
+        Correction(weight="token", filters=(Filter(metric="ratio", lower=0.5, upper=5.0),)),
+        peers={"OpenRLHF": _OPENRLHF.format(gating="ratio", threshold="[0.5, 5.0]")},
+        rank=40,
+    )
+)
+
+preset(
+    Preset(
+        "openrlhf_tv",
+        "OpenRLHF's TV trust region: tokens with abs(p_p − p_b) > 0.2 get weight 0, survivors "
+        "weigh w",
+        "ρ_t = w_t if abs(p̃_p − p̃_b) ≤ 0.2 else 0, p̃ = clamp(p, 1e-6, 1 − 1e-6)",
+        Correction(weight="token", filters=(Filter(metric="tv", upper=0.2),)),
+        peers={"OpenRLHF": _OPENRLHF.format(gating="tv", threshold="[0, 0.2]")},
+        rank=41,
+    )
+)
+
+preset(
+    Preset(
+        "openrlhf_binary_kl",
+        "OpenRLHF's binary-KL trust region: tokens with KL(Bern(p_b)‖Bern(p_p)) > 0.05 get "
+        "weight 0, survivors weigh w",
+        "ρ_t = w_t if p̃_b log(p̃_b/p̃_p) + (1 − p̃_b) log((1 − p̃_b)/(1 − p̃_p)) ≤ 0.05 else 0",
+        Correction(weight="token", filters=(Filter(metric="binary_kl_directed", upper=0.05),)),
+        peers={"OpenRLHF": _OPENRLHF.format(gating="binary_kl", threshold="[0, 0.05]")},
+        rank=42,
+    )
+)
+
+preset(
+    Preset(
+        "roll_infer_diff",
+        "ROLL's train–infer probability band: tokens with p_p − p_b outside [−0.2, 0.2] leave "
+        "the loss and its denominators",
+        "keep_t ⟺ −0.2 ≤ p_p − p_b ≤ 0.2; post-filter denominator, no weight",
+        Correction(
+            filters=(Filter(metric="prob_diff", lower=-0.2, upper=0.2),), denominator="post"
+        ),
+        peers={
+            "ROLL": "`token_filter.infer_diff_mask=true`, `infer_diff_clamp_low=-0.2`, "
+            "`infer_diff_clamp_high=0.2` (`roll/pipeline/rlvr/actor_worker.py` loss_func)"
+        },
+        rank=43,
+    )
+)
