@@ -259,8 +259,13 @@ def test_ctrl_c_while_finishing_ends_the_parent_run_and_a_rerun_finishes_it(
     real_build = harness.report.build_report
 
     def interrupted_build(*args: Any, **kwargs: Any) -> Any:
-        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, delivered while the report is written
-        threading.Event().wait(60)  # KeyboardInterrupt cuts this wait
+        # Ctrl-C while the report is written. raise_signal delivers it to this thread: a signal
+        # sent to the process may land on another of its threads (MLflow's, Optuna's), and the
+        # handler then runs here at the next bytecode, which a long blocking wait would delay.
+        signal.raise_signal(signal.SIGINT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.01)  # KeyboardInterrupt cuts this wait
         raise AssertionError("SIGINT was not delivered")
 
     monkeypatch.setattr(harness.report, "build_report", interrupted_build)
