@@ -277,11 +277,11 @@ TRL_MAPPING: tuple[MapRow, ...] = (
     MapRow("rollout.chat_template", "-", "must", "none (plain-text prompts) only"),
     MapRow(
         "rollout.sampler_dtype",
-        "(checkpoint dtype)",
+        "(engine dtype)",
         "must",
-        "with sampler_backend vllm: the engine's dtype (written as the torch_dtype of the "
-        "checkpoint TRL's engine loads); otherwise null or model_options.dtype (TRL samples "
-        "with the learner)",
+        "with sampler_backend vllm: the dtype of the engine TRL builds (the trainer passes it: "
+        "TRL passes none, and vLLM's auto would run a float32 checkpoint in bfloat16); "
+        "otherwise null or model_options.dtype (TRL samples with the learner)",
     ),
     MapRow("rollout.sampler_logit_noise", "-", "must", "0 only (no sampler noise in TRL)"),
     MapRow(

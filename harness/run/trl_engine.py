@@ -110,7 +110,9 @@ def _save_model(model: Any, tokenizer: Any, workdir: str, dtype: str) -> None:
     if gen is not None:
         gen.save_pretrained(workdir)
     tokenizer.save_pretrained(workdir)
-    weights = {n: t.detach().to("cpu").contiguous().clone() for n, t in engine_weights(model).items()}
+    weights = {
+        n: t.detach().to("cpu").contiguous().clone() for n, t in engine_weights(model).items()
+    }
     save_file(weights, os.path.join(workdir, "model.safetensors"))
 
 
@@ -126,11 +128,11 @@ def _engine_args(dtype: str, seed: int) -> Iterator[None]:
         kwargs["seed"] = seed
         return real(*args, **kwargs)
 
-    trl_vllm.LLM = llm
+    trl_vllm.LLM = llm  # type: ignore[misc,assignment]
     try:
         yield
     finally:
-        trl_vllm.LLM = real
+        trl_vllm.LLM = real  # type: ignore[misc]
 
 
 def _end_distributed() -> None:

@@ -32,7 +32,6 @@ from harness.config.trl_map import approximations, grpo_kwargs
 from harness.metrics.trl import TRL_METRICS
 from harness.ppo.advantages import shape_rewards
 from harness.ppo.shaping import overlong_penalty
-from harness.run.trl_engine import ColocatedEngine, colocated_engine, shutdown
 from harness.run.scaffold import (
     Diverged,
     Hooks,
@@ -42,10 +41,21 @@ from harness.run.scaffold import (
     is_numeric_overflow,
     params_finite,
 )
-
+from harness.run.trl_engine import ColocatedEngine, colocated_engine, shutdown
 
 # TRL's "vLLM version newer than supported" warning (trl/import_utils.py, is_vllm_available).
 VLLM_VERSION_WARNING = r"TRL currently supports vLLM versions"
+
+
+def import_trl() -> None:
+    """Import TRL (its trainer and generation modules) without its vLLM-version warning."""
+    with warnings.catch_warnings():
+        # Importing TRL imports the installed engine when there is one, and TRL 1.16 warns at
+        # each of its import sites that vLLM 0.32 is newer than its tested range (0.22-0.31).
+        # The colocated path the harness runs with it is tested (tests/test_trl_engine.py), so
+        # on the console the warning is noise, for runs with or without the engine.
+        warnings.filterwarnings("ignore", message=VLLM_VERSION_WARNING, category=UserWarning)
+        import trl.trainer.grpo_trainer  # noqa: F401
 
 
 def run_trl(cfg: RunConfig, **hooks: Unpack[Hooks]) -> RunResult:
@@ -62,13 +72,8 @@ def grpo_steps(run: Run, grpo_config: dict[str, Any]) -> None:
     from transformers.trainer_callback import PrinterCallback
     from transformers.utils import logging as hf_logging
 
-    with warnings.catch_warnings():
-        # Importing TRL imports the installed engine when there is one, and TRL 1.16 warns at
-        # every import site that vLLM 0.32 is newer than its tested range (0.22-0.31). The
-        # colocated path the harness uses with it is tested here (tests/test_trl_engine.py), so
-        # on the console the warning is noise, even for runs that do not use the engine.
-        warnings.filterwarnings("ignore", message=VLLM_VERSION_WARNING, category=UserWarning)
-        from trl import GRPOConfig, GRPOTrainer
+    import_trl()
+    from trl import GRPOConfig, GRPOTrainer
 
     cfg, task = run.cfg, run.task
     run.tags["trainer"] = "trl"
