@@ -105,24 +105,25 @@ def test_the_cli_refuses_a_harness_decoder_under_trl_in_one_line(tmp_path):
 def test_importing_trl_through_the_trainer_does_not_warn_about_the_vllm_version():
     """TRL warns at import that the installed vLLM is newer than it was tested with; the trainer
     imports it with that warning filtered (a fresh interpreter: TRL is imported once)."""
-    code = (
-        "import warnings; warnings.simplefilter('default');"
-        "from harness.run.trl_trainer import import_trl; import_trl()"
+    code = "\n".join(
+        [
+            "import warnings",
+            "warnings.simplefilter('default')",
+            "from harness.run.trl_trainer import import_trl",
+            "import_trl()",
+            # TRL's check itself still warns (so the test can fail): asked again, unfiltered.
+            "from trl.import_utils import is_vllm_available",
+            "with warnings.catch_warnings(record=True) as seen:",
+            "    warnings.simplefilter('always')",
+            "    is_vllm_available()",
+            "assert any('TRL currently supports vLLM' in str(w.message) for w in seen)",
+        ]
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "TRL currently supports vLLM versions" not in out.stderr, out.stderr[-2000:]
-    # ... and TRL does warn without the filter (so the test can fail).
-    bare = subprocess.run(
-        [sys.executable, "-W", "default", "-c", "import trl.trainer.grpo_trainer"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert "TRL currently supports vLLM versions" in bare.stderr
 
 
 # ---- real runs on the engine
