@@ -10,8 +10,10 @@ prompts and seeds, at two shapes:
 * **larger**: a Llama of 4 layers, width 256 (vocabulary of the harness tokenizer),
   16 prompts × 8 samples × 32 new tokens.
 
-EOS is made unreachable (the stop id is one outside the model's vocabulary), so every sampler
-decodes exactly the same number of tokens. The samplers are timed interleaved (fast, hf,
+The stop set is the model's EOS (the engine refuses a stop id outside the vocabulary, so EOS
+cannot be made unreachable as in ``bench_decode.py``): a random-init model stops a row with
+probability ~1/100 per token, so the samplers generate slightly different token counts, and the
+ratios compare time per generated token (the counts are shown). The samplers are timed interleaved (fast, hf,
 engine, fast, ...) ``--repeats`` times after one warm-up round each, and the median is reported,
 so machine load hits all alike. The engine's time excludes its weight sync, which is timed
 separately (``EngineSampler.sync``: vLLM's in-place ``reload_weights`` of the full float32
@@ -39,7 +41,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _record import record  # noqa: E402
 
-from harness.model.build import TinyModelConfig, build_model, build_tokenizer  # noqa: E402
+from harness.model.build import (  # noqa: E402
+    TinyModelConfig,
+    build_model,
+    build_tokenizer,
+    eos_ids,
+    max_positions,
+)
 from harness.run.engine import EngineSampler  # noqa: E402
 from harness.run.sampler import LocalSampler  # noqa: E402
 from harness.tasks import get_task  # noqa: E402
@@ -63,8 +71,11 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 
 
-def rollout(sampler: Any, model: Any, tok: Any, prompts: list[str], s: dict[str, Any]) -> float:
-    """Seconds for one rollout (the engine's sync excluded: it is popped and subtracted)."""
+def rollout(
+    sampler: Any, model: Any, tok: Any, prompts: list[str], s: dict[str, Any]
+) -> tuple[float, int]:
+    """Seconds for one rollout (the engine's sync excluded: it is popped and subtracted) and
+    the tokens it generated."""
     dev = sampler.device
     gen = torch.Generator(device=dev).manual_seed(0)
     if dev.type == "cuda":
@@ -85,16 +96,14 @@ def rollout(sampler: Any, model: Any, tok: Any, prompts: list[str], s: dict[str,
     dt = time.perf_counter() - t0
     if isinstance(sampler, EngineSampler):
         dt -= sampler.pop_sync_seconds()
-    assert rb.input_ids.shape[1] == rb.prompt_width + s["new"], "a row stopped early"
-    return dt
+    return dt, int(rb.loss_mask.sum())
 
 
 def bench_shape(name: str, device: torch.device, repeats: int) -> dict[str, Any]:
     s = SHAPES[name]
     tok = build_tokenizer()
     model = build_model(tok, s["model"], seed=0).to(device).eval()
-    never = model.config.vocab_size  # outside the vocabulary: never sampled
-    kw = {"eos_token_ids": [never], "max_positions": model.config.max_position_embeddings}
+    kw = {"eos_token_ids": eos_ids(model, tok), "max_positions": max_positions(model.config)}
     prompts = [e.prompt for e in get_task("reverse").sample(random.Random(0), s["prompts"])]
     samplers: dict[str, Any] = {
         "fast": LocalSampler(device, None, "fast", sample_kw=kw),
@@ -107,13 +116,15 @@ def bench_shape(name: str, device: torch.device, repeats: int) -> dict[str, Any]
     engine.pop_sync_seconds()
     samplers["engine"] = engine
     times: dict[str, list[float]] = {k: [] for k in samplers}
+    tokens: dict[str, int] = {}
     syncs: list[float] = []
     try:
         for smp in samplers.values():  # warm-up
             rollout(smp, model, tok, prompts, s)
         for _ in range(repeats):
             for k, smp in samplers.items():
-                times[k].append(rollout(smp, model, tok, prompts, s))
+                dt, tokens[k] = rollout(smp, model, tok, prompts, s)
+                times[k].append(dt)
             syncs.append(engine.sync(model))
     finally:
         engine.close()
@@ -125,7 +136,7 @@ def bench_shape(name: str, device: torch.device, repeats: int) -> dict[str, Any]
         "sync": statistics.median(syncs),
         "start": start,
         "mb": n_bytes / 2**20,
-        "tokens": s["prompts"] * s["samples"] * s["new"],
+        "tokens": tokens,
     }
 
 
@@ -143,23 +154,28 @@ def main() -> None:
     rows = []
     for name in args.shapes.split(","):
         r = bench_shape(name, device, args.repeats)
-        m, ref = r["med"], r["med"]["fast"]
+        m, n = r["med"], r["tokens"]
+        per = {k: m[k] / max(1, n[k]) for k in m}  # seconds per generated token
+        ref = per["fast"]
+        cells = [
+            f"{m[k] * 1e3:.0f} ms, {n[k]} tok ({per[k] / ref:.2f}×)"
+            for k in ("fast", "hf", "engine")
+        ]
         rows.append(
-            f"| {r['label']} | {m['fast'] * 1e3:.0f} (1×) | {m['hf'] * 1e3:.0f} "
-            f"({m['hf'] / ref:.2f}×) | {m['engine'] * 1e3:.0f} ({m['engine'] / ref:.2f}×) "
-            f"| {r['sync'] * 1e3:.1f} ({r['sync'] / ref:.2f}×, {r['mb']:.1f} MiB) "
-            f"| {r['start']:.1f} |"
+            f"| {r['label']} | {' | '.join(cells)} "
+            f"| {r['sync'] * 1e3:.1f} ms ({r['sync'] / m['fast']:.2f}× a fast rollout; "
+            f"{r['mb']:.1f} MiB) | {r['start']:.1f} |"
         )
         print(rows[-1], flush=True)
     table = (
-        "| shape | fast decoder ms (ref) | HF forward ms | engine ms | weight sync ms "
+        "| shape | fast decoder (ref) | HF forward | engine | weight sync "
         "| engine start s |\n|---|---|---|---|---|---|\n" + "\n".join(rows)
     )
     body = (
         f"Command: `{CMD}{'' if args.device == 'cpu' else ' --device ' + args.device}` "
         f"(device {args.device}, {args.threads} thread(s)). Milliseconds per rollout of one RL "
-        f"step (median of {args.repeats}, interleaved, after a warm-up each); in brackets the "
-        "ratio to the fast decoder's time. The engine's time excludes the weight sync, shown "
+        f"step (median of {args.repeats}, interleaved, after a warm-up each) and the tokens it "
+        "generated; in brackets the ratio of time per generated token to the fast decoder's. The engine's time excludes the weight sync, shown "
         "beside it (full float32 weights, vLLM's in-place reload). Engine start: its first "
         f"sync, including the model runner's start. 1-min load average {load:.1f} before, "
         f"{os.getloadavg()[0]:.1f} after.\n\n" + table
