@@ -62,6 +62,18 @@ def test_an_is_correction_reaches_trl_only_with_the_engine():
         cfg(**{"ppo.correction": "token_tis"})
 
 
+def test_the_export_of_an_engine_cell_runs_trls_vllm_path_without_the_caveat():
+    from harness.sweep.export import export_trl
+
+    over = {"ppo.reward_norm": GROUP, "ppo.correction": "token_tis"}
+    with_engine = export_trl(build_run_config({}, {**over, "rollout.sampler_backend": "vllm"}))
+    assert "use_vllm=True" in with_engine and "vllm_mode='colocate'" in with_engine
+    assert "vllm_importance_sampling_mode='token_truncate'" in with_engine
+    assert "take effect only with" not in with_engine
+    # Without the engine the IS settings are exported with the condition they need.
+    assert "take effect only with" in export_trl(build_run_config({}, over))
+
+
 @pytest.mark.parametrize("backend", ["fast", "hf"])
 def test_the_harness_decoders_are_refused_under_trl(backend):
     with pytest.raises(ConfigError, match=r"^rollout\.sampler_backend: not expressible"):
