@@ -204,3 +204,47 @@ def test_trl_on_a_bfloat16_engine_weights_by_a_real_mismatch(tmp_path):
     assert min(h["policy/behave_weight_min"]) < 1 - 1e-4, h
     assert max(h["policy/behave_weight_max"]) > 1 + 1e-4, h
     assert max(h["policy/behave_weight_max"]) <= 2.0 + 1e-6  # token_tis caps ρ at 2
+
+
+@pytest.mark.slow
+@needs_engine
+def test_trl_on_the_engine_is_reproducible(tmp_path):
+    """Two runs of one seed on TRL's engine log the same metrics (the engine samples from the
+    run's seed, set when it starts), and the second run in the process forms its own
+    one-process group (the first one's was undone)."""
+    from harness.run.trainers import train
+
+    def history() -> dict[str, list[float]]:
+        c = cfg(
+            **{
+                "rollout.sampler_backend": "vllm",
+                "rollout.max_new_tokens": 8,
+                # head size 32: one the CPU engine's attention takes
+                "tiny.hidden_size": 64,
+                "tiny.num_heads": 2,
+            }
+        )
+        res = train(c)
+        assert res.status == "completed", res.reason
+        return res.history
+
+    a, b = history(), history()
+    keys = ["rollout/response_length", "objective/reward", "policy/entropy", "policy/loss"]
+    assert all(a[k] == b[k] for k in keys), {k: (a[k], b[k]) for k in keys}
+
+
+@needs_engine
+def test_the_engine_trl_builds_gets_the_runs_dtype_and_seed(monkeypatch):
+    """TRL passes no dtype (vLLM's auto would run a float32 checkpoint in bfloat16) and seeds
+    the engine with the process index; the trainer's wrapper overrides both."""
+    import trl.generation.vllm_generation as trl_vllm
+
+    from harness.run.trl_engine import _engine_args
+
+    seen: list[dict] = []
+    monkeypatch.setattr(trl_vllm, "LLM", lambda *a, **kw: seen.append(kw))
+    with _engine_args("float32", 7):
+        trl_vllm.LLM(model="m", seed=0, gpu_memory_utilization=0.3)
+    trl_vllm.LLM(model="m", seed=0)  # restored afterwards
+    assert seen[0] == {"model": "m", "seed": 7, "dtype": "float32", "gpu_memory_utilization": 0.3}
+    assert seen[1] == {"model": "m", "seed": 0}
