@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test test-slow test-gpu ablate docs docs-serve findings lint typecheck bench clean-venv
+.PHONY: test test-slow test-gpu ablate docs docs-serve findings lint typecheck bench bench-gpu clean-venv
 
 $(STAMP): pyproject.toml constraints.txt tools/install_engine.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -57,6 +57,12 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_gae.py
 	$(PY) benchmarks/bench_step.py
 	$(PY) benchmarks/bench_sweep.py
+
+# The engine-vs-decoders sampling benchmark on a CUDA device. Not on $(STAMP): that installs the
+# CPU torch and the CPU engine; a GPU machine's environment has a CUDA torch and `pip install vllm`
+# (docs/engine.md, "Install").
+bench-gpu:
+	$(PY) benchmarks/bench_engine.py --device cuda
 
 clean-venv:
 	rm -rf $(VENV)

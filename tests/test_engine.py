@@ -365,3 +365,35 @@ def test_engine_on_cuda_matches_the_learner():
         assert float(_learner_gap(model, rb).max()) < 1e-4
     finally:
         s.close()
+
+
+@needs_engine
+def test_a_head_size_the_cpu_engine_cannot_serve_is_refused_before_the_run(tmp_path):
+    """The CPU build's attention takes a fixed set of head sizes; width 64 over 4 heads (16) is
+    not one: one line naming the fields, exit 2, nothing written (not a FAILED run at the first
+    generation)."""
+    out = tmp_path / "results"
+    res = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "--set",
+            "rollout.sampler_backend=vllm",
+            "--set",
+            "tiny.hidden_size=64",
+            "--set",
+            "tiny.num_heads=4",
+            "--results-dir",
+            str(out),
+        ],
+    )
+    err = res.stderr if res.stderr is not None else res.output
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert res.exit_code == 2, res.output
+    assert len(lines) == 1, lines
+    assert "tiny.num_heads / tiny.hidden_size" in lines[0] and "is 16" in lines[0], lines
+    assert not out.exists()
+    # head size 32 (the default tiny shape) passes the same check
+    from harness.config.preflight import check_engine
+
+    check_engine(build_run_config({"rollout": {"sampler_backend": "vllm"}}), None)

@@ -315,15 +315,35 @@ def check_sampler_backend(cfg: RunConfig, config: Any | None) -> None:
         )
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
 def check_engine(cfg: RunConfig, config: Any | None) -> None:
     """``rollout.sampler_backend: vllm``: the engine is installed and serves the model's
     architecture, checked now rather than at the first rollout."""
     if cfg.rollout.sampler_backend != "vllm":
         return
-    from harness.model.engine_support import INSTALL_HINT, engine_installed, served_architecture
+    from harness.model.engine_support import (
+        INSTALL_HINT,
+        cpu_head_size_problem,
+        engine_installed,
+        head_size,
+        served_architecture,
+    )
 
     if not engine_installed():
         raise ValueError(f"rollout.sampler_backend: vllm needs {INSTALL_HINT}")
+    on_cpu = cfg.device == "cpu" or (cfg.device == "auto" and not _cuda_available())
+    if on_cpu:
+        tiny = cfg.tiny
+        size = tiny.hidden_size // tiny.num_heads if config is None else head_size(config)
+        why = cpu_head_size_problem(size)
+        if why is not None:
+            where = "tiny.num_heads / tiny.hidden_size" if config is None else "model"
+            raise ValueError(f"rollout.sampler_backend: vllm on {where}: {why}; use auto")
     if config is None:  # the built-in model is a plain Llama, which the engine serves
         return
     if served_architecture(config) is None:

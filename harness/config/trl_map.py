@@ -188,14 +188,17 @@ TRL_MAPPING: tuple[MapRow, ...] = (
         "ppo.behave_imp_weight_mode / rejection_sampling",
         "vllm_importance_sampling_mode",
         "none",
-        "behaviour weights need a separate sampler (vLLM); not without it",
+        "the legacy behaviour-weight fields; use ppo.correction (below)",
     ),
     MapRow(
         "ppo.correction",
-        "off_policy_mask_threshold",
+        "off_policy_mask_threshold / vllm_importance_sampling_*",
         "exact",
-        "preset opsm (DeepSeek-V3.2's mask); IS weights (vllm_importance_sampling_*) need a vLLM "
-        "sampler: refused",
+        "preset opsm (DeepSeek-V3.2's mask) → off_policy_mask_threshold; an IS weight → "
+        "vllm_importance_sampling_{correction,mode,clip_min,clip_max}, which TRL applies only "
+        "with its vLLM sampler, so only with rollout.sampler_backend: vllm (refused otherwise); "
+        "no weight → vllm_importance_sampling_correction = false (TRL's default would apply "
+        "sequence_mask)",
     ),
     MapRow(
         "ppo.recompute_logprob",
@@ -263,23 +266,42 @@ TRL_MAPPING: tuple[MapRow, ...] = (
         "the adapters it is handed (no peft_config needed)",
     ),
     MapRow(
-        "-", "use_vllm", "none", "the harness config has no vLLM field; TRL runs use_vllm=False"
+        "rollout.sampler_backend",
+        "use_vllm / vllm_mode",
+        "must",
+        "auto → use_vllm = false (TRL decodes with model.generate); vllm → use_vllm = true, "
+        "vllm_mode = colocate (TRL's own engine in the trainer's process, docs/engine.md); "
+        "fast / hf are the harness's decoders: refused",
     ),
     MapRow("rollout.max_prompt_tokens", "-", "none", "TRL 1.16 has no prompt truncation; use null"),
     MapRow("rollout.chat_template", "-", "must", "none (plain-text prompts) only"),
     MapRow(
         "rollout.sampler_dtype",
-        "-",
+        "(engine dtype)",
         "must",
-        "null or model_options.dtype: TRL samples at the learner's precision",
+        "with sampler_backend vllm: the dtype of the engine TRL builds (the trainer passes it: "
+        "TRL passes none, and vLLM's auto would run a float32 checkpoint in bfloat16); "
+        "otherwise null or model_options.dtype (TRL samples with the learner)",
     ),
     MapRow("rollout.sampler_logit_noise", "-", "must", "0 only (no sampler noise in TRL)"),
-    MapRow("rollout.sampler_backend", "-", "must", "auto only: TRL decodes with model.generate"),
     MapRow(
         "rollout.measure_mismatch",
         "-",
         "none",
-        "ignored: without vLLM TRL's sampler is the learner, so no mismatch/* are logged",
+        "ignored: without vLLM TRL's sampler is the learner, so no mismatch/* are logged; with "
+        "it TRL logs mismatch/logprob_abs_diff_{mean,max} only when an IS weight is set",
+    ),
+    MapRow(
+        "rollout.engine_gpu_memory_utilization",
+        "vllm_gpu_memory_utilization",
+        "exact",
+        "CUDA: the engine's share of the GPU (sampler_backend vllm)",
+    ),
+    MapRow(
+        "rollout.engine_kv_cache_gib",
+        "-",
+        "exact",
+        "CPU: the engine's KV cache (VLLM_CPU_KVCACHE_SPACE, set by the trainer)",
     ),
     MapRow("device", "use_cpu", "exact", "cpu → use_cpu = true; cuda → the accelerator's device"),
 )
@@ -316,19 +338,24 @@ def _objective_problems(cfg: Any) -> list[tuple[str, str]]:
 
 
 VLLM_ONLY = (
-    "TRL applies vllm_importance_sampling_* only with a vLLM sampler (use_vllm=True), which "
-    "trainer: trl does not run"
+    "TRL applies vllm_importance_sampling_* only with its vLLM sampler: set "
+    "rollout.sampler_backend: vllm"
 )
 
 
-def _correction_problems(p: Any) -> list[tuple[str, str]]:
+def _uses_engine(cfg: Any) -> bool:
+    return getattr(cfg.rollout, "sampler_backend", "auto") == "vllm"
+
+
+def _correction_problems(p: Any, engine: bool) -> list[tuple[str, str]]:
     """What TRL cannot say about ``ppo.correction`` (its IS weights only exist with vLLM)."""
     c = getattr(p, "correction", None)
     if c is None:
         return []
     kw, problems = trl_settings(c)
     if any(k.startswith("vllm_") for k in kw):
-        problems.append(("ppo.correction.weight", VLLM_ONLY))
+        if not engine:
+            problems.append(("ppo.correction.weight", VLLM_ONLY))
         if getattr(p, "policy_loss", "ppo") == "vespo":
             problems += _vespo_composition_problems(p, kw)
     return problems
@@ -369,7 +396,8 @@ def trl_problems(cfg: Any) -> list[tuple[str, str]]:
     if p.behave_imp_weight_mode != "disabled" or p.rejection_sampling is not None:
         field = "behave_imp_weight_mode" if p.rejection_sampling is None else "rejection_sampling"
         out.append((f"ppo.{field}", "behaviour weights need a separate vLLM sampler in TRL"))
-    out += _correction_problems(p)
+    engine = _uses_engine(cfg)
+    out += _correction_problems(p, engine)
     if p.adv_norm is not None:
         out.append(("ppo.adv_norm", "TRL has no token-level advantage normalization; set null"))
     n = p.reward_norm
@@ -441,12 +469,24 @@ def trl_problems(cfg: Any) -> list[tuple[str, str]]:
             )
         )
     dtype = getattr(r, "sampler_dtype", None)
-    if dtype is not None and dtype != _model_opt(cfg, "dtype", "float32"):
-        out.append(("rollout.sampler_dtype", "TRL samples at the learner's precision; use null"))
+    if dtype is not None and dtype != _model_opt(cfg, "dtype", "float32") and not engine:
+        out.append(
+            (
+                "rollout.sampler_dtype",
+                "TRL samples with the learner, at its precision; use null (or "
+                "rollout.sampler_backend: vllm for an engine in another dtype)",
+            )
+        )
     if getattr(r, "sampler_logit_noise", 0.0) > 0:
         out.append(("rollout.sampler_logit_noise", "TRL has no sampler noise; use 0"))
-    if getattr(r, "sampler_backend", "auto") != "auto":
-        out.append(("rollout.sampler_backend", "TRL decodes with model.generate; use auto"))
+    if getattr(r, "sampler_backend", "auto") not in ("auto", "vllm"):
+        out.append(
+            (
+                "rollout.sampler_backend",
+                "TRL decodes with model.generate (auto) or its own vLLM engine (vllm); "
+                "fast and hf are the harness's decoders",
+            )
+        )
     if r.n_samples < 2:
         out.append(("rollout.n_samples", "TRL's GRPOTrainer needs at least 2 samples per prompt"))
     batch = r.prompts_per_step * r.n_samples
@@ -553,9 +593,16 @@ def grpo_kwargs(cfg: Any, *, strict: bool = True) -> dict[str, Any]:
     if "ppo_n_minibatches" in bad:  # uneven split: one optimizer step per generation batch
         kw["steps_per_generation"], kw["per_device_train_batch_size"] = 1, batch
     if getattr(p, "correction", None) is not None:
-        # The correction under TRL's names (the vLLM weights reach only an exported config:
-        # under trainer: trl they are refused above).
+        # The correction under TRL's names (the vLLM weights act only with TRL's engine: without
+        # it they are refused above, and reach only an exported config).
         kw.update(trl_settings(p.correction)[0])
+    if _uses_engine(cfg):
+        kw["use_vllm"] = True
+        kw["vllm_mode"] = "colocate"
+        kw["vllm_gpu_memory_utilization"] = r.engine_gpu_memory_utilization
+        # TRL's default is a sequence_mask correction; the harness applies one only when
+        # ppo.correction names a weight.
+        kw.setdefault("vllm_importance_sampling_correction", False)
     peer = lookup(pl).trl
     if peer is not None and peer.options:
         # The objective's own options under TRL's names (cispo's cap is TRL's epsilon_high).

@@ -206,7 +206,12 @@ def _trl_section() -> list[str]:
     """How ``trainer: trl`` fills the same keys from TRL's logs (data in ``trl_map.TRL_METRICS``)."""
     from harness.metrics.trl import TRL_METRICS
 
-    how = {"mean": "mean over the step's optimizer steps", "last": "last optimizer step"}
+    how = {
+        "mean": "mean over the step's optimizer steps",
+        "last": "last optimizer step",
+        "max": "largest over the step's optimizer steps",
+        "min": "smallest over the step's optimizer steps",
+    }
     lines = [
         "",
         "## `trainer: trl`",

@@ -15,4 +15,11 @@ TRL_METRICS: dict[str, tuple[str, str]] = {
     "learning_rate": ("optim/lr", "last"),
     "completions/mean_length": ("rollout/response_length", "mean"),
     "completions/clipped_ratio": ("rollout/truncated_frac", "mean"),
+    # With the engine (rollout.sampler_backend: vllm) and an IS correction, TRL logs the
+    # engine-vs-learner gap and its behaviour weight ρ once per generation.
+    "sampling/sampling_logp_difference/mean": ("mismatch/logprob_abs_diff_mean", "mean"),
+    "sampling/sampling_logp_difference/max": ("mismatch/logprob_abs_diff_max", "max"),
+    "sampling/importance_sampling_ratio/mean": ("policy/behave_weight_mean", "mean"),
+    "sampling/importance_sampling_ratio/min": ("policy/behave_weight_min", "min"),
+    "sampling/importance_sampling_ratio/max": ("policy/behave_weight_max", "max"),
 }

@@ -19,6 +19,30 @@ ENGINE_DTYPES = ("float32", "bfloat16", "float16")
 ARCH_ALIASES: dict[str, str] = {}
 
 
+# Attention head sizes the CPU build's attention kernels take (vLLM's CPU attention backend,
+# ``CPUAttentionBackend.get_supported_head_sizes``); another size fails at the first generation.
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def head_size(config: Any) -> int | None:
+    """The attention head size of a model config (``head_dim``, else width / heads)."""
+    size = getattr(config, "head_dim", None)
+    if isinstance(size, int) and size > 0:
+        return size
+    width, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", 0)
+    return width // heads if isinstance(width, int) and isinstance(heads, int) and heads else None
+
+
+def cpu_head_size_problem(size: int | None) -> str | None:
+    """Why the CPU engine cannot serve heads of ``size`` (None when it can or it is unknown)."""
+    if size is None or size in CPU_HEAD_SIZES:
+        return None
+    return (
+        f"the CPU engine's attention takes head sizes {', '.join(map(str, CPU_HEAD_SIZES))}; "
+        f"this model's is {size}"
+    )
+
+
 def engine_installed() -> bool:
     """True when ``import vllm`` would find the package (without importing it: ~5 s)."""
     return importlib.util.find_spec("vllm") is not None
@@ -54,6 +78,9 @@ def served_architecture(config: Any, class_name: str | None = None) -> str | Non
 
 __all__ = [
     "ARCH_ALIASES",
+    "CPU_HEAD_SIZES",
+    "cpu_head_size_problem",
+    "head_size",
     "ENGINE_DTYPES",
     "INSTALL_HINT",
     "engine_dtype",

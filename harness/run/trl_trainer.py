@@ -16,6 +16,7 @@ timings are taken where TRL computes them (``_generate_and_score_completions``),
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
@@ -40,6 +41,21 @@ from harness.run.scaffold import (
     is_numeric_overflow,
     params_finite,
 )
+from harness.run.trl_engine import ColocatedEngine, colocated_engine, shutdown
+
+# TRL's "vLLM version newer than supported" warning (trl/import_utils.py, is_vllm_available).
+VLLM_VERSION_WARNING = r"TRL currently supports vLLM versions"
+
+
+def import_trl() -> None:
+    """Import TRL (its trainer and generation modules) without its vLLM-version warning."""
+    with warnings.catch_warnings():
+        # Importing TRL imports the installed engine when there is one, and TRL 1.16 warns at
+        # each of its import sites that vLLM 0.32 is newer than its tested range (0.22-0.31).
+        # The colocated path the harness runs with it is tested (tests/test_trl_engine.py), so
+        # on the console the warning is noise, for runs with or without the engine.
+        warnings.filterwarnings("ignore", message=VLLM_VERSION_WARNING, category=UserWarning)
+        import trl.trainer.grpo_trainer  # noqa: F401
 
 
 def run_trl(cfg: RunConfig, **hooks: Unpack[Hooks]) -> RunResult:
@@ -55,6 +71,8 @@ def grpo_steps(run: Run, grpo_config: dict[str, Any]) -> None:
     from transformers import TrainerCallback
     from transformers.trainer_callback import PrinterCallback
     from transformers.utils import logging as hf_logging
+
+    import_trl()
     from trl import GRPOConfig, GRPOTrainer
 
     cfg, task = run.cfg, run.task
@@ -106,6 +124,7 @@ def grpo_steps(run: Run, grpo_config: dict[str, Any]) -> None:
     reward.__name__ = f"task_{cfg.task.split(':')[0]}"
 
     gen_stats: list[dict[str, float]] = []
+    engine: ColocatedEngine | None = None  # TRL's engine, with rollout.sampler_backend: vllm
 
     class _Trainer(GRPOTrainer):  # type: ignore[misc]
         def _generate_and_score_completions(self, inputs: Any) -> Any:
@@ -147,6 +166,8 @@ def grpo_steps(run: Run, grpo_config: dict[str, Any]) -> None:
         metrics["perf/rollout_time"] = g.get("time", math.nan)
         metrics["perf/update_time"] = step_time - g.get("time", 0.0)
         metrics["perf/tokens_per_sec"] = g.get("tokens", 0.0) / step_time if step_time > 0 else 0.0
+        if engine is not None:
+            metrics["perf/weight_sync_s"] = engine.pop_sync_seconds()
         n_updates, n_bad = len(cycle_logs), metrics["stability/nonfinite_count"]
         cycle_logs.clear()
         if run.eval_due(step):
@@ -173,8 +194,14 @@ def grpo_steps(run: Run, grpo_config: dict[str, Any]) -> None:
 
     hf_logging.set_verbosity_error()
     logging.getLogger("trl").setLevel(logging.ERROR)
-    with tempfile.TemporaryDirectory() as out_dir, warnings.catch_warnings():
+    with contextlib.ExitStack() as stack:
+        out_dir = stack.enter_context(tempfile.TemporaryDirectory())
+        stack.enter_context(warnings.catch_warnings())
         warnings.simplefilter("ignore")
+        if cfg.rollout.sampler_backend == "vllm":
+            # TRL's own colocated engine (harness/run/trl_engine.py): the process set up for
+            # it while the trainer lives, undone whatever ends the run.
+            engine = stack.enter_context(colocated_engine(run))
         args = GRPOConfig(
             output_dir=out_dir,
             use_cpu=run.device.type == "cpu",
@@ -196,6 +223,9 @@ def grpo_steps(run: Run, grpo_config: dict[str, Any]) -> None:
         )
         # With tqdm off, HF prints every log dict to stdout; the harness reports through callbacks.
         trainer.remove_callback(PrinterCallback)
+        if engine is not None:
+            stack.callback(shutdown, trainer.vllm_generation)
+            engine.install_sync(trainer.vllm_generation)
         trainer.train()  # a Diverged raised in a callback ends it: the scaffold records it
 
 
@@ -245,6 +275,8 @@ def _combine(values: list[float], how: str) -> float:
         return math.nan
     if how == "max":
         return max(vals)
+    if how == "min":
+        return min(vals)
     if how == "last":
         return vals[-1]
     return sum(vals) / len(vals)

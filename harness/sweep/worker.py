@@ -179,12 +179,38 @@ class _Trial:
             return False
         return True
 
+    def set_attrs(self, attrs: dict[str, Any]) -> bool:
+        """Write the trial's user attributes; False if the trial has already ended: another
+        worker judged it stale (its heartbeats were delayed past the grace period) and failed
+        it, so a retry copy is the one that counts. Optuna refuses any write to an ended trial
+        (``UpdateFinishedTrialError``); raised here it would end this worker, not the trial."""
+        from optuna.exceptions import UpdateFinishedTrialError
+
+        try:
+            for k, v in attrs.items():
+                self.trial.set_user_attr(k, v)
+        except UpdateFinishedTrialError:
+            return False
+        return True
+
+    def superseded(self, rid: str | None, label: str, seed: int | None) -> str:
+        """This attempt was judged stale and retried elsewhere: mark its run, report it."""
+        if rid is not None:
+            self.tracker.set_tags(
+                rid, {"run.superseded": "trial was judged stale and retried elsewhere"}
+            )
+        self.event("done", cell=label, seed=seed, outcome="interrupted", reason="superseded")
+        return "interrupted"
+
     def fail_with_error(self, err: BaseException, label: str, seed: int | None) -> str:
         reason = failure_reason(err)
-        self.trial.set_user_attr("outcome", "error")
-        self.trial.set_user_attr("reason", reason)
-        self.trial.set_user_attr("traceback", traceback.format_exc()[-2000:])
-        self.tell(state="FAIL")
+        attrs = {
+            "outcome": "error",
+            "reason": reason,
+            "traceback": traceback.format_exc()[-2000:],
+        }
+        if not self.set_attrs(attrs) or not self.tell(state="FAIL"):
+            return self.superseded(self.run_id, label, seed)
         self.event("done", cell=label, seed=seed, outcome="error", reason=reason)
         return "error"
 
@@ -213,7 +239,8 @@ def run_grid_trial(t: _Trial) -> str:
                 raise  # not this trial's fault: the worker stops (worker_loop)
             outcome = t.fail_with_error(err, cell, seed)
             attempt = int(attrs.get("attempt", 0))
-            if attempt < t.spec.max_retries:
+            # A superseded attempt has its retry copy already (the stale-trial callback's).
+            if outcome == "error" and attempt < t.spec.max_retries:
                 retry = {"cell": cell, "seed": seed, "attempt": attempt + 1}
                 with_retries(lambda: t.study.enqueue_trial({}, user_attrs=retry))
             return outcome
@@ -225,22 +252,23 @@ def run_grid_trial(t: _Trial) -> str:
         # Told FAIL below: the run trained to the end but has no value to rank by; say so,
         # or the report can only write "no reason recorded".
         reason = f"{t.spec.metric} is {value} in this run's summary (nothing to rank by)"
-    for k, v in {
-        "outcome": outcome,
-        "reason": reason,
-        "run_id": rid,
-        **summary_attrs(summary),  # one attribute each, not a JSON blob (optuna-dashboard)
-        "inert_clip": result.inert_clip,
-        "wall_time": time.time() - t0,
-    }.items():
-        t.trial.set_user_attr(k, v)
-    ok = t.tell(value) if outcome == "completed" and math.isfinite(value) else t.tell(state="FAIL")
-    if not ok:
+    written = t.set_attrs(
+        {
+            "outcome": outcome,
+            "reason": reason,
+            "run_id": rid,
+            **summary_attrs(summary),  # one attribute each, not a JSON blob (optuna-dashboard)
+            "inert_clip": result.inert_clip,
+            "wall_time": time.time() - t0,
+        }
+    )
+    if written:
+        done = outcome == "completed" and math.isfinite(value)
+        ok = t.tell(value) if done else t.tell(state="FAIL")
+    if not written or not ok:
         # Another worker judged this trial stale (e.g. its heartbeats were delayed) and a retry
         # copy exists: that copy is the one that counts. Mark this run so nobody mistakes it.
-        t.tracker.set_tags(rid, {"run.superseded": "trial was judged stale and retried elsewhere"})
-        t.event("done", cell=cell, seed=seed, outcome="interrupted", reason="superseded")
-        return "interrupted"
+        return t.superseded(rid, cell, seed)
     t.event("done", cell=cell, seed=seed, outcome=outcome, value=value, reason=reason)
     return outcome
 
