@@ -21,13 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from harness.core.limits import (
-    MAX_TASK_FILE_BYTES,
-    MAX_TASK_ROWS,
-    MAX_TEXT_CHARS,
-    not_regular,
-    open_bounded,
-)
+from harness.core import limits
 from harness.tasks.base import Example
 from harness.tasks.pairs import (
     PairOptions,
@@ -78,13 +72,13 @@ def read_csv(spec: str, path: str) -> list[Example]:
     """The examples of CSV file ``path`` (see the module docstring). ``~`` is expanded; a
     relative path is relative to the current directory."""
     p = Path(path).expanduser()
-    kind = not_regular(p)
+    kind = limits.not_regular(p)
     if kind is not None:  # never opened: a FIFO would block the read until a writer came
         raise ValueError(f"task '{spec}': '{path}' is {kind}, not a regular file")
     if not p.is_file():
         raise ValueError(f"task '{spec}': file '{path}' does not exist")
     try:
-        fh = open_bounded(p, MAX_TASK_FILE_BYTES, "a task file", shown=path)
+        fh = limits.open_bounded(p, limits.MAX_TASK_FILE_BYTES, "a task file", shown=path)
     except ValueError as err:
         raise ValueError(f"task '{spec}': {err}") from None
     records: list[tuple[int, dict[str, str]]] = []
@@ -92,7 +86,7 @@ def read_csv(spec: str, path: str) -> list[Example]:
     # The csv module's own bound on one field (128 Ki characters) is below ours: the field
     # bound is raised to one past ours for this read, so that the longer field is refused by
     # pairs_from_records, naming its column and length.
-    old_limit = csv.field_size_limit(MAX_TEXT_CHARS + 1)
+    old_limit = csv.field_size_limit(limits.MAX_TEXT_CHARS + 1)
     try:
         with fh:
             reader = csv.reader(_lines(spec, path, fh), strict=True)
@@ -114,10 +108,11 @@ def read_csv(spec: str, path: str) -> list[Example]:
                         f"task '{spec}': {path} line {start}: {len(row)} field(s); the header "
                         f"has {len(names)} ({','.join(names)})"
                     )
-                if len(records) >= MAX_TASK_ROWS:
+                if len(records) >= limits.MAX_TASK_ROWS:
+                    top = limits.MAX_TASK_ROWS
                     raise ValueError(
-                        f"task '{spec}': {path} holds more than {MAX_TASK_ROWS:,} rows; a task's "
-                        f"data may hold at most {MAX_TASK_ROWS:,} rows"
+                        f"task '{spec}': {path} holds more than {top:,} rows; a task's data may "
+                        f"hold at most {top:,} rows"
                     )
                 records.append((start, dict(zip(names, row, strict=True))))
     finally:
