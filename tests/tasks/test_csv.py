@@ -142,11 +142,18 @@ def test_a_bad_csv_file_is_one_line_naming_it(case, tmp_path, runner, assert_one
 
 def test_a_field_over_the_text_bound_names_its_column(tmp_path, monkeypatch):
     monkeypatch.setattr(limits, "MAX_TEXT_CHARS", 50)
-    path = write(tmp_path / "long.csv", f"prompt,answer\n1+1=,2\n{'x' * 51}=,3\n")
+    path = write(tmp_path / "long.csv", f"prompt,answer\n1+1=,2\n{'x' * 50}=,3\n")
     with pytest.raises(ValueError) as err:
         get_task(f"csv:{path}")
     assert str(err.value) == (
-        f"task 'csv:{path}': {path} line 3: 'prompt' is 52 characters; at most 50"
+        f"task 'csv:{path}': {path} line 3: 'prompt' is 51 characters; at most 50"
+    )
+    write(path, f"prompt,answer\n1+1=,2\n4+4=,{'9' * 5000}\n")  # refused while being read
+    with pytest.raises(ValueError) as err:
+        get_task(f"csv:{path}")
+    assert str(err.value) == (
+        f"task 'csv:{path}': {path} line 3: a field holds more than 50 characters; a prompt or "
+        "answer may hold at most 50"
     )
 
 
@@ -162,7 +169,6 @@ def test_rows_over_the_row_bound_are_refused(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "sets,expect",
     [
-        (["task=csv:"], "task 'csv:': expected csv:PATH"),
         (["task_options.think=maybe"], "task_options.think: must be"),
         (["task_options.split=train"], "unknown option(s) split (allowed: eval_fraction, reward,"),
     ],
@@ -190,3 +196,8 @@ def test_the_docs_example_builds_as_written(tmp_path):
     task = get_task(f"csv:{path}", reward="exact")
     rows = {e.prompt: e.answer for e in [*task.train, *task.held_out]}
     assert rows == {"2+3=": "5", "7+8=": "15", "a list: 1, 2, 3. Its sum=": "6"}
+
+
+def test_a_spec_without_a_path_is_refused():
+    with pytest.raises(ValueError, match=r"^task 'csv:': expected csv:PATH$"):
+        get_task("csv:", reward="fuzzy")  # the missing path is named before any option

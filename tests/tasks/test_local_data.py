@@ -14,7 +14,6 @@ from harness.tasks.answers import math_verify_match
 datasets = pytest.importorskip("datasets")
 
 
-
 def rows(n=20):
     return {"question": [f"{i}+1=" for i in range(n)], "solution": [i + 1 for i in range(n)]}
 
@@ -265,7 +264,9 @@ def _readme_block(start: str) -> str:
     raise AssertionError(f"docs/tasks.md has no code block starting with {start!r}")
 
 
-def test_the_readme_hf_and_rg_examples_run_as_written(tmp_path, monkeypatch, memory_tracker, tiny_run):
+def test_the_readme_hf_and_rg_examples_run_as_written(
+    tmp_path, monkeypatch, memory_tracker, tiny_run
+):
     pytest.importorskip("reasoning_gym")
     pytest.importorskip("math_verify")
     import runpy

@@ -15,7 +15,6 @@ from harness.tasks.answers import AnswerSpec, compose, extract_answer, format_sc
 pytest.importorskip("reasoning_gym")
 
 
-
 def tagged(text: str) -> str:
     return f"<answer>{text}</answer>"
 

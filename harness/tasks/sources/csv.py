@@ -83,9 +83,9 @@ def read_csv(spec: str, path: str) -> list[Example]:
         raise ValueError(f"task '{spec}': {err}") from None
     records: list[tuple[int, dict[str, str]]] = []
     names: list[str] | None = None
-    # The csv module's own bound on one field (128 Ki characters) is below ours: the field
-    # bound is raised to one past ours for this read, so that the longer field is refused by
-    # pairs_from_records, naming its column and length.
+    # The csv module's own bound on one field (128 Ki characters) is below ours: it is set to
+    # one past ours for this read, so a field one over is refused by pairs_from_records (naming
+    # its column and length) and a longer one by the reader, before it is held whole.
     old_limit = csv.field_size_limit(limits.MAX_TEXT_CHARS + 1)
     try:
         with fh:
@@ -97,7 +97,14 @@ def read_csv(spec: str, path: str) -> list[Example]:
                 except StopIteration:
                     break
                 except csv.Error as err:
-                    raise ValueError(f"task '{spec}': {path} line {start}: {err}") from None
+                    why = str(err)
+                    if why.startswith("field larger than field limit"):
+                        top = limits.MAX_TEXT_CHARS
+                        why = (
+                            f"a field holds more than {top:,} characters; a prompt or answer may "
+                            f"hold at most {top:,}"
+                        )
+                    raise ValueError(f"task '{spec}': {path} line {start}: {why}") from None
                 if not row or (len(row) == 1 and not row[0].strip()):  # a blank line
                     continue
                 if names is None:
