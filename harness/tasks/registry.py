@@ -18,7 +18,6 @@ once) and its builder.  From those declarations the registry gives:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
 import typing
 from collections.abc import Callable, Mapping
@@ -49,10 +48,19 @@ def _path(name: str) -> str:
     return f"task_options.{name}"
 
 
-@functools.cache
+_TYPES: dict[type, dict[str, Any]] = {}
+
+
 def declared_types(cls: type) -> dict[str, Any]:
     """The resolved field types of an options block (its annotations are strings)."""
-    return typing.get_type_hints(cls)
+    if cls not in _TYPES:
+        _TYPES[cls] = typing.get_type_hints(cls)
+    return _TYPES[cls]
+
+
+def option_fields(cls: type[TaskOptions]) -> tuple[dataclasses.Field[Any], ...]:
+    """The fields of options block ``cls``, in declaration order."""
+    return dataclasses.fields(cls)  # type: ignore[arg-type]
 
 
 Builder = Callable[..., Task]
@@ -98,7 +106,7 @@ class TaskSource:
         argument = spec[len(self.prefix) :] if self.prefix else ""
         if self.argument is not None:
             argument = self.argument(spec, argument)
-        declared = [f.name for f in dataclasses.fields(self.options)]  # type: ignore[arg-type]
+        declared = [f.name for f in option_fields(self.options)]
         unknown = sorted(set(options) - set(declared))
         if unknown and not self.further:
             raise ValueError(
@@ -189,7 +197,7 @@ def option_table() -> list[tuple[str, str, str, str]]:
     what :func:`build_task` accepts."""
     rows = []
     for source in sorted(SOURCES.values(), key=_listing_order):
-        for f in dataclasses.fields(source.options):
+        for f in option_fields(source.options):
             rows.append((source.label, _path(f.name), repr(f.default), f.metadata["help"]))
         for name, (default, help_text) in source.further.items():
             rows.append((source.label, _path(name), repr(default), help_text))
@@ -206,7 +214,7 @@ def sources_markdown() -> str:
     """The sources table of ``docs/tasks.md`` (``python -m harness.tasks table``)."""
     lines = ["| `task` | what it is | `task_options` (default) |", "|---|---|---|"]
     for source in SOURCES.values():
-        opts = [f"`{f.name}` {_shown(f.default)}" for f in dataclasses.fields(source.options)]
+        opts = [f"`{f.name}` {_shown(f.default)}" for f in option_fields(source.options)]
         opts += [f"`{k}` {_shown(d)}" for k, (d, _) in source.further.items() if k != "*"]
         if "*" in source.further:
             opts.append("the generator's own fields")
@@ -225,6 +233,7 @@ __all__ = [
     "field_help",
     "lookup",
     "names",
+    "option_fields",
     "option_table",
     "register",
     "sources_markdown",

@@ -8,7 +8,7 @@ from typing import Any
 
 from harness.core.configtools import option
 from harness.tasks.builtin import AddTask, MixedScaleTask, ReverseTask, SortTask
-from harness.tasks.registry import TaskOptions, TaskSource, register
+from harness.tasks.registry import Builder, TaskOptions, TaskSource, register
 
 
 def _min_len() -> Any:
@@ -45,16 +45,17 @@ class MixedScaleOptions(TaskOptions):
     add_fraction: float = option(0.5, "share of add prompts.", ge=0, le=1)
 
 
-def _builder(cls: type) -> object:
+def _builder(cls: type) -> Builder:
     return lambda spec, argument, o: cls(**o.values())
 
 
-for _rank, (_cls, _options, _summary) in enumerate(
+for _rank, (_form, _cls, _options, _summary) in enumerate(
     [
-        (ReverseTask, DigitOptions, "reverse a digit string; partial credit 0..1"),
-        (AddTask, AddOptions, "`a+b=`; exact match 0 or `scale`"),
-        (SortTask, DigitOptions, "sort a digit string; partial credit 0..1"),
+        ("reverse", ReverseTask, DigitOptions, "reverse a digit string; partial credit 0..1"),
+        ("add", AddTask, AddOptions, "`a+b=`; exact match 0 or `scale`"),
+        ("sort", SortTask, DigitOptions, "sort a digit string; partial credit 0..1"),
         (
+            "mixed-scale",
             MixedScaleTask,
             MixedScaleOptions,
             "reverse (0..1) and add (0 or `add_scale`) mixed; `Example.group` says which",
@@ -63,9 +64,9 @@ for _rank, (_cls, _options, _summary) in enumerate(
 ):
     register(
         TaskSource(
-            form=_cls.name,
+            form=_form,
             summary=_summary,
-            build=_builder(_cls),  # type: ignore[arg-type]
+            build=_builder(_cls),
             options=_options,
             rank=_rank,
         )
