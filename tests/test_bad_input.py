@@ -570,20 +570,6 @@ def test_fresh_corpus_run_overrides(sets, expect, tmp_path, runner):
     assert ".rejection_sampling.rejection_sampling" not in expect
 
 
-def test_every_task_option_is_declared():
-    import inspect
-
-    from harness.tasks import _BUILTINS, OPTION_DECLS, jsonl_task, python_task
-
-    for factory in [*_BUILTINS.values(), jsonl_task, python_task]:
-        for name, p in inspect.signature(factory).parameters.items():
-            if p.kind is inspect.Parameter.KEYWORD_ONLY:
-                assert name in OPTION_DECLS, f"{factory.__name__}: option {name} not declared"
-                tp, md = OPTION_DECLS[name]
-                if tp is int:
-                    assert "ge" in md and "le" in md, name
-
-
 def test_model_directory_without_a_tokenizer(tmp_path, runner):
     model = tmp_path / "model"
     model.mkdir()

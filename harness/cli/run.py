@@ -100,8 +100,6 @@ def field_rows() -> list[tuple[str, str, str]]:
     """``(dotted path, default, help)`` for every run-config field. ``task_options`` is a free
     dict in the schema, so its row is replaced by each task source's options (the source in
     brackets), which is what the field accepts."""
-    import re
-
     from harness.config import RunConfig
     from harness.core.configtools import field_defaults, field_help
     from harness.tasks import option_table
@@ -113,10 +111,7 @@ def field_rows() -> list[tuple[str, str, str]]:
             rows.append((path, repr(defaults.get(path)), text))
             continue
         for source, name, default, help_text in option_table():
-            # the declarations open with the sources they apply to ("jsonl/hf/rg: ..."): the
-            # bracket says it for this row
-            text = re.sub(r"^[\w/-]+: ", "", help_text)
-            rows.append((name, default, f"[{source}] {text}"))
+            rows.append((name, default, f"[{source}] {help_text}"))
     return rows
 
 

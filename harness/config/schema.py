@@ -17,6 +17,7 @@ from typing import Any, Literal
 from harness.core.configtools import is_device_name, meta
 from harness.model.options import ModelOptions, TinyModelConfig
 from harness.ppo.config import PPOActorConfig
+from harness.tasks import field_help as task_field_help
 
 # Field metadata: help text plus the declared range (see harness.core.configtools.meta); every numeric
 # field is range- and finiteness-checked from these declarations when a config is built.
@@ -256,11 +257,7 @@ class RunConfig:
     )
     task: str = field(
         default="reverse",
-        metadata=_h(
-            "reverse | add | sort | mixed-scale | jsonl:PATH | python:MODULE:FUNCTION"
-            "[@PATH.jsonl] (JSONL lines {prompt, answer}; FUNCTION(prompt, completion, answer) "
-            "-> float; paths: ~ expanded, relative to the current directory)."
-        ),
+        metadata=_h(task_field_help()),  # from the task sources' declarations
     )
     task_options: dict[str, Any] = field(default_factory=dict, metadata=_h("Task keyword options."))
     rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata=_h("Sampling."))

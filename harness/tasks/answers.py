@@ -31,6 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from harness.core.configtools import option
+from harness.tasks.registry import TaskOptions
+
 AnswerFormat = Literal["raw", "tag", "last_line"]
 MatchRule = Literal["exact", "numeric", "math_verify"]
 ANSWER_FORMATS: tuple[str, ...] = ("raw", "tag", "last_line")
@@ -40,6 +43,18 @@ _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
 # A completion that opens with a closed think block (whitespace around it allowed).
 _THINK_FIRST = re.compile(r"\s*<think>.*?</think>", re.S)
 TASKS_EXTRA = "pip install 'harness[tasks]'"
+
+
+@dataclass(frozen=True)
+class AnswerOptions(TaskOptions):
+    """The answer options of a task source (``task_options``): what :class:`AnswerSpec` is
+    built from."""
+
+    answer_format: AnswerFormat = option(
+        "raw", "where the answer is: whole completion, <answer> tag, last line."
+    )
+    format_weight: float = option(0.0, "reward = (1-w)*correct + w*format.", ge=0, le=1)
+    think: bool = option(False, "the format reward also asks for <think>...</think> first.")
 
 
 def extract_answer(completion: str, answer_format: str) -> str | None:

@@ -59,8 +59,8 @@ class _DigitStringTask(_DigitTask):
 
     verb = ""
 
-    def __init__(self, *, min_len: int = 3, max_len: int = 6) -> None:
-        if min_len > max_len:  # each one's range is declared in harness.tasks.OPTION_DECLS
+    def __init__(self, *, min_len: int, max_len: int) -> None:
+        if min_len > max_len:  # each one's range is declared with the source (tasks/sources)
             raise ValueError(
                 f"task '{self.name}': need min_len <= max_len; got {min_len}, {max_len}"
             )
@@ -111,7 +111,7 @@ class AddTask(_DigitTask):
 
     name = "add"
 
-    def __init__(self, *, max_operand: int = 49, scale: float = 1.0) -> None:
+    def __init__(self, *, max_operand: int, scale: float) -> None:
         self.max_operand = max_operand
         self.scale = float(scale)
         self.max_new_tokens_hint = len(str(2 * max_operand)) + 2
@@ -145,11 +145,11 @@ class MixedScaleTask:
     def __init__(
         self,
         *,
-        min_len: int = 3,
-        max_len: int = 6,
-        max_operand: int = 49,
-        add_scale: float = 10.0,
-        add_fraction: float = 0.5,
+        min_len: int,
+        max_len: int,
+        max_operand: int,
+        add_scale: float,
+        add_fraction: float,
     ) -> None:
         self.reverse = ReverseTask(min_len=min_len, max_len=max_len)
         self.add = AddTask(max_operand=max_operand, scale=add_scale)

@@ -326,14 +326,14 @@ def hf_task(
     spec: str,
     path: str,
     *,
-    prompt_field: str = "prompt",
-    answer_field: str = "answer",
-    split: str | None = None,
-    eval_fraction: float = 0.1,
-    reward: str = "numeric",
-    answer_format: str = "raw",
-    format_weight: float = 0.0,
-    think: bool = False,
+    prompt_field: str,
+    answer_field: str,
+    split: str | None,
+    eval_fraction: float,
+    reward: str,
+    answer_format: str,
+    format_weight: float,
+    think: bool,
 ) -> PairTask:
     """``hf:PATH`` (see the module docstring). Raises a one-line ``ValueError``."""
     if not path:

@@ -27,12 +27,42 @@ import itertools
 import json
 import random
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.tasks.answers import AnswerSpec, check_match_rule, numeric_or_exact_match
+from harness.core.configtools import option
+from harness.tasks.answers import (
+    AnswerOptions,
+    AnswerSpec,
+    MatchRule,
+    check_match_rule,
+    numeric_or_exact_match,
+)
 from harness.tasks.base import Example, import_module, stable_hash
-from harness.tasks.reward_process import DEFAULT_REWARD_TIMEOUT_S, RewardProcess
+from harness.tasks.registry import TaskOptions
+from harness.tasks.reward_process import RewardProcess
+
+
+@dataclass(frozen=True)
+class HeldOutOptions(TaskOptions):
+    """The held-out share of a task over a fixed list of pairs."""
+
+    eval_fraction: float = option(0.1, "share of prompts held out.", gt=0, lt=1)
+
+
+@dataclass(frozen=True)
+class _Match(HeldOutOptions):
+    reward: MatchRule = option(
+        "numeric", "answer check: exact string, numeric (or exact), math_verify."
+    )
+
+
+# eval_fraction and reward first, then the answer options (a dataclass lists its bases' fields
+# from the last base to the first).
+@dataclass(frozen=True)
+class PairOptions(AnswerOptions, _Match):
+    """The options of a file of prompt/answer pairs (``jsonl:``, ``hf:``, ``csv:``)."""
 
 
 def answer_text(value: Any) -> str | None:
@@ -317,11 +347,11 @@ def jsonl_task(
     spec: str,
     path: str,
     *,
-    eval_fraction: float = 0.1,
-    reward: str = "numeric",
-    answer_format: str = "raw",
-    format_weight: float = 0.0,
-    think: bool = False,
+    eval_fraction: float,
+    reward: str,
+    answer_format: str,
+    format_weight: float,
+    think: bool,
 ) -> PairTask:
     """``jsonl:PATH``: by default exact match, or numeric match within 1e-6 when both sides are
     numbers, of the whole completion; ``reward``/``answer_format``/``format_weight``/``think``
@@ -345,8 +375,8 @@ def python_task(
     spec: str,
     target: str,
     *,
-    eval_fraction: float = 0.1,
-    reward_timeout_s: float = DEFAULT_REWARD_TIMEOUT_S,
+    eval_fraction: float,
+    reward_timeout_s: float,
 ) -> PairTask:
     """``python:MODULE:FUNCTION[@PATH.jsonl]`` (see the module docstring). Runs user code: the
     examples here, the reward in a child process with each call bounded by
@@ -407,6 +437,8 @@ def python_task(
 
 
 __all__ = [
+    "HeldOutOptions",
+    "PairOptions",
     "PairTask",
     "answer_options",
     "check_reference_answers",

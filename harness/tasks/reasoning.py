@@ -330,9 +330,10 @@ class ReasoningGymTask:
 
 
 def reasoning_task(spec: str, generator: str, options: dict[str, Any]) -> ReasoningGymTask:
-    """Build ``rg:GENERATOR`` from ``options`` (harness options already checked by the caller are
-    ``answer_format``, ``eval_size``, ``format_weight``, ``think``; the rest must be fields of the
-    generator's config dataclass). Raises a one-line ``ValueError``."""
+    """Build ``rg:GENERATOR`` from ``options``: the harness's own (``answer_format``,
+    ``eval_size``, ``format_weight``, ``think``, all given, checked by the caller: the source's
+    options block in :mod:`harness.tasks.sources.rg`) and the generator's config fields, checked
+    here against its dataclass. Raises a one-line ``ValueError``."""
     rg = _reasoning_gym(spec)
     datasets = rg.factory.DATASETS
     if generator not in datasets:
@@ -377,12 +378,10 @@ def reasoning_task(spec: str, generator: str, options: dict[str, Any]) -> Reason
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ValueError(f"task '{spec}': invalid options for {generator} ({first})") from None
     answer_spec = AnswerSpec(
-        options.get("answer_format", "tag"),
-        float(options.get("format_weight", 0.0)),
-        bool(options.get("think", False)),
+        options["answer_format"], float(options["format_weight"]), bool(options["think"])
     )
     size = int(getattr(config, "size", 500) or 500)
-    eval_size = int(options.get("eval_size", 128))
+    eval_size = int(options["eval_size"])
     if "size" in fields:  # some generators index per-item tables of `size` rows: cover both pools
         config = dataclasses.replace(config, size=size + eval_size)
     return ReasoningGymTask(

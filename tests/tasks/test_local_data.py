@@ -7,24 +7,11 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from harness import tracking
 from harness.cli import app
 from harness.tasks import get_task
 from harness.tasks.answers import math_verify_match
-from harness.tracking import MemoryTracker
 
 datasets = pytest.importorskip("datasets")
-
-TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
-FAST = [
-    "steps=2",
-    "rollout.prompts_per_step=2",
-    "rollout.n_samples=2",
-    "rollout.max_new_tokens=4",
-    "eval.every=0",
-    "eval.n_prompts=2",
-    "threads=1",
-] + [f"tiny.{k}={v}" for k, v in TINY.items()]
 
 
 def rows(n=20):
@@ -242,16 +229,15 @@ def test_math_verify_missing_names_the_extra(monkeypatch, tmp_path):
 # ---------------------------------------------------------------- end to end
 
 
-def test_harness_run_trains_on_a_saved_dataset_through_the_cli(tmp_path, monkeypatch):
+def test_harness_run_trains_on_a_saved_dataset_through_the_cli(tmp_path, memory_tracker, tiny_run):
     path = saved_dict(tmp_path)
-    tracker = MemoryTracker()
-    monkeypatch.setattr(tracking, "open_tracker", lambda uri, results_dir: tracker)
+    tracker = memory_tracker
     args = ["run", "--results-dir", str(tmp_path / "r")]
     for s in [
         f"task=hf:{path}",
         "task_options.prompt_field=question",
         "task_options.answer_field=solution",
-        *FAST,
+        *tiny_run,
     ]:
         args += ["--set", s]
     r = CliRunner().invoke(app, args)
@@ -271,14 +257,16 @@ def _readme_block(start: str) -> str:
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "docs" / "tasks.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "tasks.md").read_text()
     for block in re.findall(r"```[a-z]*\n(.*?)```", readme, flags=re.S):
         if block.startswith(start):
             return block
     raise AssertionError(f"docs/tasks.md has no code block starting with {start!r}")
 
 
-def test_the_readme_hf_and_rg_examples_run_as_written(tmp_path, monkeypatch):
+def test_the_readme_hf_and_rg_examples_run_as_written(
+    tmp_path, monkeypatch, memory_tracker, tiny_run
+):
     pytest.importorskip("reasoning_gym")
     pytest.importorskip("math_verify")
     import runpy
@@ -293,10 +281,9 @@ def test_the_readme_hf_and_rg_examples_run_as_written(tmp_path, monkeypatch):
         if ln.startswith("harness run")
     ]
     assert len(commands) == 4
-    tracker = MemoryTracker()
-    monkeypatch.setattr(tracking, "open_tracker", lambda uri, results_dir: tracker)
+    tracker = memory_tracker
     for argv in commands:
-        fast = [x for s in FAST for x in ("--set", s)]  # later --set wins: a short run
+        fast = [x for s in tiny_run for x in ("--set", s)]  # later --set wins: a short run
         r = CliRunner().invoke(app, [*argv, *fast])
         assert r.exit_code == 0, (argv, r.output)
     runs = list(tracker.runs.values())

@@ -1,0 +1,14 @@
+"""The task sources (``task:``): one module per source, registered on import.
+
+Every module of this package is imported here, so a new source is one new file that calls
+``registry.register`` (plus its tests); nothing else names it.  :mod:`harness.tasks.registry`
+says what a declaration holds and what is derived from it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+for _mod in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_mod}")

@@ -1,0 +1,166 @@
+"""``csv:PATH``: prompt/answer pairs from a CSV file, scored as ``jsonl:``.
+
+The first non-blank row is the header and names exactly the columns ``prompt`` and ``answer``
+(either order; spaces around a name are ignored). Every later row gives both, as in RFC 4180: a
+comma between fields, a field with a comma, quote or line break quoted with ``"``, a quote
+inside one doubled. Blank lines are skipped; a UTF-8 byte-order mark (Excel's "CSV UTF-8") is
+dropped. A CSV field is always text, so an answer ``15`` is the string ``"15"``: the numeric
+match reads it as the number.
+
+Bounded as a JSONL file (``docs/limits.md``): a regular file only, never opened otherwise (a
+FIFO would hang the command); at most ``MAX_TASK_FILE_BYTES``, checked before reading; at most
+``MAX_TASK_ROWS`` rows; each prompt and answer at most ``MAX_TEXT_CHARS``. A problem is one line
+naming the file and the line. Held-out split, scoring and options are those of ``jsonl:``
+(:class:`harness.tasks.pairs.PairOptions`).
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from harness.core import limits
+from harness.tasks.base import Example
+from harness.tasks.pairs import (
+    PairOptions,
+    PairTask,
+    answer_options,
+    check_reference_answers,
+    file_digest,
+    pairs_from_records,
+)
+from harness.tasks.registry import TaskSource, register
+
+COLUMNS = ("prompt", "answer")
+
+
+def _lines(spec: str, path: str, fh: BinaryIO) -> Iterator[str]:
+    """The file's lines, decoded; a byte that is not UTF-8 names its line."""
+    for lineno, raw in enumerate(fh, start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"task '{spec}': {path} line {lineno}: is not valid UTF-8 (byte {exc.start} "
+                "of the line)"
+            ) from None
+        yield line.removeprefix("\ufeff") if lineno == 1 else line
+
+
+def _header(spec: str, path: str, lineno: int, row: list[str]) -> list[str]:
+    """The header's column names, refused unless they are exactly ``prompt`` and ``answer``."""
+    names = [cell.strip() for cell in row]
+    at = f"task '{spec}': {path} line {lineno}"
+    allowed = "'prompt', 'answer'"
+    for i, name in enumerate(names):
+        if name not in COLUMNS:
+            raise ValueError(f"{at}: unknown column {name!r} (allowed: {allowed})")
+        if name in names[:i]:
+            raise ValueError(f"{at}: column {name!r} appears twice")
+    missing = [c for c in COLUMNS if c not in names]
+    if missing:
+        raise ValueError(
+            f"{at}: missing column '{missing[0]}' (the header row must name 'prompt' and "
+            "'answer'; leave an answer empty where the reward does not use it)"
+        )
+    return names
+
+
+def read_csv(spec: str, path: str) -> list[Example]:
+    """The examples of CSV file ``path`` (see the module docstring). ``~`` is expanded; a
+    relative path is relative to the current directory."""
+    p = Path(path).expanduser()
+    kind = limits.not_regular(p)
+    if kind is not None:  # never opened: a FIFO would block the read until a writer came
+        raise ValueError(f"task '{spec}': '{path}' is {kind}, not a regular file")
+    if not p.is_file():
+        raise ValueError(f"task '{spec}': file '{path}' does not exist")
+    try:
+        fh = limits.open_bounded(p, limits.MAX_TASK_FILE_BYTES, "a task file", shown=path)
+    except ValueError as err:
+        raise ValueError(f"task '{spec}': {err}") from None
+    records: list[tuple[int, dict[str, str]]] = []
+    names: list[str] | None = None
+    # The csv module's own bound on one field (128 Ki characters) is below ours: it is set to
+    # one past ours for this read, so a field one over is refused by pairs_from_records (naming
+    # its column and length) and a longer one by the reader, before it is held whole.
+    old_limit = csv.field_size_limit(limits.MAX_TEXT_CHARS + 1)
+    try:
+        with fh:
+            reader = csv.reader(_lines(spec, path, fh), strict=True)
+            while True:
+                start = reader.line_num + 1  # the row's first line (a quoted field may span more)
+                try:
+                    row = next(reader)
+                except StopIteration:
+                    break
+                except csv.Error as err:
+                    why = str(err)
+                    if why.startswith("field larger than field limit"):
+                        top = limits.MAX_TEXT_CHARS
+                        why = (
+                            f"a field holds more than {top:,} characters; a prompt or answer may "
+                            f"hold at most {top:,}"
+                        )
+                    raise ValueError(f"task '{spec}': {path} line {start}: {why}") from None
+                if not row or (len(row) == 1 and not row[0].strip()):  # a blank line
+                    continue
+                if names is None:
+                    names = _header(spec, path, start, row)
+                    continue
+                if len(row) != len(names):
+                    raise ValueError(
+                        f"task '{spec}': {path} line {start}: {len(row)} field(s); the header "
+                        f"has {len(names)} ({','.join(names)})"
+                    )
+                if len(records) >= limits.MAX_TASK_ROWS:
+                    top = limits.MAX_TASK_ROWS
+                    raise ValueError(
+                        f"task '{spec}': {path} holds more than {top:,} rows; a task's data may "
+                        f"hold at most {top:,} rows"
+                    )
+                records.append((start, dict(zip(names, row, strict=True))))
+    finally:
+        csv.field_size_limit(old_limit)
+    if names is None:
+        raise ValueError(f"task '{spec}': {path} is empty (expected the header row prompt,answer)")
+    return pairs_from_records(spec, path, records)
+
+
+def csv_task(spec: str, path: str, o: PairOptions) -> PairTask:
+    """``csv:PATH`` (see the module docstring)."""
+    scorer, answer_spec, changed = answer_options(
+        spec, o.reward, o.answer_format, o.format_weight, o.think
+    )
+    task = PairTask(
+        spec,
+        read_csv(spec, path),
+        scorer,
+        eval_fraction=o.eval_fraction,
+        fingerprint=file_digest(path),
+        answer_spec=answer_spec,
+        options=changed,
+    )
+    check_reference_answers(task, o.reward)
+    return task
+
+
+def _path(spec: str, path: str) -> str:
+    if not path:
+        raise ValueError(f"task '{spec}': expected csv:PATH")
+    return path
+
+
+register(
+    TaskSource(
+        form="csv:PATH",
+        summary="a CSV file with the header row `prompt,answer`; scored as `jsonl:`",
+        build=csv_task,
+        options=PairOptions,
+        rank=15,
+        argument=_path,
+        field_help="CSV header prompt,answer",
+    )
+)
