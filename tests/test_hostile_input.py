@@ -613,6 +613,29 @@ def test_time_bound_stops_a_loop_and_restores_an_outer_timer():
         signal.signal(signal.SIGALRM, old)
 
 
+def test_an_outer_time_bound_that_ends_first_ends_an_inner_block_with_its_own_error():
+    from harness.core.limits import time_bound
+
+    class Outer(BaseException):
+        pass
+
+    class Inner(BaseException):
+        pass
+
+    start = time.monotonic()
+    with pytest.raises(Outer), time_bound(0.3, Outer):
+        with time_bound(30.0, Inner):  # a longer inner bound must not stretch the outer one
+            while True:
+                pass
+    assert time.monotonic() - start < 10
+    assert signal.getitimer(signal.ITIMER_REAL)[0] == 0  # nothing left armed
+    with pytest.raises(Inner), time_bound(30.0, Outer):
+        with time_bound(0.2, Inner):  # the tighter inner bound still wins
+            while True:
+                pass
+    assert signal.getitimer(signal.ITIMER_REAL)[0] == 0
+
+
 QUOTED = ['it\'s "x"', 'it_s "x"', 'it\'s "x"%', "a\\'b\"", "a%'b\"_", "plain", "it's"]
 
 

@@ -361,6 +361,7 @@ def test_a_signal_during_a_reward_that_never_returns_closes_the_run_killed(
         _wait_for(
             lambda: (ready.exists() and ready.read_text() != "") or proc.poll() is not None,
             "the reward to be called",
+            timeout=600,  # a harness start and preflight: minutes on a loaded machine
         )
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         proc.send_signal(signum)

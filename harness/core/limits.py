@@ -141,15 +141,25 @@ def time_bound(seconds: float, error: type[BaseException] = RenderTimeout) -> It
         yield
         return
 
+    # An enclosing bound that ends first still ends this block, with its own error: the inner
+    # bound must not stretch the outer one (a slow first item inside a 0.5 s probe bound).
+    outer, _ = signal.getitimer(signal.ITIMER_REAL)
+    outer_first = 0 < outer < seconds
+    armed = outer if outer_first else seconds
+    fired_outer: list[bool] = []
+
     def expire(signum: int, frame: Any) -> None:
+        if outer_first and callable(previous):
+            fired_outer.append(True)
+            previous(signum, frame)  # the enclosing bound's handler raises its error
         raise error
 
     previous = signal.signal(signal.SIGALRM, expire)
-    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, armed)
     try:
         yield
     finally:
         left, _ = signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-        if outer:
-            signal.setitimer(signal.ITIMER_REAL, max(outer - (seconds - left), 1e-3))
+        if outer and not fired_outer:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (armed - left), 1e-3))
