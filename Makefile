@@ -17,8 +17,11 @@ $(STAMP): pyproject.toml constraints.txt tools/install_engine.py
 	$(PY) tools/install_engine.py --constraints constraints.txt
 	touch $(STAMP)
 
+# Two pytest workers: most fast tests wait on subprocesses, servers or locks as much as they
+# compute, so two of them share the two cores well (each computes on one thread: conftest.py);
+# a file's tests stay on one worker so its module fixtures are built once.
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow --durations=25

@@ -14,6 +14,17 @@ except ImportError:  # plain `pytest` with rootdir-relative imports puts tests/ 
     from pg import PrivatePostgres, find_pg_bin  # type: ignore[no-redef]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``make test`` runs two workers), each worker computes on one thread:
+    two workers of two threads each on two cores spend their time contending for them."""
+    import os
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def pg() -> Iterator[PrivatePostgres]:
     """A private PostgreSQL 15 server for the whole session; ``pg.restart()`` simulates an outage.
