@@ -312,6 +312,12 @@ def test_a_process_a_reward_forks_ends_with_its_task(tmp_path):
     _wait_for(lambda: _gone(lingering), f"the forked process {lingering} to end", timeout=30)
 
 
+def _default_sigint() -> None:
+    # A shell without job control starts background commands with SIGINT ignored, and Python
+    # then installs no Ctrl-C handler: the harness must see SIGINT as a terminal's Ctrl-C.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _harness(args: list[str], **kw) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     return subprocess.Popen(
@@ -321,6 +327,7 @@ def _harness(args: list[str], **kw) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_default_sigint,
         **kw,
     )
 

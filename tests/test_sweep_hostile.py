@@ -194,13 +194,14 @@ def examples():
     return [{{"prompt": f"{{i}}=", "answer": str(i)}} for i in range(40)]
 
 def first_waits(prompt, completion, answer):
-    # The first call of the whole sweep claims READY (with its pid) and waits there for ever:
-    # the test acts on a worker known to be mid-trial. Every other call returns at once.
+    # The first call of the whole sweep claims READY (with its worker's pid: a reward runs in a
+    # child process of the worker) and waits there for ever: the test acts on a worker known to
+    # be mid-trial. Every other call returns at once.
     try:
         fd = os.open(READY, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     except FileExistsError:
         return float(completion == answer)
-    os.write(fd, str(os.getpid()).encode())
+    os.write(fd, str(os.getppid()).encode())
     os.close(fd)
     while True:
         time.sleep(0.05)

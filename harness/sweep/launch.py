@@ -167,16 +167,17 @@ def run_workers(
 
     def handle(e: Event) -> None:
         w = e.get("worker", 0)
+        old, new = pids.get(w), e.get("pid")
+        if e["event"] in ("start", "exit") and w in held and old and new and new != old:
+            # Ray restarts a worker whose process died (the OOM killer's SIGKILL) without telling
+            # us: a new process of that worker (taking a trial, or finding none left) while the
+            # old one held a trial is the old one's death.
+            counts["died"] += 1
+            line(
+                f"worker {w} (pid {old}) died while running {_held(held.pop(w))} and was "
+                f"restarted as pid {new}; the trial is retried once its heartbeat goes stale"
+            )
         if e["event"] == "start":
-            old, new = pids.get(w), e.get("pid")
-            if w in held and old and new and new != old:
-                # Ray restarts a worker whose process died (the OOM killer's SIGKILL) without
-                # telling us: a new process starting while the old one held a trial is its death.
-                counts["died"] += 1
-                line(
-                    f"worker {w} (pid {old}) died while running {_held(held[w])} and was "
-                    f"restarted as pid {new}; the trial is retried once its heartbeat goes stale"
-                )
             held[w] = {k: e.get(k) for k in ("trial", "cell", "seed")}
             if new:
                 pids[w] = new
