@@ -269,8 +269,13 @@ def test_ctrl_c_while_finishing_ends_the_parent_run_and_a_rerun_finishes_it(
         raise AssertionError("SIGINT was not delivered")
 
     monkeypatch.setattr(harness.report, "build_report", interrupted_build)
+    # A terminal's Ctrl-C: pytest-xdist workers and background shells start with SIGINT ignored.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     args = ["ablate", str(exp), "--results-dir", str(results)]
-    r = CliRunner().invoke(app, args)
+    try:
+        r = CliRunner().invoke(app, args)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert r.exit_code == 130, r.output
     assert r.stderr.splitlines()[-1] == "interrupted: run the same command again to resume"
     assert "Traceback" not in r.output and not isinstance(r.exception, KeyboardInterrupt)
