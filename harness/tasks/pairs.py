@@ -26,10 +26,10 @@ import hashlib
 import itertools
 import json
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from harness.core.configtools import option
 from harness.tasks.answers import (
@@ -133,6 +133,19 @@ def pairs_from_records(
     return out
 
 
+def utf8_lines(spec: str, path: str, fh: BinaryIO) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` of a task file opened for bytes, decoded as UTF-8; a byte that is
+    not UTF-8 is one error naming its line."""
+    for lineno, raw in enumerate(fh, start=1):
+        try:
+            yield lineno, raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"task '{spec}': {path} line {lineno}: is not valid UTF-8 (byte {exc.start} "
+                "of the line)"
+            ) from None
+
+
 def read_jsonl(
     spec: str,
     path: str,
@@ -161,14 +174,7 @@ def read_jsonl(
     except ValueError as err:
         raise ValueError(f"task '{spec}': {err}") from None
     with fh:
-        for lineno, raw in enumerate(fh, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise ValueError(
-                    f"task '{spec}': {path} line {lineno}: is not valid UTF-8 (byte {exc.start} "
-                    "of the line)"
-                ) from None
+        for lineno, line in utf8_lines(spec, path, fh):
             if not line.strip():
                 continue
             if len(records) >= MAX_TASK_ROWS:

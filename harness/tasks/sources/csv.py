@@ -30,6 +30,7 @@ from harness.tasks.pairs import (
     check_reference_answers,
     file_digest,
     pairs_from_records,
+    utf8_lines,
 )
 from harness.tasks.registry import TaskSource, register
 
@@ -37,15 +38,9 @@ COLUMNS = ("prompt", "answer")
 
 
 def _lines(spec: str, path: str, fh: BinaryIO) -> Iterator[str]:
-    """The file's lines, decoded; a byte that is not UTF-8 names its line."""
-    for lineno, raw in enumerate(fh, start=1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ValueError(
-                f"task '{spec}': {path} line {lineno}: is not valid UTF-8 (byte {exc.start} "
-                "of the line)"
-            ) from None
+    """The file's lines, decoded (an Excel byte-order mark dropped); a byte that is not UTF-8
+    names its line."""
+    for lineno, line in utf8_lines(spec, path, fh):
         yield line.removeprefix("\ufeff") if lineno == 1 else line
 
 
