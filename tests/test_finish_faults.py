@@ -25,6 +25,11 @@ from harness.cli import app
 from harness.sweep.storage import make_storage
 from harness.tracking import MemoryTracker
 
+try:
+    from tests.hooks.kill_at import kill_group_at_marker
+except ImportError:  # plain `pytest` puts tests/ itself on sys.path
+    from hooks.kill_at import kill_group_at_marker  # type: ignore[no-redef]
+
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "experiments" / "smoke.yaml"
 
@@ -358,24 +363,10 @@ def test_a_sweep_killed_mid_report_reruns_to_a_whole_report_and_no_leftovers(
     marker = tmp_path / "writing"
     cmd = [sys.executable, "-m", "harness", "ablate", str(exp), "--results-dir", str(results)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HOOKS), str(ROOT)])}
-    first = subprocess.Popen(
-        [*cmd, "--workers", "2"],
-        env={**env, "HARNESS_TEST_HANG_IN_REPORT": str(marker)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 600
-        while not (marker.exists() and marker.read_text()):
-            if first.poll() is not None:
-                out = first.stdout.read().decode(errors="replace") if first.stdout else ""
-                raise AssertionError(f"the sweep ended before the report:\n{out[-3000:]}")
-            assert time.monotonic() < deadline, "the sweep never reached its report"
-            time.sleep(0.05)
-    finally:
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait()
+    kill_group_at_marker(
+        [*cmd, "--workers", "2"], {**env, "HARNESS_TEST_HANG_IN_REPORT": str(marker)}, marker,
+        "the report",
+    )  # fmt: skip
     report_dir = results / "midreport"
     assert not (report_dir / "report.md").exists()
     (left,) = report_dir.glob(".report.md.*.tmp")  # the half-written report of the dead writer

@@ -23,6 +23,11 @@ import yaml
 
 from harness.sweep.journal_lock import JournalLock, LockTimeout
 
+try:
+    from tests.hooks.kill_at import kill_group_at_marker
+except ImportError:  # plain `pytest` puts tests/ itself on sys.path
+    from hooks.kill_at import kill_group_at_marker  # type: ignore[no-redef]
+
 ROOT = Path(__file__).resolve().parent.parent
 HOOKS = Path(__file__).resolve().parent / "hooks"
 SMOKE = ROOT / "experiments" / "smoke.yaml"
@@ -201,25 +206,10 @@ def test_a_sweep_killed_while_holding_the_journal_lock_resumes_every_cell_once(
         "PYTHONUNBUFFERED": "1",
     }
     cmd = _ablate()
-    first = subprocess.Popen(
-        cmd,
-        cwd=tmp_path,
-        env={**env, "HARNESS_TEST_HOLD_LOCK": str(marker)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 600
-        while not (marker.exists() and marker.read_text()):
-            if first.poll() is not None:
-                out = first.stdout.read().decode(errors="replace") if first.stdout else ""
-                raise AssertionError(f"the sweep ended before the fault:\n{out[-3000:]}")
-            assert time.monotonic() < deadline, "no process took the lock after a completion"
-            time.sleep(0.05)
-    finally:
-        os.killpg(first.pid, signal.SIGKILL)  # the whole group, lock holder included
-        first.wait()
+    kill_group_at_marker(
+        cmd, {**env, "HARNESS_TEST_HOLD_LOCK": str(marker)}, marker,
+        "a process to take the lock after a completion", cwd=tmp_path,
+    )  # fmt: skip
     t0 = time.monotonic()
     again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
