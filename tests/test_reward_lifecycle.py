@@ -437,3 +437,66 @@ def test_sigterm_in_harness_run_raises_where_the_run_waits_and_restores_the_hand
         while time.monotonic() < deadline:
             time.sleep(0.01)
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+DRAWS = """
+import random
+
+import numpy as np
+import torch
+
+AT_IMPORT = random.random()
+
+
+def at_import(prompt, completion, answer):
+    return AT_IMPORT
+
+
+def py(prompt, completion, answer):
+    return random.random()
+
+
+def numpy(prompt, completion, answer):
+    return float(np.random.rand())
+
+
+def torch_(prompt, completion, answer):
+    return float(torch.rand(()))
+"""
+
+
+def test_the_reward_process_draws_from_the_runs_seed(tmp_path):
+    """A fresh interpreter seeds itself from the OS: the reward process seeds `random`, NumPy and
+    torch with the run's seed, so a sampling reward scores a run and its rerun the same."""
+    import random
+
+    import numpy as np
+    import torch
+
+    from harness.tasks.reward_process import RewardProcess
+
+    module = tmp_path / "draws.py"
+    module.write_text(DRAWS)
+
+    def draws(seed: int) -> dict[str, list[float]]:
+        torch.manual_seed(seed)  # what open_run does with cfg.seed
+        out = {}
+        for name in ("at_import", "py", "numpy", "torch_"):
+            child = RewardProcess(f"python:{module}:{name}", str(module), name, 30.0)
+            try:
+                out[name] = [child.call(name, "p", "c", "a") for _ in range(2)]
+            finally:
+                child.close()
+        return out
+
+    with torch.random.fork_rng():  # the test's own torch state is left as it was
+        got, again, other = draws(7), draws(7), draws(8)
+    rng = random.Random(7)
+    assert got["at_import"] == [pytest.approx(rng.random())] * 2
+    rng = random.Random(7)
+    assert got["py"] == pytest.approx([rng.random(), rng.random()])
+    assert got["numpy"] == pytest.approx(list(np.random.RandomState(7).rand(2)))
+    gen = torch.Generator().manual_seed(7)
+    assert got["torch_"] == pytest.approx([float(torch.rand((), generator=gen)) for _ in range(2)])
+    assert again == got  # the same seed, the same draws in a new process
+    assert all(other[k] != got[k] for k in got)  # another seed, other draws

@@ -19,10 +19,16 @@ megabytes to the terminal, or scribbles over the caller's strings through ``ctyp
 
 The child is a fresh interpreter (not a fork of this one: forking a process that holds a model,
 CUDA state and a progress-bar thread is unsafe), started on the first call.  It imports the
-reward's module again, so module-level code runs once in each process.
+reward's module again, so module-level code runs once in each process.  A fresh interpreter's
+random generators start from the operating system's entropy, so a reward that draws random
+numbers (a sampled judge, a random tie-break) would score a run differently each time it ran: the
+child seeds Python's ``random``, and NumPy's and torch's global generators when the reward imports
+them, with the run's seed (the parent's ``torch.initial_seed()``, which the run sets to
+``cfg.seed``) before and after importing the reward's module, as a forked child would inherit it.
+A run and its rerun, or a retried trial, then give a seeded reward the same draws.
 
 Protocol (``multiprocessing.connection`` framing over two pipes): the parent sends
-``("init", sys.path, spec, module, function)``, then ``("call", prompt, completion, answer)``
+``("init", sys.path, spec, module, function, seed)``, then ``("call", prompt, completion, answer)``
 per reward; the child answers ``("ready",)`` once and ``("ok", float)`` or ``("error", reason)``
 per call.  The value checks (:func:`reward_value`) run in the child, where a hostile
 ``__float__`` is bounded by the same deadline.
@@ -177,7 +183,8 @@ class RewardProcess:
         drainer = threading.Thread(target=_drain, args=(out_r, self.function), daemon=True)
         drainer.start()
         self._finalizer = weakref.finalize(self, _kill_group, proc, drainer, self._send, self._recv)
-        self._send.send(("init", list(sys.path), self.spec, self.module, self.function))
+        seed = _run_seed()
+        self._send.send(("init", list(sys.path), self.spec, self.module, self.function, seed))
         if not self._recv.poll(START_TIMEOUT_S):
             self.close()
             raise RewardError(
@@ -282,6 +289,28 @@ def _die_with_parent() -> None:
         return
 
 
+def _run_seed() -> int | None:
+    """The run's seed as this process's torch generator was seeded with (None without torch)."""
+    torch = sys.modules.get("torch")
+    return int(torch.initial_seed()) if torch is not None else None
+
+
+def seed_generators(seed: int | None) -> None:
+    """Seed ``random`` with ``seed``, and NumPy's and torch's global generators when this
+    process has imported them (a reward that never imports torch does not pay for it here)."""
+    if seed is None:
+        return
+    import random
+
+    random.seed(seed)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(seed % 2**32)  # NumPy's legacy global seed is 32-bit
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(seed)
+
+
 def serve(req_fd: int, rep_fd: int) -> None:
     """The child's loop (see the module docstring)."""
     parent = os.getppid()
@@ -291,13 +320,15 @@ def serve(req_fd: int, rep_fd: int) -> None:
     sys.stdout, sys.stderr = _CappedText(1), _CappedText(2)  # type: ignore[assignment]
     recv = Connection(req_fd, writable=False)
     send = Connection(rep_fd, readable=False)
-    _, path, spec, module, function = recv.recv()
+    _, path, spec, module, function, seed = recv.recv()
     sys.path[:] = path
+    seed_generators(seed)  # module-level draws, too
     try:
         func = getattr(import_module(spec, module), function)
     except BaseException as exc:  # the parent imported it; a second import may still fail
         send.send(("error", f"could not import '{module}': {describe_exit(exc)}"))
         return
+    seed_generators(seed)  # the generators the import brought in
     send.send(("ready",))
     me = os.getpid()
     while True:
@@ -322,4 +353,5 @@ __all__ = [
     "RewardProcess",
     "describe_exit",
     "reward_value",
+    "seed_generators",
 ]
