@@ -46,3 +46,25 @@ def test_order_and_accept_combine() -> None:
     assert sorted((t.user_attrs["cell"], t.user_attrs["seed"]) for t in waiting) == [
         (c, s) for c in ("a", "b", "c") for s in (2, 3)
     ]
+
+
+def test_a_seed_another_worker_runs_is_claimed_last() -> None:
+    """Two workers that took the same seed of two cells at once would build (or wait on) that
+    seed's warm start together while a core idles: a busy seed goes after the others."""
+    from harness.sweep.adaptive import claim_order_avoiding
+
+    study = _study()
+    first = claim_waiting_trial(study, order=claim_order_avoiding(set()))
+    assert first is not None and study._storage.get_trial(first._trial_id).user_attrs == {
+        "cell": "a",
+        "seed": 0,
+    }
+    # Seed 0 runs elsewhere: the next worker takes seed 1, not b's seed 0.
+    got = _claim_all(study, order=claim_order_avoiding({0}))
+    assert got[:3] == [("a", 1), ("b", 1), ("c", 1)]
+    assert got[-2:] == [("b", 0), ("c", 0)]  # still claimed, once nothing else is released
+    assert len(got) == 11
+    # Nothing busy: the plain lowest-seed-first order.
+    assert _claim_all(_study(), order=claim_order_avoiding(set())) == _claim_all(
+        _study(), order=claim_order
+    )

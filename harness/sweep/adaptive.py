@@ -19,7 +19,7 @@ no seed a cell still needs is ever cancelled.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from harness.report.allocation import CellState, allocate
@@ -86,6 +86,20 @@ def claim_order(t: Any) -> tuple[int, int]:
     everywhere instead of one cell at a time (the enqueue order is cell by cell)."""
     key = trial_key(t)
     return (key[1] if key is not None else 1 << 30, t.number)
+
+
+def claim_order_avoiding(busy_seeds: Collection[int]) -> Callable[[Any], tuple[bool, int, int]]:
+    """:func:`claim_order`, but a seed another worker is running now goes after every other
+    released seed.  Why: the warm start is built per seed (and cached), so two workers that take
+    the same seed of two cells at once serialize on its lock while a core idles — with lowest
+    seed first across cells, that was every pair of claims.  Seed 0 of cell b then runs while
+    seed 1 of cell a trains, and each warm start is built once, in parallel with the others."""
+
+    def order(t: Any) -> tuple[bool, int, int]:
+        seed, number = claim_order(t)
+        return (seed in busy_seeds, seed, number)
+
+    return order
 
 
 def apply_allocation(

@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from harness.sweep.spec import StudySpec
+from harness.sweep.spec import StudySpec, trial_key
 
 
 def child_run_tags(
@@ -113,7 +113,7 @@ def next_trial(
 
     with_retries(lambda: fail_stale_trials(study))
     if spec.kind == "grid" and spec.adaptive is not None:
-        from harness.sweep.adaptive import apply_allocation, claim_order, releasable
+        from harness.sweep.adaptive import apply_allocation, claim_order_avoiding, releasable
 
         # Counted before the allocation: a trial that ends in between is in the allocation, so
         # a worker that finds nothing released and nothing running may exit (no look pending).
@@ -121,9 +121,10 @@ def next_trial(
             lambda: study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         )
         cells = apply_allocation(study, spec, on_cancelled=on_cancelled)
+        busy = {key[1] for t in running if (key := trial_key(t)) is not None}
         trial = with_retries(
             lambda: claim_waiting_trial(
-                study, accept=lambda t: releasable(t, cells), order=claim_order
+                study, accept=lambda t: releasable(t, cells), order=claim_order_avoiding(busy)
             )
         )
         return trial, 0 if trial is not None else len(running)
