@@ -52,6 +52,22 @@ if TYPE_CHECKING:
     from harness.config import RunConfig
 
 
+def quiet_engine_logs() -> dict[str, str]:
+    """Show the engine's errors only, unless the user set ``VLLM_LOGGING_LEVEL``; returns the
+    environment to import vLLM under.  Why: vLLM logs dozens of INFO lines at start, and on every
+    weight sync a warning per weight whose dtype differs from the engine's (each sync of a bf16
+    engine from a float32 learner) and one per layer that holds buffers only (the rotary cache,
+    put back as it was); on the run's console they bury the progress display step after step.
+    The environment variable acts when vLLM is first imported; the logger level covers a vLLM
+    some earlier import already configured."""
+    if "VLLM_LOGGING_LEVEL" in os.environ:
+        return {}
+    import logging
+
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+    return {"VLLM_LOGGING_LEVEL": "ERROR"}
+
+
 class EngineError(RuntimeError):
     """The engine failed (start, weight sync or generation): the run FAILS with this reason."""
 
@@ -176,9 +192,10 @@ class EngineSampler:
             # the real one.
             set_threads = torch.set_num_threads
             try:
-                with _env(env):
+                with _env({**env, **quiet_engine_logs()}):
                     from vllm import LLM
 
+                    quiet_engine_logs()  # the import configured vLLM's logger
                     self._llm = LLM(**kwargs)
             finally:
                 torch.set_num_threads = set_threads

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from harness.model.engine_support import engine_dtype, served_architecture
-from harness.run.engine import EngineError, _env, engine_weights
+from harness.run.engine import EngineError, _env, engine_weights, quiet_engine_logs
 
 # Set by TRL's colocate start (and by torch.distributed); restored when the run ends.
 _DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -124,6 +124,7 @@ def _engine_args(dtype: str, seed: int) -> Iterator[None]:
     real = trl_vllm.LLM
 
     def llm(*args: Any, **kwargs: Any) -> Any:
+        quiet_engine_logs()
         kwargs["dtype"] = dtype
         kwargs["seed"] = seed
         return real(*args, **kwargs)
@@ -163,6 +164,7 @@ def colocated_engine(run: Any) -> Iterator[ColocatedEngine]:
         # The engine core in this process (no subprocess, no spawn of __main__).
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_CPU_KVCACHE_SPACE": str(cfg.rollout.engine_kv_cache_gib),
+        **quiet_engine_logs(),
     }
     if run.device.type == "cpu":
         env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
