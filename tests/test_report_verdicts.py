@@ -187,3 +187,32 @@ def test_one_or_two_seeds_get_no_verdict(n: int, tmp_path: Path) -> None:
     text3 = "\n".join(conclusion(ranking(data3, n_boot=N_BOOT), data3))
     assert f"**`{SAME}` ranks first**" in text3
     assert "better than the baseline (CI above 50 %)" in text3
+
+
+def test_a_decided_worse_cell_under_a_first_ranked_baseline_reads_right(tmp_path: Path) -> None:
+    """The default demo's shape: the one cell is decided worse at its first look. The conclusion
+    is a sentence, and the empty warnings section claims what the seed rule decided, not a CI
+    separation the bootstrap intervals do not show."""
+    worse = [0.45, 0.48, 0.47]  # paired differences -0.15, -0.17, -0.18
+    data = _study(
+        {
+            BASE: [("completed", v) for v in (0.60, 0.65, 0.65)],
+            "worse": [("completed", v) for v in worse],
+        },
+        adaptive=PLAN,
+    )
+    states = adaptive_states(data)
+    assert states is not None and states["worse"].status == "worse"
+    rows = ranking(data, n_boot=N_BOOT)
+    assert warnings_for(rows, data) == []
+    text = "\n".join(conclusion(rows, data))
+    assert (
+        "The baseline ranks first: no cell scores higher than it in `final/reward` on average "
+        "over the seeds both ran (mean paired difference)." in text
+    )
+    md = build_report(data, tmp_path, n_boot=N_BOOT, fit=False).markdown.read_text()
+    assert (
+        "None: no inert clipping, no diverged or failed runs, no collapses, and every cell is "
+        "decided by the seed rule or separates from the baseline." in md
+    )
+    assert "CI separates" not in md

@@ -280,8 +280,9 @@ def _adaptive_verdicts(
     what = f"the mean paired difference in {_code(data.metric)} from the baseline"
     if best.is_baseline:
         out.append(
-            f"The baseline {'leads so far' if interim else 'ranks first'}: no cell has a "
-            f"{better} {what} on the seeds both ran."
+            f"The baseline {'leads so far' if interim else 'ranks first'}: no cell scores "
+            f"{better} than it in {_code(data.metric)} on average over the seeds both ran "
+            "(mean paired difference)."
         )
     else:
         out.append(
