@@ -17,7 +17,8 @@ the command); a dataset directory's shards must lie inside it, symlinks resolved
 actually read hold at most ``MAX_TASK_FILE_BYTES``; the rows at most ``MAX_TASK_ROWS`` (from the
 Parquet metadata before reading, per Arrow batch otherwise); the prompt and answer columns must
 hold text or numbers and decode to at most ``MAX_TASK_DATA_BYTES`` (a dictionary-encoded column is
-measured without being expanded); each prompt and answer at most ``MAX_TEXT_CHARS``. Scoring, the
+measured without being expanded); each prompt and answer at most ``MAX_TEXT_CHARS``. A run moves
+the first three with ``task_options.max_file_mib`` / ``max_rows`` / ``max_data_mib``. Scoring, the
 held-out split and the options ``reward``, ``answer_format``, ``format_weight``, ``think`` and
 ``eval_fraction`` are those of ``jsonl:`` (:mod:`harness.tasks.pairs`).
 """
@@ -35,6 +36,7 @@ from harness.tasks.pairs import (
     PairTask,
     answer_options,
     check_reference_answers,
+    data_bounds,
     file_digest,
     pairs_from_records,
     read_jsonl,
@@ -44,31 +46,24 @@ _FORMS = "a save_to_disk directory, a .parquet or a .jsonl file"
 _FIELDS = ("prompt_field", "answer_field")
 
 
-def _size_check(spec: str, files: list[Path]) -> None:
+def _size_check(spec: str, files: list[Path], bounds: limits.DataBounds) -> None:
     total = sum(f.stat().st_size for f in files)
-    if total > limits.MAX_TASK_FILE_BYTES:
+    if total > bounds.file_bytes:
+        raise ValueError(bounds.file_refusal(f"task '{spec}': the data files hold {total:,} bytes"))
+
+
+def _rows_check(spec: str, where: str, rows: int, bounds: limits.DataBounds) -> None:
+    if rows > bounds.rows:
+        raise ValueError(bounds.rows_refusal(f"task '{spec}': {where} holds {rows:,} rows or more"))
+
+
+def _text_check(spec: str, where: str, nbytes: int, bounds: limits.DataBounds) -> None:
+    if nbytes > bounds.data_bytes:
         raise ValueError(
-            f"task '{spec}': the data files hold {total:,} bytes; a task's data may be at most "
-            f"{limits.MAX_TASK_FILE_BYTES:,} bytes ({limits.MAX_TASK_FILE_BYTES // limits.MIB} "
-            "MiB)"
-        )
-
-
-def _rows_check(spec: str, where: str, rows: int) -> None:
-    if rows > limits.MAX_TASK_ROWS:
-        raise ValueError(
-            f"task '{spec}': {where} holds {rows:,} rows or more; a task's data may hold at most "
-            f"{limits.MAX_TASK_ROWS:,} rows"
-        )
-
-
-def _text_check(spec: str, where: str, nbytes: int) -> None:
-    if nbytes > limits.MAX_TASK_DATA_BYTES:
-        top = limits.MAX_TASK_DATA_BYTES
-        raise ValueError(
-            f"task '{spec}': the prompt and answer columns of {where} decode to {nbytes:,} bytes "
-            f"or more; a task's data may decode to at most {top:,} bytes ({top // limits.MIB} "
-            "MiB) of text"
+            bounds.data_refusal(
+                f"task '{spec}': the prompt and answer columns of {where} decode to {nbytes:,} "
+                "bytes or more"
+            )
         )
 
 
@@ -231,7 +226,9 @@ def _dir_digest(files: list[Path], base: Path) -> str:
     return h.hexdigest()
 
 
-def _read_batches(spec: str, where: str, batches: Any, fields: tuple[str, str]) -> Any:
+def _read_batches(
+    spec: str, where: str, batches: Any, fields: tuple[str, str], bounds: limits.DataBounds
+) -> Any:
     """Columns ``fields`` of the record batches, bounded in rows and decoded bytes before any
     value becomes a Python object."""
 
@@ -239,10 +236,10 @@ def _read_batches(spec: str, where: str, batches: Any, fields: tuple[str, str]) 
     rows = nbytes = 0
     for batch in batches:
         rows += batch.num_rows
-        _rows_check(spec, where, rows)
+        _rows_check(spec, where, rows, bounds)
         part = [batch.column(batch.schema.get_field_index(c)) for c in fields]
         nbytes += sum(text_bytes(col) for col in part)
-        _text_check(spec, where, nbytes)
+        _text_check(spec, where, nbytes, bounds)
         kept.append(part)
     columns: dict[str, list[Any]] = {c: [] for c in fields}
     for part in kept:
@@ -251,7 +248,13 @@ def _read_batches(spec: str, where: str, batches: Any, fields: tuple[str, str]) 
     return columns
 
 
-def _read_saved(spec: str, root: Path, split: str | None, fields: tuple[str, str]) -> Any:
+def _read_saved(
+    spec: str,
+    root: Path,
+    split: str | None,
+    fields: tuple[str, str],
+    bounds: limits.DataBounds,
+) -> Any:
     import contextlib
 
     import pyarrow as pa
@@ -262,7 +265,7 @@ def _read_saved(spec: str, root: Path, split: str | None, fields: tuple[str, str
     info = where_dir / "dataset_info.json"
     with contextlib.suppress(ValueError):  # hashed when present, as before; never needed
         read.append(_member(spec, where_dir, info.name, "info file"))
-    _size_check(spec, read[1:])
+    _size_check(spec, read[1:], bounds)
 
     def batches(stack: contextlib.ExitStack) -> Any:
         for shard in shards:
@@ -273,7 +276,7 @@ def _read_saved(spec: str, root: Path, split: str | None, fields: tuple[str, str
 
     try:
         with contextlib.ExitStack() as stack:
-            columns = _read_batches(spec, where, batches(stack), fields)
+            columns = _read_batches(spec, where, batches(stack), fields, bounds)
     except ValueError:
         raise
     except Exception as err:  # a user's files: any failure to read them is bad input
@@ -282,9 +285,9 @@ def _read_saved(spec: str, root: Path, split: str | None, fields: tuple[str, str
     return where, columns, _dir_digest(read, Path(os.path.realpath(root)))
 
 
-def _read_parquet(spec: str, path: Path, fields: tuple[str, str]) -> Any:
+def _read_parquet(spec: str, path: Path, fields: tuple[str, str], bounds: limits.DataBounds) -> Any:
     _regular(spec, path)
-    _size_check(spec, [path])
+    _size_check(spec, [path], bounds)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -294,7 +297,7 @@ def _read_parquet(spec: str, path: Path, fields: tuple[str, str]) -> Any:
         _check_columns(spec, str(path), list(schema.names), fields)
         _check_types(spec, str(path), schema, fields)
         meta = pf.metadata
-        _rows_check(spec, str(path), meta.num_rows)
+        _rows_check(spec, str(path), meta.num_rows, bounds)
         # Decompressed (still encoded) size of the two columns, from the footer: bounds what
         # reading them can allocate before a page is decompressed.
         leaf = [i for i in range(meta.num_columns) if meta.schema.column(i).path in fields]
@@ -303,7 +306,7 @@ def _read_parquet(spec: str, path: Path, fields: tuple[str, str]) -> Any:
             for g in range(meta.num_row_groups)
             for i in leaf
         )
-        _text_check(spec, str(path), encoded)
+        _text_check(spec, str(path), encoded, bounds)
         text = [c for c in fields if pa.types.is_string(schema.field(c).type)]
 
         # Dictionary pages stay dictionaries: 20 M rows of one word cost their indices.
@@ -313,7 +316,7 @@ def _read_parquet(spec: str, path: Path, fields: tuple[str, str]) -> Any:
             for g in range(meta.num_row_groups):
                 yield from coded.read_row_group(g, columns=sorted(set(fields))).to_batches()
 
-        columns = _read_batches(spec, str(path), batches(), fields)
+        columns = _read_batches(spec, str(path), batches(), fields, bounds)
     except ValueError:
         raise
     except Exception as err:
@@ -334,8 +337,13 @@ def hf_task(
     answer_format: str,
     format_weight: float,
     think: bool,
+    max_rows: int = limits.MAX_TASK_ROWS,
+    max_file_mib: int = limits.MAX_TASK_FILE_BYTES // limits.MIB,
+    max_data_mib: int = limits.MAX_TASK_DATA_BYTES // limits.MIB,
 ) -> PairTask:
-    """``hf:PATH`` (see the module docstring). Raises a one-line ``ValueError``."""
+    """``hf:PATH`` (see the module docstring); ``max_*`` move the data bounds
+    (:class:`harness.tasks.pairs.DataLimitOptions`). Raises a one-line ``ValueError``."""
+    bounds = data_bounds(max_rows, max_file_mib, max_data_mib)
     if not path:
         raise ValueError(f"task '{spec}': expected hf:PATH ({_FORMS})")
     p = Path(path).expanduser()
@@ -353,13 +361,18 @@ def hf_task(
             f"task '{spec}': task_options.split: applies to a save_to_disk directory only"
         )
     if p.is_dir():
-        where, columns, digest = _read_saved(spec, p, split, fields)
+        where, columns, digest = _read_saved(spec, p, split, fields, bounds)
     elif p.suffix == ".parquet":
-        where, columns, digest = _read_parquet(spec, p, fields)
+        where, columns, digest = _read_parquet(spec, p, fields, bounds)
     elif p.suffix == ".jsonl":
         # Other keys are ordinary dataset columns, ignored as in a Parquet file.
         examples = read_jsonl(
-            spec, path, prompt_field=prompt_field, answer_field=answer_field, only_fields=False
+            spec,
+            path,
+            prompt_field=prompt_field,
+            answer_field=answer_field,
+            only_fields=False,
+            bounds=bounds,
         )
         where, columns, digest = None, None, file_digest(p)
     else:
@@ -376,6 +389,7 @@ def hf_task(
             prompt_field=prompt_field,
             answer_field=answer_field,
             row="row",
+            bounds=bounds,
         )
     options = {"prompt_field": prompt_field, "answer_field": answer_field, "split": split}
     task = PairTask(
