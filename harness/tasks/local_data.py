@@ -285,6 +285,63 @@ def _read_saved(
     return where, columns, _dir_digest(read, Path(os.path.realpath(root)))
 
 
+# Rows Arrow decodes at a time: each batch is measured before the next is decoded.
+PARQUET_BATCH_ROWS = 65_536
+
+
+def _check_pages(
+    spec: str, path: Path, meta: Any, leaf: list[int], group_rows: list[int], bounds: Any
+) -> None:
+    """Refuse a file whose page headers declare more than the bounds allow, before Arrow reads a
+    page (it allocates each page's buffer at its declared size; the footer's sizes are only
+    claims). The values of a flat column chunk's pages cannot outnumber its row group's rows,
+    nor its pages (a dictionary page, and one empty page) exceed them by more than two, so the
+    walk is bounded by the rows checked before."""
+    import mmap
+
+    from harness.tasks.parquet_pages import DATA_PAGE, DATA_PAGE_V2, BadHeader, page_headers
+
+    where = str(path)
+    declared = 0
+    with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        buf = memoryview(mm)
+        try:
+            for g, rows in enumerate(group_rows):
+                for i in leaf:
+                    col = meta.row_group(g).column(i)
+                    # Where Arrow starts reading the chunk (file_reader.cc ComputeColumnChunkRange).
+                    start = col.data_page_offset
+                    first = col.dictionary_page_offset
+                    if col.has_dictionary_page and first is not None and 0 < first < start:
+                        start = first
+                    values = pages = 0
+                    try:
+                        for page in page_headers(buf, start, col.total_compressed_size):
+                            declared += page.uncompressed
+                            if declared > bounds.data_bytes:
+                                raise ValueError(
+                                    bounds.data_refusal(
+                                        f"task '{spec}': the pages of the prompt and answer "
+                                        f"columns of {where} declare {declared:,} bytes or more "
+                                        "once decompressed"
+                                    )
+                                )
+                            pages += 1
+                            if page.kind in (DATA_PAGE, DATA_PAGE_V2):
+                                values += page.num_values
+                            if values > rows or pages > rows + 2:
+                                raise BadHeader(
+                                    f"{pages:,} pages of {values:,} values for {rows:,} rows"
+                                )
+                    except BadHeader as err:
+                        raise ValueError(
+                            f"task '{spec}': cannot read {where} as Parquet (a page header of "
+                            f"column '{col.path_in_schema}' in row group {g}: {err})"
+                        ) from None
+        finally:
+            buf.release()
+
+
 def _read_parquet(spec: str, path: Path, fields: tuple[str, str], bounds: limits.DataBounds) -> Any:
     _regular(spec, path)
     _size_check(spec, [path], bounds)
@@ -297,9 +354,17 @@ def _read_parquet(spec: str, path: Path, fields: tuple[str, str], bounds: limits
         _check_columns(spec, str(path), list(schema.names), fields)
         _check_types(spec, str(path), schema, fields)
         meta = pf.metadata
-        _rows_check(spec, str(path), meta.num_rows, bounds)
-        # Decompressed (still encoded) size of the two columns, from the footer: bounds what
-        # reading them can allocate before a page is decompressed.
+        # The footer states the file's rows and each row group's apart, and Arrow reads by row
+        # group: a file that states 10 rows over a row group of 20 M is judged by the larger.
+        group_rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+        if min([meta.num_rows, *group_rows]) < 0:
+            raise ValueError(
+                f"task '{spec}': cannot read {path} as Parquet (its footer states a negative "
+                "row count)"
+            )
+        _rows_check(spec, str(path), max(meta.num_rows, sum(group_rows)), bounds)
+        # Decompressed (still encoded) size of the two columns, from the footer, then from every
+        # page header (what Arrow allocates; the footer's figure is the writer's claim).
         leaf = [i for i in range(meta.num_columns) if meta.schema.column(i).path in fields]
         encoded = sum(
             meta.row_group(g).column(i).total_uncompressed_size
@@ -307,16 +372,19 @@ def _read_parquet(spec: str, path: Path, fields: tuple[str, str], bounds: limits
             for i in leaf
         )
         _text_check(spec, str(path), encoded, bounds)
-        text = [c for c in fields if pa.types.is_string(schema.field(c).type)]
+        _check_pages(spec, path, meta, leaf, group_rows, bounds)
+        t = pa.types
+        text = [
+            c for c in fields if t.is_string(tp := schema.field(c).type) or t.is_large_string(tp)
+        ]
 
-        # Dictionary pages stay dictionaries: 20 M rows of one word cost their indices.
+        # Dictionary pages stay dictionaries: 20 M rows of one word cost their indices (a
+        # large_string column too: Arrow would expand it).
         coded = pq.ParquetFile(path, read_dictionary=text)
-
-        def batches() -> Any:
-            for g in range(meta.num_row_groups):
-                yield from coded.read_row_group(g, columns=sorted(set(fields))).to_batches()
-
-        columns = _read_batches(spec, str(path), batches(), fields, bounds)
+        batches = coded.iter_batches(
+            batch_size=PARQUET_BATCH_ROWS, columns=sorted(set(fields)), use_threads=False
+        )
+        columns = _read_batches(spec, str(path), batches, fields, bounds)
     except ValueError:
         raise
     except Exception as err:
