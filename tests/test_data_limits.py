@@ -270,15 +270,17 @@ def _gzip(parts: list[bytes], repeat: int) -> bytes:
     return b"".join([*(z.compress(p) for _ in range(repeat) for p in parts), z.flush()])
 
 
-def plain_page_footer_lie(path: Path, value: bytes, n: int, declared: int | None = None) -> Path:
-    """``n`` rows whose prompt is ``value`` each, in one GZIP page of PLAIN strings (a few KB
-    on disk for a gigabyte); the footer claims 100 bytes per column, and the page header its
-    true size unless ``declared`` is given."""
+def plain_page_footer_lie(
+    path: Path, value: bytes, n: int, declared: int | None = None, answer_value: bytes = b"1"
+) -> Path:
+    """``n`` rows whose prompt is ``value`` (and answer ``answer_value``) each, in one GZIP page
+    of PLAIN strings per column (a few KB on disk for a gigabyte); the footer claims 100 bytes
+    per column, and the prompt's page header its true size unless ``declared`` is given."""
     schema = pa.schema([pa.field("q", pa.string(), False), pa.field("a", pa.string(), False)])
     table = pa.table({"q": ["x"], "a": ["1"]}, schema=schema)
     pq.write_table(table, path, use_dictionary=False, compression="GZIP")
     prompt = struct.pack("<I", len(value)) + value
-    answer = struct.pack("<I", 1) + b"1"
+    answer = struct.pack("<I", len(answer_value)) + answer_value
 
     def edit(meta: dict[int, Any], groups: list[Any]) -> None:
         for pages, one, size in ((groups[0][0], prompt, declared), (groups[0][1], answer, None)):
@@ -320,8 +322,10 @@ def _lie_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
     r = ["--results-dir", str(tmp / "results")]
     rows = rows_lie(tmp / "rows.parquet", 20_000_000, 10)
     header = huge_page_header(tmp / "header.parquet")
-    # 2,000 prompts of 1 MiB each in one page (2 GB decoded); the footer claims 100 bytes.
-    page = plain_page_footer_lie(tmp / "page.parquet", b"7" * MIB, 2000)
+    # 2,000 rows of a 1 MiB prompt and a 1 MiB answer: a 2 GB page a column, each stated in
+    # its header, while the footer claims 100 bytes a column. Read, Arrow allocated the second
+    # page's buffer past the 4 GB limit ("malloc of size 2097160000 failed").
+    page = plain_page_footer_lie(tmp / "page.parquet", b"7" * MIB, 2000, answer_value=b"8" * MIB)
     spec = "task 'hf:{p}': "
     return {
         "footer-says-10-rows-of-20m": (
@@ -335,7 +339,7 @@ def _lie_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
             "declare 2,147,483,647 bytes or more once decompressed; a task's data may decode to "
             f"at most 268,435,456 bytes (256 MiB) of text {MORE_TEXT}",
         ),
-        "footer-says-100-bytes-of-a-2gb-page": (
+        "footer-says-100-bytes-of-two-2gb-pages": (
             ["run", "--set", f"task=hf:{page}", *FIELDS, *SMALL, *r],
             spec.format(p=page) + f"the pages of the prompt and answer columns of {page} declare "
             "2,097,160,000 bytes or more once decompressed; a task's data may decode to at most "
@@ -347,7 +351,7 @@ def _lie_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
 LIES = [
     "footer-says-10-rows-of-20m",
     "page-header-declares-2gib",
-    "footer-says-100-bytes-of-a-2gb-page",
+    "footer-says-100-bytes-of-two-2gb-pages",
 ]
 
 
