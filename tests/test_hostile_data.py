@@ -371,18 +371,28 @@ def test_a_shard_outside_the_directory_is_never_read(tmp_path, monkeypatch):
     assert opened == []
 
 
-def test_the_size_bound_counts_the_files_read_not_the_directory(tmp_path, monkeypatch):
-    ds = saved_dataset(tmp_path / "ds", n=40)
+def test_the_size_bound_counts_the_files_read_not_the_directory(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    ds = tmp_path / "ds"
+    rows = {"q": [f"{i}+1=" for i in range(40)], "a": [str(i + 1) for i in range(40)]}
+    # An ordinary extra column brings the shard near the 1 MiB bound set below.
+    datasets.Dataset.from_dict({**rows, "pad": ["x" * 24_000] * 40}).save_to_disk(str(ds))
     shard = ds / "data-00000-of-00001.arrow"
-    monkeypatch.setattr(limits, "MAX_TASK_FILE_BYTES", shard.stat().st_size + 2000)
-    (ds / "cache-unrelated.arrow").write_bytes(b"x" * 10_000)  # not named by state.json
+    assert 0.85 * limits.MIB < shard.stat().st_size < limits.MIB - 4096
+    (ds / "cache-unrelated.arrow").write_bytes(b"x" * limits.MIB)  # not named by state.json
     from harness.tasks import get_task
 
-    task = get_task(f"hf:{ds}", prompt_field="q", answer_field="a")
+    task = get_task(f"hf:{ds}", prompt_field="q", answer_field="a", max_file_mib=1)
     assert len(task.train) + len(task.held_out) == 40
-    monkeypatch.setattr(limits, "MAX_TASK_FILE_BYTES", shard.stat().st_size - 1)
-    with pytest.raises(ValueError, match="the data files hold .* bytes; a task's data may be"):
-        get_task(f"hf:{ds}", prompt_field="q", answer_field="a")
+    with shard.open("ab") as fh:  # a shard over the bound is refused, naming what is read
+        fh.write(b"\0" * limits.MIB)
+    read = shard.stat().st_size + (ds / "dataset_info.json").stat().st_size
+    with pytest.raises(ValueError) as err:
+        get_task(f"hf:{ds}", prompt_field="q", answer_field="a", max_file_mib=1)
+    assert str(err.value) == (
+        f"task 'hf:{ds}': the data files hold {read:,} bytes; a task's data may be at most "
+        "1,048,576 bytes (1 MiB; raise task_options.max_file_mib for more)"
+    )
 
 
 def test_saved_shards_read_in_order_match_datasets(tmp_path):
@@ -408,10 +418,9 @@ def test_dictionary_text_is_measured_without_expanding_it():
 
 
 @pytest.mark.parametrize("kind", ["jsonl", "parquet", "python"])
-def test_rows_are_bounded_in_every_file_task(kind, tmp_path, monkeypatch):
+def test_rows_are_bounded_in_every_file_task(kind, tmp_path):
     from harness.tasks import get_task
 
-    monkeypatch.setattr(limits, "MAX_TASK_ROWS", 10)
     rows = [{"q": f"{i}=", "a": str(i)} for i in range(11)]
     if kind == "jsonl":
         path = tmp_path / "d.jsonl"
@@ -438,8 +447,11 @@ def test_rows_are_bounded_in_every_file_task(kind, tmp_path, monkeypatch):
             {},
             r"examples\(\) returns more than 10 examples",
         )
-    with pytest.raises(ValueError, match=expect):
-        get_task(spec, **opts)
+    with pytest.raises(ValueError, match=expect) as err:
+        get_task(spec, **opts, max_rows=10)
+    assert str(err.value).endswith(
+        "; a task's data may hold at most 10 rows (raise task_options.max_rows for more)"
+    )
 
 
 # --- reasoning-gym generators ---------------------------------------------------------------

@@ -158,7 +158,8 @@ def _size_cases(tmp: Path, qwen: Path) -> dict[str, Case]:
         ),
         "task-file-65mib": (
             ["run", "--set", f"task=jsonl:{big_task}", *SMALL, *r],
-            f"{big_task}: is 68,157,440 bytes; a task file may be at most 67,108,864 bytes (64 MiB)",
+            f"{big_task}: is 68,157,440 bytes; a task file may be at most 67,108,864 bytes (64 MiB; "
+            "raise task_options.max_file_mib for more)",
             {},
         ),
         "run-yaml-200mb": (

@@ -12,6 +12,7 @@ import signal
 import stat
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -28,11 +29,66 @@ TEMPLATE_RENDER_SECONDS = 10.0  # rendering every probed prompt through the chat
 MAX_TASK_ROWS = 1_000_000  # rows (GSM8K's train split has 7,473; MATH's 12,500)
 MAX_TASK_DATA_BYTES = 256 * MIB  # prompt + answer text after decompression and decoding
 MAX_DATASET_SHARDS = 1024  # Arrow files of one save_to_disk split (a 64 MiB split needs one)
+# The three task-data bounds above are defaults a run may move (task_options.max_rows,
+# max_file_mib, max_data_mib), each up to a ceiling of its own: past these the harness's design
+# (every example held as Python strings, in one process, split by sorting every prompt) needs
+# more memory than one machine has, so a dataset that size belongs in a different pipeline.
+CEILING_TASK_ROWS = 100_000_000  # ~10 GB of Python objects for short rows
+CEILING_TASK_FILE_MIB = 16 * 1024
+CEILING_TASK_DATA_MIB = 64 * 1024
 # rg: generators run Python loops whose cost their options set (knights_knaves with 12 people
 # ran for minutes on one item): each is bounded in time while the harness draws from it.
 TASK_BUILD_SECONDS = 60.0  # building a generator (some draw their whole pool up front)
 TASK_ITEM_SECONDS = 10.0  # drawing one item (countdown's default items take ~0.3 s)
 TASK_PROBE_SECONDS = 300.0  # drawing every prompt the validation probe reads
+
+
+@dataclass(frozen=True)
+class DataBounds:
+    """What one task's data may hold: rows, bytes of the files read, bytes of decoded prompt and
+    answer text.  The defaults are the module's bounds; a run moves them with
+    ``task_options.max_rows`` / ``max_file_mib`` / ``max_data_mib``, whose names the refusals
+    give (``rows_option`` ...) so a user over a bound learns which option raises it."""
+
+    rows: int = MAX_TASK_ROWS
+    file_bytes: int = MAX_TASK_FILE_BYTES
+    data_bytes: int = MAX_TASK_DATA_BYTES
+
+    rows_option = "task_options.max_rows"
+    file_option = "task_options.max_file_mib"
+    data_option = "task_options.max_data_mib"
+
+    @classmethod
+    def from_options(cls, max_rows: int, max_file_mib: int, max_data_mib: int) -> DataBounds:
+        return cls(max_rows, max_file_mib * MIB, max_data_mib * MIB)
+
+    def rows_refusal(self, held: str) -> str:
+        """``"<held>; a task's data may hold at most N rows (raise task_options.max_rows)"``."""
+        return (
+            f"{held}; a task's data may hold at most {self.rows:,} rows (raise "
+            f"{self.rows_option} for more)"
+        )
+
+    def file_refusal(self, held: str) -> str:
+        top = self.file_bytes
+        return (
+            f"{held}; a task's data may be at most {top:,} bytes ({_mib(top)} MiB; raise "
+            f"{self.file_option} for more)"
+        )
+
+    def data_refusal(self, held: str) -> str:
+        top = self.data_bytes
+        return (
+            f"{held}; a task's data may decode to at most {top:,} bytes ({_mib(top)} MiB) of "
+            f"text (raise {self.data_option} for more)"
+        )
+
+
+def _mib(n: int) -> str:
+    return f"{n // MIB:,}" if n % MIB == 0 else f"{n / MIB:.2f}"
+
+
+DEFAULT_DATA_BOUNDS = DataBounds()
 
 
 _KINDS = (
@@ -70,15 +126,20 @@ def check_regular(path: str | Path, shown: str | Path | None = None) -> None:
         raise ValueError(f"{path if shown is None else shown}: is {kind}, not a regular file")
 
 
-def file_too_big(path: str | Path, limit: int, what: str) -> str | None:
-    """The one-line reason ``path`` is refused for its size, or None when it is small enough."""
+def file_too_big(path: str | Path, limit: int, what: str, option: str | None = None) -> str | None:
+    """The one-line reason ``path`` is refused for its size, or None when it is small enough;
+    ``option`` names the setting that raises ``limit``, when one does."""
     try:
         size = Path(path).stat().st_size
     except OSError:
         return None  # the reader reports a missing or unreadable file itself
     if size <= limit:
         return None
-    return f"{path}: is {size:,} bytes; {what} may be at most {limit:,} bytes ({limit // MIB} MiB)"
+    raise_it = f"; raise {option} for more" if option else ""
+    return (
+        f"{path}: is {size:,} bytes; {what} may be at most {limit:,} bytes ({_mib(limit)} "
+        f"MiB{raise_it})"
+    )
 
 
 class NotUtf8(ValueError):
@@ -86,16 +147,21 @@ class NotUtf8(ValueError):
 
 
 def open_bounded(
-    path: str | Path, limit: int, what: str, shown: str | Path | None = None
+    path: str | Path,
+    limit: int,
+    what: str,
+    shown: str | Path | None = None,
+    option: str | None = None,
 ) -> BinaryIO:
     """``path`` opened to read bytes, refused before any read when it is over ``limit``.
 
     Raises ValueError with the one-line reason: its size (naming ``path``), or that it cannot be
     read (naming ``shown``, the path as the user wrote it, when given).  A missing file is the
     caller's to report: each says what it expected there.  Anything but a regular file (a FIFO,
-    a device, a directory) is refused without being opened (:func:`check_regular`)."""
+    a device, a directory) is refused without being opened (:func:`check_regular`).  ``option``
+    names the setting that raises ``limit`` (see :func:`file_too_big`)."""
     check_regular(path, shown)
-    too_big = file_too_big(path, limit, what)
+    too_big = file_too_big(path, limit, what, option)
     if too_big:
         raise ValueError(too_big)
     try:

@@ -17,7 +17,8 @@ the command); a dataset directory's shards must lie inside it, symlinks resolved
 actually read hold at most ``MAX_TASK_FILE_BYTES``; the rows at most ``MAX_TASK_ROWS`` (from the
 Parquet metadata before reading, per Arrow batch otherwise); the prompt and answer columns must
 hold text or numbers and decode to at most ``MAX_TASK_DATA_BYTES`` (a dictionary-encoded column is
-measured without being expanded); each prompt and answer at most ``MAX_TEXT_CHARS``. Scoring, the
+measured without being expanded); each prompt and answer at most ``MAX_TEXT_CHARS``. A run moves
+the first three with ``task_options.max_file_mib`` / ``max_rows`` / ``max_data_mib``. Scoring, the
 held-out split and the options ``reward``, ``answer_format``, ``format_weight``, ``think`` and
 ``eval_fraction`` are those of ``jsonl:`` (:mod:`harness.tasks.pairs`).
 """
@@ -35,6 +36,7 @@ from harness.tasks.pairs import (
     PairTask,
     answer_options,
     check_reference_answers,
+    data_bounds,
     file_digest,
     pairs_from_records,
     read_jsonl,
@@ -44,31 +46,24 @@ _FORMS = "a save_to_disk directory, a .parquet or a .jsonl file"
 _FIELDS = ("prompt_field", "answer_field")
 
 
-def _size_check(spec: str, files: list[Path]) -> None:
+def _size_check(spec: str, files: list[Path], bounds: limits.DataBounds) -> None:
     total = sum(f.stat().st_size for f in files)
-    if total > limits.MAX_TASK_FILE_BYTES:
+    if total > bounds.file_bytes:
+        raise ValueError(bounds.file_refusal(f"task '{spec}': the data files hold {total:,} bytes"))
+
+
+def _rows_check(spec: str, where: str, rows: int, bounds: limits.DataBounds) -> None:
+    if rows > bounds.rows:
+        raise ValueError(bounds.rows_refusal(f"task '{spec}': {where} holds {rows:,} rows or more"))
+
+
+def _text_check(spec: str, where: str, nbytes: int, bounds: limits.DataBounds) -> None:
+    if nbytes > bounds.data_bytes:
         raise ValueError(
-            f"task '{spec}': the data files hold {total:,} bytes; a task's data may be at most "
-            f"{limits.MAX_TASK_FILE_BYTES:,} bytes ({limits.MAX_TASK_FILE_BYTES // limits.MIB} "
-            "MiB)"
-        )
-
-
-def _rows_check(spec: str, where: str, rows: int) -> None:
-    if rows > limits.MAX_TASK_ROWS:
-        raise ValueError(
-            f"task '{spec}': {where} holds {rows:,} rows or more; a task's data may hold at most "
-            f"{limits.MAX_TASK_ROWS:,} rows"
-        )
-
-
-def _text_check(spec: str, where: str, nbytes: int) -> None:
-    if nbytes > limits.MAX_TASK_DATA_BYTES:
-        top = limits.MAX_TASK_DATA_BYTES
-        raise ValueError(
-            f"task '{spec}': the prompt and answer columns of {where} decode to {nbytes:,} bytes "
-            f"or more; a task's data may decode to at most {top:,} bytes ({top // limits.MIB} "
-            "MiB) of text"
+            bounds.data_refusal(
+                f"task '{spec}': the prompt and answer columns of {where} decode to {nbytes:,} "
+                "bytes or more"
+            )
         )
 
 
@@ -231,7 +226,9 @@ def _dir_digest(files: list[Path], base: Path) -> str:
     return h.hexdigest()
 
 
-def _read_batches(spec: str, where: str, batches: Any, fields: tuple[str, str]) -> Any:
+def _read_batches(
+    spec: str, where: str, batches: Any, fields: tuple[str, str], bounds: limits.DataBounds
+) -> Any:
     """Columns ``fields`` of the record batches, bounded in rows and decoded bytes before any
     value becomes a Python object."""
 
@@ -239,10 +236,10 @@ def _read_batches(spec: str, where: str, batches: Any, fields: tuple[str, str]) 
     rows = nbytes = 0
     for batch in batches:
         rows += batch.num_rows
-        _rows_check(spec, where, rows)
+        _rows_check(spec, where, rows, bounds)
         part = [batch.column(batch.schema.get_field_index(c)) for c in fields]
         nbytes += sum(text_bytes(col) for col in part)
-        _text_check(spec, where, nbytes)
+        _text_check(spec, where, nbytes, bounds)
         kept.append(part)
     columns: dict[str, list[Any]] = {c: [] for c in fields}
     for part in kept:
@@ -251,7 +248,13 @@ def _read_batches(spec: str, where: str, batches: Any, fields: tuple[str, str]) 
     return columns
 
 
-def _read_saved(spec: str, root: Path, split: str | None, fields: tuple[str, str]) -> Any:
+def _read_saved(
+    spec: str,
+    root: Path,
+    split: str | None,
+    fields: tuple[str, str],
+    bounds: limits.DataBounds,
+) -> Any:
     import contextlib
 
     import pyarrow as pa
@@ -262,7 +265,7 @@ def _read_saved(spec: str, root: Path, split: str | None, fields: tuple[str, str
     info = where_dir / "dataset_info.json"
     with contextlib.suppress(ValueError):  # hashed when present, as before; never needed
         read.append(_member(spec, where_dir, info.name, "info file"))
-    _size_check(spec, read[1:])
+    _size_check(spec, read[1:], bounds)
 
     def batches(stack: contextlib.ExitStack) -> Any:
         for shard in shards:
@@ -273,7 +276,7 @@ def _read_saved(spec: str, root: Path, split: str | None, fields: tuple[str, str
 
     try:
         with contextlib.ExitStack() as stack:
-            columns = _read_batches(spec, where, batches(stack), fields)
+            columns = _read_batches(spec, where, batches(stack), fields, bounds)
     except ValueError:
         raise
     except Exception as err:  # a user's files: any failure to read them is bad input
@@ -282,9 +285,66 @@ def _read_saved(spec: str, root: Path, split: str | None, fields: tuple[str, str
     return where, columns, _dir_digest(read, Path(os.path.realpath(root)))
 
 
-def _read_parquet(spec: str, path: Path, fields: tuple[str, str]) -> Any:
+# Rows Arrow decodes at a time: each batch is measured before the next is decoded.
+PARQUET_BATCH_ROWS = 65_536
+
+
+def _check_pages(
+    spec: str, path: Path, meta: Any, leaf: list[int], group_rows: list[int], bounds: Any
+) -> None:
+    """Refuse a file whose page headers declare more than the bounds allow, before Arrow reads a
+    page (it allocates each page's buffer at its declared size; the footer's sizes are only
+    claims). The values of a flat column chunk's pages cannot outnumber its row group's rows,
+    nor its pages (a dictionary page, and one empty page) exceed them by more than two, so the
+    walk is bounded by the rows checked before."""
+    import mmap
+
+    from harness.tasks.parquet_pages import DATA_PAGE, DATA_PAGE_V2, BadHeader, page_headers
+
+    where = str(path)
+    declared = 0
+    with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        buf = memoryview(mm)
+        try:
+            for g, rows in enumerate(group_rows):
+                for i in leaf:
+                    col = meta.row_group(g).column(i)
+                    # Where Arrow starts reading the chunk (file_reader.cc ComputeColumnChunkRange).
+                    start = col.data_page_offset
+                    first = col.dictionary_page_offset
+                    if col.has_dictionary_page and first is not None and 0 < first < start:
+                        start = first
+                    values = pages = 0
+                    try:
+                        for page in page_headers(buf, start, col.total_compressed_size):
+                            declared += page.uncompressed
+                            if declared > bounds.data_bytes:
+                                raise ValueError(
+                                    bounds.data_refusal(
+                                        f"task '{spec}': the pages of the prompt and answer "
+                                        f"columns of {where} declare {declared:,} bytes or more "
+                                        "once decompressed"
+                                    )
+                                )
+                            pages += 1
+                            if page.kind in (DATA_PAGE, DATA_PAGE_V2):
+                                values += page.num_values
+                            if values > rows or pages > rows + 2:
+                                raise BadHeader(
+                                    f"{pages:,} pages of {values:,} values for {rows:,} rows"
+                                )
+                    except BadHeader as err:
+                        raise ValueError(
+                            f"task '{spec}': cannot read {where} as Parquet (a page header of "
+                            f"column '{col.path_in_schema}' in row group {g}: {err})"
+                        ) from None
+        finally:
+            buf.release()
+
+
+def _read_parquet(spec: str, path: Path, fields: tuple[str, str], bounds: limits.DataBounds) -> Any:
     _regular(spec, path)
-    _size_check(spec, [path])
+    _size_check(spec, [path], bounds)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -294,26 +354,37 @@ def _read_parquet(spec: str, path: Path, fields: tuple[str, str]) -> Any:
         _check_columns(spec, str(path), list(schema.names), fields)
         _check_types(spec, str(path), schema, fields)
         meta = pf.metadata
-        _rows_check(spec, str(path), meta.num_rows)
-        # Decompressed (still encoded) size of the two columns, from the footer: bounds what
-        # reading them can allocate before a page is decompressed.
+        # The footer states the file's rows and each row group's apart, and Arrow reads by row
+        # group: a file that states 10 rows over a row group of 20 M is judged by the larger.
+        group_rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+        if min([meta.num_rows, *group_rows]) < 0:
+            raise ValueError(
+                f"task '{spec}': cannot read {path} as Parquet (its footer states a negative "
+                "row count)"
+            )
+        _rows_check(spec, str(path), max(meta.num_rows, sum(group_rows)), bounds)
+        # Decompressed (still encoded) size of the two columns, from the footer, then from every
+        # page header (what Arrow allocates; the footer's figure is the writer's claim).
         leaf = [i for i in range(meta.num_columns) if meta.schema.column(i).path in fields]
         encoded = sum(
             meta.row_group(g).column(i).total_uncompressed_size
             for g in range(meta.num_row_groups)
             for i in leaf
         )
-        _text_check(spec, str(path), encoded)
-        text = [c for c in fields if pa.types.is_string(schema.field(c).type)]
+        _text_check(spec, str(path), encoded, bounds)
+        _check_pages(spec, path, meta, leaf, group_rows, bounds)
+        t = pa.types
+        text = [
+            c for c in fields if t.is_string(tp := schema.field(c).type) or t.is_large_string(tp)
+        ]
 
-        # Dictionary pages stay dictionaries: 20 M rows of one word cost their indices.
+        # Dictionary pages stay dictionaries: 20 M rows of one word cost their indices (a
+        # large_string column too: Arrow would expand it).
         coded = pq.ParquetFile(path, read_dictionary=text)
-
-        def batches() -> Any:
-            for g in range(meta.num_row_groups):
-                yield from coded.read_row_group(g, columns=sorted(set(fields))).to_batches()
-
-        columns = _read_batches(spec, str(path), batches(), fields)
+        batches = coded.iter_batches(
+            batch_size=PARQUET_BATCH_ROWS, columns=sorted(set(fields)), use_threads=False
+        )
+        columns = _read_batches(spec, str(path), batches, fields, bounds)
     except ValueError:
         raise
     except Exception as err:
@@ -334,8 +405,13 @@ def hf_task(
     answer_format: str,
     format_weight: float,
     think: bool,
+    max_rows: int = limits.MAX_TASK_ROWS,
+    max_file_mib: int = limits.MAX_TASK_FILE_BYTES // limits.MIB,
+    max_data_mib: int = limits.MAX_TASK_DATA_BYTES // limits.MIB,
 ) -> PairTask:
-    """``hf:PATH`` (see the module docstring). Raises a one-line ``ValueError``."""
+    """``hf:PATH`` (see the module docstring); ``max_*`` move the data bounds
+    (:class:`harness.tasks.pairs.DataLimitOptions`). Raises a one-line ``ValueError``."""
+    bounds = data_bounds(max_rows, max_file_mib, max_data_mib)
     if not path:
         raise ValueError(f"task '{spec}': expected hf:PATH ({_FORMS})")
     p = Path(path).expanduser()
@@ -353,13 +429,18 @@ def hf_task(
             f"task '{spec}': task_options.split: applies to a save_to_disk directory only"
         )
     if p.is_dir():
-        where, columns, digest = _read_saved(spec, p, split, fields)
+        where, columns, digest = _read_saved(spec, p, split, fields, bounds)
     elif p.suffix == ".parquet":
-        where, columns, digest = _read_parquet(spec, p, fields)
+        where, columns, digest = _read_parquet(spec, p, fields, bounds)
     elif p.suffix == ".jsonl":
         # Other keys are ordinary dataset columns, ignored as in a Parquet file.
         examples = read_jsonl(
-            spec, path, prompt_field=prompt_field, answer_field=answer_field, only_fields=False
+            spec,
+            path,
+            prompt_field=prompt_field,
+            answer_field=answer_field,
+            only_fields=False,
+            bounds=bounds,
         )
         where, columns, digest = None, None, file_digest(p)
     else:
@@ -376,6 +457,7 @@ def hf_task(
             prompt_field=prompt_field,
             answer_field=answer_field,
             row="row",
+            bounds=bounds,
         )
     options = {"prompt_field": prompt_field, "answer_field": answer_field, "split": split}
     task = PairTask(

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from harness.core import limits
 from harness.core.configtools import option
 from harness.tasks.answers import (
     AnswerOptions,
@@ -52,16 +53,46 @@ class HeldOutOptions(TaskOptions):
 
 
 @dataclass(frozen=True)
+class DataLimitOptions(TaskOptions):
+    """How much data a task over a fixed list of pairs may read (``docs/limits.md``): the
+    defaults are :mod:`harness.core.limits`' bounds, each movable up to a ceiling of its own."""
+
+    max_rows: int = option(
+        limits.MAX_TASK_ROWS,
+        "most rows the data may hold (raise it for a bigger dataset; up to 10^8).",
+        ge=1,
+        le=limits.CEILING_TASK_ROWS,
+    )
+    max_file_mib: int = option(
+        limits.MAX_TASK_FILE_BYTES // limits.MIB,
+        "most MiB of data files read (up to 16384).",
+        ge=1,
+        le=limits.CEILING_TASK_FILE_MIB,
+    )
+    max_data_mib: int = option(
+        limits.MAX_TASK_DATA_BYTES // limits.MIB,
+        "most MiB the prompts and answers may decode to (up to 65536).",
+        ge=1,
+        le=limits.CEILING_TASK_DATA_MIB,
+    )
+
+
+def data_bounds(max_rows: int, max_file_mib: int, max_data_mib: int) -> limits.DataBounds:
+    """The bounds a task's ``max_rows`` / ``max_file_mib`` / ``max_data_mib`` options give."""
+    return limits.DataBounds.from_options(max_rows, max_file_mib, max_data_mib)
+
+
+@dataclass(frozen=True)
 class _Match(HeldOutOptions):
     reward: MatchRule = option(
         "numeric", "answer check: exact string, numeric (or exact), math_verify."
     )
 
 
-# eval_fraction and reward first, then the answer options (a dataclass lists its bases' fields
-# from the last base to the first).
+# eval_fraction and reward first, then the answer options, then the data bounds (a dataclass
+# lists its bases' fields from the last base to the first).
 @dataclass(frozen=True)
-class PairOptions(AnswerOptions, _Match):
+class PairOptions(DataLimitOptions, AnswerOptions, _Match):
     """The options of a file of prompt/answer pairs (``jsonl:``, ``hf:``, ``csv:``)."""
 
 
@@ -84,18 +115,22 @@ def pairs_from_records(
     answer_field: str = "answer",
     row: str = "",
     only_fields: bool = True,
+    bounds: limits.DataBounds = limits.DEFAULT_DATA_BOUNDS,
 ) -> list[Example]:
     """``where`` names the file ("PATH", rows are "line N") or "examples()" (rows are "item N");
     ``row`` overrides the row word ("row" for a dataset).
 
     Every row must carry both keys: a missing answer read as ``""`` would score an empty
     completion 1.0.  ``only_fields``: any other key is refused too (a misspelt ``anwser``); a
-    dataset whose extra columns are ordinary (``hf:``) passes False."""
+    dataset whose extra columns are ordinary (``hf:``) passes False.  The prompts and answers
+    together may hold at most ``bounds.data_bytes`` of UTF-8 text (what ``hf:`` measures in its
+    columns before decoding; here, for JSONL, CSV and ``examples()``, as the rows arrive)."""
     from harness.core.limits import MAX_TEXT_CHARS
 
     row = row or ("item" if where == "examples()" else "line")
     allowed = (prompt_field, answer_field)
     out = []
+    nbytes = 0
     for lineno, obj in records:
         at = f"task '{spec}': {where} {row} {lineno}"
         if isinstance(obj, dict):
@@ -127,10 +162,23 @@ def pairs_from_records(
                 raise ValueError(
                     f"{at}: '{key}' is {len(text):,} characters; at most {MAX_TEXT_CHARS:,}"
                 )
+        nbytes += _utf8_size(prompt) + _utf8_size(answer)
+        if nbytes > bounds.data_bytes:
+            raise ValueError(
+                bounds.data_refusal(
+                    f"task '{spec}': the prompts and answers of {where} up to {row} {lineno} "
+                    f"hold {nbytes:,} bytes"
+                )
+            )
         out.append(Example(prompt=prompt, answer=answer, source=f"{where} {row} {lineno}"))
     if not out:
         raise ValueError(f"task '{spec}': {where} holds no examples")
     return out
+
+
+def _utf8_size(text: str) -> int:
+    # isascii() reads a flag CPython keeps on the string: only non-ASCII text is encoded.
+    return len(text) if text.isascii() else len(text.encode())
 
 
 def utf8_lines(spec: str, path: str, fh: BinaryIO) -> Iterator[tuple[int, str]]:
@@ -153,14 +201,16 @@ def read_jsonl(
     prompt_field: str = "prompt",
     answer_field: str = "answer",
     only_fields: bool = True,
+    bounds: limits.DataBounds = limits.DEFAULT_DATA_BOUNDS,
 ) -> list[Example]:
     """Parse a JSONL file of ``{"prompt": ..., "answer": ...}`` lines (blank lines skipped; the
     two field names are configurable). ``~`` is expanded; a relative path is relative to the
     current directory.
 
-    Bounded before parsing: at most ``MAX_TASK_FILE_BYTES`` (harness.core.limits), UTF-8 line by
-    line (a bad byte names its line)."""
-    from harness.core.limits import MAX_TASK_FILE_BYTES, MAX_TASK_ROWS, not_regular, open_bounded
+    Bounded before parsing: at most ``bounds.file_bytes`` (by default ``MAX_TASK_FILE_BYTES``,
+    harness.core.limits) and ``bounds.rows`` rows, UTF-8 line by line (a bad byte names its
+    line)."""
+    from harness.core.limits import not_regular, open_bounded
 
     p = Path(path).expanduser()
     kind = not_regular(p)
@@ -170,17 +220,20 @@ def read_jsonl(
         raise ValueError(f"task '{spec}': file '{path}' does not exist")
     records: list[tuple[int, Any]] = []
     try:
-        fh = open_bounded(p, MAX_TASK_FILE_BYTES, "a task file", shown=path)
+        fh = open_bounded(
+            p, bounds.file_bytes, "a task file", shown=path, option=bounds.file_option
+        )
     except ValueError as err:
         raise ValueError(f"task '{spec}': {err}") from None
     with fh:
         for lineno, line in utf8_lines(spec, path, fh):
             if not line.strip():
                 continue
-            if len(records) >= MAX_TASK_ROWS:
+            if len(records) >= bounds.rows:
                 raise ValueError(
-                    f"task '{spec}': {path} holds more than {MAX_TASK_ROWS:,} rows; a task's "
-                    f"data may hold at most {MAX_TASK_ROWS:,} rows"
+                    bounds.rows_refusal(
+                        f"task '{spec}': {path} holds more than {bounds.rows:,} rows"
+                    )
                 )
             try:
                 records.append((lineno, json.loads(line)))
@@ -195,11 +248,17 @@ def read_jsonl(
         prompt_field=prompt_field,
         answer_field=answer_field,
         only_fields=only_fields,
+        bounds=bounds,
     )
 
 
 def file_digest(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).expanduser().read_bytes()).hexdigest()
+    # Read in blocks: a file a run allowed past the default bound need not be held twice.
+    h = hashlib.sha256()
+    with Path(path).expanduser().open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 class PairTask:
@@ -358,12 +417,16 @@ def jsonl_task(
     answer_format: str,
     format_weight: float,
     think: bool,
+    max_rows: int = limits.MAX_TASK_ROWS,
+    max_file_mib: int = limits.MAX_TASK_FILE_BYTES // limits.MIB,
+    max_data_mib: int = limits.MAX_TASK_DATA_BYTES // limits.MIB,
 ) -> PairTask:
     """``jsonl:PATH``: by default exact match, or numeric match within 1e-6 when both sides are
     numbers, of the whole completion; ``reward``/``answer_format``/``format_weight``/``think``
-    as in :mod:`harness.tasks.answers`."""
+    as in :mod:`harness.tasks.answers`; ``max_*`` bound the data (:class:`DataLimitOptions`)."""
     scorer, answer_spec, changed = answer_options(spec, reward, answer_format, format_weight, think)
-    examples = read_jsonl(spec, path)
+    bounds = data_bounds(max_rows, max_file_mib, max_data_mib)
+    examples = read_jsonl(spec, path, bounds=bounds)
     task = PairTask(
         spec,
         examples,
@@ -383,11 +446,23 @@ def python_task(
     *,
     eval_fraction: float,
     reward_timeout_s: float,
+    max_rows: int = limits.MAX_TASK_ROWS,
+    max_file_mib: int = limits.MAX_TASK_FILE_BYTES // limits.MIB,
+    max_data_mib: int = limits.MAX_TASK_DATA_BYTES // limits.MIB,
 ) -> PairTask:
     """``python:MODULE:FUNCTION[@PATH.jsonl]`` (see the module docstring). Runs user code: the
     examples here, the reward in a child process with each call bounded by
-    ``reward_timeout_s`` (:mod:`harness.tasks.reward_process`)."""
+    ``reward_timeout_s`` (:mod:`harness.tasks.reward_process`).  ``max_*`` bound the examples
+    (:class:`DataLimitOptions`); ``max_file_mib`` only the ``@PATH.jsonl`` file, so it is
+    refused without one (``examples()`` reads no file it could bound)."""
     target, _, data_path = target.partition("@")
+    bounds = data_bounds(max_rows, max_file_mib, max_data_mib)
+    if not data_path and bounds.file_bytes != limits.MAX_TASK_FILE_BYTES:
+        raise ValueError(
+            f"task '{spec}': {bounds.file_option}: bounds the file of "
+            "python:MODULE:FUNCTION@PATH.jsonl; examples() reads no file (bound it with max_rows "
+            "and max_data_mib)"
+        )
     module, _, func_name = target.rpartition(":")
     if not module or not func_name:
         raise ValueError(
@@ -398,7 +473,7 @@ def python_task(
     if not callable(func):
         raise ValueError(f"task '{spec}': module '{module}' has no function '{func_name}'")
     if data_path:
-        examples = read_jsonl(spec, data_path)
+        examples = read_jsonl(spec, data_path, bounds=bounds)
         data = file_digest(data_path)
     else:
         make = getattr(mod, "examples", None)
@@ -407,20 +482,21 @@ def python_task(
                 f"task '{spec}': module '{module}' defines no examples(); add one or use "
                 f"python:{target}@PATH.jsonl"
             )
-        from harness.core.limits import MAX_TASK_ROWS
-
         try:
-            records = list(itertools.islice(make(), MAX_TASK_ROWS + 1))
+            records = list(itertools.islice(make(), bounds.rows + 1))
         except Exception as exc:
             raise ValueError(
                 f"task '{spec}': examples() raised {type(exc).__name__}: {exc}"
             ) from exc
-        if len(records) > MAX_TASK_ROWS:
+        if len(records) > bounds.rows:
             raise ValueError(
-                f"task '{spec}': examples() returns more than {MAX_TASK_ROWS:,} examples; a "
-                f"task's data may hold at most {MAX_TASK_ROWS:,} rows"
+                bounds.rows_refusal(
+                    f"task '{spec}': examples() returns more than {bounds.rows:,} examples"
+                )
             )
-        examples = pairs_from_records(spec, "examples()", enumerate(records, start=1))
+        examples = pairs_from_records(
+            spec, "examples()", enumerate(records, start=1), bounds=bounds
+        )
         data = ""
     source = getattr(mod, "__file__", None)
     code = file_digest(source) if source and Path(source).is_file() else ""
@@ -443,12 +519,14 @@ def python_task(
 
 
 __all__ = [
+    "DataLimitOptions",
     "HeldOutOptions",
     "PairOptions",
     "PairTask",
     "answer_options",
     "check_reference_answers",
     "answer_text",
+    "data_bounds",
     "file_digest",
     "import_module",
     "jsonl_task",

@@ -119,7 +119,8 @@ BAD = {
     "a directory": (Path.mkdir, "is a directory, not a regular file"),
     "too large": (
         lambda p: _sparse(p, limits.MAX_TASK_FILE_BYTES + 1),
-        f"a task file may be at most {limits.MAX_TASK_FILE_BYTES:,} bytes",
+        f"a task file may be at most {limits.MAX_TASK_FILE_BYTES:,} bytes (64 MiB; raise "
+        "task_options.max_file_mib for more)",
     ),
     "missing file": (None, "does not exist"),
 }
@@ -158,13 +159,15 @@ def test_a_field_over_the_text_bound_names_its_column(tmp_path, monkeypatch):
     )
 
 
-def test_rows_over_the_row_bound_are_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(limits, "MAX_TASK_ROWS", 3)
+def test_rows_over_the_row_bound_are_refused(tmp_path):
     path = write(tmp_path / "rows.csv", SUMS)
-    with pytest.raises(
-        ValueError, match=r"holds more than 3 rows; a task's data may hold at most 3"
-    ):
-        get_task(f"csv:{path}")
+    with pytest.raises(ValueError) as err:
+        get_task(f"csv:{path}", max_rows=3)
+    assert str(err.value) == (
+        f"task 'csv:{path}': {path} holds more than 3 rows; a task's data may hold at most 3 "
+        "rows (raise task_options.max_rows for more)"
+    )
+    assert len(get_task(f"csv:{path}", max_rows=20).train) > 0  # exactly 20 rows: at the bound
 
 
 @pytest.mark.parametrize(

@@ -114,16 +114,20 @@ def test_hf_remote_name_through_the_cli_is_exit_2_and_writes_nothing(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
-def test_hf_data_over_the_size_bound_is_refused(tmp_path, monkeypatch):
-    from harness.core import limits
-
-    path = saved_dict(tmp_path)
-    monkeypatch.setattr(limits, "MAX_TASK_FILE_BYTES", 100)
-    with pytest.raises(
-        ValueError,
-        match=r"the data files hold [\d,]+ bytes; a task's data may be at most 100 bytes",
-    ):
-        get_task(f"hf:{path}", **FIELDS)
+def test_hf_data_over_the_size_bound_is_refused(tmp_path):
+    path = tmp_path / "ds"
+    data = {**rows(20), "pad": ["x" * 60_000] * 20}  # an ordinary extra column: 1.2 MB
+    datasets.Dataset.from_dict(data).save_to_disk(str(path))
+    with pytest.raises(ValueError) as err:
+        get_task(f"hf:{path}", **FIELDS, max_file_mib=1)
+    size = sum(
+        (path / f).stat().st_size for f in ("data-00000-of-00001.arrow", "dataset_info.json")
+    )
+    assert str(err.value) == (
+        f"task 'hf:{path}': the data files hold {size:,} bytes; a task's data may be at most "
+        "1,048,576 bytes (1 MiB; raise task_options.max_file_mib for more)"
+    )
+    assert len(get_task(f"hf:{path}", **FIELDS, max_file_mib=2).train) > 0
 
 
 # ---------------------------------------------------------------- math_verify

@@ -9,7 +9,8 @@ match reads it as the number.
 
 Bounded as a JSONL file (``docs/limits.md``): a regular file only, never opened otherwise (a
 FIFO would hang the command); at most ``MAX_TASK_FILE_BYTES``, checked before reading; at most
-``MAX_TASK_ROWS`` rows; each prompt and answer at most ``MAX_TEXT_CHARS``. A problem is one line
+``MAX_TASK_ROWS`` rows (``task_options.max_file_mib`` / ``max_rows`` move both); each prompt and
+answer at most ``MAX_TEXT_CHARS``. A problem is one line
 naming the file and the line. Held-out split, scoring and options are those of ``jsonl:``
 (:class:`harness.tasks.pairs.PairOptions`).
 """
@@ -28,6 +29,7 @@ from harness.tasks.pairs import (
     PairTask,
     answer_options,
     check_reference_answers,
+    data_bounds,
     file_digest,
     pairs_from_records,
     utf8_lines,
@@ -63,9 +65,11 @@ def _header(spec: str, path: str, lineno: int, row: list[str]) -> list[str]:
     return names
 
 
-def read_csv(spec: str, path: str) -> list[Example]:
-    """The examples of CSV file ``path`` (see the module docstring). ``~`` is expanded; a
-    relative path is relative to the current directory."""
+def read_csv(
+    spec: str, path: str, bounds: limits.DataBounds = limits.DEFAULT_DATA_BOUNDS
+) -> list[Example]:
+    """The examples of CSV file ``path`` (see the module docstring), within ``bounds``. ``~`` is
+    expanded; a relative path is relative to the current directory."""
     p = Path(path).expanduser()
     kind = limits.not_regular(p)
     if kind is not None:  # never opened: a FIFO would block the read until a writer came
@@ -73,7 +77,9 @@ def read_csv(spec: str, path: str) -> list[Example]:
     if not p.is_file():
         raise ValueError(f"task '{spec}': file '{path}' does not exist")
     try:
-        fh = limits.open_bounded(p, limits.MAX_TASK_FILE_BYTES, "a task file", shown=path)
+        fh = limits.open_bounded(
+            p, bounds.file_bytes, "a task file", shown=path, option=bounds.file_option
+        )
     except ValueError as err:
         raise ValueError(f"task '{spec}': {err}") from None
     records: list[tuple[int, dict[str, str]]] = []
@@ -110,18 +116,18 @@ def read_csv(spec: str, path: str) -> list[Example]:
                         f"task '{spec}': {path} line {start}: {len(row)} field(s); the header "
                         f"has {len(names)} ({','.join(names)})"
                     )
-                if len(records) >= limits.MAX_TASK_ROWS:
-                    top = limits.MAX_TASK_ROWS
+                if len(records) >= bounds.rows:
                     raise ValueError(
-                        f"task '{spec}': {path} holds more than {top:,} rows; a task's data may "
-                        f"hold at most {top:,} rows"
+                        bounds.rows_refusal(
+                            f"task '{spec}': {path} holds more than {bounds.rows:,} rows"
+                        )
                     )
                 records.append((start, dict(zip(names, row, strict=True))))
     finally:
         csv.field_size_limit(old_limit)
     if names is None:
         raise ValueError(f"task '{spec}': {path} is empty (expected the header row prompt,answer)")
-    return pairs_from_records(spec, path, records)
+    return pairs_from_records(spec, path, records, bounds=bounds)
 
 
 def csv_task(spec: str, path: str, o: PairOptions) -> PairTask:
@@ -131,7 +137,7 @@ def csv_task(spec: str, path: str, o: PairOptions) -> PairTask:
     )
     task = PairTask(
         spec,
-        read_csv(spec, path),
+        read_csv(spec, path, data_bounds(o.max_rows, o.max_file_mib, o.max_data_mib)),
         scorer,
         eval_fraction=o.eval_fraction,
         fingerprint=file_digest(path),

@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.core.configtools import option
-from harness.tasks.pairs import HeldOutOptions, python_task
+from harness.tasks.pairs import DataLimitOptions, HeldOutOptions, python_task
 from harness.tasks.registry import TaskSource, register
 from harness.tasks.reward_process import DEFAULT_REWARD_TIMEOUT_S
 
 
 @dataclass(frozen=True)
-class PythonOptions(HeldOutOptions):
+class PythonOptions(DataLimitOptions, HeldOutOptions):
     reward_timeout_s: float = option(
         DEFAULT_REWARD_TIMEOUT_S,
         "seconds one reward call may take; past it the run fails.",
