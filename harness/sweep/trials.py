@@ -121,11 +121,10 @@ def next_trial(
             lambda: study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         )
         cells = apply_allocation(study, spec, on_cancelled=on_cancelled)
-        busy = {key[1] for t in running if (key := trial_key(t)) is not None}
+        busy_seeds = {key[1] for t in running if (key := trial_key(t)) is not None}
+        order = claim_order_avoiding(busy_seeds)
         trial = with_retries(
-            lambda: claim_waiting_trial(
-                study, accept=lambda t: releasable(t, cells), order=claim_order_avoiding(busy)
-            )
+            lambda: claim_waiting_trial(study, accept=lambda t: releasable(t, cells), order=order)
         )
         return trial, 0 if trial is not None else len(running)
     if spec.kind == "grid":
