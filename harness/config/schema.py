@@ -317,6 +317,15 @@ class RunConfig:
                 where, why = problems[0]
                 more = "".join(f"; also {w}: {y}" for w, y in problems[1:])
                 raise ValueError(f"{where}: not expressible with trainer: trl ({why}){more}")
+        if self.ppo.prox_logp_method == "loglinear" and self.rollout.staleness < 2:
+            # α = (k−1)/k is 0 for a batch sampled k <= 1 updates ago: π_prox would be π_behave
+            # on every token, which is use_decoupled_loss=false under another name.
+            raise ValueError(
+                "ppo.prox_logp_method: 'loglinear' acts only with rollout.staleness >= 2 "
+                f"(got {self.rollout.staleness}: the interpolation weight (k-1)/k is 0 for a "
+                "lag k <= 1, so π_prox would be π_behave); raise rollout.staleness or use "
+                "prox_logp_method: recompute"
+            )
         if (
             self.ppo.overlong_tokens is not None
             and self.ppo.overlong_tokens > self.rollout.max_new_tokens

@@ -102,6 +102,7 @@ STEP_METRICS: dict[str, str] = {
     "perf/step_time": "Wall time of the step (s).",
     "perf/rollout_time": "Wall time of sampling (s).",
     "perf/update_time": "Wall time of the PPO (and critic) updates (s).",
+    "perf/prox_logp_time": "Wall time of the no-grad forward that recomputes π_prox before the update (s; part of perf/step_time); 0 when the step has none (no decoupled loss, correction or recompute_logprob, or ppo.prox_logp_method: loglinear, which interpolates π_prox instead).",
     "perf/tokens_per_sec": "Generated tokens per second of step time.",
     "perf/weight_sync_s": "Wall time of copying the policy's weights into the inference engine "
     "(s; rollout.sampler_backend vllm only, part of perf/rollout_time).",
@@ -233,7 +234,8 @@ def _trl_section() -> list[str]:
         "`rollout/staleness` are 0 (TRL runs have no reference in the reward and no lag); "
         "`stability/skipped_updates` is 0 (HF's Trainer steps even on a non-finite loss). Not "
         "logged by TRL, so absent: `policy/approx_kl*`, `policy/ratio_*`, `policy/dual_clipfrac`, "
-        "`policy/sampler_logprob_gap`, `policy/behave_*`, `mismatch/*`, `critic/*`, `reward/format`, "
+        "`policy/sampler_logprob_gap`, `policy/behave_*`, `mismatch/*`, `critic/*`, "
+        "`perf/prox_logp_time`, `reward/format`, "
         "`reward/correct` (its reward function returns the total).",
     ]
     return lines
