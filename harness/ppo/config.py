@@ -96,7 +96,8 @@ class PPOActorConfig:
             "How the decoupled loss gets π_prox (AReaL's actor.prox_logp_method): 'recompute' = "
             "a no-grad forward at the weights the update starts from; 'loglinear' = no forward, "
             "ℓp = ℓb + α·(sg(ℓθ) − ℓb) with α = (k−1)/k for a batch sampled k updates ago "
-            "(needs use_decoupled_loss and rollout.staleness >= 2); docs/ppo-semantics.md."
+            "(needs use_decoupled_loss and a rollout staleness of 2 or more); "
+            "docs/ppo-semantics.md."
         ),
     )
     recompute_logprob: bool = field(
