@@ -143,9 +143,15 @@ def markdown() -> str:
         "clip_min: lo, clip_max: hi}` |",
         "| ROLL `token_filter.infer_diff_mask` [lo, hi] | `{filters: [{metric: prob_diff, "
         "lower: lo, upper: hi}], denominator: post}` (preset `roll_infer_diff` is ±0.2) |",
-        "| ROLL `segment_filter.infer_diff_mask` [lo, hi] | the same filter at `level: "
-        "sequence, agg: mean` (ROLL averages per run of consecutive response tokens: one run "
-        "per row in single-turn data) |",
+        "| ROLL `train_infer_correction.filters[]` {agg_type, ratio_low/high, diff_low/high} "
+        "| one filter per enabled check, `denominator: post`: `{level, agg, metric: ratio / "
+        "prob_diff, lower, upper}` with agg_type token → `level: token`, segment → `level: "
+        "segment, agg: mean`, geometric → `level: sequence, agg: mean`, sequence → `level: "
+        "sequence, agg: sum` (ROLL `roll/utils/train_infer_corrections.py`; its segment IS "
+        "weight has no counterpart).  A completion here is one run of tokens, so `level: "
+        "segment` is accepted in a run only after a token-level mask filter with "
+        "`sequential: true` (which ROLL does not have); on `ppo_actor_loss` / `PPOActor` "
+        "batches with gaps in the loss mask (multi-turn) each run is its own segment |",
         "| AReaL `rejection_sampling` {level, action, metric, agg, lower, upper} | "
         "`{weight: token (sequence_geometric for sequence ratio), filters: [{level, metric "
         "(kl_kN → kN), direction: ref_behave, agg, lower, upper, action: mask / truncate}]}` |",
