@@ -164,6 +164,23 @@ def markdown() -> str:
         "",
         *_fields(Filter),
         "",
+        "### Segment level",
+        "",
+        "`level: segment` sits between token and sequence: a row's valid tokens are cut into "
+        "maximal runs of consecutive positions, and each run is judged by the `agg` of the "
+        "metric over its own tokens (for `ratio`, in log space: `mean` is the run's geometric "
+        "mean), broadcast to the run's tokens.  ROLL (alibaba/ROLL "
+        "`roll/utils/train_infer_corrections.py`, `_compute_all_granularity`, with the runs of "
+        "`roll/pipeline/agentic/utils.py` `compute_segment_masked_mean`) offers it as one "
+        "granularity of its train–infer filters, for multi-turn data where the environment's "
+        "tokens are masked out and each assistant turn is a run.  The harness's tasks produce "
+        "one completion per row, a single run, so on its own the level equals `sequence` with "
+        "the same `agg`; a run config is therefore refused unless a token-level mask filter "
+        "earlier in the list, under `sequential: true`, cuts the completion first (the runs "
+        "between its dropped tokens are then the segments).  `ppo_actor_loss` and `PPOActor` "
+        "batches whose loss mask has gaps take it as ROLL does.  With "
+        "`negative_advantage_only`, the sign of a run is that of its mean advantage.",
+        "",
         "## Export",
         "",
         "`harness export --to trl` writes `vllm_importance_sampling_{correction,mode,clip_min,"
