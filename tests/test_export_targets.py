@@ -84,6 +84,7 @@ AREAL_KEYS = {
         "c_clip",
         "use_decoupled_loss",
         "recompute_logprob",
+        "prox_logp_method",
         "importance_sampling_level",
         "ppo_n_minibatches",
         "adv_norm",

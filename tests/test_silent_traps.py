@@ -381,6 +381,7 @@ CONTEXT = {
     "ppo.kl_estimator": {"ppo.kl_ctl": 0.1},
     "ppo.dppo.ratio_cap": {"ppo.policy_loss": "dppo", "ppo.dppo.surrogate": "truncated_is"},
     "ppo.vespo.behaviour_weight": {"ppo.policy_loss": "vespo", "ppo.correction": "token_tis"},
+    "ppo.prox_logp_method": {"ppo.use_decoupled_loss": True, "rollout.staleness": 2},
 }
 _OBJECTIVES_WITH_OPTIONS = (
     *("cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "dppo", "vespo", "m2po"),

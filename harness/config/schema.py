@@ -17,6 +17,7 @@ from typing import Any, Literal
 from harness.core.configtools import is_device_name, meta
 from harness.model.options import ModelOptions, TinyModelConfig
 from harness.ppo.config import PPOActorConfig
+from harness.ppo.corrections import Correction
 from harness.tasks import field_help as task_field_help
 
 # Field metadata: help text plus the declared range (see harness.core.configtools.meta); every numeric
@@ -232,6 +233,27 @@ class EvalConfig:
             )
 
 
+def check_segment_filters(c: Any) -> None:
+    """A completion's valid tokens are one run, so a 'segment' filter decides exactly as the
+    'sequence' one with the same agg, unless an earlier token-level mask filter under
+    ``sequential: true`` has cut the runs the filter sees: refused there rather than offered
+    as a distinct cell that cannot differ.  (``PPOActor`` batches whose loss_mask has gaps,
+    e.g. multi-turn, are not checked: there every run is a segment.)"""
+    if not isinstance(c, Correction):
+        return
+    for i, f in enumerate(c.filters):
+        if f.level != "segment":
+            continue
+        cut = c.sequential and any(g.level == "token" and g.action == "mask" for g in c.filters[:i])
+        if not cut:
+            raise ValueError(
+                f"ppo.correction.filters[{i}].level: 'segment' aggregates over each run of "
+                "consecutive completion tokens, and a completion is one run, so it equals level "
+                "'sequence' here; it differs after an earlier token-level mask filter with "
+                "sequential: true; use level: sequence"
+            )
+
+
 @dataclass
 class RunConfig:
     """One PPO training run."""
@@ -317,6 +339,16 @@ class RunConfig:
                 where, why = problems[0]
                 more = "".join(f"; also {w}: {y}" for w, y in problems[1:])
                 raise ValueError(f"{where}: not expressible with trainer: trl ({why}){more}")
+        check_segment_filters(self.ppo.correction)
+        if self.ppo.prox_logp_method == "loglinear" and self.rollout.staleness < 2:
+            # α = (k−1)/k is 0 for a batch sampled k <= 1 updates ago: π_prox would be π_behave
+            # on every token, which is use_decoupled_loss=false under another name.
+            raise ValueError(
+                "ppo.prox_logp_method: 'loglinear' acts only with rollout.staleness >= 2 "
+                f"(got {self.rollout.staleness}: the interpolation weight (k-1)/k is 0 for a "
+                "lag k <= 1, so π_prox would be π_behave); raise rollout.staleness or use "
+                "prox_logp_method: recompute"
+            )
         if (
             self.ppo.overlong_tokens is not None
             and self.ppo.overlong_tokens > self.rollout.max_new_tokens

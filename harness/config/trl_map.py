@@ -185,6 +185,12 @@ TRL_MAPPING: tuple[MapRow, ...] = (
         "a proximal policy separate from the sampler exists in TRL only with vLLM",
     ),
     MapRow(
+        "ppo.prox_logp_method",
+        "-",
+        "none",
+        "TRL recomputes π_prox with a forward pass (no interpolation option)",
+    ),
+    MapRow(
         "ppo.behave_imp_weight_mode / rejection_sampling",
         "vllm_importance_sampling_mode",
         "none",
@@ -393,6 +399,13 @@ def trl_problems(cfg: Any) -> list[tuple[str, str]]:
         out.append(("rollout.staleness", "GRPOTrainer always samples with the current policy"))
     if p.use_decoupled_loss:
         out.append(("ppo.use_decoupled_loss", "TRL has a separate proximal policy only with vLLM"))
+    if p.prox_logp_method != "recompute":
+        out.append(
+            (
+                "ppo.prox_logp_method",
+                "TRL recomputes π_prox with a forward pass; it has no interpolation option",
+            )
+        )
     if p.behave_imp_weight_mode != "disabled" or p.rejection_sampling is not None:
         field = "behave_imp_weight_mode" if p.rejection_sampling is None else "rejection_sampling"
         out.append((f"ppo.{field}", "behaviour weights need a separate vLLM sampler in TRL"))

@@ -58,7 +58,7 @@ STEP_METRICS: dict[str, str] = {
     # training–inference mismatch (harness/metrics/mismatch.py, docs/mismatch.md): the sampler's
     # behaviour log-probs ℓb against a learner-precision forward ℓp at the current weights, over
     # the step's valid tokens, before any update; w = π_p/π_b; with rollout.measure_mismatch
-    "mismatch/kl_k1": "k1 estimate of KL(π_b‖π_learner) from the sampler's tokens: mean of ℓb − ℓp (verl rollout_corr/kl; can be negative). Every mismatch/* compares the sampler's ℓb with the learner-precision ℓp at the current weights before any update on the batch, over the whole batch when the actor recomputes (ppo.recompute_logprob or use_decoupled_loss), else over the update's first minibatch (the whole batch at ppo_n_minibatches 1); see docs/mismatch.md. Under staleness it holds the policy lag too (numerics_/lag_).",
+    "mismatch/kl_k1": "k1 estimate of KL(π_b‖π_learner) from the sampler's tokens: mean of ℓb − ℓp (verl rollout_corr/kl; can be negative). Every mismatch/* compares the sampler's ℓb with the learner-precision ℓp at the current weights before any update on the batch, over the whole batch when the actor recomputes (ppo.recompute_logprob or use_decoupled_loss, unless prox_logp_method is loglinear), else over the update's first minibatch (the whole batch at ppo_n_minibatches 1); see docs/mismatch.md. Under staleness it holds the policy lag too (numerics_/lag_).",
     "mismatch/kl_k3": "k3 estimate of the same KL: mean of w − log w − 1, w = exp(ℓp − ℓb) (verl rollout_corr/k3_kl; ≥ 0). ≤ 1e-12 with a float32 sampler and learner; ~1e-6 to 1e-5 for a bfloat16 sampler on the tiny model.",
     "mismatch/logprob_abs_diff_mean": "Mean |ℓp − ℓb| over valid tokens (TRL sampling/sampling_logp_difference/mean).",
     "mismatch/logprob_abs_diff_max": "Largest |ℓp − ℓb| (TRL sampling/sampling_logp_difference/max).",
@@ -102,6 +102,7 @@ STEP_METRICS: dict[str, str] = {
     "perf/step_time": "Wall time of the step (s).",
     "perf/rollout_time": "Wall time of sampling (s).",
     "perf/update_time": "Wall time of the PPO (and critic) updates (s).",
+    "perf/prox_logp_time": "Wall time of the no-grad forward that recomputes π_prox before the update (s; part of perf/step_time); 0 when the step has none (no decoupled loss, correction or recompute_logprob, or ppo.prox_logp_method: loglinear, which interpolates π_prox instead).",
     "perf/tokens_per_sec": "Generated tokens per second of step time.",
     "perf/weight_sync_s": "Wall time of copying the policy's weights into the inference engine "
     "(s; rollout.sampler_backend vllm only, part of perf/rollout_time).",
@@ -233,7 +234,8 @@ def _trl_section() -> list[str]:
         "`rollout/staleness` are 0 (TRL runs have no reference in the reward and no lag); "
         "`stability/skipped_updates` is 0 (HF's Trainer steps even on a non-finite loss). Not "
         "logged by TRL, so absent: `policy/approx_kl*`, `policy/ratio_*`, `policy/dual_clipfrac`, "
-        "`policy/sampler_logprob_gap`, `policy/behave_*`, `mismatch/*`, `critic/*`, `reward/format`, "
+        "`policy/sampler_logprob_gap`, `policy/behave_*`, `mismatch/*`, `critic/*`, "
+        "`perf/prox_logp_time`, `reward/format`, "
         "`reward/correct` (its reward function returns the total).",
     ]
     return lines

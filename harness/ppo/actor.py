@@ -18,6 +18,10 @@ produced by ``harness.run.rollout.sample``:
                                   old parameters, *predicting* layout as ``compute_logp`` returns
                                   them; used instead of a recompute by the decoupled loss, a
                                   correction or recompute_logprob (refused otherwise)
+    versions        [B, L] long   with ``prox_logp_method: loglinear`` (AReaL's key): the policy
+                                  version that sampled each token, token layout, negative off the
+                                  generated tokens
+    current_version int           with ``loglinear``: the learner's version (updates made so far)
     current_logprobs [B, L]       optional, model-free use only: the current policy's log-probs
                                   (token layout, carrying the gradient)
     current_entropy [B, L]        optional, model-free use only: its entropy (token layout)
@@ -31,6 +35,7 @@ and adds ``mask``, ``old_logprobs``, ``prox_logprobs``, ``advantages``, ``return
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +46,7 @@ from harness.ppo.advantages import gae, kl_estimate, shape_rewards
 from harness.ppo.masks import group_ids_from_sizes, top_entropy_mask, truncated_row_mask
 from harness.ppo.normalization import normalize
 from harness.ppo.objectives import objective_loss
+from harness.ppo.proximal import loglinear_proximal
 
 if TYPE_CHECKING:
     from harness.ppo.config import PPOActorConfig
@@ -102,6 +108,8 @@ class PPOActor:
         # The first minibatch's rows and log-probs of the last ppo_update, before any update on
         # the batch (predicting layout, no grad).
         self.first_logprobs: tuple[list[int], torch.Tensor] | None = None
+        # Seconds the last compute_advantages spent recomputing π_prox (0 without a forward).
+        self.prox_seconds = 0.0
         # Clip-Cov's random draw; the training loop seeds it from the run seed (determinism).
         self.generator = generator if generator is not None else torch.Generator().manual_seed(0)
 
@@ -162,15 +170,20 @@ class PPOActor:
         # vllm_importance_sampling_correction does (docs/corrections.md "Without the
         # decoupled loss"); with old = prox its weight would be 1 everywhere.
         decoupled = cfg.recomputes_proximal
+        interpolated = cfg.interpolates_proximal
         needs_recompute = decoupled or cfg.recompute_logprob
         behaviour = roll_left(batch["logprobs"].float()) * mf
         given = batch.get("prox_logp")
         if given is not None and not needs_recompute:
             raise ValueError(
                 "batch['prox_logp'] (π_prox) is used only with use_decoupled_loss, "
-                "recompute_logprob or a correction that reads π_prox; drop it or set one"
+                "recompute_logprob or a correction that reads π_prox (and not with "
+                "prox_logp_method: loglinear, which interpolates it); drop it or set one"
             )
+        if interpolated:
+            batch["versions_p"] = self._proximal_versions(batch, m)
         recomputed = None
+        self.prox_seconds = 0.0
         if given is not None:  # AReaL's key: the caller's π_prox, predicting layout
             if tuple(given.shape) != tuple(loss_mask.shape):
                 raise ValueError(
@@ -179,8 +192,10 @@ class PPOActor:
                 )
             recomputed = given.detach().float() * mf
         elif needs_recompute and self.model is not None:
+            t0 = time.perf_counter()
             with torch.no_grad():
                 recomputed = self.compute_logp(batch)[0] * mf
+            self.prox_seconds = time.perf_counter() - t0
         elif needs_recompute:
             what = (
                 "use_decoupled_loss"
@@ -195,6 +210,10 @@ class PPOActor:
         if decoupled:
             old = behaviour
             prox = recomputed if recomputed is not None else behaviour
+        elif interpolated:
+            # π_prox depends on the live ℓθ: compute_loss interpolates it per minibatch; until
+            # then it holds ℓb (what α = 0 gives).
+            old = prox = behaviour
         elif cfg.recompute_logprob and recomputed is not None:
             old = prox = recomputed
         else:
@@ -257,6 +276,26 @@ class PPOActor:
         batch["token_rewards"] = token_rewards
         return batch
 
+    @staticmethod
+    def _proximal_versions(batch: dict[str, Any], m: torch.Tensor) -> torch.Tensor:
+        """The sampling version of each token in predicting layout, for ``loglinear``: AReaL's
+        batch keys ``versions`` (token layout) and ``current_version``, both required."""
+        missing = [k for k in ("versions", "current_version") if batch.get(k) is None]
+        if missing:
+            raise ValueError(
+                "prox_logp_method: 'loglinear' interpolates π_prox from policy versions: the "
+                f"batch needs {' and '.join(repr(k) for k in missing)} (the version that "
+                "sampled each token, token layout, and the learner's version)"
+            )
+        v = batch["versions"]
+        if tuple(v.shape) != tuple(batch["loss_mask"].shape):
+            raise ValueError(
+                f"batch['versions'] has shape {tuple(v.shape)}; the batch's loss_mask has "
+                f"{tuple(batch['loss_mask'].shape)}"
+            )
+        # Each position gets the version of the token it predicts; off the mask, −1 (α = 0).
+        return torch.where(m, roll_left(v.long()), torch.full_like(v.long(), -1))
+
     # ------------------------------------------------------------------ loss
     def compute_loss(
         self,
@@ -278,6 +317,14 @@ class PPOActor:
                 with_entropy=cfg.entropy_coef > 0 or top_entropy or self.model is not None,
             )
         m = batch["mask"]
+        prox = batch["prox_logprobs"]
+        if cfg.interpolates_proximal:
+            versions = batch.get("versions_p")
+            if versions is None:
+                versions = self._proximal_versions(batch, m)
+            prox = loglinear_proximal(
+                batch["old_logprobs"], logprobs, versions, int(batch["current_version"])
+            ) * m.to(logprobs.dtype)
         keep = None
         if top_entropy:
             if entropy is None:
@@ -289,7 +336,7 @@ class PPOActor:
         loss, stats = objective_loss(
             cfg,
             logprobs,
-            batch["prox_logprobs"],
+            prox,
             batch["old_logprobs"],
             batch["advantages"],
             m,

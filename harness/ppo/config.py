@@ -14,6 +14,7 @@ from harness.ppo.corrections import PRESETS, Correction, resolve
 from harness.ppo.loss import RejectionSampling, validate_clip_options
 from harness.ppo.normalization import NormConfig
 from harness.ppo.objectives import OBJECTIVES, ClipOptions, renamed_keys, validate_selection
+from harness.ppo.proximal import ProxLogpMethod
 
 _h = meta
 _CLIP = {f.name: f for f in fields(ClipOptions)}
@@ -87,6 +88,16 @@ class PPOActorConfig:
         default=False,
         metadata=_h(
             "Decoupled PPO: clip against π_prox recomputed before the update, not π_behave."
+        ),
+    )
+    prox_logp_method: ProxLogpMethod = field(
+        default="recompute",
+        metadata=_h(
+            "How the decoupled loss gets π_prox (AReaL's actor.prox_logp_method): 'recompute' = "
+            "a no-grad forward at the weights the update starts from; 'loglinear' = no forward, "
+            "ℓp = ℓb + α·(sg(ℓθ) − ℓb) with α = (k−1)/k for a batch sampled k updates ago "
+            "(needs use_decoupled_loss and a rollout staleness of 2 or more); "
+            "docs/ppo-semantics.md."
         ),
     )
     recompute_logprob: bool = field(
@@ -247,10 +258,34 @@ class PPOActorConfig:
                     "1); set use_decoupled_loss=true, or behave_imp_weight_mode: disabled"
                 )
 
+        if self.prox_logp_method == "loglinear":
+            # AReaL interpolates π_prox only under its decoupled loss; anything else would leave
+            # the option inert, or silently drop a forward pass the user asked for.
+            if not self.use_decoupled_loss:
+                raise ValueError(
+                    "prox_logp_method: 'loglinear' acts only with use_decoupled_loss=true "
+                    "(without it there is no π_prox to interpolate); set use_decoupled_loss=true "
+                    "or prox_logp_method: recompute"
+                )
+            if self.recompute_logprob:
+                raise ValueError(
+                    "prox_logp_method: 'loglinear' skips the forward pass that "
+                    "recompute_logprob=true asks for; set recompute_logprob=false or "
+                    "prox_logp_method: recompute"
+                )
+
+    @property
+    def interpolates_proximal(self) -> bool:
+        """π_prox interpolated from ℓb and the live ℓθ (AReaL ``loglinear``): no forward pass."""
+        return self.use_decoupled_loss and self.prox_logp_method == "loglinear"
+
     @property
     def recomputes_proximal(self) -> bool:
         """π_prox is the learner recomputed at the old parameters, π_behave the sampler: with
-        the decoupled loss, or with a correction that reads π_prox (TRL's semantics)."""
+        the decoupled loss (unless π_prox is interpolated instead), or with a correction that
+        reads π_prox (TRL's semantics)."""
+        if self.interpolates_proximal:
+            return False
         c = self.correction
         corr = isinstance(c, Correction) and "proximal" in c.references()
         return self.use_decoupled_loss or corr

@@ -161,6 +161,7 @@ def _train(run: Run, sampler: Sampler, amp: torch.dtype | None) -> None:
         return score_round(Round(rb, per_row, parts), cfg.ppo, max_new, device)
 
     skipped = 0  # steps whose update dynamic sampling skipped (no group left)
+    version = 0  # the learner's policy version: updates made so far (AReaL's get_version)
     for step in range(cfg.steps):
         if run.stop_requested(step):
             break
@@ -170,6 +171,7 @@ def _train(run: Run, sampler: Sampler, amp: torch.dtype | None) -> None:
         examples = task.sample(rng, cfg.rollout.prompts_per_step)
         policy_for_sampling = model
         stale = ring.behaviour_state()
+        sampled_version = version - ring.lag  # the version of the weights that sample this step
         swap: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         if behaviour_model is not None and stale is not None:
             behaviour_model.load_state_dict(stale)
@@ -220,6 +222,11 @@ def _train(run: Run, sampler: Sampler, amp: torch.dtype | None) -> None:
             "group_sizes": train.rb.group_sizes,
             "truncated": train.rb.truncated,
         }
+        if cfg.ppo.interpolates_proximal:
+            # AReaL's per-token versions (every token of a step comes from one snapshot here).
+            lm = train.rb.loss_mask.bool()
+            batch["versions"] = torch.where(lm, sampled_version, -1).long()
+            batch["current_version"] = version
         with torch.no_grad(), precision(device, amp):
             if kl_on:
                 with reference_off(model) if lora else contextlib.nullcontext():
@@ -252,6 +259,7 @@ def _train(run: Run, sampler: Sampler, amp: torch.dtype | None) -> None:
             raise Diverged(step, "non-finite policy parameters after the update")
         mismatch = probe.measure(model, train.rb, batch, snap_logprobs, first=actor.first_logprobs)
         ring.push(model)
+        version += 1
 
         # 5. Metrics.
         m = batch["mask"]
@@ -269,6 +277,7 @@ def _train(run: Run, sampler: Sampler, amp: torch.dtype | None) -> None:
             "perf/step_time": step_time,
             "perf/rollout_time": t_rollout,
             "perf/update_time": t_update,
+            "perf/prox_logp_time": actor.prox_seconds,
             "perf/tokens_per_sec": n_gen / step_time if step_time > 0 else 0.0,
             **_sync_metrics(sampler),
             **stats,

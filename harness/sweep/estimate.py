@@ -43,6 +43,7 @@ COST_KEYS = (
     "ppo.ppo_epochs",
     "ppo.ppo_n_minibatches",
     "ppo.recompute_logprob",
+    "ppo.prox_logp_method",  # loglinear skips the recompute forward
     "ppo.kl_ctl",
     "critic.enabled",
 )

@@ -532,6 +532,11 @@ def export_verl(cfg: RunConfig) -> str:
             "# ppo.use_decoupled_loss / behaviour weights: verl's algorithm.rollout_correction "
             "weighs rollout-vs-old policy mismatch, not a lagged sampler; not mapped"
         )
+    if p.prox_logp_method != "recompute":
+        notes.append(
+            f"# ppo.prox_logp_method={p.prox_logp_method}: verl has no such option (it "
+            "recomputes old_log_prob with a forward pass, or skips it in bypass mode)"
+        )
     if (p.reward_scaling, p.reward_bias) != (1.0, 0.0):
         notes.append("# ppo.reward_scaling / reward_bias: verl has no reward shaping option")
     where = {"actor_rollout_ref.model.target_modules": "model_options.lora.target_modules"}
@@ -571,6 +576,7 @@ def export_areal(cfg: RunConfig) -> str:
         "c_clip": p.c_clip,
         "use_decoupled_loss": p.use_decoupled_loss,
         "recompute_logprob": p.recompute_logprob,
+        "prox_logp_method": p.prox_logp_method,
         "importance_sampling_level": p.importance_sampling_level,
         "ppo_n_minibatches": p.ppo_n_minibatches,
         "adv_norm": norm(p.adv_norm, "adv_norm"),

@@ -72,6 +72,47 @@ def row_extreme(x: torch.Tensor, m: torch.Tensor, which: str) -> torch.Tensor:
     return torch.where(m.any(dim=1, keepdim=True), v, torch.zeros_like(v))
 
 
+def segment_ids(m: torch.Tensor) -> torch.Tensor:
+    """[B, T] long: 1, 2, … for the maximal runs of consecutive valid tokens of each row, in
+    order; 0 off the mask.  A row whose valid tokens are contiguous (one completion) is one
+    segment; a multi-turn row, with the other side's tokens masked out, has one per turn."""
+    prev = torch.nn.functional.pad(m[:, :-1], (1, 0), value=False)
+    starts = m & ~prev
+    return torch.where(m, starts.long().cumsum(dim=1), torch.zeros((), dtype=torch.long))
+
+
+def segment_reduce(x: torch.Tensor, m: torch.Tensor, agg: str) -> torch.Tensor:
+    """The ``agg`` (sum, mean, max or min) of ``x`` over each segment of ``segment_ids(m)``,
+    broadcast to the segment's tokens; 0 off the mask:
+
+        out_t = agg_{s ∈ S(t)} x_s,   S(t) = the run of consecutive valid tokens holding t
+
+    ROLL (alibaba/ROLL) ``roll/pipeline/agentic/utils.py`` ``compute_segment_masked_mean`` (the
+    mean, a Python loop over the runs, divisor count + 1e-8), used by
+    ``roll/utils/train_infer_corrections.py`` ``_compute_all_granularity`` for the 'segment'
+    granularity of its train–infer filters: ratio = exp(segment mean of ℓold − ℓinfer),
+    diff = segment mean of p_old − p_infer.  Here the divisor is the exact count."""
+    B, T = m.shape
+    ids = segment_ids(m)
+    k = T + 1  # segment ids per row: 0 (off the mask) … at most ⌈T/2⌉
+    flat = (ids + torch.arange(B, device=m.device)[:, None] * k).reshape(-1)
+    size = B * k
+    if agg in ("sum", "mean"):
+        vals = torch.where(m, x, _zeros_like(x)).reshape(-1)
+        tot = torch.zeros(size, dtype=x.dtype, device=x.device).index_add_(0, flat, vals)
+        if agg == "mean":
+            n = torch.zeros(size, dtype=x.dtype, device=x.device)
+            n = n.index_add_(0, flat, m.to(x.dtype).reshape(-1))
+            tot = tot / n.clamp(min=1)
+    else:
+        fill = -math.inf if agg == "max" else math.inf
+        vals = torch.where(m, x, torch.full((), fill, dtype=x.dtype)).reshape(-1)
+        tot = torch.full((size,), fill, dtype=x.dtype, device=x.device).scatter_reduce_(
+            0, flat, vals, reduce="amax" if agg == "max" else "amin"
+        )
+    return torch.where(m, tot[flat].reshape(B, T), _zeros_like(x))
+
+
 def token_metric(
     f: Filter, lw: torch.Tensor, ref: torch.Tensor, behave: torch.Tensor
 ) -> torch.Tensor:
@@ -135,9 +176,12 @@ def probability_statistic(
 def filter_statistic(
     f: Filter, m: torch.Tensor, lw: torch.Tensor, ref: torch.Tensor, behave: torch.Tensor
 ) -> torch.Tensor:
-    """[B, T] (token level) or [B, 1] (sequence level) statistic the bounds apply to."""
+    """[B, T] (token and segment level) or [B, 1] (sequence level) statistic the bounds apply
+    to."""
     x = token_metric(f, lw, ref, behave)
-    if f.level == "sequence":
+    if f.level == "segment":
+        x = segment_reduce(x, m, f.agg)
+    elif f.level == "sequence":
         if f.agg == "sum":
             x = row_sum(x, m)
         elif f.agg == "mean":
@@ -204,7 +248,12 @@ def apply_correction(
         stat = filter_statistic(f, seen, log_weight(ref, behave), ref, behave)
         ok = inside(stat, f.lower, f.upper)
         if f.negative_advantage_only:
-            a = adv if f.level == "token" else row_mean(adv, m)
+            if f.level == "token":
+                a = adv
+            elif f.level == "segment":  # the sign of the run's mean advantage
+                a = segment_reduce(adv, seen, "mean")
+            else:
+                a = row_mean(adv, m)
             ok = ok | ~(a < 0)
         ok = ok.expand_as(m)
         if f.action == "mask":

@@ -143,9 +143,15 @@ def markdown() -> str:
         "clip_min: lo, clip_max: hi}` |",
         "| ROLL `token_filter.infer_diff_mask` [lo, hi] | `{filters: [{metric: prob_diff, "
         "lower: lo, upper: hi}], denominator: post}` (preset `roll_infer_diff` is ±0.2) |",
-        "| ROLL `segment_filter.infer_diff_mask` [lo, hi] | the same filter at `level: "
-        "sequence, agg: mean` (ROLL averages per run of consecutive response tokens: one run "
-        "per row in single-turn data) |",
+        "| ROLL `train_infer_correction.filters[]` {agg_type, ratio_low/high, diff_low/high} "
+        "| one filter per enabled check, `denominator: post`: `{level, agg, metric: ratio / "
+        "prob_diff, lower, upper}` with agg_type token → `level: token`, segment → `level: "
+        "segment, agg: mean`, geometric → `level: sequence, agg: mean`, sequence → `level: "
+        "sequence, agg: sum` (ROLL `roll/utils/train_infer_corrections.py`; its segment IS "
+        "weight has no counterpart).  A completion here is one run of tokens, so `level: "
+        "segment` is accepted in a run only after a token-level mask filter with "
+        "`sequential: true` (which ROLL does not have); on `ppo_actor_loss` / `PPOActor` "
+        "batches with gaps in the loss mask (multi-turn) each run is its own segment |",
         "| AReaL `rejection_sampling` {level, action, metric, agg, lower, upper} | "
         "`{weight: token (sequence_geometric for sequence ratio), filters: [{level, metric "
         "(kl_kN → kN), direction: ref_behave, agg, lower, upper, action: mask / truncate}]}` |",
@@ -157,6 +163,23 @@ def markdown() -> str:
         "## A filter (`ppo.correction.filters[]`)",
         "",
         *_fields(Filter),
+        "",
+        "### Segment level",
+        "",
+        "`level: segment` sits between token and sequence: a row's valid tokens are cut into "
+        "maximal runs of consecutive positions, and each run is judged by the `agg` of the "
+        "metric over its own tokens (for `ratio`, in log space: `mean` is the run's geometric "
+        "mean), broadcast to the run's tokens.  ROLL (alibaba/ROLL "
+        "`roll/utils/train_infer_corrections.py`, `_compute_all_granularity`, with the runs of "
+        "`roll/pipeline/agentic/utils.py` `compute_segment_masked_mean`) offers it as one "
+        "granularity of its train–infer filters, for multi-turn data where the environment's "
+        "tokens are masked out and each assistant turn is a run.  The harness's tasks produce "
+        "one completion per row, a single run, so on its own the level equals `sequence` with "
+        "the same `agg`; a run config is therefore refused unless a token-level mask filter "
+        "earlier in the list, under `sequential: true`, cuts the completion first (the runs "
+        "between its dropped tokens are then the segments).  `ppo_actor_loss` and `PPOActor` "
+        "batches whose loss mask has gaps take it as ROLL does.  With "
+        "`negative_advantage_only`, the sign of a run is that of its mean advantage.",
         "",
         "## Export",
         "",

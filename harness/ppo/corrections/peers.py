@@ -88,6 +88,8 @@ def _verl_rs(f: Filter, i: int, bypass: bool) -> tuple[tuple[str, Any] | None, s
         return None, "verl's rollout_rs has no advantage-sign condition"
     if f.reference == "current" and not bypass:
         return None, "verl judges against sg(ℓθ) only in bypass_mode"
+    if f.level == "segment":
+        return None, "verl's rollout_rs aggregates per token or per sequence, not per segment"
     level = "token" if f.level == "token" else _VERL_AGG.get(f.agg)
     if level is None:
         return None, "verl's rollout_rs has no min aggregation"

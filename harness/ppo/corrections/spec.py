@@ -29,8 +29,11 @@ class Filter:
     """One rejection filter: a token (or its whole sequence) leaves the loss unless
     lower ≤ statistic ≤ upper.  Filters are combined with AND."""
 
-    level: Literal["token", "sequence"] = option(
-        "token", "'token': each token on its own; 'sequence': the row's aggregate decides."
+    level: Literal["token", "segment", "sequence"] = option(
+        "token",
+        "'token': each token on its own; 'segment': the aggregate over each run of consecutive "
+        "valid tokens of a row decides for that run (ROLL's agg_type segment); 'sequence': the "
+        "row's aggregate decides.",
     )
     metric: Literal[
         "ratio", "k1", "k2", "k3", "binary_kl", "binary_kl_directed", "tv", "prob_diff"
@@ -51,7 +54,9 @@ class Filter:
         "ℓb, kl_k3 = 1/w − 1 + log w).",
     )
     agg: Literal["sum", "mean", "max", "min"] = option(
-        "mean", "Sequence level: sum, mean (over the row's valid tokens), max or min of the metric."
+        "mean",
+        "Sequence and segment level: sum, mean (over the row's, or the run's, valid tokens), "
+        "max or min of the metric.",
     )
     lower: float | None = option(None, "Inclusive lower bound; null = none.", inf="no bound")
     upper: float | None = option(None, "Inclusive upper bound; null = none.", inf="no bound")
