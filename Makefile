@@ -45,7 +45,8 @@ FINDINGS := experiments/findings/inert-clip.yaml experiments/findings/dual-clip.
 	experiments/findings/clip-higher.yaml experiments/findings/norm.yaml \
 	experiments/findings/norm-adaptive.yaml \
 	experiments/findings/staleness.yaml experiments/losses.yaml \
-	experiments/findings/objectives-2026.yaml experiments/findings/mismatch.yaml
+	experiments/findings/objectives-2026.yaml experiments/findings/mismatch.yaml \
+	experiments/findings/engine-mismatch.yaml
 findings: $(STAMP)
 	for f in $(FINDINGS); do $(VENV)/bin/harness ablate $$f --workers 2 --results-dir results/findings || exit $$?; done
 
