@@ -259,8 +259,8 @@ def test_harness_run_with_the_engine_logs_real_mismatch(tmp_path):
 @needs_engine
 def test_cli_run_with_a_bf16_engine(tmp_path):
     """`harness run` as a user types it, with a bf16 engine synced from a float32 learner: it
-    trains, and the console carries the run's lines, not vLLM's (no start-up INFO, none of the
-    per-sync dtype warnings that used to repeat every step)."""
+    trains, and the console carries the run's lines, not vLLM's (no start-up INFO or load
+    progress bar, none of the per-sync dtype warnings that used to repeat every step)."""
     import os
     import subprocess
     import sys
@@ -278,6 +278,8 @@ def test_cli_run_with_a_bf16_engine(tmp_path):
     assert "perf/weight_sync_s" in out or "final/reward" in out, out[-2000:]
     assert "Attempted to load weight" not in out
     assert "Failed to load weights" not in out
+    assert "Loading safetensors checkpoint shards" not in out  # the load's progress bar
+    assert "reduce_op" not in out  # a deprecation inside vLLM's start, not the user's
     assert " INFO " not in out, [ln for ln in out.splitlines() if " INFO " in ln][:3]
 
 

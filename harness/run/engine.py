@@ -68,6 +68,20 @@ def quiet_engine_logs() -> dict[str, str]:
     return {"VLLM_LOGGING_LEVEL": "ERROR"}
 
 
+@contextlib.contextmanager
+def _engine_warnings_ignored() -> Iterator[None]:
+    """vLLM's start scans every loaded module's attributes, touching the deprecated
+    ``torch.distributed.reduce_op``: a FutureWarning about vLLM's code, not the user's, that the
+    sweep's console would repeat for every run."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r".*torch\.distributed\.reduce_op", category=FutureWarning
+        )
+        yield
+
+
 class EngineError(RuntimeError):
     """The engine failed (start, weight sync or generation): the run FAILS with this reason."""
 
@@ -183,6 +197,7 @@ class EngineSampler:
             "seed": self.seed,
             "logprobs_mode": "processed_logprobs",
             "enable_prefix_caching": False,
+            "use_tqdm_on_load": False,  # a progress bar per run start on the sweep's console
         }
         if self.device.type == "cuda":
             kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
@@ -192,7 +207,7 @@ class EngineSampler:
             # the real one.
             set_threads = torch.set_num_threads
             try:
-                with _env({**env, **quiet_engine_logs()}):
+                with _env({**env, **quiet_engine_logs()}), _engine_warnings_ignored():
                     from vllm import LLM
 
                     quiet_engine_logs()  # the import configured vLLM's logger

@@ -45,7 +45,13 @@ from typing import Any
 import torch
 
 from harness.model.engine_support import engine_dtype, served_architecture
-from harness.run.engine import EngineError, _env, engine_weights, quiet_engine_logs
+from harness.run.engine import (
+    EngineError,
+    _engine_warnings_ignored,
+    _env,
+    engine_weights,
+    quiet_engine_logs,
+)
 
 # Set by TRL's colocate start (and by torch.distributed); restored when the run ends.
 _DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -125,9 +131,11 @@ def _engine_args(dtype: str, seed: int) -> Iterator[None]:
 
     def llm(*args: Any, **kwargs: Any) -> Any:
         quiet_engine_logs()
+        kwargs["use_tqdm_on_load"] = False
         kwargs["dtype"] = dtype
         kwargs["seed"] = seed
-        return real(*args, **kwargs)
+        with _engine_warnings_ignored():
+            return real(*args, **kwargs)
 
     trl_vllm.LLM = llm  # type: ignore[misc,assignment]
     try:
