@@ -476,3 +476,34 @@ def test_every_setting_maps_or_is_named_by_every_target():
                 unaccounted.append(f"{target}: {path}")
     assert walked > 80
     assert not unaccounted, unaccounted
+
+
+def test_an_experiment_refines_a_preset_on_an_axis_and_in_a_variant(tmp_path):
+    """What docs/corrections.md promises for an experiment file: a grid axis over a preset's key
+    and a variant that names a preset and changes one of its keys. Both were refused as "not a
+    run-config path" (the path check did not look inside the preset-or-block field)."""
+    from harness.config.experiment import load_experiment
+    from harness.sweep.spec import StudySpec
+
+    path = tmp_path / "refine.yaml"
+    path.write_text(
+        "name: refine\n"
+        "base: {ppo: {use_decoupled_loss: true, correction: token_tis}}\n"
+        "grid:\n"
+        "  ppo.correction.clip_max: [2, 3]\n"
+        "  variant:\n"
+        "    tis: {}\n"
+        "    geo: {ppo.correction: seq_tis, ppo.correction.weight: sequence_geometric}\n"
+        "seeds: 1\nsteps: 2\n"
+    )
+    study = StudySpec.from_experiment(load_experiment(path))
+    got = {}
+    for cell in study.cells:
+        c = study.cell_config(cell, 0).ppo.correction
+        got[cell] = (c.weight, c.clip_max, c.log_clamp)
+    assert sorted(got.values()) == [
+        ("sequence_geometric", 2.0, 20.0),
+        ("sequence_geometric", 3.0, 20.0),
+        ("token", 2.0, 20.0),
+        ("token", 3.0, 20.0),
+    ]

@@ -109,10 +109,19 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """Set dotted keys (aliases resolved) in a deep copy of a plain config dict; ``data`` and
-    ``overrides`` are never modified."""
+    ``overrides`` are never modified.
+
+    Shallower paths are set first (a stable sort by depth): a key and a key inside it
+    (``ppo.correction: seq_tis`` from a variant, ``ppo.correction.clip_max: 3`` from an axis or a
+    later ``--set``) always mean "this block, with this key changed", whatever order the axes or
+    flags came in.  Set the other way round the block would replace the inner key, and the cell
+    labelled ``clip_max=3`` would silently train with the preset's 2."""
     out = copy.deepcopy(data)
-    for key, value in overrides.items():
-        full = resolve_alias(key)
+    resolved = sorted(
+        ((resolve_alias(key), value) for key, value in overrides.items()),
+        key=lambda kv: kv[0].count("."),
+    )
+    for full, value in resolved:
         _refine_preset(out, full)
         set_path(out, full, copy.deepcopy(value))
     return out

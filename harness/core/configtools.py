@@ -404,7 +404,7 @@ def is_config_path(cls: type, dotted: str) -> bool:
     """Whether "a.b.c" names a field (or a field inside an optional sub-config) of ``cls``."""
     tp: Any = cls
     for part in dotted.split("."):
-        tp = _strip_optional(tp)
+        tp = _block_type(_strip_optional(tp))
         if not dataclasses.is_dataclass(tp):
             return get_origin(tp) is dict  # free-form mapping (e.g. task options)
         hints = typing.get_type_hints(tp)
@@ -416,6 +416,17 @@ def is_config_path(cls: type, dotted: str) -> bool:
             return False
         tp = hints[part]
     return True
+
+
+def _block_type(tp: Any) -> Any:
+    """The dataclass of a field that is either a block or a name standing for one (``ppo.correction:
+    Correction | str``: a preset name or a block): its sub-keys are paths, as ``--set
+    ppo.correction.clip_max=3`` and a grid axis over it use them."""
+    if get_origin(tp) in (Union, types.UnionType):
+        blocks = [a for a in get_args(tp) if dataclasses.is_dataclass(a)]
+        if len(blocks) == 1:
+            return blocks[0]
+    return tp
 
 
 def _strip_optional(tp: Any) -> Any:

@@ -81,7 +81,12 @@ def markdown() -> str:
         "a grid, a key set after a preset name refines that preset (`--set "
         "ppo.correction=token_tis --set ppo.correction.clip_max=3`; `grid: "
         "{ppo.correction.clip_max: [2, 3]}` over a base with `ppo.correction: token_tis`); a "
-        "key set with no preset before it starts from the empty block (weight none).  No "
+        "key set with no preset before it starts from the empty block (weight none).  A variant "
+        "may do the same (`geo: {ppo.correction: seq_tis, ppo.correction.weight: "
+        "sequence_geometric}`).  Whatever order the axes, a variant's keys or the `--set` flags "
+        "come in, a block is set before the keys inside it, so `ppo.correction.clip_max: [2, 3]` "
+        "beside a variant that sets `ppo.correction` refines that variant's block in every cell "
+        "rather than being replaced by it.  No "
         "correction is `null` (YAML reads `none` as the word 'none', which names no preset).",
         "",
         "## Without the decoupled loss",
