@@ -1,8 +1,9 @@
 """Trainer contract: one suite run against both trainers, the harness PPO loop and TRL's
-GRPOTrainer (``trainer: harness | trl``).  Whatever trains a cell, the sweep, the tracker and the
-report see the same thing: the shared metric keys once per step, steps 0..N-1, reproducible for a
-seed, a divergence recorded with its reason, an interruption with a partial summary, every
-summary key, and the same cached warm start."""
+GRPOTrainer (``trainer: harness | trl``), each also with the vLLM engine as its sampler
+(``rollout.sampler_backend: vllm``; slow: an engine starts per run).  Whatever trains a cell, the
+sweep, the tracker and the report see the same thing: the shared metric keys once per step,
+steps 0..N-1, reproducible for a seed, a divergence recorded with its reason, an interruption
+with a partial summary, every summary key, and the same cached warm start."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 from harness.config import RunConfig, build_run_config
 from harness.metrics import STEP_METRICS
 from harness.metrics.stability import OBJECTIVE_KEYS
+from harness.run.engine import engine_installed
 from harness.run.scaffold import RunResult
 from harness.run.tracked import tracked_run
 from harness.run.trainers import train
@@ -25,7 +27,14 @@ from harness.tasks import get_task
 from harness.tracking import MemoryTracker
 
 TRAINERS = ["harness", "trl"]
+# The same trainers sampling with the inference engine: an engine start per run, so slow.
+ENGINE_TRAINERS = ["harness+vllm", "trl+vllm"]
+_needs_engine = pytest.mark.skipif(
+    not engine_installed(), reason="vllm not installed (python tools/install_engine.py)"
+)
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
+# Heads of 32 for the engine (its CPU attention takes no smaller head size).
+TINY_ENGINE = {**TINY, "hidden_size": 64, "intermediate_size": 128}
 STEPS = 3
 UPDATES_PER_STEP = 2  # ppo_n_minibatches × ppo_epochs
 WARM_STEPS = 30  # enough supervised steps that rewards (and so gradients) are not all 0
@@ -63,13 +72,18 @@ EVAL = {"eval/reward", "eval/accuracy"}
 
 
 def cfg(trainer: str, **over: Any) -> RunConfig:
-    """The same tiny cell for both trainers (expressible by TRL: group reward norm, no KL)."""
+    """The same tiny cell for both trainers (expressible by TRL: group reward norm, no KL);
+    ``NAME+vllm`` is trainer NAME with the engine as the sampler."""
+    name, _, backend = trainer.partition("+")
+    rollout: dict[str, Any] = {"prompts_per_step": 2, "n_samples": 2, "max_new_tokens": 5}
+    if backend:
+        rollout["sampler_backend"] = backend
     base: dict[str, Any] = {
-        "trainer": trainer,
+        "trainer": name,
         "steps": STEPS,
         "task": "reverse",
-        "tiny": TINY,
-        "rollout": {"prompts_per_step": 2, "n_samples": 2, "max_new_tokens": 5},
+        "tiny": TINY_ENGINE if backend else TINY,
+        "rollout": rollout,
         "ppo": {
             "ppo_n_minibatches": UPDATES_PER_STEP,
             "ppo_epochs": 1,
@@ -95,7 +109,12 @@ def comparable(res: RunResult) -> str:
     return json.dumps({k: v for k, v in res.history.items() if not k.startswith("perf/")})
 
 
-@pytest.fixture(params=TRAINERS)
+@pytest.fixture(
+    params=[
+        *TRAINERS,
+        *(pytest.param(t, marks=[pytest.mark.slow, _needs_engine]) for t in ENGINE_TRAINERS),
+    ]
+)
 def trainer(request: pytest.FixtureRequest) -> str:
     return request.param
 
@@ -106,11 +125,24 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("results")
 
 
+class _Completed(dict):  # type: ignore[type-arg]
+    """trainer -> its one completed run, trained the first time a case asks for it (an engine
+    trainer's only when a slow case runs)."""
+
+    def __init__(self, results: Path) -> None:
+        super().__init__()
+        self.results = results
+
+    def __missing__(self, name: str) -> tuple[RunResult, list]:
+        self[name] = logged_run(cfg(name), self.results)
+        return self[name]
+
+
 @pytest.fixture(scope="module")
 def completed(results: Path) -> dict[str, tuple[RunResult, list]]:
     """One completed run per trainer, shared by the cases that only read it (and, once it
     exists, the warm start is in the cache: no case trains it again)."""
-    return {name: logged_run(cfg(name), results) for name in TRAINERS}
+    return _Completed(results)
 
 
 # -- contract ---------------------------------------------------------------------------------
