@@ -2,11 +2,16 @@
 
     for step in range(steps):
         rollout    sample prompts → the behaviour policy (k updates stale) samples n completions
-        rewards    the task scores each completion
+        rewards    the task scores each completion                 (both: Rollouts.collect)
         advantages shape → reward_norm → KL to the reference → GAE → adv_norm   (PPOActor)
         update     ppo_epochs × ppo_n_minibatches optimizer steps               (PPOActor)
-        critic     value-model update (when enabled)
-        metrics    one dict per step, recorded by the run scaffold
+        critic     value-model update (when enabled)               (all three: Learner.update)
+        push       the new weights into the staleness ring         (Policies.push)
+        metrics    one dict per step, recorded by the run scaffold (step_metrics)
+
+The pieces: ``run/policies.py`` (the live policy, the KL reference and the behaviour snapshot,
+full copies or LoRA swaps behind one interface), ``run/collect.py`` (a step's rollout) and
+``run/learner.py`` (optimizer, schedule, actor, critic and one update).
 
 What every trainer shares — seeds, the warm-started model, the start eval, recording, divergence,
 interruption and the summary — is the scaffold's (``harness/run/scaffold.py``); this file is the
