@@ -61,6 +61,7 @@ def ppo_steps(run: Run) -> None:
 
 
 def _train(run: Run, sampler: Sampler, amp: torch.dtype | None) -> None:
+    """The step loop: collect a rollout, update, push the new weights, record the metrics."""
     cfg, device = run.cfg, run.device
     policies = Policies(run.model, kl=cfg.ppo.kl_ctl > 0, staleness=cfg.rollout.staleness)
     learner = Learner(cfg, run.model, device, amp)
