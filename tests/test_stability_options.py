@@ -263,9 +263,10 @@ def test_refill_drops_zero_variance_groups_and_refills_to_the_batch_size():
 
 
 def test_a_step_with_no_group_left_skips_its_update_and_the_run_completes(monkeypatch):
+    import harness.run.collect as collect
     import harness.run.loop as loop
 
-    monkeypatch.setattr(loop, "score_parts", lambda task, e, c: (0.0, 0.0))
+    monkeypatch.setattr(collect, "score_parts", lambda task, e, c: (0.0, 0.0))
     d = {
         "steps": 2,
         "task": "reverse",
@@ -294,10 +295,11 @@ def test_a_step_with_no_group_left_skips_its_update_and_the_run_completes(monkey
 
 
 def test_every_option_metric_is_logged_when_its_option_is_on(monkeypatch):
+    import harness.run.collect as collect
     import harness.run.loop as loop
 
     # a reward that varies with the completion, so some groups keep a signal
-    monkeypatch.setattr(loop, "score_parts", lambda task, e, c: (0.0, float(sum(map(ord, c)) % 2)))
+    monkeypatch.setattr(collect, "score_parts", lambda task, e, c: (0.0, float(sum(map(ord, c)) % 2)))
     logged: set[str] = set()
     for truncated in ("mask", "zero_reward"):
         d = {
