@@ -180,3 +180,13 @@ def test_start_eval_is_the_policy_before_any_update(tmp_path):
     assert moved.summary["start/eval_reward"] == s["start/eval_reward"]  # same warm start
     evals = [v for v in moved.history["eval/reward"] if math.isfinite(v)]
     assert moved.summary["final/eval_reward"] == evals[-1]
+
+
+def test_rollout_staleness_is_the_lag_each_step_sampled_at(tmp_path):
+    """With staleness 2 the rollouts sample at lags 0, 1, 2, 2: step 0 has only the start
+    weights (logging the lag the *next* step would use said 1 there)."""
+    res = run(cfg(steps=4, **{"rollout.staleness": 2}), results_dir=tmp_path)
+    assert res.status == "completed", res.reason
+    assert res.history["rollout/staleness"] == [0.0, 1.0, 2.0, 2.0]
+    fresh = run(cfg(steps=2), results_dir=tmp_path)
+    assert fresh.history["rollout/staleness"] == [0.0, 0.0]

@@ -136,8 +136,9 @@ def step_metrics(
         "advantages/mean": float(adv.mean()) if adv.numel() else 0.0,
         "advantages/std": float(adv.std()) if adv.numel() > 1 else 0.0,
         "advantages/abs_max": float(adv.abs().max()) if adv.numel() else 0.0,
-        # The lag after this step's push: the one the next rollout samples at.
-        "rollout/staleness": float(policies.lag if cfg.rollout.staleness else 0),
+        # The lag this step's rollout sampled at (after the push, the learner is at version
+        # policies.version - 1 + 1): 0 at step 0, where the only weights are the current ones.
+        "rollout/staleness": float(policies.version - 1 - col.version),
         "optim/lr": learner.lr,
         "perf/step_time": step_time,
         "perf/rollout_time": t_rollout,
