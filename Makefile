@@ -46,7 +46,8 @@ FINDINGS := experiments/findings/inert-clip.yaml experiments/findings/dual-clip.
 	experiments/findings/norm-adaptive.yaml \
 	experiments/findings/staleness.yaml experiments/losses.yaml \
 	experiments/findings/objectives-2026.yaml experiments/findings/mismatch.yaml \
-	experiments/findings/engine-mismatch.yaml
+	experiments/findings/engine-mismatch.yaml experiments/findings/prox-loglinear.yaml \
+	experiments/findings/seq-is-product.yaml
 findings: $(STAMP)
 	for f in $(FINDINGS); do $(VENV)/bin/harness ablate $$f --workers 2 --results-dir results/findings || exit $$?; done
 
