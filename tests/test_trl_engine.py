@@ -236,7 +236,8 @@ def test_trl_on_the_engine_is_reproducible(tmp_path):
 @needs_engine
 def test_the_engine_trl_builds_gets_the_runs_dtype_and_seed(monkeypatch):
     """TRL passes no dtype (vLLM's auto would run a float32 checkpoint in bfloat16) and seeds
-    the engine with the process index; the trainer's wrapper overrides both."""
+    the engine with the process index; the trainer's wrapper overrides both, and turns off the
+    load's progress bar (one per run on a sweep's console)."""
     import trl.generation.vllm_generation as trl_vllm
 
     from harness.run.trl_engine import _engine_args
@@ -246,7 +247,13 @@ def test_the_engine_trl_builds_gets_the_runs_dtype_and_seed(monkeypatch):
     with _engine_args("float32", 7):
         trl_vllm.LLM(model="m", seed=0, gpu_memory_utilization=0.3)
     trl_vllm.LLM(model="m", seed=0)  # restored afterwards
-    assert seen[0] == {"model": "m", "seed": 7, "dtype": "float32", "gpu_memory_utilization": 0.3}
+    assert seen[0] == {
+        "model": "m",
+        "seed": 7,
+        "dtype": "float32",
+        "gpu_memory_utilization": 0.3,
+        "use_tqdm_on_load": False,
+    }
     assert seen[1] == {"model": "m", "seed": 0}
 
 
