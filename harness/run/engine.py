@@ -210,7 +210,6 @@ class EngineSampler:
                 with _env({**env, **quiet_engine_logs()}), _engine_warnings_ignored():
                     from vllm import LLM
 
-                    quiet_engine_logs()  # the import configured vLLM's logger
                     self._llm = LLM(**kwargs)
             finally:
                 torch.set_num_threads = set_threads

@@ -130,7 +130,6 @@ def _engine_args(dtype: str, seed: int) -> Iterator[None]:
     real = trl_vllm.LLM
 
     def llm(*args: Any, **kwargs: Any) -> Any:
-        quiet_engine_logs()
         kwargs["use_tqdm_on_load"] = False
         kwargs["dtype"] = dtype
         kwargs["seed"] = seed
