@@ -6,14 +6,10 @@ Nothing here imports MLflow, Optuna or transformers.
 from harness.ppo.actor import PPOActor
 from harness.ppo.advantages import gae, kl_estimate, shape_rewards
 from harness.ppo.config import PPOActorConfig, PPOConfig
-from harness.ppo.loss import (
-    BEHAVE_MODES,
-    LOSS_AGG_MODES,
-    RejectionSampling,
-    behaviour_weights,
-)
+from harness.ppo.corrections import BEHAVE_MODES, RejectionSampling, behaviour_weights
 from harness.ppo.normalization import NormConfig, normalize
 from harness.ppo.objectives import (
+    LOSS_AGG_MODES,
     OBJECTIVES,
     POLICY_LOSSES,
     cispo_loss,

@@ -45,7 +45,7 @@ from harness.metrics import OBJECTIVE_METRICS
 from harness.ppo.advantages import gae, kl_estimate, shape_rewards
 from harness.ppo.masks import group_ids_from_sizes, top_entropy_mask, truncated_row_mask
 from harness.ppo.normalization import normalize
-from harness.ppo.objectives import objective_loss
+from harness.ppo.objectives import LossOptions, objective_loss
 from harness.ppo.proximal import loglinear_proximal
 
 if TYPE_CHECKING:
@@ -99,6 +99,8 @@ class PPOActor:
         generator: torch.Generator | None = None,
     ) -> None:
         self.config = config
+        # The loss options, read and converted once (the config was checked when built).
+        self.loss_options = LossOptions.of(config)
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -334,7 +336,7 @@ class PPOActor:
         if group_ids is None:
             group_ids = group_ids_from_sizes(batch.get("group_sizes"), m.shape[0], m.device)
         loss, stats = objective_loss(
-            cfg,
+            self.loss_options,
             logprobs,
             prox,
             batch["old_logprobs"],
@@ -378,50 +380,45 @@ class PPOActor:
         # dropout at load time (harness.model.build.disable_dropout), so the function is unchanged.
         self.model.train()
         try:
-            self._update_epochs(batch, bins, acc)
+            for epoch in range(cfg.ppo_epochs):
+                for j, idx in enumerate(bins):
+                    mb = _select_rows(batch, idx)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    if epoch == 0 and j == 0:
+                        # Before any update on this batch: how far the learner's log-probs are
+                        # from the sampler's (bf16 sampler and learner kernels round differently).
+                        logprobs, entropy = self.compute_logp(mb, with_entropy=True)
+                        acc.sampler_gap = sampler_logprob_gap(logprobs.detach(), mb)
+                        # Kept for the mismatch metrics (harness.run.mismatch): this forward is
+                        # the learner at the current weights on these rows, at no extra cost.
+                        self.first_logprobs = (idx, logprobs.detach())
+                        loss, stats = self.compute_loss(mb, logprobs=logprobs, entropy=entropy)
+                    else:
+                        loss, stats = self.compute_loss(mb)
+                    if not torch.isfinite(loss):
+                        acc.add_skipped(float("nan"))
+                        continue
+                    loss.backward()
+                    params = [
+                        p
+                        for g in self.optimizer.param_groups
+                        for p in g["params"]
+                        if p.grad is not None
+                    ]
+                    grad_norm = float(
+                        torch.nn.utils.clip_grad_norm_(params, self.grad_clip or math.inf)
+                    )
+                    if not math.isfinite(grad_norm):
+                        self.optimizer.zero_grad(set_to_none=True)
+                        acc.add_skipped(grad_norm)
+                        continue
+                    self.optimizer.step()
+                    if self.scheduler is not None:
+                        self.scheduler.step()
+                    acc.add(mb, stats, float(loss.detach()), grad_norm)
         finally:
             self.model.train(was_training)
         return acc.result()
-
-    def _update_epochs(self, batch: dict[str, Any], bins: list[list[int]], acc: Any) -> None:
-        assert self.model is not None and self.optimizer is not None
-        cfg = self.config
-        for epoch in range(cfg.ppo_epochs):
-            for j, idx in enumerate(bins):
-                mb = _select_rows(batch, idx)
-                self.optimizer.zero_grad(set_to_none=True)
-                if epoch == 0 and j == 0:
-                    # Before any update on this batch: how far the learner's log-probs are
-                    # from the sampler's (bf16 sampler and learner kernels round differently).
-                    logprobs, entropy = self.compute_logp(mb, with_entropy=True)
-                    acc.sampler_gap = sampler_logprob_gap(logprobs.detach(), mb)
-                    # Kept for the mismatch metrics (harness.run.mismatch): this forward is
-                    # the learner at the current weights on these rows, at no extra cost.
-                    self.first_logprobs = (idx, logprobs.detach())
-                    loss, stats = self.compute_loss(mb, logprobs=logprobs, entropy=entropy)
-                else:
-                    loss, stats = self.compute_loss(mb)
-                if not torch.isfinite(loss):
-                    acc.add_skipped(float("nan"))
-                    continue
-                loss.backward()
-                params = [
-                    p
-                    for g in self.optimizer.param_groups
-                    for p in g["params"]
-                    if p.grad is not None
-                ]
-                grad_norm = float(
-                    torch.nn.utils.clip_grad_norm_(params, self.grad_clip or math.inf)
-                )
-                if not math.isfinite(grad_norm):
-                    self.optimizer.zero_grad(set_to_none=True)
-                    acc.add_skipped(grad_norm)
-                    continue
-                self.optimizer.step()
-                if self.scheduler is not None:
-                    self.scheduler.step()
-                acc.add(mb, stats, float(loss.detach()), grad_norm)
 
 
 def sampler_logprob_gap(logprobs: torch.Tensor, batch: dict[str, Any]) -> float:

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from harness.core.configtools import meta
-from harness.ppo.corrections import PRESETS, Correction, resolve
-from harness.ppo.loss import RejectionSampling, validate_clip_options
+from harness.ppo.corrections import PRESETS, Correction, RejectionSampling, resolve
 from harness.ppo.normalization import NormConfig
 from harness.ppo.objectives import OBJECTIVES, ClipOptions, renamed_keys, validate_selection
+from harness.ppo.objectives.frame import validate_clip_options
 from harness.ppo.proximal import ProxLogpMethod
 
 _h = meta

@@ -29,9 +29,8 @@ import yaml
 from harness.config import RunConfig
 from harness.config.trl_map import VLLM_ONLY, approximations, grpo_kwargs, trl_problems
 from harness.core.configtools import ConfigError, to_dict
-from harness.ppo.corrections import resolve
+from harness.ppo.corrections import legacy_to_rejection_sampling, resolve
 from harness.ppo.corrections.peers import verl_settings
-from harness.ppo.loss import legacy_to_rejection_sampling
 from harness.ppo.objectives import lookup
 from harness.sweep.cell_choice import best_to_export, resolve_cell
 

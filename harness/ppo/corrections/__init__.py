@@ -4,17 +4,21 @@ list of rejection filters, composable with every objective (they read ``PolicyIn
 declares its named presets (``registry.PRESETS``), ``peers`` maps a block to TRL and verl, and
 ``docs`` renders the table (``python -m harness.ppo.corrections``).  AReaL's
 ``rejection_sampling`` and legacy ``behave_imp_weight_mode`` are particular corrections
-(``from_rejection_sampling``)."""
+(``areal``: ``behaviour_correction`` turns them into one)."""
 
 from __future__ import annotations
 
 import importlib
 
-from harness.ppo.corrections.compute import (
-    CorrectionResult,
-    apply_correction,
+from harness.ppo.corrections.areal import (
+    BEHAVE_MODES,
+    RejectionSampling,
+    behaviour_correction,
+    behaviour_weights,
     from_rejection_sampling,
+    legacy_to_rejection_sampling,
 )
+from harness.ppo.corrections.compute import CorrectionResult, apply_correction
 from harness.ppo.corrections.registry import PRESETS, Preset, resolve
 from harness.ppo.corrections.spec import Correction, Filter
 
@@ -23,12 +27,17 @@ for _family in ("tis", "mis", "rs", "opsm", "bypass", "gating"):
     importlib.import_module(f"{__name__}.{_family}")
 
 __all__ = [
+    "BEHAVE_MODES",
     "PRESETS",
     "Correction",
     "CorrectionResult",
     "Filter",
     "Preset",
+    "RejectionSampling",
     "apply_correction",
+    "behaviour_correction",
+    "behaviour_weights",
     "from_rejection_sampling",
+    "legacy_to_rejection_sampling",
     "resolve",
 ]

@@ -2,21 +2,17 @@
 
 Pure tensor math, no gradient (every input is detached).  The one implementation behind
 ``ppo.correction``, ``ppo.rejection_sampling`` and ``ppo.behave_imp_weight_mode`` (the latter two
-are translated by ``from_rejection_sampling``).
+are translated by ``harness.ppo.corrections.areal``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from harness.ppo.corrections.spec import Correction, Filter
-
-if TYPE_CHECKING:
-    from harness.ppo.loss import RejectionSampling
 
 
 @dataclass
@@ -308,33 +304,3 @@ def _batch_normalize(
         return w, 1.0
     return w / mean, mean
 
-
-_RS_METRIC = {
-    "ratio": "ratio",
-    "kl_k1": "k1",
-    "kl_k2": "k2",
-    "kl_k3": "k3",
-    "binary_kl": "binary_kl",
-}
-
-
-def from_rejection_sampling(rs: RejectionSampling, *, legacy: bool = False) -> Correction:
-    """AReaL's ``rejection_sampling`` as a correction: the weight is w per token (the sequence's
-    geometric mean for sequence-level 'ratio'), always multiplied in; one filter with AReaL's KL
-    direction; 'clamp' is a truncate filter.  ``legacy``: the v1.0.0.post1–v1.0.3 modes, which
-    keep dropped tokens in the loss mask with weight 0."""
-    seq_ratio = rs.level == "sequence" and rs.metric == "ratio"
-    f = Filter(
-        level=rs.level,
-        metric=_RS_METRIC[rs.metric],  # type: ignore[arg-type]
-        direction="ref_behave",
-        agg=rs.agg,
-        lower=rs.lower,
-        upper=rs.upper,
-        action="mask" if rs.action == "mask" else "truncate",
-    )
-    return Correction(
-        weight="sequence_geometric" if seq_ratio else "token",
-        filters=(f,),
-        narrow_mask=not legacy,
-    )

@@ -2,7 +2,7 @@
 
 Every module of this package is imported here, so a new objective is one new file that calls
 ``registry.register`` (plus its tests); nothing else names it.  ``registry.py`` says what a
-declaration holds and what is derived from it.
+declaration holds and what is derived from it; ``frame.py`` is the loss every objective runs in.
 """
 
 from __future__ import annotations
@@ -10,21 +10,21 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from harness.ppo.objectives.frame import LossOptions, Terms, objective_loss
 from harness.ppo.objectives.registry import (
+    LOSS_AGG_MODES,
     OBJECTIVES,
     ClipOptions,
     Objective,
     Options,
     Peer,
-    Terms,
     lookup,
-    objective_loss,
     register,
     renamed_keys,
     validate_selection,
 )
 
-_HELPERS = {"registry", "docs", "covariance", "__main__"}
+_HELPERS = {"registry", "frame", "docs", "covariance", "__main__"}
 for _mod in sorted(m.name for m in pkgutil.iter_modules(__path__)):
     if _mod not in _HELPERS:
         importlib.import_module(f"{__name__}.{_mod}")
@@ -40,9 +40,11 @@ from harness.ppo.objectives.sapo import sapo_loss  # noqa: E402
 POLICY_LOSSES = tuple(OBJECTIVES)
 
 __all__ = [
+    "LOSS_AGG_MODES",
     "OBJECTIVES",
     "POLICY_LOSSES",
     "ClipOptions",
+    "LossOptions",
     "Objective",
     "Options",
     "Peer",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.ppo.objectives import frame as F
 from harness.ppo.objectives import registry as R
 
 
@@ -45,7 +46,7 @@ class CISPOOptions(R.Options):
     verl=R.Peer("cispo", options=None),
     renamed={"cispo_ratio_max": "ratio_max", "cispo_ratio_min": "ratio_min"},
 )
-def cispo_terms(p: R.PolicyInputs, o: CISPOOptions, ctx: R.Context) -> R.Terms:
+def cispo_terms(p: F.PolicyInputs, o: CISPOOptions, ctx: F.Context) -> F.Terms:
     """CISPO (MiniMax-M1, arXiv 2506.13585 eq. 4): clip the importance weight, not the update.
 
         r̂ = clamp(r, ratio_min, ratio_max)            (ratio_min None = no floor, as in TRL)
@@ -62,7 +63,7 @@ def cispo_terms(p: R.PolicyInputs, o: CISPOOptions, ctx: R.Context) -> R.Terms:
     """
     r = p.ratio.detach()
     r_hat = r.clamp(min=o.ratio_min, max=o.ratio_max)
-    return R.Terms(-r_hat * p.adv * p.logprobs, reweighted=r_hat != r, gate=r_hat)
+    return F.Terms(-r_hat * p.adv * p.logprobs, reweighted=r_hat != r, gate=r_hat)
 
 
-cispo_loss = R.loss_function(cispo_terms)
+cispo_loss = F.loss_function(cispo_terms)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.ppo.objectives import frame as F
 from harness.ppo.objectives import registry as R
 from harness.ppo.objectives.covariance import covariance, n_selected
 from harness.ppo.objectives.ppo import ppo_clip_terms
@@ -52,7 +53,7 @@ class ClipCovOptions(R.Options):
     ),
     renamed={"clip_cov_ratio": "ratio", "clip_cov_lb": "cov_lb", "clip_cov_ub": "cov_ub"},
 )
-def clip_cov_terms(p: R.PolicyInputs, o: ClipCovOptions, ctx: R.Context) -> R.Terms:
+def clip_cov_terms(p: F.PolicyInputs, o: ClipCovOptions, ctx: F.Context) -> F.Terms:
     """Clip-Cov (The Entropy Mechanism of RL for Reasoning LMs, arXiv 2505.22617 §4.2):
     PPO-clip, plus the gradient of a few high-covariance tokens detached.
 
@@ -79,7 +80,7 @@ def clip_cov_terms(p: R.PolicyInputs, o: ClipCovOptions, ctx: R.Context) -> R.Te
         perm = torch.randperm(int(idx.numel()), generator=ctx.generator).to(idx.device)
         cov_mask.view(-1)[idx[perm[:k]]] = True
     pg = torch.where(cov_mask, pg * 0, pg)  # zero value and gradient (verl multiplies by 0)
-    return R.Terms(
+    return F.Terms(
         pg,
         clip_mask=clip_mask,
         dual_clip_mask=dual_clip_mask,
@@ -93,4 +94,4 @@ def clip_cov_terms(p: R.PolicyInputs, o: ClipCovOptions, ctx: R.Context) -> R.Te
     )
 
 
-clip_cov_loss = R.loss_function(clip_cov_terms)
+clip_cov_loss = F.loss_function(clip_cov_terms)

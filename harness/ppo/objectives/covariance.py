@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from harness.ppo.loss import PolicyInputs
+from harness.ppo.objectives.frame import PolicyInputs
 
 
 def covariance(p: PolicyInputs) -> torch.Tensor:

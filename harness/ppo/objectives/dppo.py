@@ -7,6 +7,7 @@ from typing import Literal
 
 import torch
 
+from harness.ppo.objectives import frame as F
 from harness.ppo.objectives import registry as R
 
 # SkyRL's bounds: 0.2 for the total variation, 0.05 recommended for the KL.
@@ -123,7 +124,7 @@ def binary_kl(
         "use_decoupled_loss",
     ),
 )
-def dppo_terms(p: R.PolicyInputs, o: DPPOOptions, ctx: R.Context) -> R.Terms:
+def dppo_terms(p: F.PolicyInputs, o: DPPOOptions, ctx: F.Context) -> F.Terms:
     """DPPO (Divergence PPO, arXiv 2602.04879): keep a token while the policy's move on the
     sampled token's probability stays inside a divergence bound; no ratio clip.
 
@@ -188,14 +189,14 @@ def dppo_terms(p: R.PolicyInputs, o: DPPOOptions, ctx: R.Context) -> R.Terms:
     drift = o.kl_tau * log_r * log_r if o.kl_tau else None
     if o.surrogate == "ratio":
         pg = torch.where(drop, p.zero, -p.adv * r)
-        return R.Terms(pg if drift is None else pg + drift, clip_mask=drop, silenced=drop)
+        return F.Terms(pg if drift is None else pg + drift, clip_mask=drop, silenced=drop)
     r_hat = r.detach().clamp(max=o.cap())
     lt = torch.where(p.m, p.logprobs, p.zero)
     pg = torch.where(drop, p.zero, -p.adv * r_hat * lt)
     capped = (r.detach() > o.cap()) & p.m & ~drop
     if drift is not None:
         pg = pg + drift
-    return R.Terms(pg, clip_mask=drop, silenced=drop, reweighted=capped, gate=r_hat)
+    return F.Terms(pg, clip_mask=drop, silenced=drop, reweighted=capped, gate=r_hat)
 
 
-dppo_loss = R.loss_function(dppo_terms)
+dppo_loss = F.loss_function(dppo_terms)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.ppo.objectives import frame as F
 from harness.ppo.objectives import registry as R
 
 
@@ -37,7 +38,7 @@ class GMPOOptions(R.Options):
     verl=R.Peer("geo_mean", options=None),
     renamed={"gmpo_log_clip": "log_clip", "gmpo_log_clip_higher": "log_clip_higher"},
 )
-def gmpo_terms(p: R.PolicyInputs, o: GMPOOptions, ctx: R.Context) -> R.Terms:
+def gmpo_terms(p: F.PolicyInputs, o: GMPOOptions, ctx: F.Context) -> F.Terms:
     """GMPO (Geometric-Mean Policy Optimization, arXiv 2507.20673): the geometric mean of the
     token ratios of a sequence, each clipped sign-aware in log space.
 
@@ -66,7 +67,7 @@ def gmpo_terms(p: R.PolicyInputs, o: GMPOOptions, ctx: R.Context) -> R.Terms:
     d = delta.detach()
     binds = ((p.adv > 0) & (d > hi)) | ((p.adv < 0) & (d < -lo))
     pg = (-adv_i * rho).expand_as(delta)
-    return R.Terms(pg, clip_mask=binds, silenced=binds, gate=rho.expand_as(delta))
+    return F.Terms(pg, clip_mask=binds, silenced=binds, gate=rho.expand_as(delta))
 
 
-gmpo_loss = R.loss_function(gmpo_terms)
+gmpo_loss = F.loss_function(gmpo_terms)

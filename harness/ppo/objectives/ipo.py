@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.ppo.objectives import frame as F
 from harness.ppo.objectives import registry as R
 
 
@@ -45,7 +46,7 @@ class IPOOptions(R.Options):
     },
     defaults_source="prime-rl (IPOLossConfig: ipo_threshold 0.1, kl_tau 1e-3, adv_tau 1)",
 )
-def ipo_terms(p: R.PolicyInputs, o: IPOOptions, ctx: R.Context) -> R.Terms:
+def ipo_terms(p: F.PolicyInputs, o: IPOOptions, ctx: F.Context) -> F.Terms:
     """prime-rl's ``ipo`` loss type: the DPPO skeleton with a symmetric trust region.
 
         log r = ℓθ − ℓb,  r = exp(log r)            (against the sampler, no clamp)
@@ -77,7 +78,7 @@ def ipo_terms(p: R.PolicyInputs, o: IPOOptions, ctx: R.Context) -> R.Terms:
         n = max(int(p.m.sum()), 1)
         drift = float((log_r.detach() ** 2).sum()) / n
     pg = torch.where(drop, p.zero, -o.adv_tau * p.adv * r)
-    return R.Terms(
+    return F.Terms(
         pg + o.kl_tau * log_r * log_r,
         clip_mask=drop,
         silenced=drop,
@@ -85,4 +86,4 @@ def ipo_terms(p: R.PolicyInputs, o: IPOOptions, ctx: R.Context) -> R.Terms:
     )
 
 
-ipo_loss = R.loss_function(ipo_terms)
+ipo_loss = F.loss_function(ipo_terms)

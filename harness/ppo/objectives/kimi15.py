@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.ppo.objectives import frame as F
 from harness.ppo.objectives import registry as R
 
 
@@ -30,7 +31,7 @@ class Kimi15Options(R.Options):
     },
     defaults_source="ROLL (kimi15_tau 0.1)",
 )
-def kimi15_terms(p: R.PolicyInputs, o: Kimi15Options, ctx: R.Context) -> R.Terms:
+def kimi15_terms(p: F.PolicyInputs, o: Kimi15Options, ctx: F.Context) -> F.Terms:
     """Kimi k1.5's online mirror-descent surrogate (arXiv 2501.12599, Eq. 3):
 
         L = −A·ℓθ + (τ/2)·(ℓθ − ℓp)²                then ·w and ``loss_agg_mode``
@@ -48,7 +49,7 @@ def kimi15_terms(p: R.PolicyInputs, o: Kimi15Options, ctx: R.Context) -> R.Terms
     lt = torch.where(p.m, p.logprobs, p.zero)
     prox = torch.where(p.m, p.prox, p.zero)
     d = lt - prox
-    return R.Terms(-p.adv * lt + 0.5 * o.tau * d * d)
+    return F.Terms(-p.adv * lt + 0.5 * o.tau * d * d)
 
 
-kimi15_loss = R.loss_function(kimi15_terms)
+kimi15_loss = F.loss_function(kimi15_terms)

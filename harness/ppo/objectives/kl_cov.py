@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.ppo.objectives import frame as F
 from harness.ppo.objectives import registry as R
 from harness.ppo.objectives.covariance import covariance, n_selected
 
@@ -41,7 +42,7 @@ class KLCovOptions(R.Options):
     verl=R.Peer("kl_cov", options={"ratio": "kl_cov_ratio", "coef": "ppo_kl_coef"}),
     renamed={"kl_cov_ratio": "ratio", "kl_cov_coef": "coef"},
 )
-def kl_cov_terms(p: R.PolicyInputs, o: KLCovOptions, ctx: R.Context) -> R.Terms:
+def kl_cov_terms(p: F.PolicyInputs, o: KLCovOptions, ctx: F.Context) -> F.Terms:
     """KL-Cov (arXiv 2505.22617 §4.2): no clip; a KL penalty on the top-covariance tokens.
 
         L_t = −A_t·r_t                                  on every valid token
@@ -61,7 +62,7 @@ def kl_cov_terms(p: R.PolicyInputs, o: KLCovOptions, ctx: R.Context) -> R.Terms:
         cov_mask.view(-1)[torch.topk(cov.flatten(), k).indices] = True
     pg = torch.where(cov_mask, pg + o.coef * p.log_ratio.abs(), pg)
     abs_kl = p.log_ratio.detach()[cov_mask].abs()
-    return R.Terms(
+    return F.Terms(
         pg,
         reweighted=cov_mask,
         extra={
@@ -73,4 +74,4 @@ def kl_cov_terms(p: R.PolicyInputs, o: KLCovOptions, ctx: R.Context) -> R.Terms:
     )
 
 
-kl_cov_loss = R.loss_function(kl_cov_terms)
+kl_cov_loss = F.loss_function(kl_cov_terms)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from harness.ppo.objectives import frame as F
 from harness.ppo.objectives import registry as R
 from harness.ppo.objectives.ppo import ppo_clip_terms
 
@@ -24,7 +25,7 @@ from harness.ppo.objectives.ppo import ppo_clip_terms
     # verl spells it as its PPO / GSPO loss under loss_agg_mode seq-mean-token-sum
     verl=R.Peer("vanilla", levels={"sequence": "gspo"}),
 )
-def luspo_terms(p: R.PolicyInputs, options: None, ctx: R.Context) -> R.Terms:
+def luspo_terms(p: F.PolicyInputs, options: None, ctx: F.Context) -> F.Terms:
     """LUSPO (Length-Unbiased Sequence Policy Optimization, arXiv 2602.05261): GSPO with each
     sequence's loss weighted by its length.
 
@@ -48,7 +49,7 @@ def luspo_terms(p: R.PolicyInputs, options: None, ctx: R.Context) -> R.Terms:
     """
     c = ctx.clip
     pg, clip_mask, dual_clip_mask = ppo_clip_terms(p, c.eps_clip, c.eps_clip_higher, c.c_clip)
-    return R.Terms(pg, clip_mask=clip_mask, dual_clip_mask=dual_clip_mask)
+    return F.Terms(pg, clip_mask=clip_mask, dual_clip_mask=dual_clip_mask)
 
 
-luspo_loss = R.loss_function(luspo_terms)
+luspo_loss = F.loss_function(luspo_terms)

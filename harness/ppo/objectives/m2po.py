@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.ppo.objectives import frame as F
 from harness.ppo.objectives import registry as R
 from harness.ppo.objectives.ppo import ppo_clip_terms
 
@@ -64,7 +65,7 @@ def m2_keep(second_moment: torch.Tensor, valid: torch.Tensor, threshold: float) 
         note="AReaL applies the mask per micro-batch; here per loss call (one minibatch)",
     ),
 )
-def m2po_terms(p: R.PolicyInputs, o: M2POOptions, ctx: R.Context) -> R.Terms:
+def m2po_terms(p: F.PolicyInputs, o: M2POOptions, ctx: F.Context) -> F.Terms:
     """M2PO (Second-Moment Trust Policy Optimization, arXiv 2510.01161), as AReaL computes it
     (``actor.m2_threshold``):
 
@@ -95,9 +96,9 @@ def m2po_terms(p: R.PolicyInputs, o: M2POOptions, ctx: R.Context) -> R.Terms:
     pg, clip_mask, dual_clip_mask = ppo_clip_terms(p, c.eps_clip, c.eps_clip_higher, c.c_clip)
     clip_mask, dual_clip_mask = clip_mask & keep, dual_clip_mask & keep
     silenced = (clip_mask | dual_clip_mask | ~keep) & p.m
-    return R.Terms(
+    return F.Terms(
         pg, keep=keep, clip_mask=clip_mask, dual_clip_mask=dual_clip_mask, silenced=silenced
     )
 
 
-m2po_loss = R.loss_function(m2po_terms)
+m2po_loss = F.loss_function(m2po_terms)

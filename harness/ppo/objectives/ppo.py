@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from harness.ppo.objectives import frame as F
 from harness.ppo.objectives import registry as R
 
 
 def ppo_clip_terms(
-    p: R.PolicyInputs, eps_clip: float, eps_clip_higher: float | None, c_clip: float | None
+    p: F.PolicyInputs, eps_clip: float, eps_clip_higher: float | None, c_clip: float | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token PPO-clip loss L (before the behaviour weight), clip_mask and dual_clip_mask."""
     adv, ratio = p.adv, p.ratio
@@ -43,7 +44,7 @@ def ppo_clip_terms(
     verl=R.Peer("vanilla", levels={"sequence": "gspo"}),
     areal=R.Peer("ppo"),
 )
-def ppo_terms(p: R.PolicyInputs, options: None, ctx: R.Context) -> R.Terms:
+def ppo_terms(p: F.PolicyInputs, options: None, ctx: F.Context) -> F.Terms:
     """AReaL's PPO actor loss (``ppo_actor_loss_fn``, main; docs/ppo-semantics.md "Ratio and clip").
 
     Inputs are [B, T] (a 1-D tensor is one sequence).  ℓθ = ``logprobs`` (carries the gradient),
@@ -81,7 +82,7 @@ def ppo_terms(p: R.PolicyInputs, options: None, ctx: R.Context) -> R.Terms:
     """
     c = ctx.clip
     pg, clip_mask, dual_clip_mask = ppo_clip_terms(p, c.eps_clip, c.eps_clip_higher, c.c_clip)
-    return R.Terms(pg, clip_mask=clip_mask, dual_clip_mask=dual_clip_mask)
+    return F.Terms(pg, clip_mask=clip_mask, dual_clip_mask=dual_clip_mask)
 
 
-ppo_actor_loss = R.loss_function(ppo_terms)
+ppo_actor_loss = F.loss_function(ppo_terms)

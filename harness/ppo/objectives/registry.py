@@ -7,14 +7,14 @@ of ``option``-declared fields: default, help and bounds, written once; the user 
 importance-sampling levels and loss aggregations it allows, the step metrics it reports (and what
 they mean under it), and how TRL / verl / AReaL name it.  From that the registry gives:
 
-* the pure loss function (``Objective.loss``): the one prologue every objective shares (option
-  and shape checks, [T] → [B, T], behaviour weights, the ratio) → its ``terms`` → the behaviour
-  weight, ``loss_agg_mode`` and the stats contract;
 * the validation of a ``PPOActorConfig`` (``validate_selection``): the name, an unselected
   objective's options left at their defaults, the level and the aggregation;
-* the dispatch (``objective_loss``), the TRL / verl / AReaL mappings (``harness.config.trl_map``,
+* the lookup (``lookup``), the TRL / verl / AReaL mappings (``harness.config.trl_map``,
   ``harness.sweep.export``), the objectives table of ``docs/objectives.md`` and the per-objective section of
   ``docs/metrics.md`` (``python -m harness.ppo.objectives table|metrics``).
+
+The loss every objective runs in (the shared prologue, its ``terms``, the behaviour weight,
+``loss_agg_mode`` and the stats contract) is ``frame``.
 """
 
 from __future__ import annotations
@@ -22,28 +22,24 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from harness.core.configtools import ConfigError, check_declared, option
 from harness.core.configtools import meta as meta  # re-exported: R.meta for objective modules
 from harness.metrics import declare_objective_stats
-from harness.ppo.corrections import Correction, resolve
-from harness.ppo.loss import (
-    LOSS_AGG_MODES,
-    PolicyInputs,
-    RejectionSampling,
-    _check_shapes,
-    aggregate,
-    base_stats,
-    behaviour_weighted,
-    one_row,
-    prepare_policy_inputs,
-    validate_clip_options,
-)
 
-Stats = dict[str, torch.Tensor | float]
+if TYPE_CHECKING:
+    from harness.ppo.objectives.frame import Context, PolicyInputs, Terms
+
+    TermsFn = Callable[[PolicyInputs, Any, Context], Terms]
+
+LOSS_AGG_MODES = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+    "prompt-mean",
+)
 
 
 class Options:
@@ -110,39 +106,6 @@ class Peer:
         return self.levels.get(level, self.name)
 
 
-@dataclass
-class Terms:
-    """What an objective's ``terms`` return: the per-token loss L (before the behaviour weight)
-    and how it acted.  ``silenced`` = valid tokens whose gradient it zeroed (default: the clip
-    masks), ``reweighted`` = kept but re-weighted or penalised, ``gate`` = its per-token weight,
-    ``extra`` = further stats (floats become ``policy/<key>`` metrics).  ``keep``: the valid
-    tokens it keeps in the loss mask; the others leave the loss, its denominators and the clip
-    statistics, as if the caller had narrowed ``loss_mask`` (None = all).  ``weighted``: the
-    loss already carries the behaviour weight ρ (VESPO's ``fold``), so it is not multiplied by
-    ρ again."""
-
-    loss: torch.Tensor
-    keep: torch.Tensor | None = None
-    clip_mask: torch.Tensor | None = None
-    dual_clip_mask: torch.Tensor | None = None
-    silenced: torch.Tensor | None = None
-    reweighted: torch.Tensor | None = None
-    gate: torch.Tensor | None = None
-    extra: Stats = field(default_factory=dict)
-    weighted: bool = False
-
-
-@dataclass(frozen=True)
-class Context:
-    """What ``terms`` may read besides the inputs and its own options."""
-
-    clip: ClipOptions
-    generator: torch.Generator | None = None
-
-
-TermsFn = Callable[[PolicyInputs, Any, Context], Terms]
-
-
 @dataclass(frozen=True)
 class Objective:
     """One registered objective (see the module docstring)."""
@@ -182,153 +145,6 @@ class Objective:
                 f"loss_agg_mode {loss_agg_mode!r} means nothing under policy_loss {self.name!r} "
                 f"(allowed: {', '.join(self.aggregations)})"
             )
-
-    # ------------------------------------------------------------------ the loss
-    def loss(
-        self,
-        logprobs: torch.Tensor,
-        proximal_logprobs: torch.Tensor,
-        old_logprobs: torch.Tensor,
-        advantages: torch.Tensor,
-        loss_mask: torch.Tensor,
-        *,
-        generator: torch.Generator | None = None,
-        behave_imp_weight_mode: str = "disabled",
-        behave_imp_weight_cap: float | None = None,
-        rejection_sampling: RejectionSampling | None = None,
-        importance_sampling_level: str = "token",
-        loss_agg_mode: str = "token-mean",
-        group_ids: torch.Tensor | None = None,
-        token_keep: torch.Tensor | None = None,
-        correction: Correction | str | None = None,
-        **options: Any,
-    ) -> tuple[torch.Tensor, Stats]:
-        """The objective's loss of [B, T] (or [T]) inputs, options by name (its block's fields,
-        and ``eps_clip``/``eps_clip_higher``/``c_clip`` where it reads them).  ``group_ids`` [B]:
-        each row's prompt ('prompt-mean'); ``token_keep``: tokens whose loss is kept, the others
-        multiplied by 0 with every denominator unchanged (``ppo.top_entropy_quantile``)."""
-        clip_kw = {k: options.pop(k) for k in CLIP_NAMES if k in options}
-        if clip_kw and not self.clip:
-            raise TypeError(f"{self.name}_loss() takes no {', '.join(clip_kw)}")
-        if self.options is None and options:
-            raise TypeError(f"{self.name}_loss() takes no {', '.join(options)}")
-        own = self.options(**options) if self.options is not None else None
-        return self.run(
-            (logprobs, proximal_logprobs, old_logprobs, advantages, loss_mask),
-            ClipOptions(**clip_kw),
-            own,
-            Weighting(
-                behave_imp_weight_mode,
-                behave_imp_weight_cap,
-                rejection_sampling,
-                importance_sampling_level,
-                loss_agg_mode,
-                resolve(correction),
-            ),
-            generator,
-            group_ids=group_ids,
-            token_keep=token_keep,
-        )
-
-    def run(
-        self,
-        xs: tuple[torch.Tensor, ...],
-        clip: ClipOptions,
-        options: Any,
-        w: Weighting,
-        generator: torch.Generator | None,
-        *,
-        group_ids: torch.Tensor | None = None,
-        token_keep: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, Stats]:
-        """The prologue every objective shares, its ``terms``, then weight, aggregate, stats."""
-        validate_clip_options(
-            clip.eps_clip,
-            clip.eps_clip_higher,
-            clip.c_clip,
-            w.behave_imp_weight_mode,
-            w.behave_imp_weight_cap,
-            w.rejection_sampling,
-            w.importance_sampling_level,
-            w.loss_agg_mode,
-        )
-        self.check(w.importance_sampling_level, w.loss_agg_mode)
-        if w.correction is not None and (
-            w.rejection_sampling is not None or w.behave_imp_weight_mode != "disabled"
-        ):
-            raise ValueError(
-                "give either correction or rejection_sampling / behave_imp_weight_mode, not both"
-            )
-        _check_shapes(**dict(zip(_NAMES, xs, strict=True)))
-        if xs[0].dim() == 1:
-            keep1 = None if token_keep is None else token_keep[None]
-            return one_row(
-                lambda *x: self.run(
-                    x,
-                    clip,
-                    options,
-                    w,
-                    generator,
-                    group_ids=torch.zeros(1, dtype=torch.long, device=x[0].device),
-                    token_keep=keep1,
-                ),
-                *xs,
-            )
-        if xs[0].dim() != 2:
-            raise ValueError(f"expected [B, T] or [T] tensors; got {tuple(xs[0].shape)}")
-        p = prepare_policy_inputs(
-            *xs,
-            behave_imp_weight_mode=w.behave_imp_weight_mode,
-            behave_imp_weight_cap=w.behave_imp_weight_cap,
-            rejection_sampling=w.rejection_sampling,
-            importance_sampling_level=w.importance_sampling_level,
-            group_ids=group_ids,
-            correction=w.correction,
-        )
-        t = self.terms(p, options, Context(clip=clip, generator=generator))
-        if token_keep is not None:  # TRL: the mask multiplies the per-token loss, after the gate
-            t.loss = torch.where(token_keep.bool(), t.loss, torch.zeros((), dtype=t.loss.dtype))
-        return finish(p, t, w.loss_agg_mode)
-
-
-_NAMES = ("logprobs", "proximal_logprobs", "old_logprobs", "advantages", "loss_mask")
-
-
-@dataclass(frozen=True)
-class Weighting:
-    """The options every objective shares: behaviour weights, level, aggregation."""
-
-    behave_imp_weight_mode: str = "disabled"
-    behave_imp_weight_cap: float | None = None
-    rejection_sampling: RejectionSampling | None = None
-    importance_sampling_level: str = "token"
-    loss_agg_mode: str = "token-mean"
-    correction: Correction | None = None
-
-
-def finish(p: PolicyInputs, t: Terms, loss_agg_mode: str) -> tuple[torch.Tensor, Stats]:
-    """L·w, ``loss_agg_mode``, and the stats contract (``ppo_actor_loss``'s keys, plus
-    ``silenced_mask``, ``reweighted_mask`` and, where the objective has one, ``gate``).
-    ``silenced_mask`` and ``reweighted_mask`` stay on the caller's mask (a token the objective
-    dropped with ``keep`` counts as silenced where its ``silenced`` says so)."""
-    valid = p.m
-    if t.keep is not None:
-        keep = t.keep & p.m
-        p = dataclasses.replace(p, m=keep, m_loss=p.m_loss & keep, n0=max(int(keep.sum()), 1))
-    none = torch.zeros_like(p.m)
-    clip_mask = none if t.clip_mask is None else t.clip_mask
-    dual_clip_mask = none if t.dual_clip_mask is None else t.dual_clip_mask
-    pg = t.loss if t.weighted else behaviour_weighted(t.loss, p)
-    loss = aggregate(pg, p, loss_agg_mode)
-    stats = base_stats(p, pg, clip_mask, dual_clip_mask)
-    silenced = clip_mask | dual_clip_mask if t.silenced is None else t.silenced
-    stats["silenced_mask"] = silenced & valid
-    stats["reweighted_mask"] = (none if t.reweighted is None else t.reweighted) & valid
-    if t.gate is not None:
-        gate = t.gate.detach()
-        stats["gate"] = torch.where(valid, gate, torch.zeros((), dtype=gate.dtype))
-    stats.update(t.extra)
-    return loss, stats
 
 
 OBJECTIVES: dict[str, Objective] = {}
@@ -373,17 +189,6 @@ def lookup(name: str) -> Objective:
         raise ValueError(
             f"policy_loss must be one of {', '.join(OBJECTIVES)}; got {name!r}"
         ) from None
-
-
-def loss_function(spec: Objective) -> Callable[..., tuple[torch.Tensor, Stats]]:
-    """``spec.loss`` as a plain function named ``<name>_loss`` with the terms' docstring."""
-
-    def fn(*args: Any, **kw: Any) -> tuple[torch.Tensor, Stats]:
-        return spec.loss(*args, **kw)
-
-    fn.__name__ = fn.__qualname__ = f"{spec.name}_loss"
-    fn.__doc__ = spec.terms.__doc__
-    return fn
 
 
 def _shown(value: Any) -> str:
@@ -432,33 +237,3 @@ def renamed_keys() -> dict[str, str]:
 def options_of(cfg: Any, name: str) -> Any:
     """The options block of objective ``name`` in a ``PPOActorConfig`` (None if it has none)."""
     return getattr(cfg, name, None) if lookup(name).options is not None else None
-
-
-def objective_loss(
-    cfg: Any,
-    *xs: torch.Tensor,
-    generator: torch.Generator | None = None,
-    group_ids: torch.Tensor | None = None,
-    token_keep: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, Stats]:
-    """The loss of ``cfg.policy_loss`` (a ``PPOActorConfig``) with its options from ``cfg``;
-    ``xs`` are the tensors :meth:`Objective.loss` takes first, in its order (logprobs,
-    proximal, old, advantages, mask), checked there by name and shape; ``group_ids`` and
-    ``token_keep`` as in :meth:`Objective.loss`."""
-    spec = lookup(cfg.policy_loss)
-    return spec.run(
-        xs,
-        ClipOptions(**{k: getattr(cfg, k) for k in CLIP_NAMES}),
-        options_of(cfg, spec.name),
-        Weighting(
-            cfg.behave_imp_weight_mode,
-            cfg.behave_imp_weight_cap,
-            cfg.rejection_sampling,
-            cfg.importance_sampling_level,
-            cfg.loss_agg_mode,
-            resolve(getattr(cfg, "correction", None)),
-        ),
-        generator,
-        group_ids=group_ids,
-        token_keep=token_keep,
-    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from harness.ppo.objectives import frame as F
 from harness.ppo.objectives import registry as R
 
 
@@ -20,7 +21,7 @@ from harness.ppo.objectives import registry as R
     # loss with rollout_correction.loss_type reinforce is the same.
     verl=R.Peer("gpg"),
 )
-def reinforce_terms(p: R.PolicyInputs, o: None, ctx: R.Context) -> R.Terms:
+def reinforce_terms(p: F.PolicyInputs, o: None, ctx: F.Context) -> F.Terms:
     """REINFORCE (Williams 1992) as verl's bypass-mode loss.
 
         L = −A·ℓθ                                   then ·ρ and ``loss_agg_mode``
@@ -39,7 +40,7 @@ def reinforce_terms(p: R.PolicyInputs, o: None, ctx: R.Context) -> R.Terms:
     """
     # Padding may hold any log-prob (−inf included): only valid tokens enter the loss.
     lt = torch.where(p.m, p.logprobs, p.zero)
-    return R.Terms(-p.adv * lt)
+    return F.Terms(-p.adv * lt)
 
 
-reinforce_loss = R.loss_function(reinforce_terms)
+reinforce_loss = F.loss_function(reinforce_terms)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.ppo.objectives import frame as F
 from harness.ppo.objectives import registry as R
 
 
@@ -42,7 +43,7 @@ class SAPOOptions(R.Options):
     verl=R.Peer("sapo", options=None),
     renamed={"sapo_temperature_pos": "temperature_pos", "sapo_temperature_neg": "temperature_neg"},
 )
-def sapo_terms(p: R.PolicyInputs, o: SAPOOptions, ctx: R.Context) -> R.Terms:
+def sapo_terms(p: F.PolicyInputs, o: SAPOOptions, ctx: F.Context) -> F.Terms:
     """SAPO (Soft Adaptive Policy Optimization, arXiv 2511.20347): a smooth gate, no hard clip.
 
         τ = temperature_pos where A > 0, else temperature_neg
@@ -60,7 +61,7 @@ def sapo_terms(p: R.PolicyInputs, o: SAPOOptions, ctx: R.Context) -> R.Terms:
     tau = tau.masked_fill(p.adv > 0, o.temperature_pos)
     s = torch.sigmoid(tau * (p.ratio - 1))
     g = (4 * s * (1 - s)).detach()
-    return R.Terms(-(4 / tau) * s * p.adv, reweighted=g < 0.5, gate=g)
+    return F.Terms(-(4 / tau) * s * p.adv, reweighted=g < 0.5, gate=g)
 
 
-sapo_loss = R.loss_function(sapo_terms)
+sapo_loss = F.loss_function(sapo_terms)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.ppo.corrections.compute import row_mean
+from harness.ppo.objectives import frame as F
 from harness.ppo.objectives import registry as R
 
 
@@ -33,7 +34,7 @@ class TOPROptions(R.Options):
     },
     defaults_source="ROLL (topr_positive_weight 1, topr_negative_weight 1)",
 )
-def topr_terms(p: R.PolicyInputs, o: TOPROptions, ctx: R.Context) -> R.Terms:
+def topr_terms(p: F.PolicyInputs, o: TOPROptions, ctx: F.Context) -> F.Terms:
     """TOPR (Le Roux et al., arXiv 2503.14286, Eq. 8): supervised updates on the good
     trajectories, truncated importance sampling on the others.
 
@@ -61,7 +62,7 @@ def topr_terms(p: R.PolicyInputs, o: TOPROptions, ctx: R.Context) -> R.Terms:
     gate = torch.where(positive, torch.ones_like(taper), taper)
     weight = torch.where(positive, o.positive_weight, o.negative_weight)
     cut = ~positive & (r > 1.0) & p.m
-    return R.Terms(-weight * gate * p.adv * lt, reweighted=cut, gate=gate)
+    return F.Terms(-weight * gate * p.adv * lt, reweighted=cut, gate=gate)
 
 
-topr_loss = R.loss_function(topr_terms)
+topr_loss = F.loss_function(topr_terms)

@@ -8,6 +8,7 @@ from typing import Literal
 
 import torch
 
+from harness.ppo.objectives import frame as F
 from harness.ppo.objectives import registry as R
 
 _LOG_W_MIN = math.log(1e-8)  # TRL clamps log W to [log 1e-8, 20] (so W never needs its own clamp)
@@ -85,7 +86,7 @@ def gamma_weight(log_w: torch.Tensor, k: torch.Tensor, lam: torch.Tensor) -> tor
         aggregations=("token-mean",),
     ),
 )
-def vespo_terms(p: R.PolicyInputs, o: VESPOOptions, ctx: R.Context) -> R.Terms:
+def vespo_terms(p: F.PolicyInputs, o: VESPOOptions, ctx: F.Context) -> F.Terms:
     """VESPO (arXiv 2602.10693): REINFORCE scaled by a detached gamma weight of the sequence's
     importance ratio.
 
@@ -139,7 +140,7 @@ def vespo_terms(p: R.PolicyInputs, o: VESPOOptions, ctx: R.Context) -> R.Terms:
     phi = gamma_weight(log_w, k, lam)
     # Padding may hold any log-prob (−inf included): only valid tokens enter the product.
     lt = torch.where(p.m, p.logprobs, p.zero)
-    return R.Terms(
+    return F.Terms(
         -phi * p.adv * lt,
         silenced=phi == 0,
         reweighted=phi < 0.5,
@@ -148,4 +149,4 @@ def vespo_terms(p: R.PolicyInputs, o: VESPOOptions, ctx: R.Context) -> R.Terms:
     )
 
 
-vespo_loss = R.loss_function(vespo_terms)
+vespo_loss = F.loss_function(vespo_terms)
