@@ -165,7 +165,10 @@ def test_the_checker_sees_what_it_must() -> None:
     assert "harness.ppo.config" not in GRAPH["harness.ppo.actor"]
 
 
-@pytest.mark.parametrize("module", ["harness.ppo.objectives.frame", "harness.ppo.corrections.areal", "harness.ppo.normalization"])
+@pytest.mark.parametrize(
+    "module",
+    ["harness.ppo.objectives.frame", "harness.ppo.corrections.areal", "harness.ppo.normalization"],
+)
 def test_the_math_imports_no_harness_module_outside_ppo_and_core(module: str) -> None:
     assert {package(t) for t in GRAPH[module]} <= {"ppo", "core"}
 

@@ -303,4 +303,3 @@ def _batch_normalize(
     if mean <= 1e-8:
         return w, 1.0
     return w / mean, mean
-
