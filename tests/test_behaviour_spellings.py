@@ -67,7 +67,7 @@ def test_a_legacy_mode_is_its_correction_in_the_config_and_the_pure_function(mod
     cfg = PPOActorConfig(
         use_decoupled_loss=True, behave_imp_weight_mode=mode, behave_imp_weight_cap=cap
     )
-    assert LossOptions.of(cfg).correction == want
+    assert cfg.loss_options().correction == want
     assert cfg.correction is None  # the user's field is left as written (exports read it)
     kw = dict(behave_imp_weight_mode=mode, behave_imp_weight_cap=cap)
     assert LossOptions.of_call(lookup("ppo"), **kw).correction == want
@@ -104,7 +104,7 @@ def test_a_legacy_mode_gives_the_loss_of_its_correction(mode, cap, level):
 )
 def test_rejection_sampling_in_the_config_is_the_correction_the_loss_reads(rs):
     cfg = PPOActorConfig(use_decoupled_loss=True, rejection_sampling=rs)
-    corr = LossOptions.of(cfg).correction
+    corr = cfg.loss_options().correction
     assert corr is not None and corr.narrow_mask and len(corr.filters) == 1
     assert LossOptions.of_call(lookup("ppo"), rejection_sampling=rs).correction == corr
     xs = tensors(1)
@@ -132,7 +132,7 @@ def test_an_old_run_config_gives_the_same_actor_loss_as_the_correction_block():
             }
         },
     ).ppo
-    assert LossOptions.of(old).correction == LossOptions.of(new).correction
+    assert old.loss_options().correction == new.loss_options().correction
     lt, lp, lb, adv, mask = tensors(2)
     pad = torch.zeros(3, 1, dtype=torch.float64)
     batch = {
@@ -152,7 +152,7 @@ def test_an_old_run_config_gives_the_same_actor_loss_as_the_correction_block():
 
 
 def test_no_weight_is_no_correction():
-    assert LossOptions.of(PPOActorConfig()).correction is None
+    assert PPOActorConfig().loss_options().correction is None
     assert LossOptions.of_call(lookup("ppo")).correction is None
 
 

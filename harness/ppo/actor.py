@@ -45,7 +45,7 @@ from harness.metrics import OBJECTIVE_METRICS
 from harness.ppo.advantages import gae, kl_estimate, shape_rewards
 from harness.ppo.masks import group_ids_from_sizes, top_entropy_mask, truncated_row_mask
 from harness.ppo.normalization import normalize
-from harness.ppo.objectives import LossOptions, objective_loss
+from harness.ppo.objectives import objective_loss
 from harness.ppo.proximal import loglinear_proximal
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ class PPOActor:
     ) -> None:
         self.config = config
         # The loss options, read and converted once (the config was checked when built).
-        self.loss_options = LossOptions.of(config)
+        self.loss_options = config.loss_options()
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler

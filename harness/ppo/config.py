@@ -10,10 +10,24 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from harness.core.configtools import meta
-from harness.ppo.corrections import PRESETS, Correction, RejectionSampling, resolve
+from harness.ppo.corrections import (
+    PRESETS,
+    Correction,
+    RejectionSampling,
+    behaviour_correction,
+    resolve,
+)
 from harness.ppo.normalization import NormConfig
-from harness.ppo.objectives import OBJECTIVES, ClipOptions, renamed_keys, validate_selection
+from harness.ppo.objectives import (
+    OBJECTIVES,
+    ClipOptions,
+    LossOptions,
+    lookup,
+    renamed_keys,
+    validate_selection,
+)
 from harness.ppo.objectives.frame import validate_clip_options
+from harness.ppo.objectives.registry import options_of
 from harness.ppo.proximal import ProxLogpMethod
 
 _h = meta
@@ -273,6 +287,25 @@ class PPOActorConfig:
                     "recompute_logprob=true asks for; set recompute_logprob=false or "
                     "prox_logp_method: recompute"
                 )
+
+    def loss_options(self) -> LossOptions:
+        """What the loss reads, from these options (checked when they were built): AReaL's
+        ``rejection_sampling`` or legacy ``behave_imp_weight_mode`` become the one
+        ``Correction`` the loss applies; ``ppo.correction`` is taken as it is."""
+        spec = lookup(self.policy_loss)
+        return LossOptions(
+            spec,
+            ClipOptions(**{name: getattr(self, name) for name in _CLIP}),
+            options_of(self, spec.name),
+            self.importance_sampling_level,
+            self.loss_agg_mode,
+            behaviour_correction(
+                self.behave_imp_weight_mode,
+                self.behave_imp_weight_cap,
+                self.rejection_sampling,
+                resolve(self.correction),
+            ),
+        )
 
     @property
     def interpolates_proximal(self) -> bool:

@@ -10,11 +10,15 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from harness.ppo.objectives.frame import LossOptions, Terms, objective_loss
-from harness.ppo.objectives.registry import (
+from harness.ppo.objectives.frame import (
     LOSS_AGG_MODES,
-    OBJECTIVES,
     ClipOptions,
+    LossOptions,
+    Terms,
+    objective_loss,
+)
+from harness.ppo.objectives.registry import (
+    OBJECTIVES,
     Objective,
     Options,
     Peer,

@@ -66,4 +66,4 @@ def cispo_terms(p: F.PolicyInputs, o: CISPOOptions, ctx: F.Context) -> F.Terms:
     return F.Terms(-r_hat * p.adv * p.logprobs, reweighted=r_hat != r, gate=r_hat)
 
 
-cispo_loss = F.loss_function(cispo_terms)
+cispo_loss = R.loss_function(cispo_terms)

@@ -94,4 +94,4 @@ def clip_cov_terms(p: F.PolicyInputs, o: ClipCovOptions, ctx: F.Context) -> F.Te
     )
 
 
-clip_cov_loss = F.loss_function(clip_cov_terms)
+clip_cov_loss = R.loss_function(clip_cov_terms)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from harness.ppo.objectives.registry import OBJECTIVES, ClipOptions, Objective, _shown
+from harness.ppo.objectives.frame import ClipOptions
+from harness.ppo.objectives.registry import OBJECTIVES, Objective, _shown
 
 
 def _options_cell(o: Objective) -> str:

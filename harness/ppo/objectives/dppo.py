@@ -199,4 +199,4 @@ def dppo_terms(p: F.PolicyInputs, o: DPPOOptions, ctx: F.Context) -> F.Terms:
     return F.Terms(pg, clip_mask=drop, silenced=drop, reweighted=capped, gate=r_hat)
 
 
-dppo_loss = F.loss_function(dppo_terms)
+dppo_loss = R.loss_function(dppo_terms)

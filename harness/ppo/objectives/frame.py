@@ -4,10 +4,11 @@
 
 The path of a training step is ``PPOActor.compute_loss`` → ``objective_loss`` → the objective's
 ``terms``; the options it reads (``LossOptions``) are built and checked once, where they enter:
-``LossOptions.of`` for a ``PPOActorConfig`` (checked when the config was built), and the pure
-``<name>_loss`` functions (``loss_function``), which check their keywords per call.  The
-behaviour weight is one ``Correction`` here: AReaL's ``rejection_sampling`` and legacy
-``behave_imp_weight_mode`` are converted before (``harness.ppo.corrections.areal``).
+``PPOActorConfig.loss_options`` (checked when the config was built; ``PPOActor`` builds them
+once), and the pure ``<name>_loss`` functions (``Objective.loss``, ``LossOptions.of_call``),
+which check their keywords on every call.  The behaviour weight is one ``Correction`` here:
+AReaL's ``rejection_sampling`` and legacy ``behave_imp_weight_mode`` are converted before
+(``harness.ppo.corrections.areal``).
 
 Source: AReaL ``areal/utils/functional/functional.py`` (``ppo_actor_loss_fn``), main branch.
 ``docs/ppo-semantics.md`` "PPO actor loss".
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from harness.core.configtools import option
 from harness.ppo.corrections import (
     BEHAVE_MODES,
     Correction,
@@ -32,20 +34,38 @@ from harness.ppo.corrections import (
     resolve,
 )
 from harness.ppo.masks import prompt_mean
-from harness.ppo.objectives.registry import (
-    CLIP_NAMES,
-    LOSS_AGG_MODES,
-    ClipOptions,
-    Objective,
-    lookup,
-    options_of,
-)
 
 if TYPE_CHECKING:
     from harness.ppo.config import PPOActorConfig
+    from harness.ppo.objectives.registry import Objective
 
+LOSS_AGG_MODES = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+    "prompt-mean",
+)
 IS_LEVELS = ("token", "sequence")
 Stats = dict[str, torch.Tensor | float]
+
+
+@dataclass(frozen=True)
+class ClipOptions:
+    """The PPO-clip options, flat under ``ppo.`` (AReaL's names; ``PPOActorConfig`` takes their
+    defaults and declarations from here), read by the objectives that declare ``clip=True``.
+    Checked by ``validate_clip_options`` (its messages are the pure functions' contract)."""
+
+    eps_clip: float = option(0.2, "Lower clip ε: ratio clipped to [1-ε, 1+ε_hi].", gt=0)
+    eps_clip_higher: float | None = option(
+        None, "Upper clip ε_hi (DAPO clip-higher); null = eps_clip.", ge=0
+    )
+    c_clip: float | None = option(
+        None, "Dual clip: caps the loss at c·|A| where A < 0; must be > 1.", gt=1
+    )
+
+
+CLIP_NAMES = tuple(f.name for f in dataclasses.fields(ClipOptions))
 
 
 def validate_clip_options(
@@ -110,24 +130,6 @@ class LossOptions:
     correction: Correction | None = None
 
     @classmethod
-    def of(cls, cfg: PPOActorConfig) -> LossOptions:
-        """A ``PPOActorConfig``'s (its options were checked when it was built)."""
-        spec = lookup(cfg.policy_loss)
-        return cls(
-            spec,
-            ClipOptions(**{k: getattr(cfg, k) for k in CLIP_NAMES}),
-            options_of(cfg, spec.name),
-            cfg.importance_sampling_level,
-            cfg.loss_agg_mode,
-            behaviour_correction(
-                cfg.behave_imp_weight_mode,
-                cfg.behave_imp_weight_cap,
-                cfg.rejection_sampling,
-                resolve(cfg.correction),
-            ),
-        )
-
-    @classmethod
     def of_call(
         cls,
         spec: Objective,
@@ -172,40 +174,6 @@ class LossOptions:
             behave_imp_weight_mode, behave_imp_weight_cap, rejection_sampling, corr
         )
         return cls(spec, clip, own, importance_sampling_level, loss_agg_mode, weight)
-
-
-def loss_function(spec: Objective) -> Callable[..., tuple[torch.Tensor, Stats]]:
-    """The pure loss of objective ``spec``, named ``<name>_loss``, with its terms' docstring:
-    the tensors and keywords of ``objective_loss``, the options by name as
-    ``LossOptions.of_call`` takes them (checked per call)."""
-
-    def fn(
-        logprobs: torch.Tensor,
-        proximal_logprobs: torch.Tensor,
-        old_logprobs: torch.Tensor,
-        advantages: torch.Tensor,
-        loss_mask: torch.Tensor,
-        *,
-        generator: torch.Generator | None = None,
-        group_ids: torch.Tensor | None = None,
-        token_keep: torch.Tensor | None = None,
-        **options: Any,
-    ) -> tuple[torch.Tensor, Stats]:
-        return objective_loss(
-            LossOptions.of_call(spec, **options),
-            logprobs,
-            proximal_logprobs,
-            old_logprobs,
-            advantages,
-            loss_mask,
-            generator=generator,
-            group_ids=group_ids,
-            token_keep=token_keep,
-        )
-
-    fn.__name__ = fn.__qualname__ = f"{spec.name}_loss"
-    fn.__doc__ = spec.terms.__doc__
-    return fn
 
 
 # ---------------------------------------------------------------------- the loss
@@ -285,11 +253,11 @@ def objective_loss(
     """The loss of ``o.objective`` on ``xs`` = (logprobs, proximal, old, advantages, mask),
     [B, T] or [T] (one sequence), checked by name and shape: the prologue every objective
     shares, its ``terms``, then weight, aggregate, stats.  ``o``: ``LossOptions``, or a
-    ``PPOActorConfig`` (read with ``LossOptions.of``).  ``group_ids`` [B]: each row's prompt
+    ``PPOActorConfig`` (read with its ``loss_options()``).  ``group_ids`` [B]: each row's prompt
     ('prompt-mean'); ``token_keep``: tokens whose loss is kept, the others multiplied by 0 with
     every denominator unchanged (``ppo.top_entropy_quantile``)."""
     if not isinstance(o, LossOptions):
-        o = LossOptions.of(o)
+        o = o.loss_options()
     _check_shapes(**dict(zip(_NAMES, xs, strict=True)))
     if xs[0].dim() == 1:
         keep1 = None if token_keep is None else token_keep[None]

@@ -70,4 +70,4 @@ def gmpo_terms(p: F.PolicyInputs, o: GMPOOptions, ctx: F.Context) -> F.Terms:
     return F.Terms(pg, clip_mask=binds, silenced=binds, gate=rho.expand_as(delta))
 
 
-gmpo_loss = F.loss_function(gmpo_terms)
+gmpo_loss = R.loss_function(gmpo_terms)

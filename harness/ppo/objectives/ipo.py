@@ -86,4 +86,4 @@ def ipo_terms(p: F.PolicyInputs, o: IPOOptions, ctx: F.Context) -> F.Terms:
     )
 
 
-ipo_loss = F.loss_function(ipo_terms)
+ipo_loss = R.loss_function(ipo_terms)

@@ -52,4 +52,4 @@ def kimi15_terms(p: F.PolicyInputs, o: Kimi15Options, ctx: F.Context) -> F.Terms
     return F.Terms(-p.adv * lt + 0.5 * o.tau * d * d)
 
 
-kimi15_loss = F.loss_function(kimi15_terms)
+kimi15_loss = R.loss_function(kimi15_terms)

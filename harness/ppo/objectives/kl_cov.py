@@ -74,4 +74,4 @@ def kl_cov_terms(p: F.PolicyInputs, o: KLCovOptions, ctx: F.Context) -> F.Terms:
     )
 
 
-kl_cov_loss = F.loss_function(kl_cov_terms)
+kl_cov_loss = R.loss_function(kl_cov_terms)

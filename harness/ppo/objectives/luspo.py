@@ -52,4 +52,4 @@ def luspo_terms(p: F.PolicyInputs, options: None, ctx: F.Context) -> F.Terms:
     return F.Terms(pg, clip_mask=clip_mask, dual_clip_mask=dual_clip_mask)
 
 
-luspo_loss = F.loss_function(luspo_terms)
+luspo_loss = R.loss_function(luspo_terms)

@@ -101,4 +101,4 @@ def m2po_terms(p: F.PolicyInputs, o: M2POOptions, ctx: F.Context) -> F.Terms:
     )
 
 
-m2po_loss = F.loss_function(m2po_terms)
+m2po_loss = R.loss_function(m2po_terms)

@@ -85,4 +85,4 @@ def ppo_terms(p: F.PolicyInputs, options: None, ctx: F.Context) -> F.Terms:
     return F.Terms(pg, clip_mask=clip_mask, dual_clip_mask=dual_clip_mask)
 
 
-ppo_actor_loss = F.loss_function(ppo_terms)
+ppo_actor_loss = R.loss_function(ppo_terms)

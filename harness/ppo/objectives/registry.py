@@ -22,24 +22,26 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from harness.core.configtools import ConfigError, check_declared, option
+import torch
+
+from harness.core.configtools import ConfigError, check_declared
 from harness.core.configtools import meta as meta  # re-exported: R.meta for objective modules
+from harness.core.configtools import option as option  # re-exported: R.option likewise
 from harness.metrics import declare_objective_stats
-
-if TYPE_CHECKING:
-    from harness.ppo.objectives.frame import Context, PolicyInputs, Terms
-
-    TermsFn = Callable[[PolicyInputs, Any, Context], Terms]
-
-LOSS_AGG_MODES = (
-    "token-mean",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-sum-norm",
-    "prompt-mean",
+from harness.ppo.objectives.frame import (
+    LOSS_AGG_MODES,
+    ClipOptions,
+    Context,
+    LossOptions,
+    PolicyInputs,
+    Stats,
+    Terms,
+    objective_loss,
 )
+
+TermsFn = Callable[[PolicyInputs, Any, Context], Terms]
 
 
 class Options:
@@ -59,24 +61,6 @@ class Options:
         check = getattr(self, "check", None)
         if check is not None:
             check()
-
-
-@dataclass(frozen=True)
-class ClipOptions:
-    """The PPO-clip options, flat under ``ppo.`` (AReaL's names; ``PPOActorConfig`` takes their
-    defaults and declarations from here), read by the objectives that declare ``clip=True``.
-    Checked by ``validate_clip_options`` (its messages are the pure functions' contract)."""
-
-    eps_clip: float = option(0.2, "Lower clip ε: ratio clipped to [1-ε, 1+ε_hi].", gt=0)
-    eps_clip_higher: float | None = option(
-        None, "Upper clip ε_hi (DAPO clip-higher); null = eps_clip.", ge=0
-    )
-    c_clip: float | None = option(
-        None, "Dual clip: caps the loss at c·|A| where A < 0; must be > 1.", gt=1
-    )
-
-
-CLIP_NAMES = tuple(f.name for f in dataclasses.fields(ClipOptions))
 
 
 @dataclass(frozen=True)
@@ -146,6 +130,34 @@ class Objective:
                 f"(allowed: {', '.join(self.aggregations)})"
             )
 
+    def loss(
+        self,
+        logprobs: torch.Tensor,
+        proximal_logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        loss_mask: torch.Tensor,
+        *,
+        generator: torch.Generator | None = None,
+        group_ids: torch.Tensor | None = None,
+        token_keep: torch.Tensor | None = None,
+        **options: Any,
+    ) -> tuple[torch.Tensor, Stats]:
+        """The objective's pure loss of [B, T] (or [T]) inputs, options by name as
+        ``LossOptions.of_call`` takes them (checked on every call: this is where they enter);
+        ``group_ids`` and ``token_keep`` as ``objective_loss`` takes them."""
+        return objective_loss(
+            LossOptions.of_call(self, **options),
+            logprobs,
+            proximal_logprobs,
+            old_logprobs,
+            advantages,
+            loss_mask,
+            generator=generator,
+            group_ids=group_ids,
+            token_keep=token_keep,
+        )
+
 
 OBJECTIVES: dict[str, Objective] = {}
 
@@ -189,6 +201,17 @@ def lookup(name: str) -> Objective:
         raise ValueError(
             f"policy_loss must be one of {', '.join(OBJECTIVES)}; got {name!r}"
         ) from None
+
+
+def loss_function(spec: Objective) -> Callable[..., tuple[torch.Tensor, Stats]]:
+    """``spec.loss`` as a plain function named ``<name>_loss`` with the terms' docstring."""
+
+    def fn(*args: Any, **kw: Any) -> tuple[torch.Tensor, Stats]:
+        return spec.loss(*args, **kw)
+
+    fn.__name__ = fn.__qualname__ = f"{spec.name}_loss"
+    fn.__doc__ = spec.terms.__doc__
+    return fn
 
 
 def _shown(value: Any) -> str:

@@ -43,4 +43,4 @@ def reinforce_terms(p: F.PolicyInputs, o: None, ctx: F.Context) -> F.Terms:
     return F.Terms(-p.adv * lt)
 
 
-reinforce_loss = F.loss_function(reinforce_terms)
+reinforce_loss = R.loss_function(reinforce_terms)

@@ -64,4 +64,4 @@ def sapo_terms(p: F.PolicyInputs, o: SAPOOptions, ctx: F.Context) -> F.Terms:
     return F.Terms(-(4 / tau) * s * p.adv, reweighted=g < 0.5, gate=g)
 
 
-sapo_loss = F.loss_function(sapo_terms)
+sapo_loss = R.loss_function(sapo_terms)

@@ -65,4 +65,4 @@ def topr_terms(p: F.PolicyInputs, o: TOPROptions, ctx: F.Context) -> F.Terms:
     return F.Terms(-weight * gate * p.adv * lt, reweighted=cut, gate=gate)
 
 
-topr_loss = F.loss_function(topr_terms)
+topr_loss = R.loss_function(topr_terms)

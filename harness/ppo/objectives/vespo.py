@@ -149,4 +149,4 @@ def vespo_terms(p: F.PolicyInputs, o: VESPOOptions, ctx: F.Context) -> F.Terms:
     )
 
 
-vespo_loss = F.loss_function(vespo_terms)
+vespo_loss = R.loss_function(vespo_terms)
