@@ -7,14 +7,14 @@ of ``option``-declared fields: default, help and bounds, written once; the user 
 importance-sampling levels and loss aggregations it allows, the step metrics it reports (and what
 they mean under it), and how TRL / verl / AReaL name it.  From that the registry gives:
 
+* the pure loss function (``Objective.loss``, ``loss_function``: ``ppo_actor_loss``...), run in
+  the loss frame every objective shares (``frame``: the prologue, its ``terms``, the behaviour
+  weight, ``loss_agg_mode`` and the stats contract);
 * the validation of a ``PPOActorConfig`` (``validate_selection``): the name, an unselected
   objective's options left at their defaults, the level and the aggregation;
 * the lookup (``lookup``), the TRL / verl / AReaL mappings (``harness.config.trl_map``,
   ``harness.sweep.export``), the objectives table of ``docs/objectives.md`` and the per-objective section of
   ``docs/metrics.md`` (``python -m harness.ppo.objectives table|metrics``).
-
-The loss every objective runs in (the shared prologue, its ``terms``, the behaviour weight,
-``loss_agg_mode`` and the stats contract) is ``frame``.
 """
 
 from __future__ import annotations
