@@ -11,11 +11,13 @@ axis a config path, is a value valid on the base, do the cells fit) are in ``exp
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from difflib import get_close_matches
 from typing import Annotated, Any, Literal
 
 from harness.config.loading import resolve_alias
 from harness.config.schema import RunConfig
 from harness.core.configtools import check_name, meta
+from harness.metrics.stability import OBJECTIVE_KEYS
 
 Direction = Literal["maximize", "minimize"]
 Pruner = Literal["median", "wilcoxon", "none"]
@@ -33,10 +35,6 @@ Seed = Annotated[int, meta("A seed.", **_SEED_RANGE)]
 def check_metric(metric: str) -> None:
     """A ranking/search metric must be a key every run summary has (docs/stability.md), else
     every trial trains and then fails for want of its value."""
-    from difflib import get_close_matches
-
-    from harness.metrics.stability import OBJECTIVE_KEYS
-
     if metric in OBJECTIVE_KEYS:
         return
     close = get_close_matches(metric, OBJECTIVE_KEYS, n=1)

@@ -15,7 +15,11 @@ from typing import Any
 import yaml
 
 from harness.config.schema import RunConfig
+from harness.core import limits
 from harness.core.configtools import ConfigError, from_dict, parse_override, set_path
+from harness.ppo.corrections import PRESETS
+from harness.ppo.corrections.registry import preset_block
+from harness.tasks import get_task
 
 # Short names accepted for --set and experiment axes.
 ALIASES = {"adv_norm": "ppo.adv_norm", "reward_norm": "ppo.reward_norm"}
@@ -81,14 +85,15 @@ def parse_yaml_text(text: str) -> Any:
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    from harness.core.limits import MAX_YAML_BYTES, NotUtf8, read_bounded_text
 
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{path}: file not found")
     try:  # bounded before parsing: PyYAML takes minutes over hundreds of MB
-        text = read_bounded_text(p, MAX_YAML_BYTES, "a run or experiment file", shown=path)
-    except NotUtf8 as err:
+        text = limits.read_bounded_text(
+            p, limits.MAX_YAML_BYTES, "a run or experiment file", shown=path
+        )
+    except limits.NotUtf8 as err:
         raise ConfigError(f"{err}; expected a YAML file") from None
     except ValueError as err:
         raise ConfigError(str(err)) from None
@@ -149,9 +154,6 @@ def _refine_preset(data: dict[str, Any], dotted: str) -> None:
 def expand_presets(data: dict[str, Any]) -> dict[str, Any]:
     """A block naming a preset (``{preset: token_tis, clip_max: 3}``) → the preset's block with
     the given keys overriding its own (in a deep copy)."""
-    from harness.ppo.corrections import PRESETS
-    from harness.ppo.corrections.registry import preset_block
-
     out = copy.deepcopy(data)
     ppo = out.get("ppo")
     if not isinstance(ppo, dict):
@@ -200,14 +202,12 @@ def build_run_config(
 
 def validate_task(cfg: RunConfig) -> None:
     """Resolve the task spec now, so a bad task fails before anything runs or is written."""
-    from harness.tasks import get_task
-
     try:
         task = get_task(cfg.task, **cfg.task_options)
     except (ValueError, TypeError) as err:
         msg = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ConfigError(msg if msg.startswith("task") else f"task: {msg}") from None
-    from harness.config.preflight import check_lengths
+    from harness.config.preflight import check_lengths  # loads transformers: only when validating
 
     try:
         check_lengths(cfg, task)

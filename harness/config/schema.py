@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from harness.config.trl_map import trl_problems
 from harness.core.configtools import is_device_name, meta
 from harness.model.options import ModelOptions, TinyModelConfig
 from harness.ppo.config import PPOActorConfig
@@ -330,8 +331,6 @@ class RunConfig:
                 "(use 'tiny' or a local Hugging Face model directory)"
             )
         if self.trainer == "trl":
-            from harness.config.trl_map import trl_problems
-
             problems = trl_problems(self)
             if problems:
                 # every refusal at once, so a user fixes them in one go, not one run at a time;

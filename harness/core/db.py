@@ -7,13 +7,18 @@ so both can use it without importing each other.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import math
+import os
 import random
 import re
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
+from harness.core.fsutil import is_disk_full
 from harness.core.redact import escape_raw_at, redact_text, url_secrets_redacted
 
 _logger = logging.getLogger(__name__)
@@ -36,9 +41,6 @@ class StorageUnavailable(RuntimeError):
 def outage_budget_s() -> float:
     """Seconds a storage call keeps retrying through an outage (``HARNESS_STORAGE_OUTAGE_S``,
     default 60; ``inf`` waits for the server however long it is down)."""
-    import math
-    import os
-
     raw = os.environ.get(OUTAGE_ENV, "")
     if not raw:
         return DEFAULT_OUTAGE_S
@@ -54,8 +56,6 @@ def outage_budget_s() -> float:
 def url_scheme(url: str) -> str:
     """The base scheme of a store URL without its driver: ``postgresql+psycopg2://…`` →
     ``postgresql``; ``""`` for something that is not a URL (a bare path, ``journal``)."""
-    from urllib.parse import urlsplit
-
     return urlsplit(url).scheme.split("+", 1)[0] if "://" in url else ""
 
 
@@ -68,8 +68,6 @@ def is_transient_db_error(error: BaseException) -> bool:
     it only delays the one line that says so.
     """
     import sqlalchemy.exc as sa_exc
-
-    from harness.core.fsutil import is_disk_full
 
     if is_disk_full(error):
         return False
@@ -170,7 +168,6 @@ def sqlalchemy_url(url: str) -> str:
     url = escape_raw_at(url)
     if not url.startswith("postgresql://"):
         return url
-    import importlib.util
 
     if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2"):
         return "postgresql+psycopg2://" + url.removeprefix("postgresql://")

@@ -12,6 +12,7 @@ import errno
 import fcntl
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 
@@ -25,8 +26,6 @@ class LockTimeout(TimeoutError):
 
 def holder_record() -> str:
     """What a holder writes into its lock file: ``PID HOST``."""
-    import socket
-
     return f"{os.getpid()} {socket.gethostname()}"
 
 

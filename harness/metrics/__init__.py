@@ -10,6 +10,8 @@ summaries (``final/*``, ``best/*``, ``stability/*`` over a whole run) are define
 
 from __future__ import annotations
 
+from harness.metrics.trl import TRL_METRICS
+
 STEP_METRICS: dict[str, str] = {
     # objective
     "objective/reward": "Mean task reward of the step's sampled completions (before shaping/normalization).",
@@ -205,8 +207,6 @@ def _objective_section() -> list[str]:
 
 def _trl_section() -> list[str]:
     """How ``trainer: trl`` fills the same keys from TRL's logs (data in ``trl_map.TRL_METRICS``)."""
-    from harness.metrics.trl import TRL_METRICS
-
     how = {
         "mean": "mean over the step's optimizer steps",
         "last": "last optimizer step",

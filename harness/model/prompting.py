@@ -13,6 +13,8 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
+from harness.core import limits
+
 
 def resolve_chat_template(spec: str, tokenizer: PreTrainedTokenizerBase) -> str | None:
     """The Jinja template ``spec`` selects for ``tokenizer``, or None for plain prompts."""
@@ -21,7 +23,6 @@ def resolve_chat_template(spec: str, tokenizer: PreTrainedTokenizerBase) -> str 
     if spec == "auto":
         template = getattr(tokenizer, "chat_template", None)
         return template if isinstance(template, str) and template else None
-    from harness.core.limits import MAX_TEMPLATE_BYTES, read_bounded_text
 
     path = Path(spec)
     if not path.is_file():
@@ -29,7 +30,9 @@ def resolve_chat_template(spec: str, tokenizer: PreTrainedTokenizerBase) -> str 
             f"rollout.chat_template: file {spec!r} not found (use auto, none or a path)"
         )
     try:
-        text = read_bounded_text(path, MAX_TEMPLATE_BYTES, "a chat template", shown=spec)
+        text = limits.read_bounded_text(
+            path, limits.MAX_TEMPLATE_BYTES, "a chat template", shown=spec
+        )
     except ValueError as err:
         raise ValueError(f"rollout.chat_template: {err}") from None
     if not text.strip():  # renders every prompt as no tokens: an IndexError mid-run

@@ -3,8 +3,11 @@ report.html and the plots) from a ``StudyData`` alone."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from harness.core.configtools import flatten
+from harness.core.fsutil import atomic_write
 from harness.report.adaptive import adaptive_section, interim_reason
 from harness.report.factors import cell_choices, study_effects
 from harness.report.format import _code, _fmt_duration, fmt
@@ -505,9 +509,6 @@ def runs_csv(data: StudyData, rows: Sequence[CellRow]) -> str:
     """Every run of the study, one row each, for notebooks: its cell, the axis levels, seed,
     task, status, the score the ranking used, the reason of a failed or diverged run, wall time,
     and every run-level summary any run logged (empty where a run has none)."""
-    import csv
-    import io
-
     choices = cell_choices(data) or {}
     axes = list(data.axes) if choices else []
     keys = sorted({k for r in data.runs for k in r.summary})
@@ -700,10 +701,6 @@ def build_report(
     ranking, factor effects (factorial grids), stability summaries, pass@k / correction /
     mismatch split (where measured), plots, saturating fits (``fit=True``), held-fixed config.
     """
-    import time
-
-    from harness.core.fsutil import atomic_write
-
     out_dir = Path(out_dir)
     plot_dir = out_dir / PLOT_DIR
     plot_dir.mkdir(parents=True, exist_ok=True)

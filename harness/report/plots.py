@@ -13,6 +13,7 @@ readable at a glance, cheap to render in tests.
 
 from __future__ import annotations
 
+import io
 import math
 import warnings
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from harness.core.fsutil import atomic_write
 from harness.report import stats
 from harness.report.studydata import CellRow, RunData, StudyData
 
@@ -132,10 +134,6 @@ def _legend_label(label: str, data: StudyData) -> str:
 def _save(fig: Figure, path: Path) -> Path:
     """Write the PNG whole (temp file + rename): a concurrent report of the same study, or a
     full disk, never leaves a missing or half-written plot behind."""
-    import io
-
-    from harness.core.fsutil import atomic_write
-
     path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
     fig.savefig(buf, dpi=DPI, format="png")

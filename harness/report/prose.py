@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from harness.core.failures import count_reasons, short_reason
 from harness.report import progress as report_progress
 from harness.report import stats
 from harness.report.adaptive import adaptive_states, decided_cells, interim_reason
@@ -398,8 +399,6 @@ def why_line(winner: CellRow, base: CellRow, data: StudyData, top: int = 3) -> s
 def no_run_completed(data: StudyData) -> list[str]:
     """The conclusion of a study in which no run completed: what happened to each run, and why
     (each distinct reason once, with how many runs it hit)."""
-    from harness.core.failures import count_reasons, short_reason
-
     n = {s: sum(r.status == s for r in data.runs) for s in ("failed", "diverged")}
     pending = sum(r.status in ("running", "waiting") for r in data.runs)
     expected = len(data.cells) * len(data.seeds)

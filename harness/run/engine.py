@@ -30,22 +30,26 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import logging
 import os
 import shutil
 import tempfile
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from harness.model.build import eos_ids
 from harness.model.engine_support import (
     INSTALL_HINT,
     engine_dtype,
     engine_installed,
     served_architecture,
 )
+from harness.model.lora import is_lora
 from harness.run.rollout import RolloutBatch, assemble_batch, encode_prompts
 
 if TYPE_CHECKING:
@@ -62,7 +66,6 @@ def quiet_engine_logs() -> dict[str, str]:
     some earlier import already configured."""
     if "VLLM_LOGGING_LEVEL" in os.environ:
         return {}
-    import logging
 
     logging.getLogger("vllm").setLevel(logging.ERROR)
     return {"VLLM_LOGGING_LEVEL": "ERROR"}
@@ -73,8 +76,6 @@ def _engine_warnings_ignored() -> Iterator[None]:
     """vLLM's start scans every loaded module's attributes, touching the deprecated
     ``torch.distributed.reduce_op``: a FutureWarning about vLLM's code, not the user's, that the
     sweep's console would repeat for every run."""
-    import warnings
-
     with warnings.catch_warnings():
         warnings.filterwarnings(
             "ignore", message=r".*torch\.distributed\.reduce_op", category=FutureWarning
@@ -114,8 +115,6 @@ def _merged_lora_state(model: Any) -> dict[str, torch.Tensor]:
 def engine_weights(model: Any) -> dict[str, torch.Tensor]:
     """The weights the engine serves for ``model``: its state dict, or under LoRA the merged
     weights. Float tensors only (buffers such as RoPE tables are the engine's own)."""
-    from harness.model.lora import is_lora
-
     state = _merged_lora_state(model) if is_lora(model) else model.state_dict()
     return {n: t.detach() for n, t in state.items() if t.is_floating_point()}
 
@@ -325,8 +324,6 @@ class EngineSampler:
         kw = self.sample_kw
         eos_token_ids = kw.get("eos_token_ids")
         if not eos_token_ids:
-            from harness.model.build import eos_ids
-
             eos_token_ids = eos_ids(model, tokenizer)
         enc = encode_prompts(
             tokenizer, prompts, kw.get("max_prompt_tokens"), kw.get("chat_template")

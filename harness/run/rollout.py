@@ -45,7 +45,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from harness.model.build import eos_ids
 from harness.model.logprobs import forward_logprobs, position_ids
+from harness.model.prompting import apply_chat_template
 from harness.run.decoders import _fast_path_ok, _HFDecoder, _LlamaDecoder
 
 
@@ -216,8 +218,6 @@ def sample(
         raise ValueError(f"sample: no fast decoder for {type(model).__name__}; use backend='auto'")
     device = next(model.parameters()).device
     if eos_token_ids is None:
-        from harness.model.build import eos_ids
-
         eos_token_ids = eos_ids(model, tokenizer)
     eos_id = eos_token_ids[0]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
@@ -303,8 +303,6 @@ def encode_prompts(
     """Left-padded prompt ids and mask; with ``max_prompt_tokens`` each prompt keeps only its
     last that many tokens (the end of a prompt is the question being asked). With a
     ``chat_template`` the prompts are rendered first and tokenized without added specials."""
-    from harness.model.prompting import apply_chat_template
-
     texts = apply_chat_template(tokenizer, prompts, chat_template)
     special = chat_template is None
     if max_prompt_tokens is None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from harness.model.build import precision
+from harness.run.engine import engine_sampler
 from harness.run.rollout import RolloutBatch, sample
 
 if TYPE_CHECKING:
@@ -137,8 +138,6 @@ def build_sampler(
     """The run's sampler: the inference engine for ``rollout.sampler_backend: vllm``
     (:mod:`harness.run.engine`, started at the first rollout), else the local one."""
     if cfg.rollout.sampler_backend == "vllm":
-        from harness.run.engine import engine_sampler
-
         return engine_sampler(cfg, device, sample_kw)
     return local_sampler(cfg, device, learner, sample_kw)
 

@@ -36,6 +36,7 @@ from harness.model.build import eos_ids, load_model_and_tokenizer, max_positions
 from harness.model.lora import prepare_for_training
 from harness.model.prompting import resolve_chat_template
 from harness.run.rollout import sample
+from harness.run.warmstart import cached_warm_start
 from harness.tasks import Example, Task, get_task
 
 
@@ -327,8 +328,6 @@ def warm_start(
     """``cfg``'s supervised warm start of ``model``, trained once and then loaded from the cache
     under ``results_dir``; the model and its cache key.  Every trainer calls this, with the same
     key parts, so a cell's trainers share one entry."""
-    from harness.run.warmstart import cached_warm_start
-
     model, info = cached_warm_start(
         model,
         tokenizer,

@@ -15,6 +15,7 @@ import yaml
 
 from harness.config import RunConfig
 from harness.core.configtools import flatten, to_dict
+from harness.core.fsutil import disk_full_message, is_disk_full
 from harness.core.provenance import provenance_tags
 from harness.metrics.stability import STEPS_DONE, WALL_TIME, check_run_names
 from harness.run.scaffold import RunResult
@@ -94,8 +95,6 @@ def close_failed_run(tracker: Tracker, rid: str, err: BaseException) -> None:
     other error, ``sys.exit`` included, fails it (FAILED, with the reason).  Closing is best effort: on a full disk the tracking store may
     refuse it too, and that second error must not hide the first.
     """
-    from harness.core.fsutil import disk_full_message, is_disk_full
-
     if is_disk_full(err):
         status: RunStatus = "KILLED"
         tags = {"run.status": "interrupted", "run.reason": disk_full_message(err)}

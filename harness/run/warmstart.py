@@ -32,6 +32,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from harness.core.locks import holder_record, wait_flock
 from harness.model.build import model_fingerprint
 from harness.model.logprobs import forward_logprobs
+from harness.model.prompting import apply_chat_template
 from harness.tasks import Task
 
 CACHE_FORMAT = 1
@@ -62,8 +63,6 @@ def _encode_batch(
     tokens), the completion without special tokens, so the model learns the very token sequence
     it will later be asked to generate.
     """
-    from harness.model.prompting import apply_chat_template
-
     texts = apply_chat_template(tokenizer, [p for p, _ in pairs], chat_template)
     prompts = tokenizer(texts, add_special_tokens=chat_template is None)["input_ids"]
     completions = tokenizer([c for _, c in pairs], add_special_tokens=False)["input_ids"]

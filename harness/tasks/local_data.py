@@ -25,8 +25,10 @@ held-out split and the options ``reward``, ``answer_format``, ``format_weight``,
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import mmap
 import os
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,7 @@ from harness.tasks.pairs import (
     pairs_from_records,
     read_jsonl,
 )
+from harness.tasks.parquet_pages import DATA_PAGE, DATA_PAGE_V2, BadHeader, page_headers
 
 _FORMS = "a save_to_disk directory, a .parquet or a .jsonl file"
 _FIELDS = ("prompt_field", "answer_field")
@@ -232,7 +235,6 @@ def _read_batches(
 ) -> Any:
     """Columns ``fields`` of the record batches, bounded in rows and decoded bytes before any
     value becomes a Python object."""
-
     kept: list[Any] = []
     rows = nbytes = 0
     for batch in batches:
@@ -283,7 +285,6 @@ def _read_saved(
     fields: tuple[str, str],
     bounds: limits.DataBounds,
 ) -> Any:
-    import contextlib
 
     import pyarrow as pa
 
@@ -326,10 +327,6 @@ def _check_pages(
     claims). The values of a flat column chunk's pages cannot outnumber its row group's rows,
     nor its pages (a dictionary page, and one empty page) exceed them by more than two, so the
     walk is bounded by the rows checked before."""
-    import mmap
-
-    from harness.tasks.parquet_pages import DATA_PAGE, DATA_PAGE_V2, BadHeader, page_headers
-
     where = str(path)
     declared = 0
     with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:

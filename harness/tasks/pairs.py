@@ -38,6 +38,8 @@ from harness.tasks.answers import (
     AnswerSpec,
     MatchRule,
     check_match_rule,
+    extract_answer,
+    math_verify_match,
     numeric_or_exact_match,
 )
 from harness.tasks.base import Example, import_module, stable_hash
@@ -125,8 +127,6 @@ def pairs_from_records(
     dataset whose extra columns are ordinary (``hf:``) passes False.  The prompts and answers
     together may hold at most ``bounds.data_bytes`` of UTF-8 text (what ``hf:`` measures in its
     columns before decoding; here, for JSONL, CSV and ``examples()``, as the rows arrive)."""
-    from harness.core.limits import MAX_TEXT_CHARS
-
     row = row or ("item" if where == "examples()" else "line")
     allowed = (prompt_field, answer_field)
     out = []
@@ -158,9 +158,9 @@ def pairs_from_records(
                 f"{at}: '{prompt_field}' is empty (a prompt needs at least one character)"
             )
         for key, text in ((prompt_field, prompt), (answer_field, answer)):
-            if len(text) > MAX_TEXT_CHARS:
+            if len(text) > limits.MAX_TEXT_CHARS:
                 raise ValueError(
-                    f"{at}: '{key}' is {len(text):,} characters; at most {MAX_TEXT_CHARS:,}"
+                    f"{at}: '{key}' is {len(text):,} characters; at most {limits.MAX_TEXT_CHARS:,}"
                 )
         nbytes += _utf8_size(prompt) + _utf8_size(answer)
         if nbytes > bounds.data_bytes:
@@ -210,17 +210,15 @@ def read_jsonl(
     Bounded before parsing: at most ``bounds.file_bytes`` (by default ``MAX_TASK_FILE_BYTES``,
     harness.core.limits) and ``bounds.rows`` rows, UTF-8 line by line (a bad byte names its
     line)."""
-    from harness.core.limits import not_regular, open_bounded
-
     p = Path(path).expanduser()
-    kind = not_regular(p)
+    kind = limits.not_regular(p)
     if kind is not None:  # never opened: a FIFO would block the read until a writer came
         raise ValueError(f"task '{spec}': '{path}' is {kind}, not a regular file")
     if not p.is_file():
         raise ValueError(f"task '{spec}': file '{path}' does not exist")
     records: list[tuple[int, Any]] = []
     try:
-        fh = open_bounded(
+        fh = limits.open_bounded(
             p, bounds.file_bytes, "a task file", shown=path, option=bounds.file_option
         )
     except ValueError as err:
@@ -400,7 +398,6 @@ def _scores_itself(task: PairTask, ex: Example, answer_format: str) -> bool:
 @functools.lru_cache(maxsize=65_536)
 def _gold_self_score(answer: str, demonstration: str, answer_format: str) -> float:
     # Cached: a grid builds the same task once per checked value.
-    from harness.tasks.answers import extract_answer, math_verify_match
 
     got = extract_answer(demonstration, answer_format)
     if got is None:

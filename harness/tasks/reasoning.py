@@ -33,6 +33,7 @@ import time
 import types
 import typing
 from collections.abc import Hashable
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any, get_args, get_origin
 
 from harness.core import limits
@@ -91,7 +92,6 @@ def _reasoning_gym(spec: str) -> Any:
 
 def _installed_version() -> str:
     # The distribution's version: reasoning_gym.__version__ lags it (0.1.19 in 0.1.25).
-    from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version("reasoning-gym")

@@ -36,9 +36,11 @@ per call.  The value checks (:func:`reward_value`) run in the child, where a hos
 
 from __future__ import annotations
 
+import ctypes
 import math
 import numbers
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -48,6 +50,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+import harness
 from harness.tasks.base import RewardError, import_module
 
 # Rewards are trained in float32: a float64 beyond this range becomes inf there.
@@ -154,7 +157,6 @@ class RewardProcess:
         return f"exit code {code}, e.g. os._exit({code})"
 
     def _start(self, where: str) -> None:
-        import harness
 
         root = str(Path(harness.__file__).resolve().parent.parent)
         req_r, req_w = os.pipe()
@@ -279,7 +281,6 @@ def _die_with_parent() -> None:
     that started the child, which is the thread that scores: the main thread of a run."""
     if not sys.platform.startswith("linux"):
         return
-    import ctypes
 
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -300,7 +301,6 @@ def seed_generators(seed: int | None) -> None:
     process has imported them (a reward that never imports torch does not pay for it here)."""
     if seed is None:
         return
-    import random
 
     random.seed(seed)
     numpy = sys.modules.get("numpy")

@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from harness.core.configtools import ConfigError
+from harness.core.fsutil import ensure_results_dir
 from harness.core.redact import redact_url
 from harness.tracking.base import (
     END_STATUSES,
@@ -107,9 +109,6 @@ def make_tracker(
 def open_tracker(uri: str | None, results_dir: Path) -> Tracker:
     """The tracker of a command whose ``--tracking-uri`` was checked and probed already: the
     results dir is created, and a store that cannot be opened is a one-line ConfigError."""
-    from harness.core.configtools import ConfigError
-    from harness.core.fsutil import ensure_results_dir
-
     ensure_results_dir(results_dir)
     try:
         return make_tracker(uri, results_dir, check=False)  # probed by probe_tracking_uri

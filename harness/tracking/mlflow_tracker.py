@@ -4,6 +4,7 @@ MLflow itself is imported when a tracker is built, not when this module is."""
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import threading
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from harness.core.db import is_transient_db_error, sqlalchemy_url, with_retries
+from harness.core.fsutil import is_disk_full
 from harness.core.locks import NO_FLOCK, wait_flock
 from harness.core.redact import redact_text, redact_url
 from harness.tracking.base import (
@@ -321,7 +323,6 @@ class _DropDiskFull(logging.Filter):
     which stops the sweep with one line saying so (a traceback per write was hundreds of lines)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from harness.core.fsutil import is_disk_full
 
         error = record.exc_info[1] if record.exc_info else None
         return error is None or not is_disk_full(error)
@@ -362,7 +363,6 @@ def _sqlite_init_lock(tracking_uri: str) -> Iterator[None]:
     if not tracking_uri.startswith("sqlite:///") or os.name != "posix":
         yield
         return
-    import fcntl
 
     db_path = Path(tracking_uri.removeprefix("sqlite:///").split("?", 1)[0])
     if str(db_path) in ("", ":memory:"):

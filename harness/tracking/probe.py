@@ -3,11 +3,15 @@ probe of a PostgreSQL or HTTP store (a few seconds, instead of MLflow's minutes 
 
 from __future__ import annotations
 
+import base64
 import os
+import urllib.error
+import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from harness.core.db import database_connect_error
+from harness.core.configtools import ConfigError
+from harness.core.db import database_connect_error, url_scheme
 from harness.core.redact import redact_text, redact_url
 
 CREDENTIAL_ENV = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
@@ -32,8 +36,6 @@ def check_http_credentials(uri: str) -> None:
 
 def _auth_headers() -> dict[str, str]:
     """The Authorization header MLflow's client sends, from the same environment variables."""
-    import base64
-
     user, password = (os.environ.get(k) for k in CREDENTIAL_ENV)
     if user and password:
         token = base64.b64encode(f"{user}:{password}".encode()).decode()
@@ -45,9 +47,6 @@ def _auth_headers() -> dict[str, str]:
 
 def _http_get(url: str, headers: dict[str, str], timeout: float) -> tuple[int | None, str | None]:
     """GET ``url``: ``(HTTP error code or None, why it could not be reached or None)``."""
-    import urllib.error
-    import urllib.request
-
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout):
             return None, None
@@ -86,8 +85,6 @@ def check_sqlite_path(flag: str, path: str, *, writable: bool = True) -> None:
     """sqlite:///PATH must name a file in an existing directory: SQLAlchemy/MLflow would
     otherwise create the directories (anywhere on the machine) or use an in-memory database.
     ``writable``: and a command that writes it must be able to (read-only commands need not)."""
-    from harness.core.configtools import ConfigError
-
     if not path or path.endswith("/"):
         raise ConfigError(f"{flag}: sqlite:///PATH needs a database file path; got {path!r}")
     target = Path(path)
@@ -129,9 +126,6 @@ def _sqlite_write_problem(target: Path) -> str | None:
 def check_tracking_scheme(uri: str | None) -> None:
     """``--tracking-uri``'s scheme and credentials, checked without a connection (so that a bad
     URL fails before anything is written)."""
-    from harness.core.configtools import ConfigError
-    from harness.core.db import url_scheme
-
     if uri in (None, "memory"):
         return
     scheme = url_scheme(uri)
@@ -149,9 +143,6 @@ def check_tracking_scheme(uri: str | None) -> None:
 def probe_tracking_uri(uri: str | None) -> None:
     """Connect to a remote tracking store (PostgreSQL, HTTP) before anything is created locally,
     so that an unreachable server leaves no results dir or mlflow.db behind."""
-    from harness.core.configtools import ConfigError
-    from harness.core.db import url_scheme
-
     if uri in (None, "memory"):
         return
     scheme = url_scheme(uri)
