@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 import harness.tracking
 from harness.cli import app
-from harness.sweep.storage import make_storage
+from harness.sweep.stores.storage import make_storage
 from harness.tracking import MemoryTracker
 
 try:
@@ -79,7 +79,7 @@ def _experiment(tmp_path: Path, name: str, task: str, cells: list[Any]) -> Path:
 
 def _open(exp: Path, results: Path, tracker: Any, max_retries: int = 0) -> tuple[Any, Any]:
     from harness.config.experiment import load_experiment
-    from harness.sweep.study import enqueue_missing, open_study
+    from harness.sweep.scheduler.study import enqueue_missing, open_study
 
     study, spec = open_study(
         load_experiment(exp),
@@ -102,7 +102,7 @@ def test_a_failing_attempt_keeps_its_failed_run_and_reason(
 ) -> None:
     """--max-retries 1 and a reward that raises: both attempts' runs stay FAILED with the real
     reason; none is rewritten to KILLED 'worker died; trial retried'."""
-    from harness.sweep.worker import WorkerOptions, worker_loop
+    from harness.sweep.launching.worker import WorkerOptions, worker_loop
 
     module, _, _ = _rewards(tmp_path)
     exp = _experiment(tmp_path, "retried", f"python:{module}:raises", [None])
@@ -133,7 +133,8 @@ def test_a_sigkilled_workers_run_is_ended_killed_by_the_retry(
     trial ends exactly that run KILLED 'worker died; trial retried'."""
     from mlflow.tracking import MlflowClient
 
-    from harness.sweep.worker import DIED, WorkerOptions, worker_loop
+    from harness.sweep.launching.worker import WorkerOptions, worker_loop
+    from harness.sweep.scheduler.trials import DIED
     from harness.tracking import make_tracker
 
     monkeypatch.setenv("HARNESS_HEARTBEAT_S", "1")  # stale after 4 s

@@ -13,7 +13,7 @@ they mean under it), and how TRL / verl / AReaL name it.  From that the registry
 * the validation of a ``PPOActorConfig`` (``validate_selection``): the name, an unselected
   objective's options left at their defaults, the level and the aggregation;
 * the dispatch (``objective_loss``), the TRL / verl / AReaL mappings (``harness.config.trl_map``,
-  ``harness.sweep.export``), the objectives table of ``docs/objectives.md`` and the per-objective section of
+  ``harness.sweep.present.export``), the objectives table of ``docs/objectives.md`` and the per-objective section of
   ``docs/metrics.md`` (``python -m harness.ppo.objectives table|metrics``).
 """
 

@@ -10,7 +10,7 @@ the name of what moved, instead of somewhere in a sweep:
 * ``optuna.storages._heartbeat.BaseHeartbeat`` — the heartbeat protocol, which Optuna 5.0
   implements only for ``RDBStorage``; :class:`HeartbeatJournalStorage` adds it to the journal.
 
-Importing this module imports Optuna (and SQLAlchemy); ``harness.sweep.storage`` imports it only
+Importing this module imports Optuna (and SQLAlchemy); ``harness.sweep.stores.storage`` imports it only
 when a storage is built.
 """
 

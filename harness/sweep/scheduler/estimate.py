@@ -104,7 +104,7 @@ def estimate_wall_time(
 ) -> WallTimeEstimate:
     """:class:`WallTimeEstimate` of the grid ``spec`` run by ``workers`` workers; ``probe`` maps
     a RunConfig to seconds per step (measured once per distinct shape)."""
-    from harness.sweep.spec import StudySpec
+    from harness.sweep.scheduler.spec import StudySpec
 
     study = StudySpec.from_experiment(spec)
     seed = spec.seeds[0]

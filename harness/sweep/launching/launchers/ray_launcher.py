@@ -20,7 +20,7 @@ from typing import Any
 from unittest import mock
 
 from harness.core.configtools import ConfigError
-from harness.sweep.worker import Event, WorkerOptions, worker_loop
+from harness.sweep.launching.worker import Event, WorkerOptions, worker_loop
 
 INSTALL_HINT = "pip install 'harness[ray]'"
 # How often a Ray worker asks the channel whether to stop (a cheap actor call).
@@ -204,7 +204,7 @@ class RayLauncher:
                 )
 
     def start(self, n_workers: int, opts: Any, resources: Any) -> None:
-        from harness.sweep.launchers.base import worker_options
+        from harness.sweep.launching.launchers.base import worker_options
 
         ray = self.ray
         self.connect()

@@ -1,6 +1,6 @@
 """Launchers: where a sweep's workers run, and the one coordinator loop over them.
 
-Every launcher runs the same ``worker_loop`` (``harness.sweep.launchers``):
+Every launcher runs the same ``worker_loop`` (``harness.sweep.launching.launchers``):
 
     local    worker processes on this machine (spawned; the default)
     command  ``harness worker`` subprocesses, exactly what a user (or ``srun``) starts by hand
@@ -15,9 +15,9 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from harness.sweep.launchers.base import LAUNCHERS, Launcher, Resources, worker_options
-from harness.sweep.launchers.local import CommandLauncher, LocalLauncher
-from harness.sweep.worker import Event, WorkerOptions
+from harness.sweep.launching.launchers.base import LAUNCHERS, Launcher, Resources, worker_options
+from harness.sweep.launching.launchers.local import CommandLauncher, LocalLauncher
+from harness.sweep.launching.worker import Event, WorkerOptions
 
 __all__ = [
     "LAUNCHERS",
@@ -37,7 +37,7 @@ def make_launcher(name: str, *, ray_address: str | None = None) -> Launcher:
     if name == "command":
         return CommandLauncher()
     if name == "ray":
-        from harness.sweep.launchers.ray_launcher import RayLauncher
+        from harness.sweep.launching.launchers.ray_launcher import RayLauncher
 
         return RayLauncher(address=ray_address)
     from harness.core.configtools import ConfigError
@@ -134,7 +134,7 @@ def run_workers(
     import time
     from contextlib import nullcontext
 
-    from harness.sweep.progress import SweepProgress
+    from harness.sweep.present.progress import SweepProgress
 
     counts = {
         "completed": 0,

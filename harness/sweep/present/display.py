@@ -8,8 +8,8 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.config.experiment import ExperimentSpec
-from harness.sweep.spec import has_study_spec, load_study_spec
-from harness.sweep.study import study_counts
+from harness.sweep.scheduler.spec import has_study_spec, load_study_spec
+from harness.sweep.scheduler.study import study_counts
 
 
 def wide_console() -> Console:

@@ -1,6 +1,6 @@
 """Which cell ``harness export`` writes: the experiment's cell named by its label or by
 ``key=value`` pairs (:func:`resolve_cell`), or a finished study's best point
-(:func:`best_to_export`).  Writing it in a target's format is :mod:`harness.sweep.export`."""
+(:func:`best_to_export`).  Writing it in a target's format is :mod:`harness.sweep.present.export`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from harness.core.configtools import ConfigError
 
 if TYPE_CHECKING:
-    from harness.sweep.spec import StudySpec
+    from harness.sweep.scheduler.spec import StudySpec
 
 
 def _tokens(text: str) -> dict[str, str]:
@@ -60,12 +60,12 @@ def best_to_export(spec: StudySpec, study: Any) -> tuple[str, dict[str, Any], li
     the study is not finished (a grid) or no run of it completed."""
     from optuna.trial import TrialState
 
-    from harness.sweep.study import best_point
+    from harness.sweep.scheduler.study import best_point
 
     trials = study.get_trials(deepcopy=False)
     name = study.study_name
     if spec.kind == "grid":
-        from harness.sweep.results import load_study_data
+        from harness.sweep.scheduler.results import load_study_data
 
         runs = load_study_data(study, None).runs
         pending = [r for r in runs if r.status in ("running", "waiting")]

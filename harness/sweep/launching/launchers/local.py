@@ -13,8 +13,8 @@ import sys
 import threading
 from typing import Any
 
-from harness.sweep.launchers.base import Resources, worker_options
-from harness.sweep.worker import Event, WorkerOptions, worker_loop
+from harness.sweep.launching.launchers.base import Resources, worker_options
+from harness.sweep.launching.worker import Event, WorkerOptions, worker_loop
 
 # --------------------------------------------------------------------------------------------
 # Local processes.

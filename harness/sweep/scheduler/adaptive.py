@@ -23,7 +23,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from harness.report.allocation import CellState, allocate
-from harness.sweep.spec import StudySpec, trial_key
+from harness.sweep.scheduler.spec import StudySpec, trial_key
 
 CANCELLED = "decided"  # the ``outcome`` of a held seed its cell's decision made unnecessary
 
@@ -118,7 +118,7 @@ def apply_allocation(
     from optuna.trial import TrialState
 
     from harness.core.db import with_retries
-    from harness.sweep.optuna_adapter import storage_of, trial_id
+    from harness.sweep.stores.optuna_adapter import storage_of, trial_id
 
     trials = with_retries(lambda: study.get_trials(deepcopy=False))
     states = cell_states(trials, spec)

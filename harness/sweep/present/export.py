@@ -33,7 +33,7 @@ from harness.ppo.corrections import resolve
 from harness.ppo.corrections.peers import verl_settings
 from harness.ppo.loss import legacy_to_rejection_sampling
 from harness.ppo.objectives import lookup
-from harness.sweep.cell_choice import best_to_export, resolve_cell
+from harness.sweep.scheduler.cell_choice import best_to_export, resolve_cell
 
 if TYPE_CHECKING:
     pass
@@ -812,7 +812,7 @@ def export_cell(cfg: RunConfig, target: str, header: list[str] | tuple[str, ...]
     return "".join(comment(h) + "\n" for h in header) + extra + body
 
 
-# resolve_cell and best_to_export live in harness.sweep.cell_choice; imported from here too.
+# resolve_cell and best_to_export live in harness.sweep.scheduler.cell_choice; imported from here too.
 __all__ = [
     "TARGETS",
     "best_to_export",

@@ -50,7 +50,7 @@ def open_stores(
     results dir or any local store is created."""
     from harness import tracking
     from harness.core.fsutil import ensure_results_dir
-    from harness.sweep.storage import make_storage
+    from harness.sweep.stores.storage import make_storage
 
     check_store_urls(storage, tracking_uri)
     probe_remote(storage, tracking_uri)
@@ -66,7 +66,7 @@ def existing_storage(storage: str | None, results_dir: Path, study: str | None) 
     """The Optuna storage for a read-only command (status, report, worker): a journal or SQLite
     file that does not exist is never created; ``None`` when there is no storage (and no study
     was asked for)."""
-    from harness.sweep.storage import JOURNAL_FILE, make_storage
+    from harness.sweep.stores.storage import JOURNAL_FILE, make_storage
 
     check_store_urls(storage, None, writable=False)
     local: Path | None = None

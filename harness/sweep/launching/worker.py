@@ -41,10 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.configtools import ConfigError
-from harness.sweep.spec import StudySpec, load_study_spec
-from harness.sweep.trials import (
-    DIED,
-    SPENT_OUTCOMES,
+from harness.sweep.scheduler.spec import StudySpec, load_study_spec
+from harness.sweep.scheduler.trials import (
     child_run_tags,
     end_orphaned_runs,
     ended_attempts,
@@ -219,12 +217,12 @@ def run_grid_trial(t: _Trial) -> str:
     """Train one claimed (cell, seed) trial and tell Optuna how it ended; returns the outcome."""
     from harness.core.db import with_retries
     from harness.core.fsutil import is_disk_full
-    from harness.sweep.optuna_adapter import frozen_trial, heartbeat
-    from harness.sweep.study import trial_key
+    from harness.sweep.scheduler.study import trial_key
+    from harness.sweep.stores.optuna_adapter import frozen_trial, heartbeat
 
     attrs = with_retries(lambda: frozen_trial(t.study, t.trial)).user_attrs
     cell, seed = attrs["cell"], int(attrs["seed"])
-    from harness.sweep.dashboard import label_trial, summary_attrs
+    from harness.sweep.scheduler.labels import label_trial, summary_attrs
 
     label_trial(t.study, t.trial, t.spec, cell, seed)  # params for optuna-dashboard
     with heartbeat(t.study, t.trial, on_error=t.beat_failed):
@@ -278,7 +276,7 @@ def run_search_trial(t: _Trial) -> str:
     from optuna.storages import RetryHeartbeatStaleTrialCallback
 
     from harness.core.db import with_retries
-    from harness.sweep.optuna_adapter import frozen_trial, heartbeat
+    from harness.sweep.stores.optuna_adapter import frozen_trial, heartbeat
 
     assert t.spec.search is not None
     plan = t.spec.search
@@ -378,7 +376,7 @@ def race_out(t: _Trial, values: list[float]) -> str | None:
     the incumbent's same seeds; the reason to stop it (decided worse or equivalent), or None."""
     from harness.core.db import with_retries
     from harness.report.allocation import race
-    from harness.sweep.adaptive import incumbent
+    from harness.sweep.scheduler.adaptive import incumbent
 
     adaptive = t.spec.adaptive_plan()
     if adaptive is None or len(values) >= adaptive.plan.max:
@@ -433,7 +431,7 @@ def _work(
     from harness.core.db import with_retries
     from harness.core.fsutil import disk_full_message, is_disk_full
     from harness.run.tracked import tracked_run  # noqa: F401  (imported before a trial is claimed)
-    from harness.sweep.storage import make_storage
+    from harness.sweep.stores.storage import make_storage
     from harness.tracking import make_tracker
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -517,17 +515,3 @@ def _label(t: _Trial) -> tuple[str, int | None]:
     except Exception:
         pass  # only a label: the storage refusing a read must not hide the full disk
     return f"trial {t.trial.number}", None
-
-
-# The trial bookkeeping moved to harness.sweep.trials; these names are still imported from here.
-__all__ = [
-    "DIED",
-    "OUTCOMES",
-    "SPENT_OUTCOMES",
-    "Event",
-    "WorkerOptions",
-    "child_run_tags",
-    "run_grid_trial",
-    "run_search_trial",
-    "worker_loop",
-]

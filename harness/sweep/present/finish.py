@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.sweep.display import wide_console
-from harness.sweep.spec import StudySpec
+from harness.sweep.present.display import wide_console
+from harness.sweep.scheduler.spec import StudySpec
 
 
 @dataclass(frozen=True)
@@ -58,12 +58,12 @@ def finish_study(
             end_parent=end_parent,
         )
     from harness.report import build_report, ranking, render_ranking_table
-    from harness.sweep.results import load_study_data
+    from harness.sweep.scheduler.results import load_study_data
 
     tracker.flush()
     states = None
     if spec.adaptive is not None:
-        from harness.sweep.adaptive import apply_allocation
+        from harness.sweep.scheduler.adaptive import apply_allocation
 
         states = apply_allocation(study, spec)  # cancels what a last decision left held
     data = load_study_data(study, tracker, command=command)
@@ -120,7 +120,7 @@ def _end_parent(tracker: Any, parent: str, complete: bool) -> None:
 
 def _label_in_mlflow(tracker: Any, spec: StudySpec, parent: str, rows: Any) -> None:
     """The experiment's description and saved cell view; the ranking on the parent run."""
-    from harness.sweep.mlflow_view import experiment_tags, ranking_metrics, ranking_note
+    from harness.sweep.present.mlflow_view import experiment_tags, ranking_metrics, ranking_note
 
     tracker.set_experiment_tags(
         spec.experiment, experiment_tags(spec.description, spec.metric, spec.direction)
@@ -152,7 +152,12 @@ def finish_search(
     from optuna.trial import TrialState
     from rich.table import Table
 
-    from harness.sweep.study import search_front, search_seed_values, seed_spread, top_of_front
+    from harness.sweep.scheduler.study import (
+        search_front,
+        search_seed_values,
+        seed_spread,
+        top_of_front,
+    )
 
     console = wide_console()
     tracker.flush()
@@ -166,7 +171,7 @@ def finish_search(
     ]
     parent = spec.parent_run_id
     objectives = spec.objectives
-    from harness.sweep.worker import SPENT_OUTCOMES
+    from harness.sweep.scheduler.trials import SPENT_OUTCOMES
 
     spent = sum(
         t.state == TrialState.FAIL and t.user_attrs.get("outcome") in SPENT_OUTCOMES for t in trials
@@ -232,7 +237,7 @@ def write_search_report(study: Any, spec: StudySpec, best: list[Any], out_dir: P
 
     from harness.core.failures import count_reasons, reason_lines
     from harness.core.fsutil import ensure_results_dir
-    from harness.sweep.study import search_seed_values, seed_spread, top_of_front
+    from harness.sweep.scheduler.study import search_seed_values, seed_spread, top_of_front
 
     ensure_results_dir(out_dir)
     assert spec.search is not None

@@ -1,7 +1,7 @@
 """A worker's bookkeeping around the trial it trains: which trial comes next (a claimed grid
 point, or the search sampler's point within the budget), the tags of a trial's MLflow child run,
 and closing the child runs earlier attempts of the same point left RUNNING.  The loop that
-trains trials is :mod:`harness.sweep.worker`."""
+trains trials is :mod:`harness.sweep.launching.worker`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from harness.sweep.spec import StudySpec, trial_key
+from harness.sweep.scheduler.spec import StudySpec, trial_key
 
 
 def child_run_tags(
@@ -109,11 +109,15 @@ def next_trial(
     from optuna.trial import TrialState
 
     from harness.core.db import with_retries
-    from harness.sweep.optuna_adapter import claim_waiting_trial, fail_stale_trials
+    from harness.sweep.stores.optuna_adapter import claim_waiting_trial, fail_stale_trials
 
     with_retries(lambda: fail_stale_trials(study))
     if spec.kind == "grid" and spec.adaptive is not None:
-        from harness.sweep.adaptive import apply_allocation, claim_order_avoiding, releasable
+        from harness.sweep.scheduler.adaptive import (
+            apply_allocation,
+            claim_order_avoiding,
+            releasable,
+        )
 
         # Counted before the allocation: a trial that ends in between is in the allocation, so
         # a worker that finds nothing released and nothing running may exit (no look pending).

@@ -46,7 +46,11 @@ def launch_choice(
                 "--launcher ray"
             )
         return LaunchChoice()
-    from harness.sweep.launchers.ray_launcher import check_shareable, import_ray, probe_address
+    from harness.sweep.launching.launchers.ray_launcher import (
+        check_shareable,
+        import_ray,
+        probe_address,
+    )
 
     import_ray()
     check_shareable(storage, tracking_uri, address=ray_address, shared_fs=shared_fs)

@@ -18,7 +18,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from harness.sweep.spec import StudySpec
+    from harness.sweep.scheduler.spec import StudySpec
 
 
 def param_value(value: Any) -> str | int | float:
@@ -65,7 +65,7 @@ def trial_params(spec: StudySpec, cell: str, seed: int) -> dict[str, tuple[Any, 
 def label_trial(study: Any, trial: Any, spec: StudySpec, cell: str, seed: int) -> None:
     """Record the trial's cell axes and seed as params (those it does not have yet)."""
     from harness.core.db import with_retries
-    from harness.sweep.optuna_adapter import frozen_trial, storage_of, trial_id
+    from harness.sweep.stores.optuna_adapter import frozen_trial, storage_of, trial_id
 
     storage = storage_of(study)
     tid = trial_id(trial)

@@ -5,7 +5,7 @@ Secrets never go on a command line. A store URL may carry a password
 ``/proc/<pid>/cmdline``; the environment (``/proc/<pid>/environ``) is readable by the owner
 only. So the MLflow server gets its store through ``MLFLOW_BACKEND_STORE_URI`` (an option
 ``mlflow server`` reads from the environment) and optuna-dashboard is started through
-:func:`serve_dashboard` (``python -m harness.sweep.ui``), which reads the storage from
+:func:`serve_dashboard` (``python -m harness.sweep.present.ui``), which reads the storage from
 ``HARNESS_DASHBOARD_STORAGE`` and pins ``postgresql://`` to the installed psycopg2 driver (plain
 ``optuna-dashboard postgresql://...`` dies with "Failed to import DB access module" under
 SQLAlchemy 2.1, whose default PostgreSQL driver is psycopg 3).
@@ -71,7 +71,7 @@ def _servers(
     results_dir: Path,
 ) -> list[Server]:
     from harness.core.db import sqlalchemy_url
-    from harness.sweep.storage import JOURNAL_FILE
+    from harness.sweep.stores.storage import JOURNAL_FILE
     from harness.tracking import default_tracking_uri
 
     uri = tracking_uri or default_tracking_uri(results_dir)
@@ -113,7 +113,7 @@ def _servers(
                 [
                     sys.executable,
                     "-m",
-                    "harness.sweep.ui",
+                    "harness.sweep.present.ui",
                     "--host",
                     host,
                     "--port",
@@ -164,7 +164,7 @@ def _landing_urls(server: Server) -> list[str]:
             experiments = json.loads(r.read()).get("experiments", [])
     except (OSError, ValueError):
         experiments = []
-    from harness.sweep.mlflow_view import VIEW_KEY
+    from harness.sweep.present.mlflow_view import VIEW_KEY
 
     urls = []
     for e in experiments:
@@ -300,7 +300,7 @@ def serve_dashboard(host: str, port: int) -> None:
     else:
         from optuna.storages.journal import JournalFileBackend
 
-        from harness.sweep.journal_lock import journal_lock
+        from harness.sweep.stores.journal_lock import journal_lock
 
         backend = JournalFileBackend(os.path.abspath(url), lock_obj=journal_lock(url))
         storage = optuna.storages.JournalStorage(backend)

@@ -18,7 +18,7 @@ from typing import Any
 from harness.config.experiment import ExperimentSpec
 from harness.core.configtools import ConfigError
 from harness.core.db import with_retries
-from harness.sweep.spec import (
+from harness.sweep.scheduler.spec import (
     COMMAND_ATTR,
     HASH_ATTR,
     PARENT_ATTR,
@@ -89,7 +89,7 @@ def open_study(
         )
         study.set_user_attr(HASH_ATTR, spec.grid_hash)
     if spec.kind == "grid":
-        from harness.sweep.dashboard import name_objective
+        from harness.sweep.scheduler.labels import name_objective
 
         name_objective(study, spec.metric)  # optuna-dashboard shows the metric, not "Objective 0"
 
@@ -144,7 +144,7 @@ def enqueue_missing(study: Any, spec: StudySpec) -> tuple[int, int]:
     trials = with_retries(lambda: study.get_trials(deepcopy=False))
     if spec.kind == "search":
         return 0, sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
-    from harness.sweep.adaptive import settled_keys
+    from harness.sweep.scheduler.adaptive import settled_keys
 
     # An adaptive grid's seeds cancelled by a decision are settled: never enqueued again.
     finished: set[tuple[str, int]] = settled_keys(trials)
@@ -201,7 +201,7 @@ def study_counts(study: Any, spec: StudySpec | None) -> StudyCounts:
     cells: tuple[tuple[str, str], ...] = ()
     cancelled = held = 0
     if spec is not None and spec.kind == "grid" and spec.adaptive is not None:
-        from harness.sweep.adaptive import cell_states, is_cancelled
+        from harness.sweep.scheduler.adaptive import cell_states, is_cancelled
 
         alloc = cell_states(trials, spec)
         cells = tuple((c, s.line()) for c, s in alloc.items())
@@ -348,7 +348,7 @@ def best_point(study: Any, spec: StudySpec) -> BestPoint | None:
     # A grid's best cell is the report's: top of the ranking by the IQM of the metric, among
     # cells with a completed run (a diverged-only cell scored as the worst value is no winner).
     from harness.report import ranking
-    from harness.sweep.results import load_study_data
+    from harness.sweep.scheduler.results import load_study_data
 
     rows = [
         r

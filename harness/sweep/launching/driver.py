@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from harness.sweep.launch_checks import LaunchChoice
+from harness.sweep.launching.launch_checks import LaunchChoice
 
 INTERRUPTED_HINT = "interrupted: run the same command again to resume"
 
@@ -40,7 +40,7 @@ def sweep(
     """Run the experiment ``exp`` (a grid or a search) to its end; ``say`` prints a line for the
     user.  0 when it finished, 1 when a grid is unfinished or no trial completed, 130 when
     interrupted (resumable)."""
-    from harness.sweep.coordinator import coordinator_lock
+    from harness.sweep.launching.coordinator import coordinator_lock
 
     with coordinator_lock(results_dir, study_name or exp.name):
         return _sweep(
@@ -81,7 +81,7 @@ def _sweep(
     report: bool = True,
 ) -> int:
     """``sweep`` under the study's coordinator lock."""
-    from harness.sweep.study import enqueue_missing, open_study
+    from harness.sweep.scheduler.study import enqueue_missing, open_study
 
     study, study_spec = open_study(
         exp,
@@ -155,9 +155,9 @@ def _run_and_finish(
     import signal
 
     from harness.core.fsutil import DiskFullError
-    from harness.sweep.finish import finish_study
-    from harness.sweep.launch import Resources, make_launcher, run_workers
-    from harness.sweep.worker import WorkerOptions
+    from harness.sweep.launching.launch import Resources, make_launcher, run_workers
+    from harness.sweep.launching.worker import WorkerOptions
+    from harness.sweep.present.finish import finish_study
 
     opts = WorkerOptions(
         study=study.study_name,
@@ -221,8 +221,8 @@ def close_killed_trials(study: Any, spec: Any, tracker: Any, killed: dict[int, s
     from optuna.trial import TrialState
 
     from harness.core.db import with_retries
-    from harness.sweep.optuna_adapter import storage_of, trial_id
-    from harness.sweep.trials import end_orphaned_runs
+    from harness.sweep.scheduler.trials import end_orphaned_runs
+    from harness.sweep.stores.optuna_adapter import storage_of, trial_id
 
     by_number = {t.number: t for t in with_retries(lambda: study.get_trials(deepcopy=False))}
     # A trial's attrs are set by id, outside an optuna Trial object.
@@ -254,7 +254,7 @@ def progress_total(study: Any, spec: Any) -> int:
     if spec.kind != "grid" or spec.adaptive is None:
         return int(spec.expected_trials)
     from harness.core.db import with_retries
-    from harness.sweep.adaptive import settled_keys
+    from harness.sweep.scheduler.adaptive import settled_keys
 
     trials = with_retries(lambda: study.get_trials(deepcopy=False))
     return int(spec.expected_trials) - len(settled_keys(trials))
@@ -290,7 +290,7 @@ def _parent_closed_on_abort(tracker: Any, spec: Any) -> Iterator[None]:
 
 def close_parent(tracker: Any, spec: Any, reason: str) -> None:
     """End the sweep's parent run KILLED with ``reason``, as far as the tracking store allows."""
-    from harness.sweep.finish import OUTCOME_TAG
+    from harness.sweep.present.finish import OUTCOME_TAG
 
     parent = spec.parent_run_id
     if not parent:
