@@ -391,7 +391,6 @@ def test_a_racing_search_stops_losing_points_at_min_seeds(
     out against the incumbent after 3 seeds, with the reason; completed points ran all 7."""
     import numpy as np
 
-    import harness.tracking
     from harness.config.experiment import load_experiment
     from harness.run.scaffold import RunResult
     from harness.sweep.launching import worker
@@ -407,7 +406,7 @@ def test_a_racing_search_stops_losing_points_at_min_seeds(
 
     monkeypatch.setattr(worker._Trial, "train", train)
     tracker = MemoryTracker()
-    monkeypatch.setattr(harness.tracking, "make_tracker", lambda *a, **k: tracker)
+    monkeypatch.setattr("harness.sweep.launching.worker.make_tracker", lambda *a, **k: tracker)
     doc = yaml.safe_load(ROOT_SMOKE.read_text())
     del doc["grid"], doc["baseline"]
     doc.update(name="race", steps=2, seeds={"min": 3, "max": 7, "batch": 2, "margin": 0.01})

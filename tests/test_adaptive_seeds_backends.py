@@ -196,7 +196,6 @@ def test_workers_report_each_cancelled_seed_once_and_a_resume_starts_below_cells
 
     from adaptive_study import open_adaptive, score
 
-    import harness.tracking
     from harness.run.scaffold import RunResult
     from harness.sweep.launching import worker
     from harness.sweep.launching.driver import progress_total
@@ -208,7 +207,7 @@ def test_workers_report_each_cancelled_seed_once_and_a_resume_starts_below_cells
 
     monkeypatch.setattr(worker._Trial, "train", train)
     tracker = MemoryTracker()
-    monkeypatch.setattr(harness.tracking, "make_tracker", lambda *a, **k: tracker)
+    monkeypatch.setattr("harness.sweep.launching.worker.make_tracker", lambda *a, **k: tracker)
     results = tmp_path / "results"
     study, spec = open_adaptive(write_experiment(tmp_path), results)
     total = progress_total(study, spec)

@@ -20,7 +20,6 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-import harness.tracking
 from harness.cli import app
 from harness.sweep.stores.storage import make_storage
 from harness.tracking import MemoryTracker
@@ -108,7 +107,7 @@ def test_a_failing_attempt_keeps_its_failed_run_and_reason(
     exp = _experiment(tmp_path, "retried", f"python:{module}:raises", [None])
     results = tmp_path / "results"
     tracker = MemoryTracker()  # the worker runs in this process and shares it
-    monkeypatch.setattr(harness.tracking, "make_tracker", lambda *a, **k: tracker)
+    monkeypatch.setattr("harness.sweep.launching.worker.make_tracker", lambda *a, **k: tracker)
     study, _ = _open(exp, results, tracker, max_retries=1)
     counts = worker_loop(WorkerOptions(study="retried", storage=None, results_dir=results))
     assert counts["error"] == 2, counts
@@ -258,11 +257,11 @@ def test_ctrl_c_while_finishing_ends_the_parent_run_and_a_rerun_finishes_it(
     finishes the study and its parent run."""
     from mlflow.tracking import MlflowClient
 
-    import harness.report
+    from harness.sweep.present import finish
 
     exp = _experiment(tmp_path, "finishing", "reverse", [None])
     results = tmp_path / "results"
-    real_build = harness.report.build_report
+    real_build = finish.build_report
 
     def interrupted_build(*args: Any, **kwargs: Any) -> Any:
         # Ctrl-C while the report is written. raise_signal delivers it to this thread: a signal
@@ -274,7 +273,7 @@ def test_ctrl_c_while_finishing_ends_the_parent_run_and_a_rerun_finishes_it(
             time.sleep(0.01)  # KeyboardInterrupt cuts this wait
         raise AssertionError("SIGINT was not delivered")
 
-    monkeypatch.setattr(harness.report, "build_report", interrupted_build)
+    monkeypatch.setattr(finish, "build_report", interrupted_build)
     # A terminal's Ctrl-C: pytest-xdist workers and background shells start with SIGINT ignored.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     args = ["ablate", str(exp), "--results-dir", str(results)]
@@ -296,7 +295,7 @@ def test_ctrl_c_while_finishing_ends_the_parent_run_and_a_rerun_finishes_it(
     trials = optuna.load_study(study_name="finishing", storage=make_storage(None, results)).trials
     assert [t.state.name for t in trials] == ["COMPLETE"]  # the trial itself is safe
 
-    monkeypatch.setattr(harness.report, "build_report", real_build)
+    monkeypatch.setattr(finish, "build_report", real_build)
     again = CliRunner().invoke(app, [*args, "--workers", "1"])
     assert again.exit_code == 0, again.output
     assert "1 already done, 0 enqueued" in again.stderr

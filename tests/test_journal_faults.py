@@ -284,7 +284,6 @@ def test_a_journal_that_refuses_the_result_stops_the_worker_resumably(
     """The run trained, then the journal refused its result (ENOSPC): the worker stops with a
     ``fatal`` event instead of going on, the journal replays, the MLflow run is closed KILLED
     with the reason, and a later worker re-runs the trial to COMPLETE exactly once."""
-    import harness.tracking
     from harness.config.experiment import load_experiment
     from harness.sweep.launching.worker import WorkerOptions, worker_loop
     from harness.sweep.scheduler.study import enqueue_missing, open_study
@@ -296,7 +295,7 @@ def test_a_journal_that_refuses_the_result_stops_the_worker_resumably(
     exp = load_experiment(_experiment(tmp_path, "refused", f"python:{module}:gated"))
     results = tmp_path / "results"
     tracker = MemoryTracker()  # the workers below run in this process and share it
-    monkeypatch.setattr(harness.tracking, "make_tracker", lambda *a, **k: tracker)
+    monkeypatch.setattr("harness.sweep.launching.worker.make_tracker", lambda *a, **k: tracker)
     study, spec = open_study(
         exp,
         storage=make_storage(None, results),

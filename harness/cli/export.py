@@ -36,7 +36,8 @@ def export_cmd(
     """
     from harness.config.experiment import load_experiment
     from harness.core.configtools import ConfigError
-    from harness.sweep.present.export import TARGETS, best_to_export, export_cell, resolve_cell
+    from harness.sweep.present.export import TARGETS, export_cell
+    from harness.sweep.scheduler.cell_choice import best_to_export, resolve_cell
     from harness.sweep.scheduler.spec import HASH_ATTR, StudySpec, load_study_spec
 
     if to not in TARGETS:

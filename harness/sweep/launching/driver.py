@@ -6,11 +6,22 @@ ends its parent run KILLED instead of leaving it RUNNING."""
 from __future__ import annotations
 
 import contextlib
+import signal
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from harness.core.db import with_retries
+from harness.core.fsutil import DiskFullError, disk_full_message, is_disk_full
+from harness.sweep.launching.coordinator import coordinator_lock
+from harness.sweep.launching.launch import Resources, make_launcher, run_workers
 from harness.sweep.launching.launch_checks import LaunchChoice
+from harness.sweep.launching.worker import WorkerOptions
+from harness.sweep.present.finish import OUTCOME_TAG, finish_study
+from harness.sweep.scheduler.adaptive import settled_keys
+from harness.sweep.scheduler.study import enqueue_missing, open_study
+from harness.sweep.scheduler.trials import end_orphaned_runs
 
 INTERRUPTED_HINT = "interrupted: run the same command again to resume"
 
@@ -40,8 +51,6 @@ def sweep(
     """Run the experiment ``exp`` (a grid or a search) to its end; ``say`` prints a line for the
     user.  0 when it finished, 1 when a grid is unfinished or no trial completed, 130 when
     interrupted (resumable)."""
-    from harness.sweep.launching.coordinator import coordinator_lock
-
     with coordinator_lock(results_dir, study_name or exp.name):
         return _sweep(
             exp,
@@ -81,8 +90,6 @@ def _sweep(
     report: bool = True,
 ) -> int:
     """``sweep`` under the study's coordinator lock."""
-    from harness.sweep.scheduler.study import enqueue_missing, open_study
-
     study, study_spec = open_study(
         exp,
         storage=optuna_storage,
@@ -152,13 +159,6 @@ def _run_and_finish(
     say: Callable[[str], None],
 ) -> int:
     """Run the workers of an opened study (grid or search), then finish it."""
-    import signal
-
-    from harness.core.fsutil import DiskFullError
-    from harness.sweep.launching.launch import Resources, make_launcher, run_workers
-    from harness.sweep.launching.worker import WorkerOptions
-    from harness.sweep.present.finish import finish_study
-
     opts = WorkerOptions(
         study=study.study_name,
         storage=storage,
@@ -215,13 +215,9 @@ def close_killed_trials(study: Any, spec: Any, tracker: Any, killed: dict[int, s
     """Trials whose workers the coordinator killed (stuck past the stop's grace period): each
     still RUNNING is told FAIL with outcome 'interrupted' and the reason, and its MLflow run is
     ended KILLED with it, as the worker would have done had it stopped in time."""
-    from functools import partial
-
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
-    from harness.core.db import with_retries
-    from harness.sweep.scheduler.trials import end_orphaned_runs
     from harness.sweep.stores.optuna_adapter import storage_of, trial_id
 
     by_number = {t.number: t for t in with_retries(lambda: study.get_trials(deepcopy=False))}
@@ -253,8 +249,6 @@ def progress_total(study: Any, spec: Any) -> int:
     ends at done/done; a fixed grid and a search keep their total."""
     if spec.kind != "grid" or spec.adaptive is None:
         return int(spec.expected_trials)
-    from harness.core.db import with_retries
-    from harness.sweep.scheduler.adaptive import settled_keys
 
     trials = with_retries(lambda: study.get_trials(deepcopy=False))
     return int(spec.expected_trials) - len(settled_keys(trials))
@@ -265,10 +259,6 @@ def _parent_closed_on_abort(tracker: Any, spec: Any) -> Iterator[None]:
     """Ctrl-C/SIGTERM or a full disk after the parent MLflow run was opened: end that run KILLED
     (where the store still takes it).  An interrupt becomes :class:`_Interrupted` (the command
     ends with exit 130 and the resume hint, no traceback); a full disk propagates."""
-    import signal
-
-    from harness.core.fsutil import disk_full_message, is_disk_full
-
     try:
         yield
     except (KeyboardInterrupt, Exception) as err:
@@ -290,8 +280,6 @@ def _parent_closed_on_abort(tracker: Any, spec: Any) -> Iterator[None]:
 
 def close_parent(tracker: Any, spec: Any, reason: str) -> None:
     """End the sweep's parent run KILLED with ``reason``, as far as the tracking store allows."""
-    from harness.sweep.present.finish import OUTCOME_TAG
-
     parent = spec.parent_run_id
     if not parent:
         return

@@ -8,6 +8,8 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.config.experiment import ExperimentSpec
+from harness.core.configtools import ConfigError
+from harness.core.failures import count_reasons, reason_lines
 from harness.sweep.scheduler.spec import has_study_spec, load_study_spec
 from harness.sweep.scheduler.study import study_counts
 
@@ -74,14 +76,10 @@ def print_status(storage: Any, study_name: str | None) -> None:
     (all of them for a named study, the three most frequent otherwise)."""
     import optuna
 
-    from harness.core.failures import count_reasons, reason_lines
-
     console = wide_console()
     summaries = optuna.get_all_study_summaries(storage, include_best_trial=False)
     names = [s.study_name for s in summaries]
     if study_name is not None and study_name not in names:
-        from harness.core.configtools import ConfigError
-
         raise ConfigError(
             f"study: no study named {study_name!r} (studies: {', '.join(names) or 'none'})"
         )

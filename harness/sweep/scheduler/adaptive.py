@@ -22,6 +22,7 @@ import math
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from harness.core.db import with_retries
 from harness.report.allocation import CellState, allocate
 from harness.sweep.scheduler.spec import StudySpec, trial_key
 
@@ -117,7 +118,6 @@ def apply_allocation(
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
-    from harness.core.db import with_retries
     from harness.sweep.stores.optuna_adapter import storage_of, trial_id
 
     trials = with_retries(lambda: study.get_trials(deepcopy=False))

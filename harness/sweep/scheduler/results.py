@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from harness.report.studydata import RunData, StudyData
+from harness.sweep.scheduler.adaptive import is_cancelled
 from harness.sweep.scheduler.labels import summary_from_attrs
 from harness.sweep.scheduler.spec import load_study_spec
 
@@ -55,8 +56,6 @@ def load_study_data(study: Any, tracker: Any | None, *, command: str = "") -> St
         if t.state == TrialState.FAIL:
             return "diverged" if t.user_attrs.get("outcome") == "diverged" else "failed"
         return "running" if t.state == TrialState.RUNNING else "waiting"
-
-    from harness.sweep.scheduler.adaptive import is_cancelled
 
     for t in study.get_trials(deepcopy=False):
         ua = t.user_attrs

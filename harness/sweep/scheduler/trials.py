@@ -12,6 +12,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from harness.core.db import with_retries
+from harness.sweep.scheduler.adaptive import apply_allocation, claim_order_avoiding, releasable
 from harness.sweep.scheduler.spec import StudySpec, trial_key
 
 
@@ -60,8 +62,6 @@ def ended_attempts(study: Any, current: Any, same: Callable[[Any], bool]) -> lis
     """Earlier trials of the same grid point (or the retried search point) that have ended."""
     from optuna.trial import TrialState
 
-    from harness.core.db import with_retries
-
     trials = with_retries(lambda: study.get_trials(deepcopy=False))
     alive = (TrialState.RUNNING, TrialState.WAITING)
     return [t for t in trials if t.number != current.number and t.state not in alive and same(t)]
@@ -108,17 +108,10 @@ def next_trial(
     call cancelled."""
     from optuna.trial import TrialState
 
-    from harness.core.db import with_retries
     from harness.sweep.stores.optuna_adapter import claim_waiting_trial, fail_stale_trials
 
     with_retries(lambda: fail_stale_trials(study))
     if spec.kind == "grid" and spec.adaptive is not None:
-        from harness.sweep.scheduler.adaptive import (
-            apply_allocation,
-            claim_order_avoiding,
-            releasable,
-        )
-
         # Counted before the allocation: a trial that ends in between is in the allocation, so
         # a worker that finds nothing released and nothing running may exit (no look pending).
         running = with_retries(

@@ -56,6 +56,7 @@ from harness.core.db import (
     sqlalchemy_url,
     url_scheme,
 )
+from harness.core.fsutil import is_disk_full
 from harness.core.redact import redact_url
 
 if TYPE_CHECKING:
@@ -159,7 +160,6 @@ def default_stale_trial_callback(max_retry: int | None = DEFAULT_MAX_RETRY) -> S
 
 
 def _journal_storage(path: Path, heartbeat: dict[str, Any]) -> BaseStorage:
-    from harness.core.fsutil import is_disk_full
     from harness.sweep.stores.journal import SafeJournalFileBackend
     from harness.sweep.stores.journal_lock import journal_lock
 
