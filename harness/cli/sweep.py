@@ -66,7 +66,7 @@ def _run_experiment(
     --shared-fs)."""
     from harness.config.experiment import load_experiment
     from harness.core.configtools import ConfigError, check_name
-    from harness.sweep.launching.driver import sweep
+    from harness.sweep.launching.driver import SweepOptions, sweep
     from harness.sweep.launching.launch_checks import (
         check_devices,
         devices_to_check,
@@ -100,10 +100,7 @@ def _run_experiment(
     stop_grace_s()  # a bad HARNESS_STOP_GRACE_S is refused before any store is opened
     choice = launch_choice(*launcher, storage, tracking_uri)
     optuna_storage, tracker = open_stores(storage, tracking_uri, results_dir)
-    code = sweep(
-        spec,
-        optuna_storage=optuna_storage,
-        tracker=tracker,
+    opts = SweepOptions(
         storage=storage,
         tracking_uri=tracking_uri,
         results_dir=results_dir,
@@ -112,11 +109,11 @@ def _run_experiment(
         device_list=device_list,
         command=command_line(),
         choice=choice,
-        say=say,
         max_retries=max_retries,
         fail_fast=fail_fast,
         report=report,
     )
+    code = sweep(spec, opts, optuna_storage=optuna_storage, tracker=tracker, say=say)
     if code:
         raise typer.Exit(code)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import signal
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -30,74 +31,57 @@ class _Interrupted(Exception):
     """Ctrl-C/SIGTERM during a sweep, after its parent run was closed KILLED."""
 
 
+@dataclass(frozen=True)
+class SweepOptions:
+    """What the command line decided about one sweep, carried unchanged from the command to the
+    workers' options and the finish (the opened stores and ``say`` travel beside it)."""
+
+    storage: str | None  # the --storage URL workers open themselves (None: the journal file)
+    tracking_uri: str | None
+    results_dir: Path
+    study_name: str | None
+    workers: int
+    device_list: list[str] | None
+    command: str  # the command line, recorded on the study and its parent run
+    choice: LaunchChoice
+    max_retries: int = 0
+    fail_fast: bool = False
+    report: bool = True
+
+
 def sweep(
     exp: Any,
+    opts: SweepOptions,
     *,
     optuna_storage: Any,
     tracker: Any,
-    storage: str | None,
-    tracking_uri: str | None,
-    results_dir: Path,
-    study_name: str | None,
-    workers: int,
-    device_list: list[str] | None,
-    command: str,
-    choice: LaunchChoice,
     say: Callable[[str], None],
-    max_retries: int = 0,
-    fail_fast: bool = False,
-    report: bool = True,
 ) -> int:
     """Run the experiment ``exp`` (a grid or a search) to its end; ``say`` prints a line for the
     user.  0 when it finished, 1 when a grid is unfinished or no trial completed, 130 when
     interrupted (resumable)."""
-    with coordinator_lock(results_dir, study_name or exp.name):
-        return _sweep(
-            exp,
-            optuna_storage=optuna_storage,
-            tracker=tracker,
-            storage=storage,
-            tracking_uri=tracking_uri,
-            results_dir=results_dir,
-            study_name=study_name,
-            workers=workers,
-            device_list=device_list,
-            command=command,
-            choice=choice,
-            say=say,
-            max_retries=max_retries,
-            fail_fast=fail_fast,
-            report=report,
-        )
+    with coordinator_lock(opts.results_dir, opts.study_name or exp.name):
+        return _sweep(exp, opts, optuna_storage=optuna_storage, tracker=tracker, say=say)
 
 
 def _sweep(
     exp: Any,
+    opts: SweepOptions,
     *,
     optuna_storage: Any,
     tracker: Any,
-    storage: str | None,
-    tracking_uri: str | None,
-    results_dir: Path,
-    study_name: str | None,
-    workers: int,
-    device_list: list[str] | None,
-    command: str,
-    choice: LaunchChoice,
     say: Callable[[str], None],
-    max_retries: int = 0,
-    fail_fast: bool = False,
-    report: bool = True,
 ) -> int:
     """``sweep`` under the study's coordinator lock."""
+    workers = opts.workers
     study, study_spec = open_study(
         exp,
         storage=optuna_storage,
         tracker=tracker,
-        study_name=study_name,
-        tracking_uri=tracking_uri,
-        max_retries=max_retries,
-        command=command,
+        study_name=opts.study_name,
+        tracking_uri=opts.tracking_uri,
+        max_retries=opts.max_retries,
+        command=opts.command,
     )
     try:
         with _parent_closed_on_abort(tracker, study_spec):
@@ -120,22 +104,7 @@ def _sweep(
                     f"study {study.study_name!r}: up to {exp.search.n_trials} trials x "
                     f"{len(exp.seeds)} seeds, {workers} worker(s)"
                 )
-            return _run_and_finish(
-                study,
-                study_spec,
-                tracker,
-                storage=storage,
-                tracking_uri=tracking_uri,
-                results_dir=results_dir,
-                workers=workers,
-                device_list=device_list,
-                done=done,
-                fail_fast=fail_fast,
-                command=command,
-                report=report,
-                choice=choice,
-                say=say,
-            )
+            return _run_and_finish(study, study_spec, tracker, opts, done=done, say=say)
     except _Interrupted:
         say(INTERRUPTED_HINT)
         return 130
@@ -145,25 +114,18 @@ def _run_and_finish(
     study: Any,
     spec: Any,
     tracker: Any,
+    sweep_opts: SweepOptions,
     *,
-    storage: str | None,
-    tracking_uri: str | None,
-    results_dir: Path,
-    workers: int,
-    device_list: list[str] | None,
     done: int,
-    command: str,
-    fail_fast: bool,
-    report: bool,
-    choice: LaunchChoice,
     say: Callable[[str], None],
 ) -> int:
     """Run the workers of an opened study (grid or search), then finish it."""
+    choice = sweep_opts.choice
     opts = WorkerOptions(
         study=study.study_name,
-        storage=storage,
-        results_dir=results_dir,
-        tracking_uri=tracking_uri,
+        storage=sweep_opts.storage,
+        results_dir=sweep_opts.results_dir,
+        tracking_uri=sweep_opts.tracking_uri,
         threads=1,  # one torch thread per run: results must not depend on the worker count
     )
     fatal: list[str] = []
@@ -177,12 +139,14 @@ def _run_and_finish(
 
     counts = run_workers(
         make_launcher(choice.name, ray_address=choice.ray_address),
-        workers,
+        sweep_opts.workers,
         opts,
-        resources=Resources(devices=tuple(device_list or ()), gpus=choice.gpus, cpus=choice.cpus),
+        resources=Resources(
+            devices=tuple(sweep_opts.device_list or ()), gpus=choice.gpus, cpus=choice.cpus
+        ),
         total=progress_total(study, spec),
         done_before=done,
-        fail_fast=fail_fast,
+        fail_fast=sweep_opts.fail_fast,
         on_event=on_event,
         say=say,
     )
@@ -197,7 +161,12 @@ def _run_and_finish(
     old_term = signal.signal(signal.SIGTERM, stop)
     try:
         finished = finish_study(
-            study, tracker, spec, command=command, results_dir=results_dir, write_report=report
+            study,
+            tracker,
+            spec,
+            command=sweep_opts.command,
+            results_dir=sweep_opts.results_dir,
+            write_report=sweep_opts.report,
         )
     finally:
         signal.signal(signal.SIGTERM, old_term)
