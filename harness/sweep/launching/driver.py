@@ -11,8 +11,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from harness.config.experiment import ExperimentSpec
 from harness.core.db import with_retries
 from harness.core.fsutil import DiskFullError, disk_full_message, is_disk_full
 from harness.sweep.launching.coordinator import coordinator_lock
@@ -21,8 +22,13 @@ from harness.sweep.launching.launch_checks import LaunchChoice
 from harness.sweep.launching.worker import WorkerOptions
 from harness.sweep.present.finish import OUTCOME_TAG, finish_study
 from harness.sweep.scheduler.adaptive import settled_keys
+from harness.sweep.scheduler.spec import StudySpec
 from harness.sweep.scheduler.study import enqueue_missing, open_study
 from harness.sweep.scheduler.trials import end_orphaned_runs
+from harness.tracking import Tracker
+
+if TYPE_CHECKING:
+    import optuna
 
 INTERRUPTED_HINT = "interrupted: run the same command again to resume"
 
@@ -50,11 +56,11 @@ class SweepOptions:
 
 
 def sweep(
-    exp: Any,
+    exp: ExperimentSpec,
     opts: SweepOptions,
     *,
     optuna_storage: Any,
-    tracker: Any,
+    tracker: Tracker,
     say: Callable[[str], None],
 ) -> int:
     """Run the experiment ``exp`` (a grid or a search) to its end; ``say`` prints a line for the
@@ -65,11 +71,11 @@ def sweep(
 
 
 def _sweep(
-    exp: Any,
+    exp: ExperimentSpec,
     opts: SweepOptions,
     *,
     optuna_storage: Any,
-    tracker: Any,
+    tracker: Tracker,
     say: Callable[[str], None],
 ) -> int:
     """``sweep`` under the study's coordinator lock."""
@@ -111,9 +117,9 @@ def _sweep(
 
 
 def _run_and_finish(
-    study: Any,
-    spec: Any,
-    tracker: Any,
+    study: optuna.Study,
+    spec: StudySpec,
+    tracker: Tracker,
     sweep_opts: SweepOptions,
     *,
     done: int,
@@ -180,7 +186,9 @@ def _run_and_finish(
     return 0
 
 
-def close_killed_trials(study: Any, spec: Any, tracker: Any, killed: dict[int, str]) -> None:
+def close_killed_trials(
+    study: optuna.Study, spec: StudySpec, tracker: Tracker, killed: dict[int, str]
+) -> None:
     """Trials whose workers the coordinator killed (stuck past the stop's grace period): each
     still RUNNING is told FAIL with outcome 'interrupted' and the reason, and its MLflow run is
     ended KILLED with it, as the worker would have done had it stopped in time."""
@@ -211,7 +219,7 @@ def close_killed_trials(study: Any, spec: Any, tracker: Any, killed: dict[int, s
     end_orphaned_runs(tracker, spec, study.study_name, ended)
 
 
-def progress_total(study: Any, spec: Any) -> int:
+def progress_total(study: optuna.Study, spec: StudySpec) -> int:
     """The live bar's total: the trials the study may still run or has run.  An adaptive grid
     starts at cells x max less the seeds earlier runs' decisions cancelled, and the bar takes
     off each seed a decision cancels from then on (the workers' ``cancelled`` events), so it
@@ -224,7 +232,7 @@ def progress_total(study: Any, spec: Any) -> int:
 
 
 @contextlib.contextmanager
-def _parent_closed_on_abort(tracker: Any, spec: Any) -> Iterator[None]:
+def _parent_closed_on_abort(tracker: Tracker, spec: StudySpec) -> Iterator[None]:
     """Ctrl-C/SIGTERM or a full disk after the parent MLflow run was opened: end that run KILLED
     (where the store still takes it).  An interrupt becomes :class:`_Interrupted` (the command
     ends with exit 130 and the resume hint, no traceback); a full disk propagates."""
@@ -247,7 +255,7 @@ def _parent_closed_on_abort(tracker: Any, spec: Any) -> Iterator[None]:
         raise
 
 
-def close_parent(tracker: Any, spec: Any, reason: str) -> None:
+def close_parent(tracker: Tracker, spec: StudySpec, reason: str) -> None:
     """End the sweep's parent run KILLED with ``reason``, as far as the tracking store allows."""
     parent = spec.parent_run_id
     if not parent:

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.core.configtools import ConfigError
 from harness.core.db import with_retries
@@ -60,7 +60,10 @@ from harness.sweep.scheduler.trials import (
     search_sampler,
 )
 from harness.sweep.stores.storage import make_storage
-from harness.tracking import make_tracker
+from harness.tracking import Tracker, make_tracker
+
+if TYPE_CHECKING:
+    import optuna
 
 Event = dict[str, Any]
 OUTCOMES = ("completed", "diverged", "pruned", "error", "interrupted")
@@ -85,10 +88,10 @@ class _Trial:
 
     def __init__(
         self,
-        study: Any,
+        study: optuna.Study,
         trial: Any,
         spec: StudySpec,
-        tracker: Any,
+        tracker: Tracker,
         opts: WorkerOptions,
         emit: Callable[[Event], None],
         should_stop: Callable[[], bool],
@@ -485,7 +488,7 @@ def _work(
     return fatal
 
 
-def _flush_quietly(tracker: Any) -> None:
+def _flush_quietly(tracker: Tracker) -> None:
     try:
         tracker.flush()
     except Exception:

@@ -12,7 +12,7 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
@@ -33,6 +33,10 @@ from harness.sweep.scheduler.study import (
     top_of_front,
 )
 from harness.sweep.scheduler.trials import SPENT_OUTCOMES
+from harness.tracking import Tracker
+
+if TYPE_CHECKING:
+    import optuna
 
 
 @dataclass(frozen=True)
@@ -53,8 +57,8 @@ def _say_failures(reasons: list[str], total: int, finished: int, what: str) -> N
 
 
 def finish_study(
-    study: Any,
-    tracker: Any,
+    study: optuna.Study,
+    tracker: Tracker,
     spec: StudySpec,
     *,
     command: str,
@@ -121,12 +125,12 @@ def finish_study(
 OUTCOME_TAG = "harness.outcome"  # how the sweep's last command ended, on the parent run
 
 
-def _end_parent(tracker: Any, parent: str, complete: bool) -> None:
+def _end_parent(tracker: Tracker, parent: str, complete: bool) -> None:
     tracker.set_tags(parent, {OUTCOME_TAG: "complete" if complete else "incomplete"})
     tracker.end_run(parent, "FINISHED" if complete else "KILLED")
 
 
-def _label_in_mlflow(tracker: Any, spec: StudySpec, parent: str, rows: Any) -> None:
+def _label_in_mlflow(tracker: Tracker, spec: StudySpec, parent: str, rows: Any) -> None:
     """The experiment's description and saved cell view; the ranking on the parent run."""
     tracker.set_experiment_tags(
         spec.experiment, experiment_tags(spec.description, spec.metric, spec.direction)
@@ -145,8 +149,8 @@ def _fmt_point(point: dict[str, Any]) -> str:
 
 
 def finish_search(
-    study: Any,
-    tracker: Any,
+    study: optuna.Study,
+    tracker: Tracker,
     spec: StudySpec,
     *,
     results_dir: Path,
@@ -227,7 +231,9 @@ def finish_search(
     return Finished(complete=done, completed=len(complete))
 
 
-def write_search_report(study: Any, spec: StudySpec, best: list[Any], out_dir: Path) -> Path:
+def write_search_report(
+    study: optuna.Study, spec: StudySpec, best: list[Any], out_dir: Path
+) -> Path:
     """``report.md`` of a search: objectives, the best point(s) with the best point's seed
     spread, why trials failed, and every trial."""
     from optuna.trial import TrialState

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.core.db import with_retries
 from harness.report.allocation import CellState, allocate
 from harness.sweep.scheduler.spec import StudySpec, trial_key
+
+if TYPE_CHECKING:
+    import optuna
 
 CANCELLED = "decided"  # the ``outcome`` of a held seed its cell's decision made unnecessary
 
@@ -104,7 +107,7 @@ def claim_order_avoiding(busy_seeds: Collection[int]) -> Callable[[Any], tuple[b
 
 
 def apply_allocation(
-    study: Any,
+    study: optuna.Study,
     spec: StudySpec,
     *,
     before_cancel: Callable[[dict[str, CellState]], None] | None = None,
@@ -148,7 +151,7 @@ def apply_allocation(
     return states
 
 
-def incumbent(study: Any, spec: StudySpec) -> tuple[int, list[float]] | None:
+def incumbent(study: optuna.Study, spec: StudySpec) -> tuple[int, list[float]] | None:
     """A racing search's incumbent: the best COMPLETE trial by its first objective, with its
     per-seed values (NaN for a diverged seed); None before any trial completed."""
     from optuna.trial import TrialState

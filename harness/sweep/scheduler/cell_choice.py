@@ -5,13 +5,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from harness.config.experiment import _fmt_value
+from harness.config.experiment import ExperimentSpec, _fmt_value
 from harness.core.configtools import ConfigError, parse_override
 from harness.sweep.scheduler.results import load_study_data
 from harness.sweep.scheduler.spec import StudySpec
 from harness.sweep.scheduler.study import best_point
+
+if TYPE_CHECKING:
+    import optuna
 
 
 def _tokens(text: str) -> dict[str, str]:
@@ -24,7 +27,7 @@ def _tokens(text: str) -> dict[str, str]:
     return out
 
 
-def resolve_cell(spec: Any, text: str) -> tuple[str, dict[str, Any]]:
+def resolve_cell(spec: ExperimentSpec, text: str) -> tuple[str, dict[str, Any]]:
     """The experiment's cell that ``text`` names: its label, or ``key=value`` pairs that pick out
     exactly one cell (short or dotted keys, any order).  Raises ConfigError otherwise."""
     for c in spec.cells:
@@ -53,7 +56,7 @@ def resolve_cell(spec: Any, text: str) -> tuple[str, dict[str, Any]]:
     return matches[0].label, dict(matches[0].overrides)
 
 
-def best_to_export(spec: StudySpec, study: Any) -> tuple[str, dict[str, Any], list[str]]:
+def best_to_export(spec: StudySpec, study: optuna.Study) -> tuple[str, dict[str, Any], list[str]]:
     """(label, overrides, header notes) of a study's best point: a grid's top cell by the
     report's ranking, a search's best trial; the notes give its uncertainty.  ConfigError when
     the study is not finished (a grid) or no run of it completed."""

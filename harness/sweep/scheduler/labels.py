@@ -17,11 +17,14 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.config.experiment import _fmt_value
 from harness.core.db import with_retries
 from harness.sweep.scheduler.spec import StudySpec
+
+if TYPE_CHECKING:
+    import optuna
 
 
 def param_value(value: Any) -> str | int | float:
@@ -63,7 +66,7 @@ def trial_params(spec: StudySpec, cell: str, seed: int) -> dict[str, tuple[Any, 
     return params
 
 
-def label_trial(study: Any, trial: Any, spec: StudySpec, cell: str, seed: int) -> None:
+def label_trial(study: optuna.Study, trial: Any, spec: StudySpec, cell: str, seed: int) -> None:
     """Record the trial's cell axes and seed as params (those it does not have yet)."""
     from harness.sweep.stores.optuna_adapter import frozen_trial, storage_of, trial_id
 
@@ -95,7 +98,7 @@ def summary_from_attrs(user_attrs: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def name_objective(study: Any, metric: str) -> None:
+def name_objective(study: optuna.Study, metric: str) -> None:
     """Call the study's objective by the experiment's metric (not "Objective 0")."""
     import optuna
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.report.studydata import RunData, StudyData
 from harness.sweep.scheduler.adaptive import is_cancelled
 from harness.sweep.scheduler.labels import summary_from_attrs
 from harness.sweep.scheduler.spec import load_study_spec
+from harness.tracking import Tracker
+
+if TYPE_CHECKING:
+    import optuna
 
 # Step metrics the report plots (one tracker query per run and key).
 HISTORY_KEYS = (
@@ -25,7 +29,7 @@ HISTORY_KEYS = (
 )
 
 
-def _history(tracker: Any, run_id: str, steps: int) -> dict[str, list[float]]:
+def _history(tracker: Tracker, run_id: str, steps: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for key in HISTORY_KEYS:
         points = tracker.get_metric_history(run_id, key)
@@ -39,7 +43,9 @@ def _history(tracker: Any, run_id: str, steps: int) -> dict[str, list[float]]:
     return out
 
 
-def load_study_data(study: Any, tracker: Any | None, *, command: str = "") -> StudyData:
+def load_study_data(
+    study: optuna.Study, tracker: Tracker | None, *, command: str = ""
+) -> StudyData:
     from optuna.trial import TrialState
 
     spec = load_study_spec(study)

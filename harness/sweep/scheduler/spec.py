@@ -18,7 +18,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from harness.config import RunConfig, apply_overrides, build_run_config
 from harness.config.experiment import ExperimentSpec
@@ -26,6 +26,9 @@ from harness.config.experiment_schema import SearchParam, SearchSpec
 from harness.core.configtools import ConfigError, check_value, meta, to_dict
 from harness.core.redact import redact_url
 from harness.report.allocation import AdaptivePlan
+
+if TYPE_CHECKING:
+    import optuna
 
 # Study user attrs (the study schema).
 SPEC_ATTR = "harness.spec"  # StudySpec.to_json()
@@ -214,11 +217,11 @@ class StudySpec:
         )
 
 
-def has_study_spec(study: Any) -> bool:
+def has_study_spec(study: optuna.Study) -> bool:
     return SPEC_ATTR in study.user_attrs
 
 
-def load_study_spec(study: Any) -> StudySpec:
+def load_study_spec(study: optuna.Study) -> StudySpec:
     """The spec stored on an Optuna study (``ConfigError`` if the harness did not make it)."""
     text = study.user_attrs.get(SPEC_ATTR)
     if text is None:

@@ -15,7 +15,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,13 +38,17 @@ from harness.sweep.scheduler.spec import (
     load_study_spec,
     trial_key,
 )
+from harness.tracking import Tracker
+
+if TYPE_CHECKING:
+    import optuna
 
 
 def open_study(
     exp: ExperimentSpec,
     *,
     storage: Any,
-    tracker: Any,
+    tracker: Tracker,
     study_name: str | None,
     tracking_uri: str | None,
     command: str,
@@ -114,7 +118,7 @@ def open_study(
     return study, spec
 
 
-def _start_parent_run(exp: ExperimentSpec, spec: StudySpec, tracker: Any, name: str) -> str:
+def _start_parent_run(exp: ExperimentSpec, spec: StudySpec, tracker: Tracker, name: str) -> str:
     tags = {"harness.study": name, "harness.role": "parent", "harness.grid_hash": spec.grid_hash}
     label = "search" if spec.kind == "search" else "study"
     parent = tracker.start_run(
@@ -137,7 +141,7 @@ def _start_parent_run(exp: ExperimentSpec, spec: StudySpec, tracker: Any, name: 
     return str(parent)
 
 
-def enqueue_missing(study: Any, spec: StudySpec) -> tuple[int, int]:
+def enqueue_missing(study: optuna.Study, spec: StudySpec) -> tuple[int, int]:
     """Enqueue every (cell, seed) without a finished, waiting or running trial.
 
     Returns (enqueued now, already finished).  Finished = COMPLETE, or FAIL with outcome
@@ -198,7 +202,7 @@ class StudyCounts:
     held: int = 0  # held seeds no look has released yet (in total: they may still run)
 
 
-def study_counts(study: Any, spec: StudySpec | None) -> StudyCounts:
+def study_counts(study: optuna.Study, spec: StudySpec | None) -> StudyCounts:
     trials = study.get_trials(deepcopy=False)
     cells: tuple[tuple[str, str], ...] = ()
     cancelled = held = 0
@@ -299,7 +303,7 @@ def search_seed_values(trial: Any) -> tuple[float, ...]:
     return tuple(float(v) for v in raw[0] if v is not None)
 
 
-def search_front(study: Any, spec: StudySpec) -> list[Any]:
+def search_front(study: optuna.Study, spec: StudySpec) -> list[Any]:
     """A search's best trials: the Pareto front with several objectives, else the one best
     trial; empty while no trial has completed."""
     from optuna.trial import TrialState
@@ -316,7 +320,7 @@ def top_of_front(front: list[Any], spec: StudySpec) -> Any:
     return max(front, key=lambda t: sign * t.values[0])
 
 
-def best_point(study: Any, spec: StudySpec) -> BestPoint | None:
+def best_point(study: optuna.Study, spec: StudySpec) -> BestPoint | None:
     """The best point of a study, for ``harness export --best``, the end of a search and its
     report; None when no run has completed yet.  ``spec.run_config(best.overrides, seed)``
     rebuilds the winning configuration."""

@@ -10,11 +10,15 @@ import os
 import socket
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.core.db import with_retries
 from harness.sweep.scheduler.adaptive import apply_allocation, claim_order_avoiding, releasable
 from harness.sweep.scheduler.spec import StudySpec, trial_key
+from harness.tracking import Tracker
+
+if TYPE_CHECKING:
+    import optuna
 
 
 def child_run_tags(
@@ -38,7 +42,7 @@ def child_run_tags(
 DIED = "worker died; trial retried"
 
 
-def end_orphaned_runs(tracker: Any, spec: StudySpec, study: str, earlier: list[Any]) -> None:
+def end_orphaned_runs(tracker: Tracker, spec: StudySpec, study: str, earlier: list[Any]) -> None:
     """Child runs left RUNNING by ``earlier`` (ended) attempts of a trial are ended KILLED.
 
     A run is RUNNING after its trial ended only when nobody could close it: its worker died
@@ -58,7 +62,7 @@ def end_orphaned_runs(tracker: Any, spec: StudySpec, study: str, earlier: list[A
             tracker.end_run(rid, "KILLED")
 
 
-def ended_attempts(study: Any, current: Any, same: Callable[[Any], bool]) -> list[Any]:
+def ended_attempts(study: optuna.Study, current: Any, same: Callable[[Any], bool]) -> list[Any]:
     """Earlier trials of the same grid point (or the retried search point) that have ended."""
     from optuna.trial import TrialState
 
@@ -101,7 +105,7 @@ SPENT_OUTCOMES = ("diverged",)
 
 
 def next_trial(
-    study: Any, spec: StudySpec, on_cancelled: Callable[[int], None] | None = None
+    study: optuna.Study, spec: StudySpec, on_cancelled: Callable[[int], None] | None = None
 ) -> tuple[Any | None, int]:
     """The next trial this worker should run (None if there is none now), and how many trials
     are running elsewhere.  ``on_cancelled``: told how many held seeds of an adaptive grid this
