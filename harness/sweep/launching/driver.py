@@ -29,6 +29,7 @@ from harness.tracking import Tracker
 
 if TYPE_CHECKING:
     import optuna
+    from optuna.storages import BaseStorage
 
 INTERRUPTED_HINT = "interrupted: run the same command again to resume"
 
@@ -59,7 +60,7 @@ def sweep(
     exp: ExperimentSpec,
     opts: SweepOptions,
     *,
-    optuna_storage: Any,
+    optuna_storage: BaseStorage,
     tracker: Tracker,
     say: Callable[[str], None],
 ) -> int:
@@ -74,7 +75,7 @@ def _sweep(
     exp: ExperimentSpec,
     opts: SweepOptions,
     *,
-    optuna_storage: Any,
+    optuna_storage: BaseStorage,
     tracker: Tracker,
     say: Callable[[str], None],
 ) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -12,6 +12,9 @@ from harness.core.configtools import ConfigError
 from harness.core.failures import count_reasons, reason_lines
 from harness.sweep.scheduler.spec import has_study_spec, load_study_spec
 from harness.sweep.scheduler.study import study_counts
+
+if TYPE_CHECKING:
+    from optuna.storages import BaseStorage
 
 
 def wide_console() -> Console:
@@ -71,7 +74,7 @@ def _seeds_text(seeds: list[int]) -> str:
     return str(seeds)
 
 
-def print_status(storage: Any, study_name: str | None) -> None:
+def print_status(storage: BaseStorage, study_name: str | None) -> None:
     """One row per study; below the table, each study's distinct failure reasons with counts
     (all of them for a named study, the three most frequent otherwise)."""
     import optuna

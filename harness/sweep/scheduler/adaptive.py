@@ -28,11 +28,12 @@ from harness.sweep.scheduler.spec import StudySpec, trial_key
 
 if TYPE_CHECKING:
     import optuna
+    from optuna.trial import FrozenTrial
 
 CANCELLED = "decided"  # the ``outcome`` of a held seed its cell's decision made unnecessary
 
 
-def is_cancelled(t: Any) -> bool:
+def is_cancelled(t: FrozenTrial) -> bool:
     from optuna.trial import TrialState
 
     return bool(t.state == TrialState.PRUNED and t.user_attrs.get("outcome") == CANCELLED)
@@ -78,7 +79,7 @@ def final_released(states: Mapping[str, CellState]) -> dict[str, int]:
     }
 
 
-def releasable(t: Any, states: Mapping[str, CellState]) -> bool:
+def releasable(t: FrozenTrial, states: Mapping[str, CellState]) -> bool:
     """A held trial its cell's allocation has released."""
     key = trial_key(t)
     return key is not None and key[0] in states and key[1] < states[key[0]].released

@@ -13,6 +13,7 @@ from harness.tracking import Tracker
 
 if TYPE_CHECKING:
     import optuna
+    from optuna.trial import FrozenTrial
 
 # Step metrics the report plots (one tracker query per run and key).
 HISTORY_KEYS = (
@@ -56,7 +57,7 @@ def load_study_data(
     best: dict[tuple[str, int], Any] = {}
     rank = {"completed": 4, "diverged": 3, "running": 2, "waiting": 1, "failed": 0}
 
-    def status_of(t: Any) -> str:
+    def status_of(t: FrozenTrial) -> str:
         if t.state == TrialState.COMPLETE:
             return "completed"
         if t.state == TrialState.FAIL:

@@ -42,12 +42,13 @@ from harness.tracking import Tracker
 
 if TYPE_CHECKING:
     import optuna
+    from optuna.storages import BaseStorage
 
 
 def open_study(
     exp: ExperimentSpec,
     *,
-    storage: Any,
+    storage: BaseStorage,
     tracker: Tracker,
     study_name: str | None,
     tracking_uri: str | None,
