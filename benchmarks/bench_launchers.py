@@ -37,10 +37,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def sweep(launcher: Any, exp: Path, results: Path) -> dict[str, float]:
     from harness.config.experiment import load_experiment
-    from harness.sweep.launch import run_workers
-    from harness.sweep.storage import make_storage
-    from harness.sweep.study import enqueue_missing, open_study
-    from harness.sweep.worker import WorkerOptions
+    from harness.sweep.launching.launch import run_workers
+    from harness.sweep.launching.worker import WorkerOptions
+    from harness.sweep.scheduler.study import enqueue_missing, open_study
+    from harness.sweep.stores.storage import make_storage
     from harness.tracking import make_tracker
 
     study, spec = open_study(
@@ -88,7 +88,7 @@ def main() -> None:
     args = ap.parse_args()
     from ray_head import PrivateRayHead
 
-    from harness.sweep.launch import make_launcher
+    from harness.sweep.launching.launch import make_launcher
 
     os.environ["RAY_AUTH_MODE"] = "disabled"
     work = Path(tempfile.mkdtemp(prefix="bench-launchers-"))

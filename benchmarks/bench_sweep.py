@@ -93,7 +93,7 @@ def main() -> None:
         train = sum(r.data.metrics["final/wall_time"] for r in runs)
         import optuna
 
-        from harness.sweep.storage import make_storage
+        from harness.sweep.stores.storage import make_storage
 
         study = optuna.load_study(study_name="bench-sweep", storage=make_storage(None, results))
         # claim -> tell of each trial, as Optuna recorded it

@@ -122,8 +122,8 @@ def curves_from_study(study: str, results_dir: str) -> str:
     """Mean curves per trainer from a finished study whose grid has a ``trainer`` axis."""
     import optuna
 
-    from harness.sweep.results import load_study_data
-    from harness.sweep.storage import make_storage
+    from harness.sweep.scheduler.results import load_study_data
+    from harness.sweep.stores.storage import make_storage
     from harness.tracking import make_tracker
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

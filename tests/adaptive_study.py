@@ -41,8 +41,8 @@ def score(cell: str, seed: int) -> float:
 
 def open_adaptive(path: Path, results: Path) -> tuple[Any, Any]:
     from harness.config.experiment import load_experiment
-    from harness.sweep.storage import make_storage
-    from harness.sweep.study import enqueue_missing, open_study
+    from harness.sweep.scheduler.study import enqueue_missing, open_study
+    from harness.sweep.stores.storage import make_storage
     from harness.tracking import MemoryTracker
 
     study, spec = open_study(
@@ -59,16 +59,16 @@ def open_adaptive(path: Path, results: Path) -> tuple[Any, Any]:
 
 def run_one(study: Any, spec: Any) -> tuple[str, int] | None:
     """One worker step: claim the next released trial and tell its score (None: nothing)."""
-    from harness.sweep.trials import next_trial
+    from harness.sweep.scheduler.trials import next_trial
 
     trial, _ = next_trial(study, spec)
     if trial is None:
         return None
-    from harness.sweep.optuna_adapter import frozen_trial
+    from harness.sweep.stores.optuna_adapter import frozen_trial
 
     ua = frozen_trial(study, trial).user_attrs
     cell, seed = str(ua["cell"]), int(ua["seed"])
-    from harness.sweep.dashboard import summary_attrs
+    from harness.sweep.scheduler.labels import summary_attrs
 
     value = score(cell, seed)
     # What a worker records of a run: its outcome, summary and wall time, then the metric.

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import optuna
 
-from harness.sweep.adaptive import claim_order
-from harness.sweep.optuna_adapter import claim_waiting_trial
+from harness.sweep.scheduler.adaptive import claim_order
+from harness.sweep.stores.optuna_adapter import claim_waiting_trial
 
 
 def _study() -> optuna.Study:
@@ -51,7 +51,7 @@ def test_order_and_accept_combine() -> None:
 def test_a_seed_another_worker_runs_is_claimed_last() -> None:
     """Two workers that took the same seed of two cells at once would build (or wait on) that
     seed's warm start together while a core idles: a busy seed goes after the others."""
-    from harness.sweep.adaptive import claim_order_avoiding
+    from harness.sweep.scheduler.adaptive import claim_order_avoiding
 
     study = _study()
     first = claim_waiting_trial(study, order=claim_order_avoiding(set()))

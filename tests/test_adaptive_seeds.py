@@ -196,8 +196,8 @@ def test_ranking_races_the_top_cell_against_the_runner_up() -> None:
 
 
 def test_a_study_runs_min_seeds_then_only_what_the_open_cell_needs(tmp_path: Path) -> None:
-    from harness.sweep.adaptive import cell_states
-    from harness.sweep.study import study_counts
+    from harness.sweep.scheduler.adaptive import cell_states
+    from harness.sweep.scheduler.study import study_counts
 
     study, spec = open_adaptive(write_experiment(tmp_path), tmp_path / "results")
     assert len(study.get_trials()) == 4 * 7  # every seed enqueued once, held
@@ -222,7 +222,7 @@ def test_a_study_runs_min_seeds_then_only_what_the_open_cell_needs(tmp_path: Pat
 
 
 def test_resume_enqueues_nothing_a_decision_cancelled(tmp_path: Path) -> None:
-    from harness.sweep.study import enqueue_missing
+    from harness.sweep.scheduler.study import enqueue_missing
 
     study, spec = open_adaptive(write_experiment(tmp_path), tmp_path / "results")
     drain(study, spec)
@@ -233,8 +233,8 @@ def test_resume_enqueues_nothing_a_decision_cancelled(tmp_path: Path) -> None:
 def test_a_worker_waits_while_a_look_is_pending(tmp_path: Path) -> None:
     """A seed of the look still running: the next released seeds are not yet known, so a worker
     gets no trial but is told one is running (it waits instead of exiting)."""
-    from harness.sweep.optuna_adapter import frozen_trial
-    from harness.sweep.trials import next_trial
+    from harness.sweep.scheduler.trials import next_trial
+    from harness.sweep.stores.optuna_adapter import frozen_trial
 
     study, spec = open_adaptive(write_experiment(tmp_path), tmp_path / "results")
     claimed = []
@@ -270,7 +270,7 @@ def test_status_shows_each_cells_seeds_verdict_and_interval(tmp_path: Path) -> N
 def test_the_report_says_per_cell_decided_or_undecided_and_the_savings(tmp_path: Path) -> None:
     from harness.report import build_report
     from harness.report.adaptive import adaptive_lines, adaptive_states, savings
-    from harness.sweep.results import load_study_data
+    from harness.sweep.scheduler.results import load_study_data
 
     study, spec = open_adaptive(write_experiment(tmp_path), tmp_path / "results")
     drain(study, spec)
@@ -391,12 +391,11 @@ def test_a_racing_search_stops_losing_points_at_min_seeds(
     out against the incumbent after 3 seeds, with the reason; completed points ran all 7."""
     import numpy as np
 
-    import harness.tracking
     from harness.config.experiment import load_experiment
     from harness.run.scaffold import RunResult
-    from harness.sweep import worker
-    from harness.sweep.storage import make_storage
-    from harness.sweep.study import open_study
+    from harness.sweep.launching import worker
+    from harness.sweep.scheduler.study import open_study
+    from harness.sweep.stores.storage import make_storage
     from harness.tracking import MemoryTracker
 
     def train(self: Any, cfg: Any, label: str, seed: int) -> tuple[Any, str]:
@@ -407,7 +406,7 @@ def test_a_racing_search_stops_losing_points_at_min_seeds(
 
     monkeypatch.setattr(worker._Trial, "train", train)
     tracker = MemoryTracker()
-    monkeypatch.setattr(harness.tracking, "make_tracker", lambda *a, **k: tracker)
+    monkeypatch.setattr("harness.sweep.launching.worker.make_tracker", lambda *a, **k: tracker)
     doc = yaml.safe_load(ROOT_SMOKE.read_text())
     del doc["grid"], doc["baseline"]
     doc.update(name="race", steps=2, seeds={"min": 3, "max": 7, "batch": 2, "margin": 0.01})
@@ -447,7 +446,7 @@ def test_a_racing_search_stops_losing_points_at_min_seeds(
 
 
 def test_a_ranking_study_advances_every_cell_until_the_top_is_decided(tmp_path: Path) -> None:
-    from harness.sweep.adaptive import cell_states
+    from harness.sweep.scheduler.adaptive import cell_states
 
     doc = yaml.safe_load(write_experiment(tmp_path, decide="ranking").read_text())
     doc["grid"] = {"ppo.eps_clip": [0.2, 0.1, 0.3]}  # baseline, better, equivalent

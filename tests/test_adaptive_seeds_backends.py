@@ -19,7 +19,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.sweep.storage import make_storage
+from harness.sweep.stores.storage import make_storage
 
 NAMES = {"baseline": BASELINE, "better": BETTER, "equivalent": EQUIVALENT, "slight": SLIGHT}
 # What the controlled scores decide (tests/test_adaptive_seeds.py, the same numbers): the better
@@ -153,7 +153,7 @@ def test_adaptive_study_on_the_ray_launcher(tmp_path: Path, pg: Any, ray_head: s
 
 
 def _bar(total: int, done: int) -> Any:
-    from harness.sweep.progress import SweepProgress
+    from harness.sweep.present.progress import SweepProgress
 
     return SweepProgress(
         2, total=total, done=done, console=Console(file=io.StringIO(), force_terminal=False)
@@ -196,10 +196,9 @@ def test_workers_report_each_cancelled_seed_once_and_a_resume_starts_below_cells
 
     from adaptive_study import open_adaptive, score
 
-    import harness.tracking
     from harness.run.scaffold import RunResult
-    from harness.sweep import worker
-    from harness.sweep.driver import progress_total
+    from harness.sweep.launching import worker
+    from harness.sweep.launching.driver import progress_total
     from harness.tracking import MemoryTracker
 
     def train(self: Any, cfg: Any, label: str, seed: int) -> tuple[Any, str]:
@@ -208,7 +207,7 @@ def test_workers_report_each_cancelled_seed_once_and_a_resume_starts_below_cells
 
     monkeypatch.setattr(worker._Trial, "train", train)
     tracker = MemoryTracker()
-    monkeypatch.setattr(harness.tracking, "make_tracker", lambda *a, **k: tracker)
+    monkeypatch.setattr("harness.sweep.launching.worker.make_tracker", lambda *a, **k: tracker)
     results = tmp_path / "results"
     study, spec = open_adaptive(write_experiment(tmp_path), results)
     total = progress_total(study, spec)
@@ -248,7 +247,7 @@ def test_status_total_is_what_may_still_run_and_shrinks_as_decisions_cancel(
     (the bar's total), and the seeds no look released yet are counted as held, not waiting."""
     from adaptive_study import open_adaptive, run_one
 
-    from harness.sweep.study import study_counts
+    from harness.sweep.scheduler.study import study_counts
 
     results = tmp_path / "results"
     study, spec = open_adaptive(write_experiment(tmp_path), results)
@@ -279,8 +278,8 @@ def test_status_total_is_what_may_still_run_and_shrinks_as_decisions_cancel(
 def test_a_fixed_grid_study_counts_as_before(tmp_path: Path) -> None:
     from adaptive_study import SMOKE, open_adaptive
 
-    from harness.sweep.study import study_counts
-    from harness.sweep.trials import next_trial
+    from harness.sweep.scheduler.study import study_counts
+    from harness.sweep.scheduler.trials import next_trial
 
     study, spec = open_adaptive(SMOKE, tmp_path / "results")
     c = study_counts(study, spec)

@@ -24,8 +24,8 @@ from adaptive_study import (
     write_experiment,
 )
 
-from harness.sweep.adaptive import apply_allocation
-from harness.sweep.storage import make_storage
+from harness.sweep.scheduler.adaptive import apply_allocation
+from harness.sweep.stores.storage import make_storage
 
 HERE = Path(__file__).resolve().parent
 CANCELLED = sorted((c, s) for c in (BETTER, EQUIVALENT) for s in range(3, 7))
@@ -40,8 +40,8 @@ def _to_first_look(study: Any, spec: Any) -> None:
     """Run the 12 first seeds (min of every cell) with the look not taken yet."""
     from adaptive_study import score
 
-    from harness.sweep.optuna_adapter import claim_waiting_trial
-    from harness.sweep.study import trial_key
+    from harness.sweep.scheduler.study import trial_key
+    from harness.sweep.stores.optuna_adapter import claim_waiting_trial
 
     for _ in range(12):
         t = claim_waiting_trial(study, accept=lambda f: trial_key(f)[1] < 3)  # type: ignore[index]
@@ -79,7 +79,7 @@ def _kill_at(hook_at: int) -> Any:
 
 
 def test_killed_between_the_decision_and_the_cancels_resumes_exactly(tmp_path: Path) -> None:
-    from harness.sweep.study import enqueue_missing
+    from harness.sweep.scheduler.study import enqueue_missing
 
     results = tmp_path / "results"
     study, spec = open_adaptive(write_experiment(tmp_path), results)
@@ -150,9 +150,9 @@ import os, signal, sys
 sys.path.insert(0, {here!r})
 import optuna
 from pathlib import Path
-from harness.sweep.adaptive import apply_allocation
-from harness.sweep.spec import load_study_spec
-from harness.sweep.storage import make_storage
+from harness.sweep.scheduler.adaptive import apply_allocation
+from harness.sweep.scheduler.spec import load_study_spec
+from harness.sweep.stores.storage import make_storage
 study = optuna.load_study(study_name="adaptive", storage=make_storage(None, Path({results!r})))
 spec = load_study_spec(study)
 def die(states):

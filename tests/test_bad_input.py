@@ -505,7 +505,7 @@ def test_status_with_no_storage_yet_creates_nothing(tmp_path, runner):
 def test_report_on_a_missing_study_in_an_existing_journal_opens_no_tracker(tmp_path, runner):
     import optuna
 
-    from harness.sweep.storage import make_storage
+    from harness.sweep.stores.storage import make_storage
 
     results = tmp_path / "results"
     optuna.create_study(study_name="other", storage=make_storage(None, results))

@@ -24,7 +24,7 @@ from harness.config import (
 )
 from harness.config.experiment import load_experiment
 from harness.core.configtools import deep_merge, flatten, to_dict
-from harness.sweep.spec import StudySpec
+from harness.sweep.scheduler.spec import StudySpec
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID_FILES = sorted(

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from harness.sweep.study import top_of_front
+from harness.sweep.scheduler.study import top_of_front
 
 
 def test_importing_the_cli_loads_no_heavy_library() -> None:

@@ -14,7 +14,7 @@ from harness.config.trl_map import grpo_kwargs, trl_problems
 from harness.core.configtools import ConfigError
 from harness.ppo.corrections import Correction, Filter
 from harness.ppo.corrections.peers import trl_settings, verl_settings
-from harness.sweep.export import export_areal, export_trl, export_verl
+from harness.sweep.present.export import export_areal, export_trl, export_verl
 
 RC = "algorithm.rollout_correction"
 

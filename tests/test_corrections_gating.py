@@ -17,7 +17,7 @@ from harness.config.experiment import load_experiment
 from harness.ppo.corrections import PRESETS, Correction, Filter
 from harness.ppo.corrections.compute import apply_correction, probability_statistic
 from harness.ppo.objectives import OBJECTIVES, lookup, ppo_actor_loss
-from harness.sweep.export import export_cell, export_verl
+from harness.sweep.present.export import export_cell, export_verl
 
 EPS = 0.2
 

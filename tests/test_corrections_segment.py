@@ -25,7 +25,7 @@ from harness.ppo.corrections import Correction, Filter
 from harness.ppo.corrections.compute import apply_correction, segment_ids, segment_reduce
 from harness.ppo.objectives import ppo_actor_loss
 from harness.run.loop import run
-from harness.sweep.export import export_cell
+from harness.sweep.present.export import export_cell
 
 EPS = 0.2
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}

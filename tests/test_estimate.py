@@ -7,14 +7,14 @@ import math
 from pathlib import Path
 
 from harness.config.experiment import load_experiment
-from harness.sweep.estimate import (
+from harness.sweep.scheduler.estimate import (
     duration_text,
     estimate_text,
     estimate_wall_time,
     probe_step_seconds,
     shape_key,
 )
-from harness.sweep.spec import StudySpec
+from harness.sweep.scheduler.spec import StudySpec
 
 EXPERIMENT = """
 name: est

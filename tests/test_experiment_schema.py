@@ -14,7 +14,7 @@ from harness.config.experiment import load_experiment
 from harness.config.experiment_schema import ExperimentFile, SearchFile, SearchParam
 from harness.core.configtools import BadValue, ConfigError, field_help, from_dict, meta
 from harness.model.options import LoraOptions, TinyModelConfig
-from harness.sweep import spec as sweep_spec
+from harness.sweep.scheduler import spec as sweep_spec
 
 BASE = {
     "task": "reverse",

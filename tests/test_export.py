@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from harness.cli import app
 from harness.config import build_run_config
 from harness.config.experiment import load_experiment
-from harness.sweep.export import export_areal, export_trl, export_verl
-from harness.sweep.spec import StudySpec
+from harness.sweep.present.export import export_areal, export_trl, export_verl
+from harness.sweep.scheduler.spec import StudySpec
 
 ROOT = Path(__file__).resolve().parent.parent
 GROUP = {"mean_level": "group", "std_level": "group"}
@@ -226,7 +226,7 @@ def test_bad_export_is_one_line_exit_2(args, expect, tmp_path):
 
 def test_best_takes_the_finished_studys_top_cell(tmp_path):
     from harness.report import ranking
-    from harness.sweep.results import load_study_data
+    from harness.sweep.scheduler.results import load_study_data
 
     doc = yaml.safe_load((ROOT / "experiments" / "smoke.yaml").read_text())
     doc.update(name="exportbest", seeds=1, steps=2)
@@ -241,7 +241,7 @@ def test_best_takes_the_finished_studys_top_cell(tmp_path):
     assert code == 0, err
     import optuna
 
-    from harness.sweep.storage import make_storage
+    from harness.sweep.stores.storage import make_storage
 
     st = optuna.load_study(study_name="exportbest", storage=make_storage(None, results))
     top = ranking(load_study_data(st, None), n_boot=200)[0].label

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from harness.cli import app
 from harness.config import build_run_config
 from harness.config.experiment import load_experiment
-from harness.sweep.export import comment, export_areal, export_trl, export_verl
+from harness.sweep.present.export import comment, export_areal, export_trl, export_verl
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "experiments" / "smoke.yaml"
@@ -366,7 +366,7 @@ def test_hostile_module_names_are_refused_before_any_target_sees_them(tmp_path):
 def test_best_of_a_search_is_its_best_point_with_the_seeds_spread(tmp_path):
     import optuna
 
-    from harness.sweep.storage import make_storage
+    from harness.sweep.stores.storage import make_storage
 
     base = yaml.safe_load(SMOKE.read_text())["base"]
     doc = {

@@ -196,7 +196,7 @@ def test_all_failed_search_stops_reports_and_exits_1(tmp_path):
     block = reason_block(err, "1 of 2 trials failed")
     assert block[0] == "1 of 2 trials failed (no trial completed):"
     assert len(block) == 2 and block[1].startswith("  1 trial: RewardError") and RAISED in block[1]
-    from harness.sweep.storage import make_storage
+    from harness.sweep.stores.storage import make_storage
 
     study = optuna.load_study(study_name="searchfail", storage=make_storage(None, results))
     assert [t.state.name for t in study.trials] == ["FAIL"]  # a bug is not retried at new points
@@ -213,7 +213,7 @@ def test_all_failed_search_stops_reports_and_exits_1(tmp_path):
 
 def _search_study(storage, name: str, states: list[str]) -> None:
     from harness.config.experiment import load_experiment
-    from harness.sweep.spec import SPEC_ATTR, StudySpec
+    from harness.sweep.scheduler.spec import SPEC_ATTR, StudySpec
 
     doc = yaml.safe_load(SMOKE.read_text())
     doc.pop("grid"), doc.pop("baseline")
@@ -245,8 +245,8 @@ def _search_study(storage, name: str, states: list[str]) -> None:
 
 
 def test_status_counts_pruned_trials_apart_from_done(tmp_path, capsys):
-    from harness.sweep.display import print_status
-    from harness.sweep.storage import make_storage
+    from harness.sweep.present.display import print_status
+    from harness.sweep.stores.storage import make_storage
 
     storage = make_storage(None, tmp_path)
     _search_study(storage, "pr", ["COMPLETE", "PRUNED", "PRUNED", "FAIL"])
@@ -332,9 +332,9 @@ def test_drawdown_smoothing_in_the_docs_is_the_one_runs_use(tmp_path):
 
 def test_search_report_shows_the_best_points_seed_spread(tmp_path):
     from harness.config.experiment import load_experiment
-    from harness.sweep.finish import write_search_report
-    from harness.sweep.spec import StudySpec
-    from harness.sweep.study import seed_spread
+    from harness.sweep.present.finish import write_search_report
+    from harness.sweep.scheduler.spec import StudySpec
+    from harness.sweep.scheduler.study import seed_spread
 
     doc = yaml.safe_load(SMOKE.read_text())
     doc.pop("grid"), doc.pop("baseline")

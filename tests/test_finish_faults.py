@@ -20,9 +20,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-import harness.tracking
 from harness.cli import app
-from harness.sweep.storage import make_storage
+from harness.sweep.stores.storage import make_storage
 from harness.tracking import MemoryTracker
 
 try:
@@ -79,7 +78,7 @@ def _experiment(tmp_path: Path, name: str, task: str, cells: list[Any]) -> Path:
 
 def _open(exp: Path, results: Path, tracker: Any, max_retries: int = 0) -> tuple[Any, Any]:
     from harness.config.experiment import load_experiment
-    from harness.sweep.study import enqueue_missing, open_study
+    from harness.sweep.scheduler.study import enqueue_missing, open_study
 
     study, spec = open_study(
         load_experiment(exp),
@@ -102,13 +101,13 @@ def test_a_failing_attempt_keeps_its_failed_run_and_reason(
 ) -> None:
     """--max-retries 1 and a reward that raises: both attempts' runs stay FAILED with the real
     reason; none is rewritten to KILLED 'worker died; trial retried'."""
-    from harness.sweep.worker import WorkerOptions, worker_loop
+    from harness.sweep.launching.worker import WorkerOptions, worker_loop
 
     module, _, _ = _rewards(tmp_path)
     exp = _experiment(tmp_path, "retried", f"python:{module}:raises", [None])
     results = tmp_path / "results"
     tracker = MemoryTracker()  # the worker runs in this process and shares it
-    monkeypatch.setattr(harness.tracking, "make_tracker", lambda *a, **k: tracker)
+    monkeypatch.setattr("harness.sweep.launching.worker.make_tracker", lambda *a, **k: tracker)
     study, _ = _open(exp, results, tracker, max_retries=1)
     counts = worker_loop(WorkerOptions(study="retried", storage=None, results_dir=results))
     assert counts["error"] == 2, counts
@@ -133,7 +132,8 @@ def test_a_sigkilled_workers_run_is_ended_killed_by_the_retry(
     trial ends exactly that run KILLED 'worker died; trial retried'."""
     from mlflow.tracking import MlflowClient
 
-    from harness.sweep.worker import DIED, WorkerOptions, worker_loop
+    from harness.sweep.launching.worker import WorkerOptions, worker_loop
+    from harness.sweep.scheduler.trials import DIED
     from harness.tracking import make_tracker
 
     monkeypatch.setenv("HARNESS_HEARTBEAT_S", "1")  # stale after 4 s
@@ -257,11 +257,11 @@ def test_ctrl_c_while_finishing_ends_the_parent_run_and_a_rerun_finishes_it(
     finishes the study and its parent run."""
     from mlflow.tracking import MlflowClient
 
-    import harness.report
+    from harness.sweep.present import finish
 
     exp = _experiment(tmp_path, "finishing", "reverse", [None])
     results = tmp_path / "results"
-    real_build = harness.report.build_report
+    real_build = finish.build_report
 
     def interrupted_build(*args: Any, **kwargs: Any) -> Any:
         # Ctrl-C while the report is written. raise_signal delivers it to this thread: a signal
@@ -273,7 +273,7 @@ def test_ctrl_c_while_finishing_ends_the_parent_run_and_a_rerun_finishes_it(
             time.sleep(0.01)  # KeyboardInterrupt cuts this wait
         raise AssertionError("SIGINT was not delivered")
 
-    monkeypatch.setattr(harness.report, "build_report", interrupted_build)
+    monkeypatch.setattr(finish, "build_report", interrupted_build)
     # A terminal's Ctrl-C: pytest-xdist workers and background shells start with SIGINT ignored.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     args = ["ablate", str(exp), "--results-dir", str(results)]
@@ -295,7 +295,7 @@ def test_ctrl_c_while_finishing_ends_the_parent_run_and_a_rerun_finishes_it(
     trials = optuna.load_study(study_name="finishing", storage=make_storage(None, results)).trials
     assert [t.state.name for t in trials] == ["COMPLETE"]  # the trial itself is safe
 
-    monkeypatch.setattr(harness.report, "build_report", real_build)
+    monkeypatch.setattr(finish, "build_report", real_build)
     again = CliRunner().invoke(app, [*args, "--workers", "1"])
     assert again.exit_code == 0, again.output
     assert "1 already done, 0 enqueued" in again.stderr

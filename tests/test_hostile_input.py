@@ -675,8 +675,8 @@ def test_find_run_matches_values_with_both_quote_kinds_exactly(tracker):
 def test_a_variant_named_with_both_quote_kinds_has_its_orphaned_run_ended(tmp_path, sqlite_uri):
     """A retried trial's worker searches for the cell's earlier run by its label (the crash)."""
     from harness.config.experiment import load_experiment
-    from harness.sweep.spec import StudySpec
-    from harness.sweep.worker import child_run_tags
+    from harness.sweep.scheduler.spec import StudySpec
+    from harness.sweep.scheduler.trials import child_run_tags
     from harness.tracking import MlflowTracker
 
     f = tmp_path / "q.yaml"

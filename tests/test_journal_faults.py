@@ -23,14 +23,14 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-import harness.sweep.journal as journal_mod
+import harness.sweep.stores.journal as journal_mod
 from harness.core.db import is_transient_db_error
 from harness.core.fsutil import disk_full_message, is_disk_full
-from harness.sweep.storage import JOURNAL_FILE, make_storage
+from harness.sweep.stores.storage import JOURNAL_FILE, make_storage
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "experiments" / "smoke.yaml"
-JOURNAL_LOGGER = "harness.sweep.journal"
+JOURNAL_LOGGER = "harness.sweep.stores.journal"
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -173,7 +173,7 @@ def test_the_tail_is_repaired_only_under_the_lock(
 ) -> None:
     """A live writer holds the lock while its line is incomplete: opening waits for the lock,
     finds the line completed, and cuts nothing."""
-    from harness.sweep.journal_lock import JournalLock
+    from harness.sweep.stores.journal_lock import JournalLock
 
     _study(tmp_results)
     path = tmp_results / JOURNAL_FILE
@@ -284,10 +284,9 @@ def test_a_journal_that_refuses_the_result_stops_the_worker_resumably(
     """The run trained, then the journal refused its result (ENOSPC): the worker stops with a
     ``fatal`` event instead of going on, the journal replays, the MLflow run is closed KILLED
     with the reason, and a later worker re-runs the trial to COMPLETE exactly once."""
-    import harness.tracking
     from harness.config.experiment import load_experiment
-    from harness.sweep.study import enqueue_missing, open_study
-    from harness.sweep.worker import WorkerOptions, worker_loop
+    from harness.sweep.launching.worker import WorkerOptions, worker_loop
+    from harness.sweep.scheduler.study import enqueue_missing, open_study
     from harness.tracking import MemoryTracker
 
     monkeypatch.setenv("HARNESS_HEARTBEAT_S", "1")
@@ -296,7 +295,7 @@ def test_a_journal_that_refuses_the_result_stops_the_worker_resumably(
     exp = load_experiment(_experiment(tmp_path, "refused", f"python:{module}:gated"))
     results = tmp_path / "results"
     tracker = MemoryTracker()  # the workers below run in this process and share it
-    monkeypatch.setattr(harness.tracking, "make_tracker", lambda *a, **k: tracker)
+    monkeypatch.setattr("harness.sweep.launching.worker.make_tracker", lambda *a, **k: tracker)
     study, spec = open_study(
         exp,
         storage=make_storage(None, results),

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.sweep.journal_lock import JournalLock, LockTimeout
+from harness.sweep.stores.journal_lock import JournalLock, LockTimeout
 
 try:
     from tests.hooks.kill_at import kill_group_at_marker
@@ -35,7 +35,7 @@ JOURNAL = "results/optuna-journal.log"
 
 HOLDER = """
 import os, sys, time
-from harness.sweep.journal_lock import JournalLock
+from harness.sweep.stores.journal_lock import JournalLock
 lock = JournalLock({journal!r})
 lock.acquire()
 open("held", "w").write(str(os.getpid()))
@@ -45,7 +45,7 @@ time.sleep(3600)
 TAKER = """
 import logging, sys, time
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
-from harness.sweep.journal_lock import JournalLock
+from harness.sweep.stores.journal_lock import JournalLock
 lock = JournalLock({journal!r}, timeout_s={timeout})
 t0 = time.monotonic()
 lock.acquire()
@@ -166,7 +166,7 @@ def test_threads_of_one_process_exclude_each_other(tmp_path: Path) -> None:
 def test_a_stale_symlink_lock_of_an_earlier_version_is_removed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from harness.sweep.storage import make_storage
+    from harness.sweep.stores.storage import make_storage
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "results").mkdir()
@@ -175,7 +175,7 @@ def test_a_stale_symlink_lock_of_an_earlier_version_is_removed(
     os.symlink(JOURNAL, legacy)  # exactly what Optuna's lock left: a relative, dangling target
     old = time.time() - 3600
     os.utime(legacy, (old, old), follow_symlinks=False)
-    with caplog.at_level(logging.WARNING, logger="harness.sweep.journal"):
+    with caplog.at_level(logging.WARNING, logger="harness.sweep.stores.journal"):
         make_storage(None, Path("results"))
     assert not os.path.lexists(legacy)
     assert "removed a stale lock left by a killed process" in caplog.text
@@ -193,7 +193,7 @@ def test_a_sweep_killed_while_holding_the_journal_lock_resumes_every_cell_once(
     processes holds the journal lock (after a trial completed), then the same command again."""
     import optuna
 
-    from harness.sweep.storage import make_storage
+    from harness.sweep.stores.storage import make_storage
 
     doc = yaml.safe_load(SMOKE.read_text())
     doc["name"] = "locked"

@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from harness.config.experiment import load_experiment
-from harness.sweep.launch import Resources, make_launcher, run_workers
-from harness.sweep.storage import make_storage
-from harness.sweep.study import enqueue_missing, open_study
-from harness.sweep.worker import WorkerOptions
+from harness.sweep.launching.launch import Resources, make_launcher, run_workers
+from harness.sweep.launching.worker import WorkerOptions
+from harness.sweep.scheduler.study import enqueue_missing, open_study
+from harness.sweep.stores.storage import make_storage
 from harness.tracking import make_tracker
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -152,6 +152,37 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+# Inside the sweep layer: its rooms, lowest first. A room may import itself and any lower room.
+SWEEP_ROOMS = {"stores": 0, "scheduler": 1, "present": 2, "launching": 3}
+
+
+def sweep_room(module: str) -> str:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 else ""
+
+
+def test_every_sweep_module_sits_in_a_room() -> None:
+    loose = [m for m in MODULES if package(m) == "sweep" and m != "harness.sweep"]
+    loose = [m for m in loose if sweep_room(m) not in SWEEP_ROOMS]
+    assert not loose, f"sweep modules outside any room (add one to a room): {loose}"
+
+
+def test_sweep_rooms_import_down() -> None:
+    upward = []
+    for module, targets in GRAPH.items():
+        if package(module) != "sweep" or module == "harness.sweep":
+            continue
+        mine = SWEEP_ROOMS[sweep_room(module)]
+        for target in targets:
+            if package(target) != "sweep" or sweep_room(target) == sweep_room(module):
+                continue
+            if SWEEP_ROOMS.get(sweep_room(target), mine) >= mine:
+                upward.append(f"{module} -> {target}")
+    assert not upward, "sweep imports that do not point to a lower room:\n" + "\n".join(
+        sorted(upward)
+    )
+
+
 def test_no_import_cycles() -> None:
     assert _cycles(GRAPH) == []
 
@@ -163,6 +194,9 @@ def test_the_checker_sees_what_it_must() -> None:
     # A lazy import inside a function counts; one under TYPE_CHECKING does not.
     assert "harness.model.logprobs" in GRAPH["harness.ppo.actor"]
     assert "harness.ppo.config" not in GRAPH["harness.ppo.actor"]
+    # A sweep module's room is its sub-package, however deep the module sits in it.
+    assert sweep_room("harness.sweep.launching.launchers.local") == "launching"
+    assert sweep_room("harness.sweep.stores.storage") == "stores"
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from harness.core.configtools import ConfigError
 from harness.ppo import NormConfig
 from harness.ppo.actor import PPOActor
 from harness.ppo.normalization import divide_by_mean, normalize
-from harness.sweep.export import export_areal, export_cell, export_verl
+from harness.sweep.present.export import export_areal, export_cell, export_verl
 
 MAXRL = {"mean_level": "group", "std_level": None, "divide_by": "mean"}
 

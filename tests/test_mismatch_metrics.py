@@ -185,7 +185,7 @@ def test_every_name_is_in_the_one_vocabulary_and_the_run_summary_has_the_key_one
 
 
 def test_the_mlflow_cell_view_shows_the_mismatch_column():
-    from harness.sweep.mlflow_view import metric_column, view_state
+    from harness.sweep.present.mlflow_view import metric_column, view_state
 
     cols = view_state("final/reward", "maximize")["selectedColumns"]
     assert metric_column("stability/mismatch_kl_k3_mean") in cols

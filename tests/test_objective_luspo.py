@@ -268,7 +268,7 @@ def test_trl_map_is_loss_type_luspo(tmp_path):
 
 
 def test_verl_export_is_gspo_summed_per_sequence():
-    from harness.sweep.export import export_verl
+    from harness.sweep.present.export import export_verl
 
     cfg = build_run_config(
         {}, {"ppo.policy_loss": "luspo", **{f"ppo.{k}": v for k, v in SEQ.items()}}

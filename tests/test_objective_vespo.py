@@ -366,7 +366,7 @@ def test_fold_without_a_token_weight_is_one_line(correction):
 
 
 def test_trl_export_says_which_vespo_composition_the_cell_uses():
-    from harness.sweep.export import export_trl
+    from harness.sweep.present.export import export_trl
 
     over = {
         "ppo.policy_loss": "vespo",

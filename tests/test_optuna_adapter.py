@@ -1,4 +1,4 @@
-"""Pins the Optuna private API that ``harness.sweep.optuna_adapter`` relies on, and keeps it the
+"""Pins the Optuna private API that ``harness.sweep.stores.optuna_adapter`` relies on, and keeps it the
 only module that touches it.  An Optuna upgrade that moves one of these fails here by name."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from optuna.storages import BaseStorage, RetryHeartbeatStaleTrialCallback
 from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled
 from optuna.trial import TrialState
 
-from harness.sweep import optuna_adapter as A
-from harness.sweep.storage import make_storage
+from harness.sweep.stores import optuna_adapter as A
+from harness.sweep.stores.storage import make_storage
 
 ROOT = Path(__file__).resolve().parent.parent
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -17,7 +17,7 @@ import yaml
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.sweep.storage import make_storage
+from harness.sweep.stores.storage import make_storage
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "experiments" / "smoke.yaml"
@@ -77,9 +77,9 @@ def test_killed_ray_worker_trial_is_recovered_exactly_once(
     tmp_path: Path, ray_head: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from harness.config.experiment import load_experiment
-    from harness.sweep.launch import make_launcher, run_workers
-    from harness.sweep.study import enqueue_missing, open_study
-    from harness.sweep.worker import WorkerOptions
+    from harness.sweep.launching.launch import make_launcher, run_workers
+    from harness.sweep.launching.worker import WorkerOptions
+    from harness.sweep.scheduler.study import enqueue_missing, open_study
     from harness.tracking import make_tracker
 
     monkeypatch.setenv("HARNESS_HEARTBEAT_S", "1")  # the study's clock: stale after 4 s

@@ -139,9 +139,9 @@ def test_the_ray_started_here_listens_on_loopback_only(monkeypatch: pytest.Monke
     even with RAY_ADDRESS pointing elsewhere; the coordinator's SIGTERM handler survives
     ray.init; a stop asked before the workers start starts none."""
     ray = pytest.importorskip("ray")
-    from harness.sweep.launch import Resources
-    from harness.sweep.launchers.ray_launcher import RayLauncher
-    from harness.sweep.worker import WorkerOptions
+    from harness.sweep.launching.launch import Resources
+    from harness.sweep.launching.launchers.ray_launcher import RayLauncher
+    from harness.sweep.launching.worker import WorkerOptions
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # no per-user token file shared with others
     monkeypatch.setenv("RAY_ADDRESS", "10.255.255.1:6379")  # never joined without --ray-address
@@ -183,7 +183,7 @@ def test_the_ray_started_here_listens_on_loopback_only(monkeypatch: pytest.Monke
 @needs_proc
 def test_the_tests_private_ray_head_listens_on_loopback_only(ray_private_head: Any) -> None:
     ray = pytest.importorskip("ray")
-    from harness.sweep.launchers.ray_launcher import RayLauncher
+    from harness.sweep.launching.launchers.ray_launcher import RayLauncher
 
     assert ray_private_head.proc is not None
     if ray.is_initialized():
@@ -209,7 +209,7 @@ def test_the_tests_private_ray_head_listens_on_loopback_only(ray_private_head: A
 def _trials(results: Path, name: str) -> list[Any]:
     import optuna
 
-    from harness.sweep.storage import make_storage
+    from harness.sweep.stores.storage import make_storage
 
     return optuna.load_study(study_name=name, storage=make_storage(None, results)).get_trials()
 
@@ -340,7 +340,7 @@ def test_a_ray_address_where_nothing_listens_is_one_line_and_writes_nothing(
 
 
 def test_ray_address_forms_and_a_bounded_probe(monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.sweep.launchers.ray_launcher import probe_address, split_address
+    from harness.sweep.launching.launchers.ray_launcher import probe_address, split_address
 
     assert split_address("head:6379") == ("head", 6379)
     assert split_address("ray://10.0.0.1:10001") == ("10.0.0.1", 10001)

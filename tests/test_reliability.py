@@ -34,7 +34,7 @@ def test_diverged_run_is_a_failed_trial_with_reason_and_the_sweep_goes_on(tmp_pa
 
     import optuna
 
-    from harness.sweep.storage import make_storage
+    from harness.sweep.stores.storage import make_storage
 
     trials = optuna.load_study(
         study_name="diverge", storage=make_storage(None, results)
@@ -220,7 +220,7 @@ def test_bad_reward_code_in_a_sweep_fails_its_trials_with_the_reason(tmp_path):
 
     import optuna
 
-    from harness.sweep.storage import make_storage
+    from harness.sweep.stores.storage import make_storage
 
     trials = optuna.load_study(study_name="badreward", storage=make_storage(None, results)).trials
     by_task = {t.user_attrs["cell"].split(":")[-1]: t for t in trials}

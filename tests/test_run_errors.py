@@ -231,10 +231,10 @@ def test_a_sampling_error_in_a_sweep_is_retried_and_ends_as_an_error(
     from mlflow.tracking import MlflowClient
 
     from harness.config.experiment import load_experiment
-    from harness.sweep.progress import SweepProgress
-    from harness.sweep.storage import make_storage
-    from harness.sweep.study import enqueue_missing, open_study
-    from harness.sweep.worker import WorkerOptions, worker_loop
+    from harness.sweep.launching.worker import WorkerOptions, worker_loop
+    from harness.sweep.present.progress import SweepProgress
+    from harness.sweep.scheduler.study import enqueue_missing, open_study
+    from harness.sweep.stores.storage import make_storage
     from harness.tracking import make_tracker
 
     doc = yaml.safe_load(SMOKE.read_text())

@@ -37,7 +37,7 @@ def write(tmp_path: Path, **search) -> Path:
 def test_search_runs_resumes_and_logs_the_best_point(tmp_path):
     import optuna
 
-    from harness.sweep.storage import make_storage
+    from harness.sweep.stores.storage import make_storage
 
     exp = write(tmp_path)
     results = tmp_path / "results"

@@ -454,7 +454,7 @@ def test_every_setting_maps_or_is_named_by_every_target():
     either writes something different or names the field in a # comment."""
     from harness.config import build_run_config
     from harness.config.loading import apply_overrides
-    from harness.sweep.export import NOT_EXPORTED, TARGETS, export_cell
+    from harness.sweep.present.export import NOT_EXPORTED, TARGETS, export_cell
 
     types = declared_fields(RunConfig)
     unaccounted, walked = [], 0
@@ -483,7 +483,7 @@ def test_an_experiment_refines_a_preset_on_an_axis_and_in_a_variant(tmp_path):
     and a variant that names a preset and changes one of its keys. Both were refused as "not a
     run-config path" (the path check did not look inside the preset-or-block field)."""
     from harness.config.experiment import load_experiment
-    from harness.sweep.spec import StudySpec
+    from harness.sweep.scheduler.spec import StudySpec
 
     path = tmp_path / "refine.yaml"
     path.write_text(

@@ -30,7 +30,7 @@ from harness.ppo.objectives import OBJECTIVES, lookup, ppo_actor_loss
 from harness.ppo.shaping import overlong_penalty, zero_variance_groups
 from harness.run.dynamic_sampling import Round, concat_rollouts, refill, select_groups
 from harness.run.rollout import RolloutBatch
-from harness.sweep.export import export_areal, export_trl, export_verl
+from harness.sweep.present.export import export_areal, export_trl, export_verl
 from tests.objective_cli import SMALL, assert_trains_through_the_cli
 
 close = torch.testing.assert_close

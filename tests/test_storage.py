@@ -27,13 +27,13 @@ from harness.core.db import (
     sqlalchemy_url,
     with_retries,
 )
-from harness.sweep.optuna_adapter import (
+from harness.sweep.stores.optuna_adapter import (
     HEARTBEAT_ATTR,
     claim_waiting_trial,
     fail_stale_trials,
     heartbeat,
 )
-from harness.sweep.storage import JOURNAL_FILE, make_storage
+from harness.sweep.stores.storage import JOURNAL_FILE, make_storage
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -22,12 +22,12 @@ from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 
 from harness.core.db import StorageUnavailable, with_retries
-from harness.sweep.optuna_adapter import (
+from harness.sweep.stores.optuna_adapter import (
     ResilientRDBStorage,
     claim_waiting_trial,
     fail_stale_trials,
 )
-from harness.sweep.storage import make_storage
+from harness.sweep.stores.storage import make_storage
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 from harness.cli import app
 from harness.config.experiment import load_experiment
 from harness.core.configtools import ConfigError, to_dict
-from harness.sweep.spec import SPEC_ATTR, StudySpec, load_study_spec
-from harness.sweep.storage import make_storage
-from harness.sweep.study import best_point, study_counts
+from harness.sweep.scheduler.spec import SPEC_ATTR, StudySpec, load_study_spec
+from harness.sweep.scheduler.study import best_point, study_counts
+from harness.sweep.stores.storage import make_storage
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "experiments" / "smoke.yaml"

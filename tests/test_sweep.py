@@ -22,7 +22,7 @@ SMOKE = ROOT / "experiments" / "smoke.yaml"
 def trials(results: Path, study: str, storage: str | None = None):
     import optuna
 
-    from harness.sweep.storage import make_storage
+    from harness.sweep.stores.storage import make_storage
 
     st = make_storage(storage, results)
     return optuna.load_study(study_name=study, storage=st).get_trials()

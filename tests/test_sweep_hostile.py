@@ -238,7 +238,7 @@ def _wait_for(what: str, cond: Any, proc: subprocess.Popen[Any] | None, limit: f
 def _trials(results: Path, name: str) -> list[Any]:
     import optuna
 
-    from harness.sweep.storage import make_storage
+    from harness.sweep.stores.storage import make_storage
 
     return optuna.load_study(study_name=name, storage=make_storage(None, results)).get_trials()
 
@@ -320,10 +320,10 @@ def test_a_worker_killed_by_sigkill_is_named_with_its_trial_and_the_trial_is_ret
     import signal
 
     from harness.config.experiment import load_experiment
-    from harness.sweep.launch import make_launcher, run_workers
-    from harness.sweep.storage import make_storage
-    from harness.sweep.study import enqueue_missing, open_study
-    from harness.sweep.worker import WorkerOptions
+    from harness.sweep.launching.launch import make_launcher, run_workers
+    from harness.sweep.launching.worker import WorkerOptions
+    from harness.sweep.scheduler.study import enqueue_missing, open_study
+    from harness.sweep.stores.storage import make_storage
     from harness.tracking import make_tracker
 
     monkeypatch.setenv("HARNESS_HEARTBEAT_S", "1")  # the dead worker's trial is stale after 4 s
@@ -391,7 +391,7 @@ def test_a_worker_killed_by_sigkill_is_named_with_its_trial_and_the_trial_is_ret
 HOLDER = """
 import sys
 from pathlib import Path
-from harness.sweep.coordinator import coordinator_lock
+from harness.sweep.launching.coordinator import coordinator_lock
 
 with coordinator_lock(Path(sys.argv[1]), sys.argv[2]):
     print("held", flush=True)
@@ -408,8 +408,8 @@ def test_a_second_coordinator_of_a_study_is_refused_naming_the_first(tmp_path: P
 
     import optuna
 
-    from harness.sweep.coordinator import coordinator_lock
-    from harness.sweep.storage import make_storage
+    from harness.sweep.launching.coordinator import coordinator_lock
+    from harness.sweep.stores.storage import make_storage
 
     adaptive = {"min": 2, "max": 4, "batch": 2, "decide": "ranking"}
     exp = _grid_file(tmp_path, {"ppo.c_clip": [None, 3.0]}, seeds=adaptive, name="twice")

@@ -10,7 +10,7 @@ import warnings
 import pytest
 from rich.console import Console
 
-from harness.sweep.progress import SweepProgress
+from harness.sweep.present.progress import SweepProgress
 
 INERT = "clipping is inert in this configuration (...)"
 
@@ -46,7 +46,7 @@ def test_progress_to_a_log_file_is_not_cut_at_80_columns():
 
 
 def test_the_worker_forwards_each_warning_of_a_run_as_an_event(monkeypatch):
-    from harness.sweep import worker
+    from harness.sweep.launching import worker
 
     events: list[dict] = []
 

@@ -14,10 +14,10 @@ import pytest
 from optuna.trial import TrialState
 
 from harness.config.experiment import load_experiment
-from harness.sweep import worker
-from harness.sweep.storage import make_storage
-from harness.sweep.study import enqueue_missing, open_study
-from harness.sweep.trials import next_trial
+from harness.sweep.launching import worker
+from harness.sweep.scheduler.study import enqueue_missing, open_study
+from harness.sweep.scheduler.trials import next_trial
+from harness.sweep.stores.storage import make_storage
 from harness.tracking import MemoryTracker
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -394,7 +394,7 @@ def test_flatten_params_keeps_lists_whole() -> None:
 
 def test_importing_tracking_does_not_import_mlflow() -> None:
     code = (
-        "import sys, harness.tracking, harness.core.redact, harness.sweep.storage;"
+        "import sys, harness.tracking, harness.core.redact, harness.sweep.stores.storage;"
         "print(sorted(m for m in ('mlflow', 'optuna', 'sqlalchemy') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

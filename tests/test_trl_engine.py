@@ -63,7 +63,7 @@ def test_an_is_correction_reaches_trl_only_with_the_engine():
 
 
 def test_the_export_of_an_engine_cell_runs_trls_vllm_path_without_the_caveat():
-    from harness.sweep.export import export_trl
+    from harness.sweep.present.export import export_trl
 
     over = {"ppo.reward_norm": GROUP, "ppo.correction": "token_tis"}
     with_engine = export_trl(build_run_config({}, {**over, "rollout.sampler_backend": "vllm"}))

@@ -382,7 +382,7 @@ def _exp(tmp_path: Path, **over) -> Path:
 def _trials(results: Path, study: str):
     import optuna
 
-    from harness.sweep.storage import make_storage
+    from harness.sweep.stores.storage import make_storage
 
     return optuna.load_study(study_name=study, storage=make_storage(None, results)).get_trials()
 

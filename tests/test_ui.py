@@ -186,7 +186,7 @@ def test_ui_start_runs_two_mlflow_processes(served: Served):
     mlflow = [
         p
         for p in descendants(served.proc.pid)
-        if "mlflow" in cmdline(p) and "harness.sweep.ui" not in cmdline(p)
+        if "mlflow" in cmdline(p) and "harness.sweep.present.ui" not in cmdline(p)
     ]
     assert len(mlflow) == 2, [cmdline(p) for p in mlflow]
 

@@ -36,8 +36,9 @@ def export_cmd(
     """
     from harness.config.experiment import load_experiment
     from harness.core.configtools import ConfigError
-    from harness.sweep.export import TARGETS, best_to_export, export_cell, resolve_cell
-    from harness.sweep.spec import HASH_ATTR, StudySpec, load_study_spec
+    from harness.sweep.present.export import TARGETS, export_cell
+    from harness.sweep.scheduler.cell_choice import best_to_export, resolve_cell
+    from harness.sweep.scheduler.spec import HASH_ATTR, StudySpec, load_study_spec
 
     if to not in TARGETS:
         raise ConfigError(f"--to must be one of {', '.join(TARGETS)}; got {to!r}")
@@ -48,14 +49,14 @@ def export_cmd(
     if best:
         import optuna
 
-        from harness.sweep.stores import check_store_urls
+        from harness.sweep.stores.opening import check_store_urls
 
         check_store_urls(storage, None, writable=False)
         name = study_name or spec.name
         if storage is None and not (results_dir / "optuna-journal.log").exists():
             raise ConfigError(f"--best: no study store under {results_dir} (run the sweep first)")
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        from harness.sweep.storage import make_storage
+        from harness.sweep.stores.storage import make_storage
 
         try:
             st = optuna.load_study(study_name=name, storage=make_storage(storage, results_dir))

@@ -24,9 +24,9 @@ def report_cmd(
 
     from harness import tracking
     from harness.core.configtools import ConfigError, check_name
-    from harness.sweep.finish import finish_study
-    from harness.sweep.spec import COMMAND_ATTR, load_study_spec
-    from harness.sweep.stores import check_store_urls, existing_storage
+    from harness.sweep.present.finish import finish_study
+    from harness.sweep.scheduler.spec import COMMAND_ATTR, load_study_spec
+    from harness.sweep.stores.opening import check_store_urls, existing_storage
 
     check_name(study, "study")  # the report goes to RESULTS/<study>/
     check_store_urls(storage, tracking_uri)

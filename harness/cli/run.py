@@ -31,8 +31,8 @@ def run_cmd(
     """Train one PPO policy, log it to MLflow and print a final summary."""
     from harness import tracking
     from harness.config import load_run_config
-    from harness.sweep.launch_checks import check_devices
-    from harness.sweep.stores import check_store_urls
+    from harness.sweep.launching.launch_checks import check_devices
+    from harness.sweep.stores.opening import check_store_urls
 
     cfg = load_run_config(config, set_ or [])
     check_devices([cfg.device], "device")

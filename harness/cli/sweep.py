@@ -66,14 +66,14 @@ def _run_experiment(
     --shared-fs)."""
     from harness.config.experiment import load_experiment
     from harness.core.configtools import ConfigError, check_name
-    from harness.sweep.driver import sweep
-    from harness.sweep.launch_checks import (
+    from harness.sweep.launching.driver import SweepOptions, sweep
+    from harness.sweep.launching.launch_checks import (
         check_devices,
         devices_to_check,
         launch_choice,
         workers_and_devices,
     )
-    from harness.sweep.stores import open_stores
+    from harness.sweep.stores.opening import open_stores
 
     workers, device_list = workers_and_devices(workers, devices)
     if not 0 <= max_retries <= 100:
@@ -88,22 +88,19 @@ def _run_experiment(
     if study_name is not None:
         check_name(study_name, "--study-name")
     if dry_run:
-        from harness.sweep.display import print_grid
+        from harness.sweep.present.display import print_grid
 
         print_grid(spec)
         if grid:
             print(wall_time_line(spec, workers))
         return
     check_devices(*devices_to_check(spec, device_list))
-    from harness.sweep.launch import stop_grace_s
+    from harness.sweep.launching.launch import stop_grace_s
 
     stop_grace_s()  # a bad HARNESS_STOP_GRACE_S is refused before any store is opened
     choice = launch_choice(*launcher, storage, tracking_uri)
     optuna_storage, tracker = open_stores(storage, tracking_uri, results_dir)
-    code = sweep(
-        spec,
-        optuna_storage=optuna_storage,
-        tracker=tracker,
+    opts = SweepOptions(
         storage=storage,
         tracking_uri=tracking_uri,
         results_dir=results_dir,
@@ -112,19 +109,19 @@ def _run_experiment(
         device_list=device_list,
         command=command_line(),
         choice=choice,
-        say=say,
         max_retries=max_retries,
         fail_fast=fail_fast,
         report=report,
     )
+    code = sweep(spec, opts, optuna_storage=optuna_storage, tracker=tracker, say=say)
     if code:
         raise typer.Exit(code)
 
 
 def wall_time_line(spec: Any, workers: int) -> str:
-    """The dry run's wall-time estimate (harness.sweep.estimate), or why there is none: a probe
+    """The dry run's wall-time estimate (harness.sweep.scheduler.estimate), or why there is none: a probe
     that cannot run here (a CUDA cell on a CPU machine, ...) is said, not hidden."""
-    from harness.sweep.estimate import estimate_text, estimate_wall_time
+    from harness.sweep.scheduler.estimate import estimate_text, estimate_wall_time
 
     try:
         return estimate_text(estimate_wall_time(spec, workers), workers)
@@ -275,8 +272,8 @@ def worker_cmd(
 
     from harness import tracking
     from harness.core.configtools import ConfigError
-    from harness.sweep.launch_checks import check_devices
-    from harness.sweep.stores import check_store_urls, existing_storage
+    from harness.sweep.launching.launch_checks import check_devices
+    from harness.sweep.stores.opening import check_store_urls, existing_storage
 
     if events not in ("text", "jsonl"):
         raise ConfigError(f"--events: must be text or jsonl; got {events!r}")
@@ -298,7 +295,7 @@ def worker_cmd(
     tracking.probe_tracking_uri(tracking_uri)
     # fails now, not in every trial, if it cannot be opened
     tracking.open_tracker(tracking_uri, results_dir)
-    from harness.sweep.worker import WorkerOptions, worker_loop
+    from harness.sweep.launching.worker import WorkerOptions, worker_loop
 
     stop = threading.Event()
     _signal.signal(_signal.SIGTERM, lambda *_: stop.set())
@@ -343,12 +340,12 @@ def status_cmd(
     results_dir: ResultsDir = Path("results"),
 ) -> None:
     """Done / running / waiting / failed trials per study."""
-    from harness.sweep.stores import existing_storage
+    from harness.sweep.stores.opening import existing_storage
 
     st = existing_storage(storage, results_dir, study)
     if st is None:
         say(f"no studies yet (no Optuna storage under {results_dir})")
         return
-    from harness.sweep.display import print_status
+    from harness.sweep.present.display import print_status
 
     print_status(st, study)

@@ -28,8 +28,8 @@ def ui_cmd(
     results_dir: ResultsDir = Path("results"),
 ) -> None:
     """Print (or start) the MLflow UI and optuna-dashboard for this project's stores."""
-    from harness.sweep.stores import check_store_urls
-    from harness.sweep.ui import ui
+    from harness.sweep.present.ui import ui
+    from harness.sweep.stores.opening import check_store_urls
 
     check_store_urls(storage, tracking_uri)
     ui(

@@ -5,7 +5,7 @@ errors that name the dotted key).  ``__post_init__`` holds only what a declarati
 axis a config path, is a value valid on the base, do the cells fit) are in ``experiment.py``.
 
 ``SearchParam`` and ``SearchSpec`` are also what a search study stores and samples from
-(``harness.sweep.spec``), so a search point is described by one class from file to worker.
+(``harness.sweep.scheduler.spec``), so a search point is described by one class from file to worker.
 """
 
 from __future__ import annotations

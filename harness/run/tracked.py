@@ -111,7 +111,7 @@ def close_failed_run(tracker: Tracker, rid: str, err: BaseException) -> None:
     try:
         tracker.end_run(rid, status)
     except Exception:
-        pass  # left RUNNING: the next attempt of its trial closes it (sweep.trials.end_orphaned_runs)
+        pass  # left RUNNING: the next attempt of its trial closes it (sweep.scheduler.trials.end_orphaned_runs)
 
 
 def finish_tracked_run(tracker: Tracker, rid: str, result: RunResult) -> None:

@@ -1,1 +1,7 @@
-"""Sweeps: Optuna storages and the pieces that schedule (cell, seed) trials."""
+"""Sweeps, in four rooms, each importing only the rooms below it:
+
+- ``stores``: the Optuna storages and the checks before they are opened;
+- ``scheduler``: the study spec, opening and reading a study, which trial runs next;
+- ``present``: tables, progress, finishing and exporting a study, the UIs;
+- ``launching``: the driver, the launchers and the worker loop.
+"""

@@ -10,7 +10,7 @@ _MARKER = os.environ.get("HARNESS_TEST_HOLD_LOCK")
 if _MARKER:
     import time
 
-    import harness.sweep.journal_lock as _jl
+    import harness.sweep.stores.journal_lock as _jl
 
     _real_claim = _jl.JournalLock._claim
 

@@ -36,15 +36,20 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.core.configtools import ConfigError
-from harness.sweep.spec import StudySpec, load_study_spec
-from harness.sweep.trials import (
-    DIED,
-    SPENT_OUTCOMES,
+from harness.core.db import with_retries
+from harness.core.fsutil import disk_full_message, is_disk_full
+from harness.report.allocation import race
+from harness.sweep.scheduler.adaptive import incumbent
+from harness.sweep.scheduler.labels import label_trial, summary_attrs
+from harness.sweep.scheduler.spec import StudySpec, load_study_spec
+from harness.sweep.scheduler.study import trial_key
+from harness.sweep.scheduler.trials import (
     child_run_tags,
     end_orphaned_runs,
     ended_attempts,
@@ -54,6 +59,11 @@ from harness.sweep.trials import (
     search_pruner,
     search_sampler,
 )
+from harness.sweep.stores.storage import make_storage
+from harness.tracking import Tracker, make_tracker
+
+if TYPE_CHECKING:
+    import optuna
 
 Event = dict[str, Any]
 OUTCOMES = ("completed", "diverged", "pruned", "error", "interrupted")
@@ -78,10 +88,10 @@ class _Trial:
 
     def __init__(
         self,
-        study: Any,
+        study: optuna.Study,
         trial: Any,
         spec: StudySpec,
-        tracker: Any,
+        tracker: Tracker,
         opts: WorkerOptions,
         emit: Callable[[Event], None],
         should_stop: Callable[[], bool],
@@ -97,8 +107,6 @@ class _Trial:
 
     def beat_failed(self, error: BaseException) -> bool:
         """A heartbeat write failed: a full disk stops the trial (handled, no warning)."""
-        from harness.core.fsutil import disk_full_message, is_disk_full
-
         if not is_disk_full(error):
             return False
         self.disk_full = self.disk_full or disk_full_message(error)
@@ -107,8 +115,6 @@ class _Trial:
     def interrupt(self, reason: str, label: str, seed: int | None) -> None:
         """Record this trial as interrupted (resumable) and close its run, as far as the stores
         still accept writes; what they refuse is recovered on resume (stale trial, open run)."""
-        from contextlib import suppress
-
         if self.run_id is not None:
             with suppress(Exception):
                 self.tracker.set_tags(
@@ -167,8 +173,6 @@ class _Trial:
         from optuna.exceptions import UpdateFinishedTrialError
         from optuna.trial import TrialState
 
-        from harness.core.db import with_retries
-
         try:
             if state is None:
                 v = values[0] if len(values) == 1 else list(values)
@@ -217,14 +221,10 @@ class _Trial:
 
 def run_grid_trial(t: _Trial) -> str:
     """Train one claimed (cell, seed) trial and tell Optuna how it ended; returns the outcome."""
-    from harness.core.db import with_retries
-    from harness.core.fsutil import is_disk_full
-    from harness.sweep.optuna_adapter import frozen_trial, heartbeat
-    from harness.sweep.study import trial_key
+    from harness.sweep.stores.optuna_adapter import frozen_trial, heartbeat
 
     attrs = with_retries(lambda: frozen_trial(t.study, t.trial)).user_attrs
     cell, seed = attrs["cell"], int(attrs["seed"])
-    from harness.sweep.dashboard import label_trial, summary_attrs
 
     label_trial(t.study, t.trial, t.spec, cell, seed)  # params for optuna-dashboard
     with heartbeat(t.study, t.trial, on_error=t.beat_failed):
@@ -277,8 +277,7 @@ def run_search_trial(t: _Trial) -> str:
     """Sample a point, train every seed at it (pruning between seeds), tell the mean objectives."""
     from optuna.storages import RetryHeartbeatStaleTrialCallback
 
-    from harness.core.db import with_retries
-    from harness.sweep.optuna_adapter import frozen_trial, heartbeat
+    from harness.sweep.stores.optuna_adapter import frozen_trial, heartbeat
 
     assert t.spec.search is not None
     plan = t.spec.search
@@ -336,8 +335,6 @@ def run_search_trial(t: _Trial) -> str:
                         t.event("done", cell=label, seed=seed, outcome="pruned", values=[mean0])
                         return "pruned"
         except Exception as err:
-            from harness.core.fsutil import is_disk_full
-
             if is_disk_full(err):
                 raise  # not this point's fault: the worker stops (worker_loop)
             return t.fail_with_error(err, label, seed)
@@ -376,10 +373,6 @@ def _finite(v: float) -> float | None:
 def race_out(t: _Trial, values: list[float]) -> str | None:
     """A search with ``seeds: {min, max, ...}``: at a planned look, the point's seeds against
     the incumbent's same seeds; the reason to stop it (decided worse or equivalent), or None."""
-    from harness.core.db import with_retries
-    from harness.report.allocation import race
-    from harness.sweep.adaptive import incumbent
-
     adaptive = t.spec.adaptive_plan()
     if adaptive is None or len(values) >= adaptive.plan.max:
         return None
@@ -404,8 +397,6 @@ def worker_loop(
     search's ``n_trials`` reached), a stop is asked, or the disk is full; returns outcome
     counts (``disk_full`` is 1 when a full disk stopped the worker, after its ``fatal`` event).
     """
-    from harness.core.fsutil import disk_full_message, is_disk_full
-
     counts = dict.fromkeys(OUTCOMES, 0)
     try:
         fatal = _work(opts, counts, emit, should_stop)
@@ -430,11 +421,7 @@ def _work(
     import optuna
     import torch
 
-    from harness.core.db import with_retries
-    from harness.core.fsutil import disk_full_message, is_disk_full
     from harness.run.tracked import tracked_run  # noqa: F401  (imported before a trial is claimed)
-    from harness.sweep.storage import make_storage
-    from harness.tracking import make_tracker
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     torch.set_num_threads(max(1, opts.threads))
@@ -501,7 +488,7 @@ def _work(
     return fatal
 
 
-def _flush_quietly(tracker: Any) -> None:
+def _flush_quietly(tracker: Tracker) -> None:
     try:
         tracker.flush()
     except Exception:
@@ -517,17 +504,3 @@ def _label(t: _Trial) -> tuple[str, int | None]:
     except Exception:
         pass  # only a label: the storage refusing a read must not hide the full disk
     return f"trial {t.trial.number}", None
-
-
-# The trial bookkeeping moved to harness.sweep.trials; these names are still imported from here.
-__all__ = [
-    "DIED",
-    "OUTCOMES",
-    "SPENT_OUTCOMES",
-    "Event",
-    "WorkerOptions",
-    "child_run_tags",
-    "run_grid_trial",
-    "run_search_trial",
-    "worker_loop",
-]

@@ -6,11 +6,30 @@ ends its parent run KILLED instead of leaving it RUNNING."""
 from __future__ import annotations
 
 import contextlib
+import signal
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from harness.sweep.launch_checks import LaunchChoice
+from harness.config.experiment import ExperimentSpec
+from harness.core.db import with_retries
+from harness.core.fsutil import DiskFullError, disk_full_message, is_disk_full
+from harness.sweep.launching.coordinator import coordinator_lock
+from harness.sweep.launching.launch import Resources, make_launcher, run_workers
+from harness.sweep.launching.launch_checks import LaunchChoice
+from harness.sweep.launching.worker import WorkerOptions
+from harness.sweep.present.finish import OUTCOME_TAG, finish_study
+from harness.sweep.scheduler.adaptive import settled_keys
+from harness.sweep.scheduler.spec import StudySpec
+from harness.sweep.scheduler.study import enqueue_missing, open_study
+from harness.sweep.scheduler.trials import end_orphaned_runs
+from harness.tracking import Tracker
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.storages import BaseStorage
 
 INTERRUPTED_HINT = "interrupted: run the same command again to resume"
 
@@ -19,78 +38,57 @@ class _Interrupted(Exception):
     """Ctrl-C/SIGTERM during a sweep, after its parent run was closed KILLED."""
 
 
+@dataclass(frozen=True)
+class SweepOptions:
+    """What the command line decided about one sweep, carried unchanged from the command to the
+    workers' options and the finish (the opened stores and ``say`` travel beside it)."""
+
+    storage: str | None  # the --storage URL workers open themselves (None: the journal file)
+    tracking_uri: str | None
+    results_dir: Path
+    study_name: str | None
+    workers: int
+    device_list: list[str] | None
+    command: str  # the command line, recorded on the study and its parent run
+    choice: LaunchChoice
+    max_retries: int = 0
+    fail_fast: bool = False
+    report: bool = True
+
+
 def sweep(
-    exp: Any,
+    exp: ExperimentSpec,
+    opts: SweepOptions,
     *,
-    optuna_storage: Any,
-    tracker: Any,
-    storage: str | None,
-    tracking_uri: str | None,
-    results_dir: Path,
-    study_name: str | None,
-    workers: int,
-    device_list: list[str] | None,
-    command: str,
-    choice: LaunchChoice,
+    optuna_storage: BaseStorage,
+    tracker: Tracker,
     say: Callable[[str], None],
-    max_retries: int = 0,
-    fail_fast: bool = False,
-    report: bool = True,
 ) -> int:
     """Run the experiment ``exp`` (a grid or a search) to its end; ``say`` prints a line for the
     user.  0 when it finished, 1 when a grid is unfinished or no trial completed, 130 when
     interrupted (resumable)."""
-    from harness.sweep.coordinator import coordinator_lock
-
-    with coordinator_lock(results_dir, study_name or exp.name):
-        return _sweep(
-            exp,
-            optuna_storage=optuna_storage,
-            tracker=tracker,
-            storage=storage,
-            tracking_uri=tracking_uri,
-            results_dir=results_dir,
-            study_name=study_name,
-            workers=workers,
-            device_list=device_list,
-            command=command,
-            choice=choice,
-            say=say,
-            max_retries=max_retries,
-            fail_fast=fail_fast,
-            report=report,
-        )
+    with coordinator_lock(opts.results_dir, opts.study_name or exp.name):
+        return _sweep(exp, opts, optuna_storage=optuna_storage, tracker=tracker, say=say)
 
 
 def _sweep(
-    exp: Any,
+    exp: ExperimentSpec,
+    opts: SweepOptions,
     *,
-    optuna_storage: Any,
-    tracker: Any,
-    storage: str | None,
-    tracking_uri: str | None,
-    results_dir: Path,
-    study_name: str | None,
-    workers: int,
-    device_list: list[str] | None,
-    command: str,
-    choice: LaunchChoice,
+    optuna_storage: BaseStorage,
+    tracker: Tracker,
     say: Callable[[str], None],
-    max_retries: int = 0,
-    fail_fast: bool = False,
-    report: bool = True,
 ) -> int:
     """``sweep`` under the study's coordinator lock."""
-    from harness.sweep.study import enqueue_missing, open_study
-
+    workers = opts.workers
     study, study_spec = open_study(
         exp,
         storage=optuna_storage,
         tracker=tracker,
-        study_name=study_name,
-        tracking_uri=tracking_uri,
-        max_retries=max_retries,
-        command=command,
+        study_name=opts.study_name,
+        tracking_uri=opts.tracking_uri,
+        max_retries=opts.max_retries,
+        command=opts.command,
     )
     try:
         with _parent_closed_on_abort(tracker, study_spec):
@@ -113,57 +111,28 @@ def _sweep(
                     f"study {study.study_name!r}: up to {exp.search.n_trials} trials x "
                     f"{len(exp.seeds)} seeds, {workers} worker(s)"
                 )
-            return _run_and_finish(
-                study,
-                study_spec,
-                tracker,
-                storage=storage,
-                tracking_uri=tracking_uri,
-                results_dir=results_dir,
-                workers=workers,
-                device_list=device_list,
-                done=done,
-                fail_fast=fail_fast,
-                command=command,
-                report=report,
-                choice=choice,
-                say=say,
-            )
+            return _run_and_finish(study, study_spec, tracker, opts, done=done, say=say)
     except _Interrupted:
         say(INTERRUPTED_HINT)
         return 130
 
 
 def _run_and_finish(
-    study: Any,
-    spec: Any,
-    tracker: Any,
+    study: optuna.Study,
+    spec: StudySpec,
+    tracker: Tracker,
+    sweep_opts: SweepOptions,
     *,
-    storage: str | None,
-    tracking_uri: str | None,
-    results_dir: Path,
-    workers: int,
-    device_list: list[str] | None,
     done: int,
-    command: str,
-    fail_fast: bool,
-    report: bool,
-    choice: LaunchChoice,
     say: Callable[[str], None],
 ) -> int:
     """Run the workers of an opened study (grid or search), then finish it."""
-    import signal
-
-    from harness.core.fsutil import DiskFullError
-    from harness.sweep.finish import finish_study
-    from harness.sweep.launch import Resources, make_launcher, run_workers
-    from harness.sweep.worker import WorkerOptions
-
+    choice = sweep_opts.choice
     opts = WorkerOptions(
         study=study.study_name,
-        storage=storage,
-        results_dir=results_dir,
-        tracking_uri=tracking_uri,
+        storage=sweep_opts.storage,
+        results_dir=sweep_opts.results_dir,
+        tracking_uri=sweep_opts.tracking_uri,
         threads=1,  # one torch thread per run: results must not depend on the worker count
     )
     fatal: list[str] = []
@@ -177,12 +146,14 @@ def _run_and_finish(
 
     counts = run_workers(
         make_launcher(choice.name, ray_address=choice.ray_address),
-        workers,
+        sweep_opts.workers,
         opts,
-        resources=Resources(devices=tuple(device_list or ()), gpus=choice.gpus, cpus=choice.cpus),
+        resources=Resources(
+            devices=tuple(sweep_opts.device_list or ()), gpus=choice.gpus, cpus=choice.cpus
+        ),
         total=progress_total(study, spec),
         done_before=done,
-        fail_fast=fail_fast,
+        fail_fast=sweep_opts.fail_fast,
         on_event=on_event,
         say=say,
     )
@@ -197,7 +168,12 @@ def _run_and_finish(
     old_term = signal.signal(signal.SIGTERM, stop)
     try:
         finished = finish_study(
-            study, tracker, spec, command=command, results_dir=results_dir, write_report=report
+            study,
+            tracker,
+            spec,
+            command=sweep_opts.command,
+            results_dir=sweep_opts.results_dir,
+            write_report=sweep_opts.report,
         )
     finally:
         signal.signal(signal.SIGTERM, old_term)
@@ -211,18 +187,16 @@ def _run_and_finish(
     return 0
 
 
-def close_killed_trials(study: Any, spec: Any, tracker: Any, killed: dict[int, str]) -> None:
+def close_killed_trials(
+    study: optuna.Study, spec: StudySpec, tracker: Tracker, killed: dict[int, str]
+) -> None:
     """Trials whose workers the coordinator killed (stuck past the stop's grace period): each
     still RUNNING is told FAIL with outcome 'interrupted' and the reason, and its MLflow run is
     ended KILLED with it, as the worker would have done had it stopped in time."""
-    from functools import partial
-
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
-    from harness.core.db import with_retries
-    from harness.sweep.optuna_adapter import storage_of, trial_id
-    from harness.sweep.trials import end_orphaned_runs
+    from harness.sweep.stores.optuna_adapter import storage_of, trial_id
 
     by_number = {t.number: t for t in with_retries(lambda: study.get_trials(deepcopy=False))}
     # A trial's attrs are set by id, outside an optuna Trial object.
@@ -246,29 +220,23 @@ def close_killed_trials(study: Any, spec: Any, tracker: Any, killed: dict[int, s
     end_orphaned_runs(tracker, spec, study.study_name, ended)
 
 
-def progress_total(study: Any, spec: Any) -> int:
+def progress_total(study: optuna.Study, spec: StudySpec) -> int:
     """The live bar's total: the trials the study may still run or has run.  An adaptive grid
     starts at cells x max less the seeds earlier runs' decisions cancelled, and the bar takes
     off each seed a decision cancels from then on (the workers' ``cancelled`` events), so it
     ends at done/done; a fixed grid and a search keep their total."""
     if spec.kind != "grid" or spec.adaptive is None:
         return int(spec.expected_trials)
-    from harness.core.db import with_retries
-    from harness.sweep.adaptive import settled_keys
 
     trials = with_retries(lambda: study.get_trials(deepcopy=False))
     return int(spec.expected_trials) - len(settled_keys(trials))
 
 
 @contextlib.contextmanager
-def _parent_closed_on_abort(tracker: Any, spec: Any) -> Iterator[None]:
+def _parent_closed_on_abort(tracker: Tracker, spec: StudySpec) -> Iterator[None]:
     """Ctrl-C/SIGTERM or a full disk after the parent MLflow run was opened: end that run KILLED
     (where the store still takes it).  An interrupt becomes :class:`_Interrupted` (the command
     ends with exit 130 and the resume hint, no traceback); a full disk propagates."""
-    import signal
-
-    from harness.core.fsutil import disk_full_message, is_disk_full
-
     try:
         yield
     except (KeyboardInterrupt, Exception) as err:
@@ -288,10 +256,8 @@ def _parent_closed_on_abort(tracker: Any, spec: Any) -> Iterator[None]:
         raise
 
 
-def close_parent(tracker: Any, spec: Any, reason: str) -> None:
+def close_parent(tracker: Tracker, spec: StudySpec, reason: str) -> None:
     """End the sweep's parent run KILLED with ``reason``, as far as the tracking store allows."""
-    from harness.sweep.finish import OUTCOME_TAG
-
     parent = spec.parent_run_id
     if not parent:
         return

@@ -1,6 +1,6 @@
 """Launchers: where a sweep's workers run, and the one coordinator loop over them.
 
-Every launcher runs the same ``worker_loop`` (``harness.sweep.launchers``):
+Every launcher runs the same ``worker_loop`` (``harness.sweep.launching.launchers``):
 
     local    worker processes on this machine (spawned; the default)
     command  ``harness worker`` subprocesses, exactly what a user (or ``srun``) starts by hand
@@ -11,13 +11,19 @@ Every launcher runs the same ``worker_loop`` (``harness.sweep.launchers``):
 
 from __future__ import annotations
 
+import os
 import signal
+import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
-from harness.sweep.launchers.base import LAUNCHERS, Launcher, Resources, worker_options
-from harness.sweep.launchers.local import CommandLauncher, LocalLauncher
-from harness.sweep.worker import Event, WorkerOptions
+from harness.core.configtools import ConfigError
+from harness.sweep.launching.launchers.base import LAUNCHERS, Launcher, Resources, worker_options
+from harness.sweep.launching.launchers.local import CommandLauncher, LocalLauncher
+from harness.sweep.launching.launchers.ray_launcher import RayLauncher
+from harness.sweep.launching.worker import Event, WorkerOptions
+from harness.sweep.present.progress import SweepProgress
 
 __all__ = [
     "LAUNCHERS",
@@ -37,10 +43,7 @@ def make_launcher(name: str, *, ray_address: str | None = None) -> Launcher:
     if name == "command":
         return CommandLauncher()
     if name == "ray":
-        from harness.sweep.launchers.ray_launcher import RayLauncher
-
         return RayLauncher(address=ray_address)
-    from harness.core.configtools import ConfigError
 
     raise ConfigError(f"--launcher: {name!r} is not one of {', '.join(LAUNCHERS)}")
 
@@ -52,16 +55,12 @@ def make_launcher(name: str, *, ray_address: str | None = None) -> Launcher:
 def stop_grace_s() -> float:
     """How long a stopped sweep waits for its workers to finish their current step before it
     kills them: ``HARNESS_STOP_GRACE_S`` seconds (default 30)."""
-    import os
-
     raw = os.environ.get("HARNESS_STOP_GRACE_S", "30")
     try:
         value = float(raw)
     except ValueError:
         value = -1.0
     if not 0 < value <= 3600:
-        from harness.core.configtools import ConfigError
-
         raise ConfigError(f"HARNESS_STOP_GRACE_S: must be seconds in (0, 3600]; got {raw!r}")
     return value
 
@@ -131,11 +130,6 @@ def run_workers(
     which the heartbeat then finds stale and retries.  A worker's ``fatal`` event (a full disk)
     asks all workers to stop; ``counts["fatal"]`` says how many sent one.
     """
-    import time
-    from contextlib import nullcontext
-
-    from harness.sweep.progress import SweepProgress
-
     counts = {
         "completed": 0,
         "diverged": 0,

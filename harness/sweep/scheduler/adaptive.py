@@ -20,15 +20,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from harness.core.db import with_retries
 from harness.report.allocation import CellState, allocate
-from harness.sweep.spec import StudySpec, trial_key
+from harness.sweep.scheduler.spec import StudySpec, trial_key
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
 
 CANCELLED = "decided"  # the ``outcome`` of a held seed its cell's decision made unnecessary
 
 
-def is_cancelled(t: Any) -> bool:
+def is_cancelled(t: FrozenTrial) -> bool:
     from optuna.trial import TrialState
 
     return bool(t.state == TrialState.PRUNED and t.user_attrs.get("outcome") == CANCELLED)
@@ -74,7 +79,7 @@ def final_released(states: Mapping[str, CellState]) -> dict[str, int]:
     }
 
 
-def releasable(t: Any, states: Mapping[str, CellState]) -> bool:
+def releasable(t: FrozenTrial, states: Mapping[str, CellState]) -> bool:
     """A held trial its cell's allocation has released."""
     key = trial_key(t)
     return key is not None and key[0] in states and key[1] < states[key[0]].released
@@ -103,7 +108,7 @@ def claim_order_avoiding(busy_seeds: Collection[int]) -> Callable[[Any], tuple[b
 
 
 def apply_allocation(
-    study: Any,
+    study: optuna.Study,
     spec: StudySpec,
     *,
     before_cancel: Callable[[dict[str, CellState]], None] | None = None,
@@ -117,8 +122,7 @@ def apply_allocation(
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
-    from harness.core.db import with_retries
-    from harness.sweep.optuna_adapter import storage_of, trial_id
+    from harness.sweep.stores.optuna_adapter import storage_of, trial_id
 
     trials = with_retries(lambda: study.get_trials(deepcopy=False))
     states = cell_states(trials, spec)
@@ -148,7 +152,7 @@ def apply_allocation(
     return states
 
 
-def incumbent(study: Any, spec: StudySpec) -> tuple[int, list[float]] | None:
+def incumbent(study: optuna.Study, spec: StudySpec) -> tuple[int, list[float]] | None:
     """A racing search's incumbent: the best COMPLETE trial by its first objective, with its
     per-seed values (NaN for a diverged seed); None before any trial completed."""
     from optuna.trial import TrialState

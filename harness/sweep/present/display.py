@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from harness.config.experiment import ExperimentSpec
-from harness.sweep.spec import has_study_spec, load_study_spec
-from harness.sweep.study import study_counts
+from harness.core.configtools import ConfigError
+from harness.core.failures import count_reasons, reason_lines
+from harness.sweep.scheduler.spec import has_study_spec, load_study_spec
+from harness.sweep.scheduler.study import study_counts
+
+if TYPE_CHECKING:
+    from optuna.storages import BaseStorage
 
 
 def wide_console() -> Console:
@@ -69,19 +74,15 @@ def _seeds_text(seeds: list[int]) -> str:
     return str(seeds)
 
 
-def print_status(storage: Any, study_name: str | None) -> None:
+def print_status(storage: BaseStorage, study_name: str | None) -> None:
     """One row per study; below the table, each study's distinct failure reasons with counts
     (all of them for a named study, the three most frequent otherwise)."""
     import optuna
-
-    from harness.core.failures import count_reasons, reason_lines
 
     console = wide_console()
     summaries = optuna.get_all_study_summaries(storage, include_best_trial=False)
     names = [s.study_name for s in summaries]
     if study_name is not None and study_name not in names:
-        from harness.core.configtools import ConfigError
-
         raise ConfigError(
             f"study: no study named {study_name!r} (studies: {', '.join(names) or 'none'})"
         )

@@ -15,16 +15,20 @@ worker.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from harness.config import RunConfig, apply_overrides, build_run_config
+from harness.config.experiment import ExperimentSpec
 from harness.config.experiment_schema import SearchParam, SearchSpec
-from harness.core.configtools import ConfigError, check_value, meta
+from harness.core.configtools import ConfigError, check_value, meta, to_dict
+from harness.core.redact import redact_url
+from harness.report.allocation import AdaptivePlan
 
 if TYPE_CHECKING:
-    from harness.config import RunConfig
-    from harness.config.experiment import ExperimentSpec
+    import optuna
 
 # Study user attrs (the study schema).
 SPEC_ATTR = "harness.spec"  # StudySpec.to_json()
@@ -41,8 +45,6 @@ def heartbeat_interval_from_env() -> int:
 
     Read once, when a study's spec is made; every worker then uses the study's value, so all
     of them beat and judge staleness on one clock."""
-    import os
-
     raw = os.environ.get("HARNESS_HEARTBEAT_S", "5")
     value = int(raw) if raw.strip().lstrip("+-").isdigit() else raw
     return check_value(value, int, meta("Heartbeat seconds.", ge=1), "HARNESS_HEARTBEAT_S")
@@ -89,10 +91,6 @@ class StudySpec:
         max_retries: int = 0,
         heartbeat_interval: int = 5,
     ) -> StudySpec:
-        from harness.config import build_run_config
-        from harness.core.configtools import to_dict
-        from harness.core.redact import redact_url
-
         search = spec.search
         metric, direction = search.objectives[0] if search else (spec.metric, spec.direction)
         return cls(
@@ -135,8 +133,6 @@ class StudySpec:
         ``device`` (a worker's device) wins over the config's; ``threads`` applies only where
         the config leaves it unset, so a study's results do not depend on which worker ran
         them.  Raises ``ConfigError`` for a point the config rejects."""
-        from harness.config import apply_overrides, build_run_config
-
         fixed = {"steps": self.steps} if seed is None else {"seed": seed, "steps": self.steps}
         data = apply_overrides(dict(self.base), {**overrides, **fixed})
         if device:
@@ -166,7 +162,6 @@ class StudySpec:
         """The study's ``AdaptivePlan`` (harness.report.allocation), None for fixed seeds."""
         if self.adaptive is None:
             return None
-        from harness.report.allocation import AdaptivePlan
 
         return AdaptivePlan.from_dict(self.adaptive)
 
@@ -222,11 +217,11 @@ class StudySpec:
         )
 
 
-def has_study_spec(study: Any) -> bool:
+def has_study_spec(study: optuna.Study) -> bool:
     return SPEC_ATTR in study.user_attrs
 
 
-def load_study_spec(study: Any) -> StudySpec:
+def load_study_spec(study: optuna.Study) -> StudySpec:
     """The spec stored on an Optuna study (``ConfigError`` if the harness did not make it)."""
     text = study.user_attrs.get(SPEC_ATTR)
     if text is None:

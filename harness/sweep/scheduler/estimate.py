@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import Any
 
-if TYPE_CHECKING:
-    from harness.config.experiment import ExperimentSpec
-    from harness.config.schema import RunConfig
+from harness.config.experiment import ExperimentSpec
+from harness.config.schema import RunConfig
+from harness.core.configtools import to_dict
+from harness.run.trainers import train
+from harness.sweep.scheduler.spec import StudySpec
 
 # What a training step's cost depends on (dotted prefixes of the run config).
 COST_KEYS = (
@@ -60,8 +62,6 @@ class WallTimeEstimate:
 
 def shape_key(cfg: RunConfig) -> str:
     """The values of :data:`COST_KEYS` in ``cfg``, as one comparable string."""
-    from harness.core.configtools import to_dict
-
     data = to_dict(cfg)
     picked = {}
     for key in COST_KEYS:
@@ -75,10 +75,6 @@ def shape_key(cfg: RunConfig) -> str:
 def probe_step_seconds(cfg: RunConfig) -> float:
     """Seconds per training step of ``cfg`` on this machine: the faster of two steps of a run
     without warm start or evaluation, in a scratch directory (nothing is written elsewhere)."""
-    from dataclasses import replace
-
-    from harness.run.trainers import train
-
     probe = replace(
         cfg,
         steps=2,
@@ -104,8 +100,6 @@ def estimate_wall_time(
 ) -> WallTimeEstimate:
     """:class:`WallTimeEstimate` of the grid ``spec`` run by ``workers`` workers; ``probe`` maps
     a RunConfig to seconds per step (measured once per distinct shape)."""
-    from harness.sweep.spec import StudySpec
-
     study = StudySpec.from_experiment(spec)
     seed = spec.seeds[0]
     measured: dict[str, float] = {}

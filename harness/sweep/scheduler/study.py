@@ -11,14 +11,24 @@ A changed grid (or search space) under the same name is refused.
 from __future__ import annotations
 
 import json
+import math
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from harness.config.experiment import ExperimentSpec
-from harness.core.configtools import ConfigError
+from harness.core.configtools import ConfigError, flatten
 from harness.core.db import with_retries
-from harness.sweep.spec import (
+from harness.core.provenance import provenance_tags
+from harness.report import ranking
+from harness.report.stats import mean_ci
+from harness.sweep.scheduler.adaptive import cell_states, is_cancelled, settled_keys
+from harness.sweep.scheduler.labels import name_objective
+from harness.sweep.scheduler.results import load_study_data
+from harness.sweep.scheduler.spec import (
     COMMAND_ATTR,
     HASH_ATTR,
     PARENT_ATTR,
@@ -28,13 +38,18 @@ from harness.sweep.spec import (
     load_study_spec,
     trial_key,
 )
+from harness.tracking import Tracker
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.storages import BaseStorage
 
 
 def open_study(
     exp: ExperimentSpec,
     *,
-    storage: Any,
-    tracker: Any,
+    storage: BaseStorage,
+    tracker: Tracker,
     study_name: str | None,
     tracking_uri: str | None,
     command: str,
@@ -89,8 +104,6 @@ def open_study(
         )
         study.set_user_attr(HASH_ATTR, spec.grid_hash)
     if spec.kind == "grid":
-        from harness.sweep.dashboard import name_objective
-
         name_objective(study, spec.metric)  # optuna-dashboard shows the metric, not "Objective 0"
 
     parent = study.user_attrs.get(PARENT_ATTR)
@@ -106,10 +119,7 @@ def open_study(
     return study, spec
 
 
-def _start_parent_run(exp: ExperimentSpec, spec: StudySpec, tracker: Any, name: str) -> str:
-    from harness.core.configtools import flatten
-    from harness.core.provenance import provenance_tags
-
+def _start_parent_run(exp: ExperimentSpec, spec: StudySpec, tracker: Tracker, name: str) -> str:
     tags = {"harness.study": name, "harness.role": "parent", "harness.grid_hash": spec.grid_hash}
     label = "search" if spec.kind == "search" else "study"
     parent = tracker.start_run(
@@ -132,7 +142,7 @@ def _start_parent_run(exp: ExperimentSpec, spec: StudySpec, tracker: Any, name: 
     return str(parent)
 
 
-def enqueue_missing(study: Any, spec: StudySpec) -> tuple[int, int]:
+def enqueue_missing(study: optuna.Study, spec: StudySpec) -> tuple[int, int]:
     """Enqueue every (cell, seed) without a finished, waiting or running trial.
 
     Returns (enqueued now, already finished).  Finished = COMPLETE, or FAIL with outcome
@@ -144,7 +154,6 @@ def enqueue_missing(study: Any, spec: StudySpec) -> tuple[int, int]:
     trials = with_retries(lambda: study.get_trials(deepcopy=False))
     if spec.kind == "search":
         return 0, sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
-    from harness.sweep.adaptive import settled_keys
 
     # An adaptive grid's seeds cancelled by a decision are settled: never enqueued again.
     finished: set[tuple[str, int]] = settled_keys(trials)
@@ -194,15 +203,11 @@ class StudyCounts:
     held: int = 0  # held seeds no look has released yet (in total: they may still run)
 
 
-def study_counts(study: Any, spec: StudySpec | None) -> StudyCounts:
-    from collections import Counter
-
+def study_counts(study: optuna.Study, spec: StudySpec | None) -> StudyCounts:
     trials = study.get_trials(deepcopy=False)
     cells: tuple[tuple[str, str], ...] = ()
     cancelled = held = 0
     if spec is not None and spec.kind == "grid" and spec.adaptive is not None:
-        from harness.sweep.adaptive import cell_states, is_cancelled
-
         alloc = cell_states(trials, spec)
         cells = tuple((c, s.line()) for c, s in alloc.items())
         cancelled = len({trial_key(t) for t in trials if is_cancelled(t)})
@@ -277,18 +282,12 @@ def seed_spread(values: Any, interval: Any = None, *, what: str = "value") -> st
     """``'final/reward IQM 0.61 [0.55, 0.66] over 4 seeds (min 0.52, max 0.70)'``-style text for
     a point's per-seed values; ``interval`` (an IQM CI) is used when given, else the mean with
     its 95 % percentile-bootstrap CI.  One seed has no spread and says so."""
-    import math
-
-    import numpy as np
-
     xs = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
     if xs.size == 0:
         return f"{what}: no per-seed values recorded"
     if xs.size == 1:
         return f"{what} {xs[0]:.4g} from 1 seed: no spread (run more seeds for a CI)"
     if interval is None:
-        from harness.report.stats import mean_ci
-
         interval, name = mean_ci(xs, n_boot=2000, seed=0), "mean"
     else:
         name = "IQM"
@@ -305,7 +304,7 @@ def search_seed_values(trial: Any) -> tuple[float, ...]:
     return tuple(float(v) for v in raw[0] if v is not None)
 
 
-def search_front(study: Any, spec: StudySpec) -> list[Any]:
+def search_front(study: optuna.Study, spec: StudySpec) -> list[Any]:
     """A search's best trials: the Pareto front with several objectives, else the one best
     trial; empty while no trial has completed."""
     from optuna.trial import TrialState
@@ -322,12 +321,10 @@ def top_of_front(front: list[Any], spec: StudySpec) -> Any:
     return max(front, key=lambda t: sign * t.values[0])
 
 
-def best_point(study: Any, spec: StudySpec) -> BestPoint | None:
+def best_point(study: optuna.Study, spec: StudySpec) -> BestPoint | None:
     """The best point of a study, for ``harness export --best``, the end of a search and its
     report; None when no run has completed yet.  ``spec.run_config(best.overrides, seed)``
     rebuilds the winning configuration."""
-    import math
-
     if spec.kind == "search":
         front = search_front(study, spec)
         if not front:
@@ -347,8 +344,6 @@ def best_point(study: Any, spec: StudySpec) -> BestPoint | None:
         return None
     # A grid's best cell is the report's: top of the ranking by the IQM of the metric, among
     # cells with a completed run (a diverged-only cell scored as the worst value is no winner).
-    from harness.report import ranking
-    from harness.sweep.results import load_study_data
 
     rows = [
         r

@@ -1,23 +1,25 @@
 """Which cell ``harness export`` writes: the experiment's cell named by its label or by
 ``key=value`` pairs (:func:`resolve_cell`), or a finished study's best point
-(:func:`best_to_export`).  Writing it in a target's format is :mod:`harness.sweep.export`."""
+(:func:`best_to_export`).  Writing it in a target's format is
+:mod:`harness.sweep.present.export`."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from harness.core.configtools import ConfigError
+from harness.config.experiment import ExperimentSpec, _fmt_value
+from harness.core.configtools import ConfigError, parse_override
+from harness.sweep.scheduler.results import load_study_data
+from harness.sweep.scheduler.spec import StudySpec
+from harness.sweep.scheduler.study import best_point
 
 if TYPE_CHECKING:
-    from harness.sweep.spec import StudySpec
+    import optuna
 
 
 def _tokens(text: str) -> dict[str, str]:
     """'eps_clip=0.2 c_clip=3' → {'eps_clip': '0.2', 'c_clip': '3'} with values normalised the way
     cell labels print them (so 3, 3.0 and 3.00 agree)."""
-    from harness.config.experiment import _fmt_value
-    from harness.core.configtools import parse_override
-
     out = {}
     for tok in text.split():
         key, value = parse_override(tok)
@@ -25,7 +27,7 @@ def _tokens(text: str) -> dict[str, str]:
     return out
 
 
-def resolve_cell(spec: Any, text: str) -> tuple[str, dict[str, Any]]:
+def resolve_cell(spec: ExperimentSpec, text: str) -> tuple[str, dict[str, Any]]:
     """The experiment's cell that ``text`` names: its label, or ``key=value`` pairs that pick out
     exactly one cell (short or dotted keys, any order).  Raises ConfigError otherwise."""
     for c in spec.cells:
@@ -54,19 +56,15 @@ def resolve_cell(spec: Any, text: str) -> tuple[str, dict[str, Any]]:
     return matches[0].label, dict(matches[0].overrides)
 
 
-def best_to_export(spec: StudySpec, study: Any) -> tuple[str, dict[str, Any], list[str]]:
+def best_to_export(spec: StudySpec, study: optuna.Study) -> tuple[str, dict[str, Any], list[str]]:
     """(label, overrides, header notes) of a study's best point: a grid's top cell by the
     report's ranking, a search's best trial; the notes give its uncertainty.  ConfigError when
     the study is not finished (a grid) or no run of it completed."""
     from optuna.trial import TrialState
 
-    from harness.sweep.study import best_point
-
     trials = study.get_trials(deepcopy=False)
     name = study.study_name
     if spec.kind == "grid":
-        from harness.sweep.results import load_study_data
-
         runs = load_study_data(study, None).runs
         pending = [r for r in runs if r.status in ("running", "waiting")]
         if pending or not runs:

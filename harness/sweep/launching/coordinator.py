@@ -14,6 +14,7 @@ it), so a dead coordinator never leaves the study locked and nothing has to judg
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,8 +30,6 @@ def lock_path(results_dir: Path, study: str) -> Path:
 def coordinator_lock(results_dir: Path, study: str) -> Iterator[None]:
     """Hold the study's coordinator lock for the block, or raise ConfigError at once (no wait)
     naming the process that holds it."""
-    import fcntl
-
     path = lock_path(results_dir, study)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:

@@ -7,9 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from harness import tracking
 from harness.core.configtools import ConfigError
-from harness.core.db import url_scheme
+from harness.core.db import database_connect_error, url_scheme
+from harness.core.fsutil import ensure_results_dir
 from harness.core.redact import redact_url
+from harness.sweep.stores.storage import JOURNAL_FILE, make_storage
 from harness.tracking.probe import check_sqlite_path, check_tracking_scheme, probe_tracking_uri
 
 
@@ -35,8 +38,6 @@ def probe_remote(storage: str | None, tracking_uri: str | None) -> None:
     """Connect to a PostgreSQL storage / a remote tracking store before anything is created
     locally, so that an unreachable server leaves no results dir, journal or mlflow.db behind."""
     if storage not in (None, "journal") and url_scheme(storage) == "postgresql":
-        from harness.core.db import database_connect_error
-
         reason = database_connect_error(storage)
         if reason is not None:
             raise ConfigError(f"storage: cannot connect to {redact_url(storage)} ({reason})")
@@ -48,10 +49,6 @@ def open_stores(
 ) -> tuple[Any, Any]:
     """Open the Optuna storage and the tracker of a sweep.  Remote stores are probed before the
     results dir or any local store is created."""
-    from harness import tracking
-    from harness.core.fsutil import ensure_results_dir
-    from harness.sweep.storage import make_storage
-
     check_store_urls(storage, tracking_uri)
     probe_remote(storage, tracking_uri)
     ensure_results_dir(results_dir)
@@ -66,8 +63,6 @@ def existing_storage(storage: str | None, results_dir: Path, study: str | None) 
     """The Optuna storage for a read-only command (status, report, worker): a journal or SQLite
     file that does not exist is never created; ``None`` when there is no storage (and no study
     was asked for)."""
-    from harness.sweep.storage import JOURNAL_FILE, make_storage
-
     check_store_urls(storage, None, writable=False)
     local: Path | None = None
     if storage in (None, "journal"):

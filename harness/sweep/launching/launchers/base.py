@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from harness.sweep.worker import Event, WorkerOptions
+from harness.sweep.launching.worker import Event, WorkerOptions
 
 LAUNCHERS = ("local", "ray")
 

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.report.studydata import RunData, StudyData
-from harness.sweep.dashboard import summary_from_attrs
-from harness.sweep.spec import load_study_spec
+from harness.sweep.scheduler.adaptive import is_cancelled
+from harness.sweep.scheduler.labels import summary_from_attrs
+from harness.sweep.scheduler.spec import load_study_spec
+from harness.tracking import Tracker
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
 
 # Step metrics the report plots (one tracker query per run and key).
 HISTORY_KEYS = (
@@ -24,7 +30,7 @@ HISTORY_KEYS = (
 )
 
 
-def _history(tracker: Any, run_id: str, steps: int) -> dict[str, list[float]]:
+def _history(tracker: Tracker, run_id: str, steps: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for key in HISTORY_KEYS:
         points = tracker.get_metric_history(run_id, key)
@@ -38,7 +44,9 @@ def _history(tracker: Any, run_id: str, steps: int) -> dict[str, list[float]]:
     return out
 
 
-def load_study_data(study: Any, tracker: Any | None, *, command: str = "") -> StudyData:
+def load_study_data(
+    study: optuna.Study, tracker: Tracker | None, *, command: str = ""
+) -> StudyData:
     from optuna.trial import TrialState
 
     spec = load_study_spec(study)
@@ -49,14 +57,12 @@ def load_study_data(study: Any, tracker: Any | None, *, command: str = "") -> St
     best: dict[tuple[str, int], Any] = {}
     rank = {"completed": 4, "diverged": 3, "running": 2, "waiting": 1, "failed": 0}
 
-    def status_of(t: Any) -> str:
+    def status_of(t: FrozenTrial) -> str:
         if t.state == TrialState.COMPLETE:
             return "completed"
         if t.state == TrialState.FAIL:
             return "diverged" if t.user_attrs.get("outcome") == "diverged" else "failed"
         return "running" if t.state == TrialState.RUNNING else "waiting"
-
-    from harness.sweep.adaptive import is_cancelled
 
     for t in study.get_trials(deepcopy=False):
         ua = t.user_attrs

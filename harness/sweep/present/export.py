@@ -22,20 +22,17 @@ import copy
 import math
 import re
 import shlex
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from harness.config import RunConfig
+from harness.config.loading import build_run_config
 from harness.config.trl_map import VLLM_ONLY, approximations, grpo_kwargs, trl_problems
-from harness.core.configtools import ConfigError, to_dict
+from harness.core.configtools import ConfigError, field_defaults, flatten, set_path, to_dict
 from harness.ppo.corrections import legacy_to_rejection_sampling, resolve
 from harness.ppo.corrections.peers import verl_settings
 from harness.ppo.objectives import lookup
-from harness.sweep.cell_choice import best_to_export, resolve_cell
-
-if TYPE_CHECKING:
-    pass
 
 TARGETS = ("trl", "verl", "areal")
 # The verl release the overrides are written for: keys and loss semantics move between releases
@@ -769,9 +766,6 @@ def unmapped_notes(cfg: RunConfig, target: str, body: str) -> list[str]:
     writes nor names: the export with that one setting back at its default is the same text.
     (A setting that cannot go back alone, such as an overlong_tokens that the penalty needs,
     is left to the target's own notes.)"""
-    from harness.config.loading import build_run_config
-    from harness.core.configtools import field_defaults, flatten, set_path
-
     exporter = {"trl": export_trl, "verl": export_verl, "areal": export_areal}[target]
     notes = " ".join(ln for ln in body.splitlines() if ln.startswith("#"))
     data = to_dict(cfg)
@@ -809,17 +803,3 @@ def export_cell(cfg: RunConfig, target: str, header: list[str] | tuple[str, ...]
         raise ValueError(f"--to must be one of {', '.join(TARGETS)}; got {target!r}")
     extra = "".join(comment(n.removeprefix("# ")) + "\n" for n in unmapped_notes(cfg, target, body))
     return "".join(comment(h) + "\n" for h in header) + extra + body
-
-
-# resolve_cell and best_to_export live in harness.sweep.cell_choice; imported from here too.
-__all__ = [
-    "TARGETS",
-    "best_to_export",
-    "comment",
-    "export_areal",
-    "export_cell",
-    "export_trl",
-    "export_verl",
-    "one_line",
-    "resolve_cell",
-]

@@ -14,18 +14,22 @@ is left as it is. User attributes and trial states are untouched.
 
 from __future__ import annotations
 
+import json
 import math
+import warnings
 from typing import TYPE_CHECKING, Any
 
+from harness.config.experiment import _fmt_value
+from harness.core.db import with_retries
+from harness.sweep.scheduler.spec import StudySpec
+
 if TYPE_CHECKING:
-    from harness.sweep.spec import StudySpec
+    import optuna
 
 
 def param_value(value: Any) -> str | int | float:
     """An axis value as an Optuna categorical choice: numbers stay numbers, the rest text."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        from harness.config.experiment import _fmt_value
-
         return _fmt_value(value)
     return value
 
@@ -62,10 +66,9 @@ def trial_params(spec: StudySpec, cell: str, seed: int) -> dict[str, tuple[Any, 
     return params
 
 
-def label_trial(study: Any, trial: Any, spec: StudySpec, cell: str, seed: int) -> None:
+def label_trial(study: optuna.Study, trial: Any, spec: StudySpec, cell: str, seed: int) -> None:
     """Record the trial's cell axes and seed as params (those it does not have yet)."""
-    from harness.core.db import with_retries
-    from harness.sweep.optuna_adapter import frozen_trial, storage_of, trial_id
+    from harness.sweep.stores.optuna_adapter import frozen_trial, storage_of, trial_id
 
     storage = storage_of(study)
     tid = trial_id(trial)
@@ -86,8 +89,6 @@ def summary_attrs(summary: dict[str, float]) -> dict[str, float]:
 
 def summary_from_attrs(user_attrs: dict[str, Any]) -> dict[str, float]:
     """The run summaries a trial carries: its per-key attributes, or the older JSON blob."""
-    import json
-
     if "summary" in user_attrs:
         return {k: float(v) for k, v in json.loads(user_attrs["summary"]).items()}
     return {
@@ -97,13 +98,9 @@ def summary_from_attrs(user_attrs: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def name_objective(study: Any, metric: str) -> None:
+def name_objective(study: optuna.Study, metric: str) -> None:
     """Call the study's objective by the experiment's metric (not "Objective 0")."""
-    import warnings
-
     import optuna
-
-    from harness.core.db import with_retries
 
     with warnings.catch_warnings():  # experimental since Optuna 3.2, stable in use since
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

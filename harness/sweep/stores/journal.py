@@ -33,7 +33,7 @@ from typing import Any
 from optuna.storages.journal import JournalFileBackend
 from optuna.storages.journal._file import BaseJournalFileLock
 
-from harness.sweep.journal_lock import journal_lock
+from harness.sweep.stores.journal_lock import journal_lock
 
 _logger = logging.getLogger(__name__)
 

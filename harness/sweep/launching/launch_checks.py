@@ -6,9 +6,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
+from harness.config import build_run_config
+from harness.config.experiment import ExperimentSpec
 from harness.core.configtools import ConfigError, is_device_name
+from harness.sweep.launching.launchers.ray_launcher import (
+    check_shareable,
+    import_ray,
+    probe_address,
+)
 
 MAX_WORKERS = 256  # local worker processes; more is a typo, not a plan (each loads torch)
 
@@ -46,7 +52,6 @@ def launch_choice(
                 "--launcher ray"
             )
         return LaunchChoice()
-    from harness.sweep.launchers.ray_launcher import check_shareable, import_ray, probe_address
 
     import_ray()
     check_shareable(storage, tracking_uri, address=ray_address, shared_fs=shared_fs)
@@ -69,11 +74,10 @@ def workers_and_devices(workers: int, devices: str | None) -> tuple[int, list[st
     return (len(device_list) if workers == 1 else workers), device_list
 
 
-def devices_to_check(spec: Any, device_list: list[str] | None) -> tuple[list[str], str]:
+def devices_to_check(spec: ExperimentSpec, device_list: list[str] | None) -> tuple[list[str], str]:
     """The devices local workers will use: --devices, else every device the cells ask for."""
     if device_list:
         return device_list, "--devices"
-    from harness.config import build_run_config
 
     found = {str(build_run_config(spec.base).device)}
     for cell in getattr(spec, "cells", None) or []:

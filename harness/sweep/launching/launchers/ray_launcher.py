@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +21,9 @@ from typing import Any
 from unittest import mock
 
 from harness.core.configtools import ConfigError
-from harness.sweep.worker import Event, WorkerOptions, worker_loop
+from harness.core.perf import tune_malloc
+from harness.sweep.launching.launchers.base import worker_options
+from harness.sweep.launching.worker import Event, WorkerOptions, worker_loop
 
 INSTALL_HINT = "pip install 'harness[ray]'"
 # How often a Ray worker asks the channel whether to stop (a cheap actor call).
@@ -127,8 +130,6 @@ def _ray_worker(opts: WorkerOptions, channel: Any) -> dict[str, int]:
     """Body of one Ray task: the shared worker loop, reporting through ``channel``."""
     import ray
 
-    from harness.core.perf import tune_malloc
-
     tune_malloc()
     last = [0.0, False]
 
@@ -204,8 +205,6 @@ class RayLauncher:
                 )
 
     def start(self, n_workers: int, opts: Any, resources: Any) -> None:
-        from harness.sweep.launchers.base import worker_options
-
         ray = self.ray
         self.connect()
         if self._stop_asked:  # stopped while Ray was starting: no worker takes a trial
@@ -332,8 +331,6 @@ def probe_address(address: str, timeout: float = PROBE_TIMEOUT_S) -> None:
     """One TCP connection to the cluster's address, bounded by ``timeout``: an address where
     nothing listens is refused before any study is created (``ray.init`` would instead retry
     the GCS for many minutes, printing warnings)."""
-    import socket
-
     hostport = split_address(address)
     if hostport is None:
         return

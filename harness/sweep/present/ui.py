@@ -5,7 +5,7 @@ Secrets never go on a command line. A store URL may carry a password
 ``/proc/<pid>/cmdline``; the environment (``/proc/<pid>/environ``) is readable by the owner
 only. So the MLflow server gets its store through ``MLFLOW_BACKEND_STORE_URI`` (an option
 ``mlflow server`` reads from the environment) and optuna-dashboard is started through
-:func:`serve_dashboard` (``python -m harness.sweep.ui``), which reads the storage from
+:func:`serve_dashboard` (``python -m harness.sweep.present.ui``), which reads the storage from
 ``HARNESS_DASHBOARD_STORAGE`` and pins ``postgresql://`` to the installed psycopg2 driver (plain
 ``optuna-dashboard postgresql://...`` dies with "Failed to import DB access module" under
 SQLAlchemy 2.1, whose default PostgreSQL driver is psycopg 3).
@@ -17,6 +17,7 @@ SIGKILLed, the kernel sends each server SIGTERM (``PR_SET_PDEATHSIG``).
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import json
 import os
@@ -34,7 +35,11 @@ from typing import Any
 
 import typer
 
+from harness.core.db import sqlalchemy_url
 from harness.core.redact import redact_url
+from harness.sweep.present.mlflow_view import VIEW_KEY
+from harness.sweep.stores.storage import JOURNAL_FILE
+from harness.tracking import default_tracking_uri
 
 STORAGE_ENV = "HARNESS_DASHBOARD_STORAGE"
 # MLflow 3 starts a job runner and 7 huey consumers unless told not to: 13 processes and about
@@ -70,10 +75,6 @@ def _servers(
     tracking_uri: str | None,
     results_dir: Path,
 ) -> list[Server]:
-    from harness.core.db import sqlalchemy_url
-    from harness.sweep.storage import JOURNAL_FILE
-    from harness.tracking import default_tracking_uri
-
     uri = tracking_uri or default_tracking_uri(results_dir)
     bindir = Path(sys.executable).parent
     mlflow_bin = (
@@ -113,7 +114,7 @@ def _servers(
                 [
                     sys.executable,
                     "-m",
-                    "harness.sweep.ui",
+                    "harness.sweep.present.ui",
                     "--host",
                     host,
                     "--port",
@@ -164,7 +165,6 @@ def _landing_urls(server: Server) -> list[str]:
             experiments = json.loads(r.read()).get("experiments", [])
     except (OSError, ValueError):
         experiments = []
-    from harness.sweep.mlflow_view import VIEW_KEY
 
     urls = []
     for e in experiments:
@@ -272,8 +272,6 @@ def _signal_group(p: subprocess.Popen[bytes], sig: int) -> None:
 def _die_with_parent() -> None:
     """In the child before exec: get SIGTERM when ``harness ui`` dies, even by SIGKILL."""
     if sys.platform.startswith("linux"):
-        import ctypes
-
         pr_set_pdeathsig = 1
         try:
             ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
@@ -289,8 +287,6 @@ def serve_dashboard(host: str, port: int) -> None:
     import optuna
     import optuna_dashboard
 
-    from harness.core.db import sqlalchemy_url
-
     url = os.environ.get(STORAGE_ENV, "")
     if not url:
         raise SystemExit(f"{STORAGE_ENV} is not set")
@@ -300,7 +296,7 @@ def serve_dashboard(host: str, port: int) -> None:
     else:
         from optuna.storages.journal import JournalFileBackend
 
-        from harness.sweep.journal_lock import journal_lock
+        from harness.sweep.stores.journal_lock import journal_lock
 
         backend = JournalFileBackend(os.path.abspath(url), lock_obj=journal_lock(url))
         storage = optuna.storages.JournalStorage(backend)

@@ -50,7 +50,7 @@ from harness.core.locks import (
     wait_flock,
 )
 
-_logger = logging.getLogger("harness.sweep.journal")
+_logger = logging.getLogger("harness.sweep.stores.journal")
 
 LOCK_SUFFIX = ".flock"
 LEGACY_SUFFIX = ".lock"  # Optuna's symlink lock, used by earlier versions

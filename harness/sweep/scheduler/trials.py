@@ -1,7 +1,7 @@
 """A worker's bookkeeping around the trial it trains: which trial comes next (a claimed grid
 point, or the search sampler's point within the budget), the tags of a trial's MLflow child run,
 and closing the child runs earlier attempts of the same point left RUNNING.  The loop that
-trains trials is :mod:`harness.sweep.worker`."""
+trains trials is :mod:`harness.sweep.launching.worker`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,15 @@ import os
 import socket
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from harness.sweep.spec import StudySpec, trial_key
+from harness.core.db import with_retries
+from harness.sweep.scheduler.adaptive import apply_allocation, claim_order_avoiding, releasable
+from harness.sweep.scheduler.spec import StudySpec, trial_key
+from harness.tracking import Tracker
+
+if TYPE_CHECKING:
+    import optuna
 
 
 def child_run_tags(
@@ -36,7 +42,7 @@ def child_run_tags(
 DIED = "worker died; trial retried"
 
 
-def end_orphaned_runs(tracker: Any, spec: StudySpec, study: str, earlier: list[Any]) -> None:
+def end_orphaned_runs(tracker: Tracker, spec: StudySpec, study: str, earlier: list[Any]) -> None:
     """Child runs left RUNNING by ``earlier`` (ended) attempts of a trial are ended KILLED.
 
     A run is RUNNING after its trial ended only when nobody could close it: its worker died
@@ -56,11 +62,9 @@ def end_orphaned_runs(tracker: Any, spec: StudySpec, study: str, earlier: list[A
             tracker.end_run(rid, "KILLED")
 
 
-def ended_attempts(study: Any, current: Any, same: Callable[[Any], bool]) -> list[Any]:
+def ended_attempts(study: optuna.Study, current: Any, same: Callable[[Any], bool]) -> list[Any]:
     """Earlier trials of the same grid point (or the retried search point) that have ended."""
     from optuna.trial import TrialState
-
-    from harness.core.db import with_retries
 
     trials = with_retries(lambda: study.get_trials(deepcopy=False))
     alive = (TrialState.RUNNING, TrialState.WAITING)
@@ -101,20 +105,17 @@ SPENT_OUTCOMES = ("diverged",)
 
 
 def next_trial(
-    study: Any, spec: StudySpec, on_cancelled: Callable[[int], None] | None = None
+    study: optuna.Study, spec: StudySpec, on_cancelled: Callable[[int], None] | None = None
 ) -> tuple[Any | None, int]:
     """The next trial this worker should run (None if there is none now), and how many trials
     are running elsewhere.  ``on_cancelled``: told how many held seeds of an adaptive grid this
     call cancelled."""
     from optuna.trial import TrialState
 
-    from harness.core.db import with_retries
-    from harness.sweep.optuna_adapter import claim_waiting_trial, fail_stale_trials
+    from harness.sweep.stores.optuna_adapter import claim_waiting_trial, fail_stale_trials
 
     with_retries(lambda: fail_stale_trials(study))
     if spec.kind == "grid" and spec.adaptive is not None:
-        from harness.sweep.adaptive import apply_allocation, claim_order_avoiding, releasable
-
         # Counted before the allocation: a trial that ends in between is in the allocation, so
         # a worker that finds nothing released and nothing running may exit (no look pending).
         running = with_retries(

@@ -10,7 +10,7 @@ the name of what moved, instead of somewhere in a sweep:
 * ``optuna.storages._heartbeat.BaseHeartbeat`` — the heartbeat protocol, which Optuna 5.0
   implements only for ``RDBStorage``; :class:`HeartbeatJournalStorage` adds it to the journal.
 
-Importing this module imports Optuna (and SQLAlchemy); ``harness.sweep.storage`` imports it only
+Importing this module imports Optuna (and SQLAlchemy); ``harness.sweep.stores.storage`` imports it only
 when a storage is built.
 """
 
@@ -25,6 +25,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any, TypeVar
 
 import optuna
@@ -205,8 +206,6 @@ class ResilientRDBStorage(RDBStorage):
     ) -> bool:
         """Optuna's ``set_trial_state_values`` plus the token (and a claim's first heartbeat)
         in the same transaction."""
-        from datetime import datetime
-
         import sqlalchemy.exc as sa_exc
         from optuna.storages._rdb import models
         from optuna.storages._rdb.storage import _create_scoped_session
@@ -239,8 +238,6 @@ class ResilientRDBStorage(RDBStorage):
         self, study_id: int, template_trial: FrozenTrial | None = None
     ) -> FrozenTrial:
         # The private method, because Optuna's study cache (``_CachedStorage``) calls it.
-        from datetime import datetime
-
         token = uuid.uuid4().hex
         if template_trial is None:  # what RDBStorage makes of no template: a fresh RUNNING trial
             template = FrozenTrial(

@@ -13,8 +13,10 @@ import sys
 import threading
 from typing import Any
 
-from harness.sweep.launchers.base import Resources, worker_options
-from harness.sweep.worker import Event, WorkerOptions, worker_loop
+from harness.core.db import StorageUnavailable
+from harness.core.perf import tune_malloc
+from harness.sweep.launching.launchers.base import Resources, worker_options
+from harness.sweep.launching.worker import Event, WorkerOptions, worker_loop
 
 # --------------------------------------------------------------------------------------------
 # Local processes.
@@ -24,7 +26,6 @@ def _local_entry(opts: WorkerOptions, events: Any, stop: Any) -> None:
     """Process entry point: Ctrl-C is the coordinator's to handle; it asks us to stop via ``stop``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    from harness.core.perf import tune_malloc
 
     tune_malloc()
 
@@ -33,8 +34,6 @@ def _local_entry(opts: WorkerOptions, events: Any, stop: Any) -> None:
             events.put_nowait(e)
         except Exception:  # a full or closed queue must never stop training
             pass
-
-    from harness.core.db import StorageUnavailable
 
     try:
         worker_loop(opts, emit=emit, should_stop=stop.is_set)

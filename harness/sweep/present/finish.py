@@ -12,10 +12,31 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from harness.sweep.display import wide_console
-from harness.sweep.spec import StudySpec
+from rich.table import Table
+
+from harness.core.failures import count_reasons, reason_lines, summary_lines
+from harness.core.fsutil import atomic_write, ensure_results_dir
+from harness.report import build_report, ranking, render_ranking_table
+from harness.report.adaptive import adaptive_lines
+from harness.report.allocation import settled
+from harness.sweep.present.display import wide_console
+from harness.sweep.present.mlflow_view import experiment_tags, ranking_metrics, ranking_note
+from harness.sweep.scheduler.adaptive import apply_allocation
+from harness.sweep.scheduler.results import load_study_data
+from harness.sweep.scheduler.spec import StudySpec
+from harness.sweep.scheduler.study import (
+    search_front,
+    search_seed_values,
+    seed_spread,
+    top_of_front,
+)
+from harness.sweep.scheduler.trials import SPENT_OUTCOMES
+from harness.tracking import Tracker
+
+if TYPE_CHECKING:
+    import optuna
 
 
 @dataclass(frozen=True)
@@ -30,16 +51,14 @@ class Finished:
 
 
 def _say_failures(reasons: list[str], total: int, finished: int, what: str) -> None:
-    from harness.core.failures import summary_lines
-
     # plain stderr, not rich: a reason is the user's text and may hold [markup]
     for line in summary_lines(reasons, total, finished=finished, what=what):
         print(line, file=sys.stderr)
 
 
 def finish_study(
-    study: Any,
-    tracker: Any,
+    study: optuna.Study,
+    tracker: Tracker,
     spec: StudySpec,
     *,
     command: str,
@@ -57,14 +76,10 @@ def finish_study(
             write_report=write_report,
             end_parent=end_parent,
         )
-    from harness.report import build_report, ranking, render_ranking_table
-    from harness.sweep.results import load_study_data
 
     tracker.flush()
     states = None
     if spec.adaptive is not None:
-        from harness.sweep.adaptive import apply_allocation
-
         states = apply_allocation(study, spec)  # cancels what a last decision left held
     data = load_study_data(study, tracker, command=command)
     expected = spec.expected_trials
@@ -96,9 +111,6 @@ def finish_study(
                     pass  # a concurrent report of this study no longer draws it (its HTML has it)
     complete = finished >= expected
     if states is not None:  # complete when every cell is decided or at max
-        from harness.report.adaptive import adaptive_lines
-        from harness.report.allocation import settled
-
         complete = settled(states)
         for line in adaptive_lines(data):
             print(f"  {line}")  # plain print: labels are the user's text
@@ -113,15 +125,13 @@ def finish_study(
 OUTCOME_TAG = "harness.outcome"  # how the sweep's last command ended, on the parent run
 
 
-def _end_parent(tracker: Any, parent: str, complete: bool) -> None:
+def _end_parent(tracker: Tracker, parent: str, complete: bool) -> None:
     tracker.set_tags(parent, {OUTCOME_TAG: "complete" if complete else "incomplete"})
     tracker.end_run(parent, "FINISHED" if complete else "KILLED")
 
 
-def _label_in_mlflow(tracker: Any, spec: StudySpec, parent: str, rows: Any) -> None:
+def _label_in_mlflow(tracker: Tracker, spec: StudySpec, parent: str, rows: Any) -> None:
     """The experiment's description and saved cell view; the ranking on the parent run."""
-    from harness.sweep.mlflow_view import experiment_tags, ranking_metrics, ranking_note
-
     tracker.set_experiment_tags(
         spec.experiment, experiment_tags(spec.description, spec.metric, spec.direction)
     )
@@ -139,8 +149,8 @@ def _fmt_point(point: dict[str, Any]) -> str:
 
 
 def finish_search(
-    study: Any,
-    tracker: Any,
+    study: optuna.Study,
+    tracker: Tracker,
     spec: StudySpec,
     *,
     results_dir: Path,
@@ -150,9 +160,6 @@ def finish_search(
     """Print the best point (or the Pareto front) and the failures, log the best point on the
     parent run, write report.md."""
     from optuna.trial import TrialState
-    from rich.table import Table
-
-    from harness.sweep.study import search_front, search_seed_values, seed_spread, top_of_front
 
     console = wide_console()
     tracker.flush()
@@ -166,7 +173,6 @@ def finish_search(
     ]
     parent = spec.parent_run_id
     objectives = spec.objectives
-    from harness.sweep.worker import SPENT_OUTCOMES
 
     spent = sum(
         t.state == TrialState.FAIL and t.user_attrs.get("outcome") in SPENT_OUTCOMES for t in trials
@@ -225,14 +231,12 @@ def finish_search(
     return Finished(complete=done, completed=len(complete))
 
 
-def write_search_report(study: Any, spec: StudySpec, best: list[Any], out_dir: Path) -> Path:
+def write_search_report(
+    study: optuna.Study, spec: StudySpec, best: list[Any], out_dir: Path
+) -> Path:
     """``report.md`` of a search: objectives, the best point(s) with the best point's seed
     spread, why trials failed, and every trial."""
     from optuna.trial import TrialState
-
-    from harness.core.failures import count_reasons, reason_lines
-    from harness.core.fsutil import ensure_results_dir
-    from harness.sweep.study import search_seed_values, seed_spread, top_of_front
 
     ensure_results_dir(out_dir)
     assert spec.search is not None
@@ -295,6 +299,5 @@ def write_search_report(study: Any, spec: StudySpec, best: list[Any], out_dir: P
         lines.append(
             f"| {t.number} | {t.state.name} | {seeds_run} | {values} | {_fmt_point(t.params)} |"
         )
-    from harness.core.fsutil import atomic_write
 
     return atomic_write(out_dir / "report.md", "\n".join(lines) + "\n")

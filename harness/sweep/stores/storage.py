@@ -4,7 +4,7 @@ Which storage (Optuna's own decision tree):
 
 * one machine, several processes: ``JournalStorage`` over a file (the default,
   ``results/optuna-journal.log``; about 3 ms per trial, against about 42 ms for SQLite RDB),
-  through :class:`~harness.sweep.journal.SafeJournalFileBackend`, which keeps the file
+  through :class:`~harness.sweep.stores.journal.SafeJournalFileBackend`, which keeps the file
   replayable after a failed write (a full disk, a killed writer);
 * several machines: ``RDBStorage`` over PostgreSQL;
 * ``sqlite:///`` RDB is accepted, but Optuna itself "would never recommend SQLite3 for parallel
@@ -23,20 +23,20 @@ older than ``grace_period`` (here 4 intervals by default) FAIL and hands them to
 ``heartbeat_stale_trial_callback`` — here ``RetryHeartbeatStaleTrialCallback``, which enqueues
 a WAITING copy (same params and user attrs, ``failed_trial`` and ``retry_history`` in its system
 attrs) for any worker to take. ``JournalStorage`` has no heartbeat in Optuna 5.0, so
-:class:`~harness.sweep.optuna_adapter.HeartbeatJournalStorage` adds one: the timestamp is a trial
+:class:`~harness.sweep.stores.optuna_adapter.HeartbeatJournalStorage` adds one: the timestamp is a trial
 system attr written to the journal, and staleness is judged on the local clock (the journal is
 for one host).
 
 The heartbeat runs inside ``Study.optimize`` only. A worker that takes enqueued trials itself
 (to never create a trial that was not enqueued) uses ``claim_waiting_trial``, ``heartbeat`` and
-``fail_stale_trials`` of :mod:`harness.sweep.optuna_adapter` — the same three steps ``optimize``
+``fail_stale_trials`` of :mod:`harness.sweep.stores.optuna_adapter` — the same three steps ``optimize``
 performs, and the only place the harness touches Optuna's private API.
 
 Outages. ``engine_kwargs={"pool_pre_ping": True}`` replaces pooled connections that a restarted
 PostgreSQL server dropped, so the first call after the restart succeeds; calls made while the
 server is down are retried by the storage itself for up to ``HARNESS_STORAGE_OUTAGE_S`` seconds
 (default 60), with the writes a retry could repeat made idempotent
-(:class:`~harness.sweep.optuna_adapter.ResilientRDBStorage`); past that they raise
+(:class:`~harness.sweep.stores.optuna_adapter.ResilientRDBStorage`); past that they raise
 ``StorageUnavailable`` and the worker stops, its trial left for the heartbeat to recover. The
 heartbeat itself swallows such errors (a missed beat is harmless, a dead heartbeat thread would
 get a live trial failed).
@@ -56,6 +56,7 @@ from harness.core.db import (
     sqlalchemy_url,
     url_scheme,
 )
+from harness.core.fsutil import is_disk_full
 from harness.core.redact import redact_url
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ def make_storage(
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        from harness.sweep.optuna_adapter import ResilientRDBStorage
+        from harness.sweep.stores.optuna_adapter import ResilientRDBStorage
 
         try:
             return ResilientRDBStorage(
@@ -159,21 +160,20 @@ def default_stale_trial_callback(max_retry: int | None = DEFAULT_MAX_RETRY) -> S
 
 
 def _journal_storage(path: Path, heartbeat: dict[str, Any]) -> BaseStorage:
-    from harness.core.fsutil import is_disk_full
-    from harness.sweep.journal import SafeJournalFileBackend
-    from harness.sweep.journal_lock import journal_lock
+    from harness.sweep.stores.journal import SafeJournalFileBackend
+    from harness.sweep.stores.journal_lock import journal_lock
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch(exist_ok=True)
         # An flock on an absolute path: a holder killed mid-write releases it at once, and a
-        # wait on a live holder is bounded (harness.sweep.journal_lock).
+        # wait on a live holder is bounded (harness.sweep.stores.journal_lock).
         backend = SafeJournalFileBackend(str(path.resolve()), lock_obj=journal_lock(path))
     except OSError as error:
         if is_disk_full(error):
             raise  # not a bad --results-dir: the caller reports a full disk as such
         raise ValueError(f"storage: cannot write {path} ({error.strerror or error})") from None
-    from harness.sweep.optuna_adapter import HeartbeatJournalStorage
+    from harness.sweep.stores.optuna_adapter import HeartbeatJournalStorage
 
     return HeartbeatJournalStorage(backend, **heartbeat)
 
