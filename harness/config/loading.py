@@ -207,13 +207,13 @@ def validate_task(cfg: RunConfig) -> None:
     except (ValueError, TypeError) as err:
         msg = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ConfigError(msg if msg.startswith("task") else f"task: {msg}") from None
-    from harness.config.preflight import check_lengths  # loads transformers: only when validating
+    from harness.config.preflight import check_lengths  # noqa: PLC0415 - loads transformers: only when a task is validated (loads transformers: only when validating)
 
     try:
         check_lengths(cfg, task)
         lora = cfg.model_options.lora
         if lora is not None:  # peft is installed: check_lengths says so otherwise
-            from harness.model.lora import check_target_modules, model_modules
+            from harness.model.lora import check_target_modules, model_modules  # noqa: PLC0415 - loads transformers: only when a task is validated
 
             modules = model_modules(
                 cfg.model, tiny=cfg.tiny, trust_remote_code=cfg.model_options.trust_remote_code

@@ -62,7 +62,7 @@ def refuse_special_files(model_dir: Path) -> None:
 
 def model_config(cfg: RunConfig) -> Any:
     """The HF config of ``cfg.model`` (a directory), its ``config.json`` size-checked first."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # noqa: PLC0415 - loads transformers or torch: only for this check
 
     refuse_special_files(Path(cfg.model))
     too_big = file_too_big(Path(cfg.model) / "config.json", MAX_MODEL_CONFIG_BYTES, "config.json")
@@ -86,7 +86,7 @@ def model_config(cfg: RunConfig) -> Any:
 
 def model_limit(cfg: RunConfig, config: Any | None = None) -> tuple[int | None, str]:
     """(longest supported sequence, where it comes from) for ``cfg.model``."""
-    from harness.model.build import max_positions
+    from harness.model.build import max_positions  # noqa: PLC0415 - loads transformers or torch: only for this check
 
     if cfg.model == "tiny":
         return cfg.tiny.max_position_embeddings, "tiny.max_position_embeddings"
@@ -210,7 +210,7 @@ def probe_prompts(cfg: RunConfig, task: Task, tokenizer: Any) -> Probe:
 
 
 def _probe_prompts(cfg: RunConfig, task: Task, tokenizer: Any) -> Probe:
-    from harness.model.prompting import apply_chat_template, resolve_chat_template
+    from harness.model.prompting import apply_chat_template, resolve_chat_template  # noqa: PLC0415 - loads transformers or torch: only for this check
 
     template = resolve_chat_template(cfg.rollout.chat_template, tokenizer)
     special = template is None
@@ -289,7 +289,7 @@ def check_special_ids(
 def check_memory(cfg: RunConfig) -> None:
     """Raise ``ValueError`` (one line) when ``cfg``'s model cannot fit this machine's memory
     (harness.config.resources); for a grid cell whose axes together make the model large."""
-    from harness.config.resources import check_model_memory
+    from harness.config.resources import check_model_memory  # noqa: PLC0415 - loads transformers or torch: only for this check
 
     check_model_memory(cfg, None if cfg.model == "tiny" else model_config(cfg))
 
@@ -316,7 +316,7 @@ def check_sampler_backend(cfg: RunConfig, config: Any | None) -> None:
 
 
 def _cuda_available() -> bool:
-    import torch
+    import torch  # noqa: PLC0415 - loads transformers or torch: only for this check
 
     return bool(torch.cuda.is_available())
 
@@ -326,7 +326,7 @@ def check_engine(cfg: RunConfig, config: Any | None) -> None:
     architecture, checked now rather than at the first rollout."""
     if cfg.rollout.sampler_backend != "vllm":
         return
-    from harness.model.engine_support import (
+    from harness.model.engine_support import (  # noqa: PLC0415 - loads transformers or torch: only for this check
         INSTALL_HINT,
         cpu_head_size_problem,
         engine_installed,
@@ -358,8 +358,8 @@ def check_lengths(cfg: RunConfig, task: Task) -> None:
     """Raise ``ValueError`` (one line) when the model cannot hold prompt + max_new_tokens, does
     not fit in memory, its tokenizer gives ids it does not have, or an option needs something
     missing (peft for LoRA)."""
-    from harness.config.resources import check_model_memory, check_weights
-    from harness.model.build import load_tokenizer
+    from harness.config.resources import check_model_memory, check_weights  # noqa: PLC0415 - loads transformers or torch: only for this check
+    from harness.model.build import load_tokenizer  # noqa: PLC0415 - loads transformers or torch: only for this check
 
     if cfg.model_options.lora is not None and importlib.util.find_spec("peft") is None:
         raise ValueError(

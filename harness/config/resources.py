@@ -60,8 +60,8 @@ def _with_layers(config: Any, n: int) -> Any:
 
 
 def _meta_count(config: Any, trust_remote_code: bool) -> int:
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    import torch  # noqa: PLC0415 - loads transformers or torch: only for this estimate
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 - loads transformers or torch: only for this estimate
 
     with torch.device("meta"):
         if type(config) is LlamaConfig:
@@ -184,7 +184,7 @@ def available_memory() -> tuple[int | None, str]:
 
 def _largest_gpu_free() -> int | None:
     try:
-        import torch
+        import torch  # noqa: PLC0415 - loads transformers or torch: only for this estimate
 
         if not torch.cuda.is_available():
             return None
@@ -209,7 +209,7 @@ def training_copies(cfg: RunConfig) -> tuple[int, str]:
 
 
 def tiny_model_config(cfg: RunConfig) -> Any:
-    from harness.model.build import build_tokenizer, tiny_llama_config
+    from harness.model.build import build_tokenizer, tiny_llama_config  # noqa: PLC0415 - loads transformers or torch: only for this estimate
 
     return tiny_llama_config(build_tokenizer(), cfg.tiny)
 

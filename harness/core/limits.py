@@ -7,6 +7,7 @@ one 2 MB prompt padded into a batch with 320 others took 23 GB). The README stat
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import stat
@@ -110,8 +111,6 @@ def not_regular(path: str | Path) -> str | None:
     try:
         mode = os.stat(path).st_mode
     except OSError as err:
-        import errno
-
         return "a symlink loop" if err.errno == errno.ELOOP else None
     if stat.S_ISREG(mode):
         return None

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from harness.metrics import OBJECTIVE_METRICS
+from harness.model import logprobs
 from harness.ppo.advantages import gae, kl_estimate, shape_rewards
 from harness.ppo.masks import group_ids_from_sizes, top_entropy_mask, truncated_row_mask
 from harness.ppo.normalization import normalize
@@ -129,9 +130,7 @@ class PPOActor:
             )
         fn = self._logprob_fn
         if fn is None:
-            from harness.model.logprobs import forward_logprobs
-
-            fn = forward_logprobs
+            fn = logprobs.forward_logprobs  # looked up here: tests replace it
         # The same precision context as the sampler (harness.model.build.precision): autocast to
         # ``autocast_dtype`` on the model's device, or explicitly off.
         dev = next(self.model.parameters()).device.type

@@ -163,7 +163,7 @@ class EngineSampler:
         # The policy as a checkpoint the engine loads (merged under LoRA). Starting on dummy
         # weights and syncing afterwards was measured to leave the engine's log-probs ~0.9 off
         # the learner's on the tiny Llama; loading real weights first, then syncing, matches.
-        from safetensors.torch import save_file
+        from safetensors.torch import save_file  # noqa: PLC0415 - only when the engine starts
 
         config.save_pretrained(self._workdir)
         with open(os.path.join(self._workdir, "config.json")) as f:

@@ -94,7 +94,7 @@ class ColocatedEngine:
 
 def _save_model(model: Any, tokenizer: Any, workdir: str, dtype: str) -> None:
     """The policy as a checkpoint directory the engine loads (merged weights under LoRA)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # noqa: PLC0415 - only when the engine starts
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     arch = served_architecture(base.config, type(base).__name__)

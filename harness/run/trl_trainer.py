@@ -68,9 +68,9 @@ def grpo_steps(run: Run, grpo_config: dict[str, Any]) -> None:
     """``GRPOTrainer.train()`` on the scaffold's warm-started policy, one generation cycle per
     harness step; ``grpo_config`` is :func:`harness.config.trl_map.grpo_kwargs` of ``run.cfg``."""
     from datasets import Dataset
-    from transformers import TrainerCallback
-    from transformers.trainer_callback import PrinterCallback
-    from transformers.utils import logging as hf_logging
+    from transformers import TrainerCallback  # noqa: PLC0415 - with TRL, only when the TRL trainer runs
+    from transformers.trainer_callback import PrinterCallback  # noqa: PLC0415 - with TRL, only when the TRL trainer runs
+    from transformers.utils import logging as hf_logging  # noqa: PLC0415 - with TRL, only when the TRL trainer runs
 
     import_trl()
     from trl import GRPOConfig, GRPOTrainer

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.core.configtools import to_dict
 from harness.ppo.corrections.spec import Correction
 
 
@@ -44,8 +45,6 @@ def preset(p: Preset) -> Preset:
 def preset_block(name: str) -> dict[str, Any]:
     """The preset's correction as a plain config block (what ``{preset: NAME, ...}`` starts
     from before its own keys override)."""
-    from harness.core.configtools import to_dict
-
     block: dict[str, Any] = to_dict(PRESETS[name].correction)
     return block
 

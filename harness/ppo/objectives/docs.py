@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+from harness import metrics
 from harness.ppo.objectives.frame import ClipOptions
 from harness.ppo.objectives.registry import OBJECTIVES, Objective, _shown
 
@@ -63,6 +64,4 @@ def objectives_markdown() -> str:
 def metrics_markdown() -> str:
     """``docs/metrics.md`` (``python -m harness.ppo.objectives metrics``): the vocabulary, with
     the per-objective section the registered objectives declare."""
-    from harness.metrics import markdown
-
-    return markdown()
+    return metrics.markdown()

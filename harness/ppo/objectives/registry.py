@@ -34,7 +34,7 @@ import torch
 from harness.core.configtools import ConfigError, check_declared
 from harness.core.configtools import meta as meta  # re-exported: R.meta for objective modules
 from harness.core.configtools import option as option  # re-exported: R.option likewise
-from harness.metrics import declare_objective_stats
+from harness.metrics import declare_objective_stats, forget_objective_stats
 from harness.ppo.objectives.frame import (
     LOSS_AGG_MODES,
     ClipOptions,
@@ -193,8 +193,6 @@ def register(name: str, **declaration: Any) -> Callable[[TermsFn], Objective]:
 
 def unregister(name: str) -> None:
     """Remove an objective (tests that register a made-up one clean up with it)."""
-    from harness.metrics import forget_objective_stats
-
     OBJECTIVES.pop(name, None)
     forget_objective_stats(name)
 

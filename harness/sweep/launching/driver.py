@@ -196,7 +196,7 @@ def close_killed_trials(
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
-    from harness.sweep.stores.optuna_adapter import storage_of, trial_id
+    from harness.sweep.stores.optuna_adapter import storage_of, trial_id  # noqa: PLC0415 - loads Optuna: a dry run does not
 
     by_number = {t.number: t for t in with_retries(lambda: study.get_trials(deepcopy=False))}
     # A trial's attrs are set by id, outside an optuna Trial object.

@@ -90,7 +90,7 @@ def check_devices(devices: list[str], where: str) -> None:
     """A device this machine does not have is a config error up front, not N failed trials."""
     if all(d.strip().lower() == "cpu" for d in devices):
         return  # no torch import for the common case
-    from harness.model.build import resolve_device
+    from harness.model.build import resolve_device  # noqa: PLC0415 - loads torch: only to resolve a device
 
     for d in devices:
         try:

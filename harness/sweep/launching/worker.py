@@ -137,7 +137,7 @@ class _Trial:
         )
 
     def train(self, cfg: Any, label: str, seed: int) -> tuple[Any, str]:
-        from harness.run.tracked import tracked_run
+        from harness.run.tracked import tracked_run  # noqa: PLC0415 - loads Optuna or torch: only in a running worker
 
         self.event("start", cell=label, seed=seed, steps=cfg.steps, pid=os.getpid())
 
@@ -221,7 +221,7 @@ class _Trial:
 
 def run_grid_trial(t: _Trial) -> str:
     """Train one claimed (cell, seed) trial and tell Optuna how it ended; returns the outcome."""
-    from harness.sweep.stores.optuna_adapter import frozen_trial, heartbeat
+    from harness.sweep.stores.optuna_adapter import frozen_trial, heartbeat  # noqa: PLC0415 - loads Optuna or torch: only in a running worker
 
     attrs = with_retries(lambda: frozen_trial(t.study, t.trial)).user_attrs
     cell, seed = attrs["cell"], int(attrs["seed"])
@@ -277,7 +277,7 @@ def run_search_trial(t: _Trial) -> str:
     """Sample a point, train every seed at it (pruning between seeds), tell the mean objectives."""
     from optuna.storages import RetryHeartbeatStaleTrialCallback
 
-    from harness.sweep.stores.optuna_adapter import frozen_trial, heartbeat
+    from harness.sweep.stores.optuna_adapter import frozen_trial, heartbeat  # noqa: PLC0415 - loads Optuna or torch: only in a running worker
 
     assert t.spec.search is not None
     plan = t.spec.search
@@ -419,9 +419,9 @@ def _work(
 ) -> str | None:
     """The loop of ``worker_loop``; returns why a full disk stopped it, or None."""
     import optuna
-    import torch
+    import torch  # noqa: PLC0415 - loads Optuna or torch: only in a running worker
 
-    from harness.run.tracked import tracked_run  # noqa: F401  (imported before a trial is claimed)
+    from harness.run.tracked import tracked_run  # noqa: F401, PLC0415 - loads torch before a trial is claimed
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     torch.set_num_threads(max(1, opts.threads))

@@ -80,7 +80,7 @@ def _trl_use_cpu(cfg: RunConfig) -> tuple[bool, str | None]:
     if dev == "cpu":
         return True, None
     if dev == "auto":
-        import torch
+        import torch  # noqa: PLC0415 - torch: only to export a device setting
 
         cpu = not torch.cuda.is_available()
         return cpu, f"device auto: resolved on this machine ({'no CUDA' if cpu else 'CUDA'})"

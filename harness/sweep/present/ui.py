@@ -296,7 +296,7 @@ def serve_dashboard(host: str, port: int) -> None:
     else:
         from optuna.storages.journal import JournalFileBackend
 
-        from harness.sweep.stores.journal_lock import journal_lock
+        from harness.sweep.stores.journal_lock import journal_lock  # noqa: PLC0415 - loads Optuna: only when the UI reads a journal
 
         backend = JournalFileBackend(os.path.abspath(url), lock_obj=journal_lock(url))
         storage = optuna.storages.JournalStorage(backend)

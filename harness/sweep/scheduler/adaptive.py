@@ -122,7 +122,7 @@ def apply_allocation(
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
-    from harness.sweep.stores.optuna_adapter import storage_of, trial_id
+    from harness.sweep.stores.optuna_adapter import storage_of, trial_id  # noqa: PLC0415 - loads Optuna: a dry run does not
 
     trials = with_retries(lambda: study.get_trials(deepcopy=False))
     states = cell_states(trials, spec)

@@ -68,7 +68,7 @@ def trial_params(spec: StudySpec, cell: str, seed: int) -> dict[str, tuple[Any, 
 
 def label_trial(study: optuna.Study, trial: Any, spec: StudySpec, cell: str, seed: int) -> None:
     """Record the trial's cell axes and seed as params (those it does not have yet)."""
-    from harness.sweep.stores.optuna_adapter import frozen_trial, storage_of, trial_id
+    from harness.sweep.stores.optuna_adapter import frozen_trial, storage_of, trial_id  # noqa: PLC0415 - loads Optuna: a dry run does not
 
     storage = storage_of(study)
     tid = trial_id(trial)

@@ -112,7 +112,7 @@ def next_trial(
     call cancelled."""
     from optuna.trial import TrialState
 
-    from harness.sweep.stores.optuna_adapter import claim_waiting_trial, fail_stale_trials
+    from harness.sweep.stores.optuna_adapter import claim_waiting_trial, fail_stale_trials  # noqa: PLC0415 - loads Optuna: a dry run does not
 
     with_retries(lambda: fail_stale_trials(study))
     if spec.kind == "grid" and spec.adaptive is not None:

@@ -163,7 +163,7 @@ class ResilientRDBStorage(RDBStorage):
     def _begin_immediately_on_sqlite(self) -> None:
         if self.engine.dialect.name != "sqlite":
             return
-        from sqlalchemy import event
+        from sqlalchemy import event  # noqa: PLC0415 - SQLAlchemy: only for a PostgreSQL study
 
         def begin_immediate(connection: Any) -> None:
             connection.exec_driver_sql("BEGIN IMMEDIATE")
@@ -206,9 +206,9 @@ class ResilientRDBStorage(RDBStorage):
     ) -> bool:
         """Optuna's ``set_trial_state_values`` plus the token (and a claim's first heartbeat)
         in the same transaction."""
-        import sqlalchemy.exc as sa_exc
-        from optuna.storages._rdb import models
-        from optuna.storages._rdb.storage import _create_scoped_session
+        import sqlalchemy.exc as sa_exc  # noqa: PLC0415 - SQLAlchemy: only for a PostgreSQL study
+        from optuna.storages._rdb import models  # noqa: PLC0415 - SQLAlchemy: only for a PostgreSQL study
+        from optuna.storages._rdb.storage import _create_scoped_session  # noqa: PLC0415 - SQLAlchemy: only for a PostgreSQL study
 
         try:
             with _create_scoped_session(self.scoped_session) as session:

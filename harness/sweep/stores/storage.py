@@ -139,7 +139,7 @@ def make_storage(
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        from harness.sweep.stores.optuna_adapter import ResilientRDBStorage
+        from harness.sweep.stores.optuna_adapter import ResilientRDBStorage  # noqa: PLC0415 - factory: loads Optuna and one backend when opened
 
         try:
             return ResilientRDBStorage(
@@ -160,8 +160,8 @@ def default_stale_trial_callback(max_retry: int | None = DEFAULT_MAX_RETRY) -> S
 
 
 def _journal_storage(path: Path, heartbeat: dict[str, Any]) -> BaseStorage:
-    from harness.sweep.stores.journal import SafeJournalFileBackend
-    from harness.sweep.stores.journal_lock import journal_lock
+    from harness.sweep.stores.journal import SafeJournalFileBackend  # noqa: PLC0415 - factory: loads Optuna and one backend when opened
+    from harness.sweep.stores.journal_lock import journal_lock  # noqa: PLC0415 - factory: loads Optuna and one backend when opened
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -173,7 +173,7 @@ def _journal_storage(path: Path, heartbeat: dict[str, Any]) -> BaseStorage:
         if is_disk_full(error):
             raise  # not a bad --results-dir: the caller reports a full disk as such
         raise ValueError(f"storage: cannot write {path} ({error.strerror or error})") from None
-    from harness.sweep.stores.optuna_adapter import HeartbeatJournalStorage
+    from harness.sweep.stores.optuna_adapter import HeartbeatJournalStorage  # noqa: PLC0415 - factory: loads Optuna and one backend when opened
 
     return HeartbeatJournalStorage(backend, **heartbeat)
 
