@@ -8,10 +8,7 @@ from typing import Any
 
 import pytest
 
-try:  # `python -m pytest` puts the repository root on sys.path
-    from tests.pg import PrivatePostgres, find_pg_bin
-except ImportError:  # plain `pytest` with rootdir-relative imports puts tests/ there instead
-    from pg import PrivatePostgres, find_pg_bin  # type: ignore[no-redef]
+from tests.support.pg import PrivatePostgres, find_pg_bin
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -62,11 +59,9 @@ def ray_private_head() -> Iterator[Any]:
     """A private Ray head (loopback, 2 CPUs) for the session (a ``PrivateRayHead``); stopped at
     the end."""
     pytest.importorskip("ray")
-    try:
-        from tests.ray_head import PrivateRayHead
-    except ImportError:
-        from ray_head import PrivateRayHead  # type: ignore[no-redef]
     import os
+
+    from tests.support.ray_head import PrivateRayHead
 
     old_auth = os.environ.get("RAY_AUTH_MODE")
     os.environ["RAY_AUTH_MODE"] = "disabled"  # the drivers in this process, as for the head
@@ -95,10 +90,7 @@ def ray_head(ray_private_head: Any) -> str:
 @pytest.fixture(scope="session")
 def hf_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Local model directories of seven architectures (see tests/hf_archs.py), built once."""
-    try:
-        from tests.hf_archs import ARCHS, build_bpe_tokenizer, save_arch
-    except ImportError:
-        from hf_archs import ARCHS, build_bpe_tokenizer, save_arch  # type: ignore[no-redef]
+    from tests.support.hf_archs import ARCHS, build_bpe_tokenizer, save_arch
 
     root = tmp_path_factory.mktemp("hf_models")
     tok = build_bpe_tokenizer()
