@@ -1,4 +1,5 @@
-"""Shared fixtures: a private PostgreSQL server for the session, and a scratch results dir."""
+"""Shared fixtures: a private PostgreSQL server and Ray head for the session, local HF model
+directories, a scratch results dir, the settings of a tiny two-step run and an in-memory tracker."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ from typing import Any
 
 import pytest
 
+from harness import tracking
+from harness.tracking import MemoryTracker
 from tests.support.pg import PrivatePostgres, find_pg_bin
+from tests.support.tiny import FAST_RUN
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -52,6 +56,21 @@ def tmp_results(tmp_path: Path) -> Path:
     results = tmp_path / "results"
     results.mkdir()
     return results
+
+
+@pytest.fixture
+def tiny_run() -> list[str]:
+    """``--set`` values (without the flag) of a two-step run of the tiny model: a later value of
+    the same key wins, so a test adds what it needs after these."""
+    return list(FAST_RUN)
+
+
+@pytest.fixture
+def memory_tracker(monkeypatch: pytest.MonkeyPatch) -> MemoryTracker:
+    """The tracker every run of the test logs to (instead of an MLflow store)."""
+    tracker = MemoryTracker()
+    monkeypatch.setattr(tracking, "open_tracker", lambda uri, results_dir: tracker)
+    return tracker
 
 
 @pytest.fixture(scope="session")

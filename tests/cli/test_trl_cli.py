@@ -13,9 +13,9 @@ from harness.cli import app
 from harness.cli.console import PROGRESS_KEYS, progress_info
 from harness.config import ConfigError, load_run_config
 from harness.tracking import MemoryTracker
+from tests.support.tiny import TINY, TINY_SETS
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
 GROUP = {"mean_level": "group", "std_level": "group"}
 
 
@@ -239,9 +239,8 @@ def test_the_cli_takes_the_reported_flags_together(tmp_path, monkeypatch):
         "rollout.max_new_tokens=4",
         "eval.n_prompts=2",
         "threads=1",
+        *TINY_SETS,
     ]
-    for k, v in TINY.items():
-        sets.append(f"tiny.{k}={v}")
     args = ["run", "--results-dir", str(tmp_path / "r")]
     for s in sets:
         args += ["--set", s]

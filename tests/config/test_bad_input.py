@@ -8,10 +8,11 @@ import yaml
 from typer.testing import CliRunner
 
 from harness.cli import app
+from tests.support.tiny import TINY
 
 BASE = {
     "task": "reverse",
-    "tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
+    "tiny": TINY,
     "rollout": {"prompts_per_step": 2, "n_samples": 2, "max_new_tokens": 4},
     "eval": {"every": 0, "n_prompts": 4},
 }

@@ -9,8 +9,8 @@ import pytest
 from harness.config import build_run_config
 from harness.core.configtools import ConfigError
 from harness.run.loop import run
+from tests.support.tiny import TINY
 
-TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
 BASE = {
     "steps": 4,
     "task": "reverse",

@@ -3,7 +3,6 @@ layer), a model directory without a tokenizer, `~` in paths (docs/models.md's ow
 docs/tasks.md's task examples run as written, `harness fields` output and the sampler/learner gap."""
 
 import math
-import re
 import shutil
 from pathlib import Path
 
@@ -12,32 +11,15 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from harness import tracking
 from harness.cli import app
 from harness.config import build_run_config, load_run_config
-from harness.tracking import MemoryTracker
-from tests.support.hf_archs import arch_configs, build_bpe_tokenizer, save_arch
+from tests.support.docs import assert_commands_train, doc_block, harness_run_commands
+from tests.support.hf_archs import build_bpe_tokenizer, save_arch, save_chat_qwen2
+from tests.support.tiny import FAST_RUN, TINY, set_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 # The pages whose examples run here as written.
-README = "".join((ROOT / "docs" / page).read_text() for page in ("models.md", "tasks.md"))
-TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
-FAST = [
-    "steps=2",
-    "rollout.prompts_per_step=2",
-    "rollout.n_samples=2",
-    "rollout.max_new_tokens=4",
-    "eval.every=0",
-    "eval.n_prompts=2",
-    "threads=1",
-] + [f"tiny.{k}={v}" for k, v in TINY.items()]
-
-
-def sets(*items: str) -> list[str]:
-    out: list[str] = []
-    for s in items:
-        out += ["--set", s]
-    return out
+PAGES = ("models.md", "tasks.md")
 
 
 def assert_refused(result, expect: str, tmp_path: Path, before: set) -> None:
@@ -78,7 +60,7 @@ def test_lora_targets_are_checked_before_anything_is_written(targets, expect, tm
         app,
         [
             "run",
-            *sets(f"model_options.lora.target_modules={targets}", *FAST),
+            *set_flags(f"model_options.lora.target_modules={targets}", *FAST_RUN),
             "--results-dir",
             str(tmp_path / "results"),
         ],
@@ -89,7 +71,10 @@ def test_lora_targets_are_checked_before_anything_is_written(targets, expect, tm
 
 def test_lora_targets_of_a_loaded_model_and_in_a_grid(gpt2_dir, tmp_path):
     before = snapshot(tmp_path)
-    args = ["run", *sets(f"model={gpt2_dir}", "model_options.lora.target_modules=[ln_1]", *FAST)]
+    args = [
+        "run",
+        *set_flags(f"model={gpt2_dir}", "model_options.lora.target_modules=[ln_1]", *FAST_RUN),
+    ]
     r = CliRunner().invoke(app, [*args, "--results-dir", str(tmp_path / "results")])
     assert_refused(r, "'ln_1' matches LayerNorm 'transformer.h.0.ln_1'", tmp_path, before)
     assert "c_attn" in r.output
@@ -129,7 +114,13 @@ def test_model_directory_with_weights_but_no_tokenizer(gpt2_dir, tmp_path):
         shutil.copy(gpt2_dir / name, model / name)
     before = snapshot(tmp_path)
     r = CliRunner().invoke(
-        app, ["run", *sets(f"model={model}", *FAST), "--results-dir", str(tmp_path / "results")]
+        app,
+        [
+            "run",
+            *set_flags(f"model={model}", *FAST_RUN),
+            "--results-dir",
+            str(tmp_path / "results"),
+        ],
     )
     assert_refused(
         r, f"model: cannot load a tokenizer from '{model}' (no tokenizer", tmp_path, before
@@ -139,43 +130,25 @@ def test_model_directory_with_weights_but_no_tokenizer(gpt2_dir, tmp_path):
 # ---------------------------------------------------------------- ~ in paths: the docs' YAML
 
 
-def _readme_block(start: str) -> str:
-    """The fenced code block of docs/models.md or docs/tasks.md whose first line is ``start``."""
-    for block in re.findall(r"```[a-z]*\n(.*?)```", README, flags=re.S):
-        if block.startswith(start):
-            return block
-    raise AssertionError(f"docs/models.md, docs/tasks.md: no code block starting with {start!r}")
-
-
-def test_the_readme_model_yaml_runs_as_written(tmp_path, monkeypatch):
+def test_the_readme_model_yaml_runs_as_written(tmp_path, monkeypatch, memory_tracker):
     """`model: ~/models/...` and `task: jsonl:my-questions.jsonl` (relative to the current
     directory) resolve as docs/models.md says; a tiny Qwen2 with a chat template stands in."""
-    from transformers import AutoModelForCausalLM
-
     home, work = tmp_path / "home", tmp_path / "work"
     work.mkdir()
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.chdir(work)
-    tok = build_bpe_tokenizer()
-    tok.chat_template = "{{ bos_token }}[user] {{ messages[0]['content'] }}\n[assistant] "
-    config = arch_configs(len(tok))["qwen2"]
-    config.max_position_embeddings = 1024  # room for the YAML's 448 + 64 tokens
     target = home / "models" / "qwen2.5-0.5b-instruct"
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        AutoModelForCausalLM.from_config(config).save_pretrained(target)
-    tok.save_pretrained(target)
-    (work / "my-questions.jsonl").write_text(_readme_block('{"prompt"'))
-    text = _readme_block("# my-model.yaml")
+    save_chat_qwen2(target, max_position_embeddings=1024)  # room for the YAML's 448 + 64 tokens
+    (work / "my-questions.jsonl").write_text(doc_block('{"prompt"', PAGES))
+    text = doc_block("# my-model.yaml", PAGES)
     assert "model: ~/models/" in text and "task: jsonl:my-questions.jsonl" in text
     (work / "my-model.yaml").write_text(text)
 
     cfg = load_run_config("my-model.yaml")
     assert cfg.model == str(target) and cfg.model_options.lora is not None
-    tracker = MemoryTracker()
-    monkeypatch.setattr(tracking, "open_tracker", lambda uri, results_dir: tracker)
-    fast = [s for s in FAST if not s.startswith("tiny.")]
-    r = CliRunner().invoke(app, ["run", "my-model.yaml", *sets(*fast, "steps=1")])
+    tracker = memory_tracker
+    fast = [s for s in FAST_RUN if not s.startswith("tiny.")]
+    r = CliRunner().invoke(app, ["run", "my-model.yaml", *set_flags(*fast, "steps=1")])
     assert r.exit_code == 0, r.output
     (run,) = tracker.runs.values()
     assert run.status == "FINISHED" and run.params["model"] == str(target)
@@ -193,7 +166,7 @@ def test_tilde_is_expanded_in_every_path(tmp_path, monkeypatch):
         base, {"rollout.chat_template": "~/t.jinja"}
     ).rollout.chat_template == str(tmp_path / "t.jinja")
     for task in ("jsonl:~/q.jsonl", "python:~/r.py:f@~/q.jsonl"):
-        cfg = load_run_config(None, [f"task={task}", *FAST])  # validate_task reads the files
+        cfg = load_run_config(None, [f"task={task}", *FAST_RUN])  # validate_task reads the files
         assert cfg.task == task
     from harness.tasks import get_task
 
@@ -203,32 +176,20 @@ def test_tilde_is_expanded_in_every_path(tmp_path, monkeypatch):
 # ---------------------------------------------------------------- docs/tasks.md's examples
 
 
-def test_the_readme_task_examples_run_as_written(tmp_path, monkeypatch):
+def test_the_readme_task_examples_run_as_written(tmp_path, monkeypatch, memory_tracker):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "my-questions.jsonl").write_text(_readme_block('{"prompt"'))
-    (tmp_path / "my_reward.py").write_text(_readme_block("# my_reward.py"))
-    commands = [
-        ln.split()[1:]
-        for ln in _readme_block("# with my_reward.py").splitlines()
-        if ln.startswith("harness run")
-    ]
+    (tmp_path / "my-questions.jsonl").write_text(doc_block('{"prompt"', PAGES))
+    (tmp_path / "my_reward.py").write_text(doc_block("# my_reward.py", PAGES))
+    commands = harness_run_commands(doc_block("# with my_reward.py", PAGES))
     assert len(commands) == 3
-    tracker = MemoryTracker()
-    monkeypatch.setattr(tracking, "open_tracker", lambda uri, results_dir: tracker)
-    for argv in commands:
-        # later --set wins: a short run, and a 2-step warm start for the documented 200
-        r = CliRunner().invoke(app, [*argv, *sets(*FAST, "warm_start.steps=2")])
-        assert r.exit_code == 0, (argv, r.output)
-    runs = list(tracker.runs.values())
+    tracker = memory_tracker
+    # a 2-step warm start for the documented 200
+    runs = assert_commands_train(commands, [*FAST_RUN, "warm_start.steps=2"], tracker)
     assert [run.params["task"] for run in runs] == [
         "jsonl:my-questions.jsonl",
         "python:my_reward.py:score",
         "python:my_reward.py:score@my-questions.jsonl",
     ]
-    for run in runs:
-        assert run.status == "FINISHED"
-        rewards = [v for _, v in run.metrics["objective/reward"]]
-        assert len(rewards) == 2 and all(0.0 <= v <= 1.0 for v in rewards)
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("readme_reward", tmp_path / "my_reward.py")
@@ -309,7 +270,7 @@ def test_sampler_logprob_gap_is_logged_every_step(dtype, tmp_path):
 
     cfg = build_run_config(
         {"tiny": TINY, "model_options": {"dtype": dtype}},
-        [*FAST, "ppo.ppo_n_minibatches=1"],
+        [*FAST_RUN, "ppo.ppo_n_minibatches=1"],
     )
     res = run(cfg, results_dir=tmp_path)
     gaps = res.history["policy/sampler_logprob_gap"]

@@ -4,48 +4,30 @@ experiments/reasoning.yaml expands into its grid without training."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.config import load_run_config
-from tests.support.hf_archs import arch_configs, build_bpe_tokenizer
+from tests.support.docs import doc_block
+from tests.support.hf_archs import save_chat_qwen2
 
 pytest.importorskip("reasoning_gym")
 pytest.importorskip("peft")
 
 ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "docs" / "tasks.md").read_text()
-
-
-def _readme_block(start: str) -> str:
-    for block in re.findall(r"```[a-z]*\n(.*?)```", README, flags=re.S):
-        if block.startswith(start):
-            return block
-    raise AssertionError(f"docs/tasks.md has no code block starting with {start!r}")
 
 
 def test_the_readme_countdown_recipe_loads_as_a_run_config(tmp_path, monkeypatch):
-    from transformers import AutoModelForCausalLM
-
     home, work = tmp_path / "home", tmp_path / "work"
     work.mkdir()
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.chdir(work)
-    tok = build_bpe_tokenizer()
-    tok.chat_template = "{{ bos_token }}[user] {{ messages[0]['content'] }}\n[assistant] "
-    config = arch_configs(len(tok))["qwen2"]
-    config.max_position_embeddings = 1024  # room for the recipe's 256 + 256 tokens
     target = home / "models" / "qwen2.5-0.5b-instruct"
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        AutoModelForCausalLM.from_config(config).save_pretrained(target)
-    tok.save_pretrained(target)
-    text = _readme_block("# countdown-qwen.yaml")
+    save_chat_qwen2(target, max_position_embeddings=1024)  # room for the recipe's 256 + 256 tokens
+    text = doc_block("# countdown-qwen.yaml")
     (work / "countdown-qwen.yaml").write_text(text)
 
     cfg = load_run_config("countdown-qwen.yaml")

@@ -15,8 +15,7 @@ from harness.cli import app
 from harness.config import build_run_config
 from harness.metrics.passk import mean_pass_at_k, pass_at_k
 from harness.run.loop import run
-
-TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
+from tests.support.tiny import TINY, TINY_SETS, set_flags
 
 
 def test_golden_values():
@@ -102,7 +101,7 @@ def test_the_console_summary_shows_pass_at_k_only_when_sampled(tmp_path, monkeyp
 
     monkeypatch.setattr(tracking, "open_tracker", lambda uri, results_dir: MemoryTracker())
     base = ["run", "--results-dir", str(tmp_path), "--set", "steps=1", "--set", "threads=1"]
-    base += ["--set", "eval.n_prompts=2"] + [f"--set=tiny.{k}={v}" for k, v in TINY.items()]
+    base += ["--set", "eval.n_prompts=2"] + set_flags(*TINY_SETS)
     sampled = CliRunner().invoke(app, [*base, "--set", "eval.samples=2", "--set", "eval.k=2"])
     assert sampled.exit_code == 0, sampled.output
     assert "final/eval_pass_at_k" in sampled.output and "final/eval_mean_at_n" in sampled.output

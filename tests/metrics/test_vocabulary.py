@@ -37,6 +37,7 @@ from harness.run.loop import RunResult
 from harness.run.rollout import sample
 from harness.run.tracked import finish_tracked_run
 from harness.tracking import MemoryTracker
+from tests.support.tiny import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIXES = "objective|eval|policy|advantages|critic|rollout|stability|optim|perf|final|best|start"
@@ -86,13 +87,10 @@ def test_runtime_checks_refuse_undefined_names():
         check_run_names({"final/rewards": 1.0})
 
 
-TINY = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
-
-
 @pytest.fixture(scope="module")
 def setup():
     tok = build_tokenizer()
-    model = build_model(tok, TINY, seed=0)
+    model = build_model(tok, TinyModelConfig(**TINY), seed=0)
     gen = torch.Generator().manual_seed(0)
     prompts = ["123>", "4567>", "89>", "2468>"]
     rb = sample(model, tok, prompts, n_samples=2, max_new_tokens=5, generator=gen)

@@ -11,14 +11,13 @@ from harness.model.build import TinyModelConfig, build_model, build_tokenizer
 from harness.ppo import NormConfig, RejectionSampling
 from harness.ppo.actor import PPOActor
 from harness.run.rollout import sample
-
-TINY = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+from tests.support.tiny import TINY
 
 
 @pytest.fixture(scope="module")
 def setup():
     tok = build_tokenizer()
-    model = build_model(tok, TINY, seed=0)
+    model = build_model(tok, TinyModelConfig(**TINY), seed=0)
     gen = torch.Generator().manual_seed(0)
     rb = sample(
         model, tok, ["123>", "4567>", "89>", "2468>"], n_samples=4, max_new_tokens=6, generator=gen

@@ -25,6 +25,7 @@ from harness.ppo.corrections.docs import markdown
 from harness.ppo.objectives import OBJECTIVES, lookup, ppo_actor_loss
 from harness.run.rollout import sample
 from tests.support.objective_cli import SMALL
+from tests.support.tiny import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
 LOG = math.log
@@ -283,7 +284,7 @@ def test_every_objective_composes_with_every_correction(objective, name):
 @pytest.fixture(scope="module")
 def setup():
     tok = build_tokenizer()
-    tiny = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    tiny = TinyModelConfig(**TINY)
     model = build_model(tok, tiny, seed=0)
     gen = torch.Generator().manual_seed(0)
     rb = sample(

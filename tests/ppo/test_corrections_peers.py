@@ -483,36 +483,18 @@ def _trl_call(mode, cmin, cmax, lt, lp, lb, A, M, opsm=None, loss_type="bnpo"):
     d loss / d ℓθ.  TRL computes ρ inline in ``_generate_and_score_completions`` (no function to
     call): ``_trl_ratio`` transcribes those lines (trl/trainer/grpo_trainer.py)."""
     pytest.importorskip("trl")
-    from trl.trainer.grpo_trainer import GRPOTrainer
-
-    from tests.ppo.test_objectives_trl import _TrainerStandIn
+    from tests.support.trl_stand_in import TrainerStandIn, trl_compute_loss
 
     x = lt.detach().clone().requires_grad_(True)
-    s = _TrainerStandIn(loss_type, x)
-    s.args.vespo_k_pos, s.args.vespo_lambda_pos = 2.0, 3.0  # TRL's defaults
-    s.args.vespo_k_neg, s.args.vespo_lambda_neg = 3.0, 2.0
+    s = TrainerStandIn(loss_type, x)
     s.use_vllm = mode is not None
     s.vllm_importance_sampling_correction = mode is not None
     s.off_policy_mask_threshold = opsm
-    s.get_off_policy_mask = GRPOTrainer.get_off_policy_mask  # TRL's own static methods
-    s.get_gamma_weights = GRPOTrainer.get_gamma_weights
-    B, T = lt.shape
-    Mf = M.to(lt.dtype)
-    inputs = {
-        "prompt_ids": torch.zeros(B, 1, dtype=torch.long),
-        "prompt_mask": torch.ones(B, 1, dtype=torch.long),
-        "completion_ids": torch.zeros(B, T, dtype=torch.long),
-        "completion_mask": Mf,
-        "advantages": A[:, 0],
-        "old_per_token_logps": lp,
-        "sampling_per_token_logps": lb,
-        "num_items_in_batch": Mf.sum(),
-    }
+    more = {"sampling_per_token_logps": lb}
     if mode is not None:
-        inputs["importance_sampling_ratio"] = _trl_ratio(lp, lb, Mf, mode, cmin, cmax)
-    loss = GRPOTrainer._compute_loss(s, None, inputs)
-    loss.backward()
-    return loss.detach(), x.grad
+        more["importance_sampling_ratio"] = _trl_ratio(lp, lb, M.to(lt.dtype), mode, cmin, cmax)
+    loss = trl_compute_loss(s, lp, A[:, 0], M, **more)
+    return loss, x.grad
 
 
 def _trl_ratio(lp, lb, mask, mode, cmin, cmax):

@@ -26,9 +26,9 @@ from harness.ppo.corrections.compute import apply_correction, segment_ids, segme
 from harness.ppo.objectives import ppo_actor_loss
 from harness.run.loop import run
 from harness.sweep.export import export_cell
+from tests.support.tiny import TINY
 
 EPS = 0.2
-TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
 BASE = {
     "steps": 2,
     "task": "reverse",

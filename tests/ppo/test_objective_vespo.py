@@ -3,8 +3,6 @@ composition with the decoupled loss and every aggregation, the TRL map, config e
 
 import math
 import random
-from collections import defaultdict
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,6 +14,8 @@ from harness.ppo import PPOActorConfig
 from harness.ppo.objectives import objective_loss
 from harness.ppo.objectives.vespo import vespo_loss
 from tests.support.objective_cli import assert_trains_through_the_cli
+from tests.support.tiny import TINY
+from tests.support.trl_stand_in import TrainerStandIn, trl_compute_loss
 
 F64 = torch.float64
 AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
@@ -124,61 +124,13 @@ def test_loss_and_gradient_match_trl_formula(seed, opts):
     assert torch.allclose(st["gate"], torch.where(mask, phi, 0.0), rtol=1e-12)
 
 
-class _Accelerator:
-    num_processes = 1
-
-    def reduce(self, x, reduction="sum"):
-        return x
-
-    def gather(self, x):
-        return x
-
-    gather_for_metrics = gather
-
-
 def trl_own_loss(lt, old, adv, mask):
     """TRL's own ``GRPOTrainer._compute_loss`` (loss_type vespo, default k/λ) on a stand-in."""
-    trl = pytest.importorskip("trl.trainer.grpo_trainer")
+    pytest.importorskip("trl.trainer.grpo_trainer")
     x = lt.clone().requires_grad_(True)
-    B, T = lt.shape
-    me = SimpleNamespace(
-        loss_type="vespo",
-        importance_sampling_level="token",
-        beta=0.0,
-        top_entropy_quantile=1.0,
-        off_policy_mask_threshold=None,
-        use_vllm=False,
-        vllm_importance_sampling_correction=False,
-        _entropy_bonus_enabled=False,
-        aux_loss_enabled=False,
-        current_gradient_accumulation_steps=1,
-        model=SimpleNamespace(training=True),
-        accelerator=_Accelerator(),
-        args=SimpleNamespace(
-            delta=None,
-            steps_per_generation=1,
-            use_bias_correction_kl=False,
-            vespo_k_pos=2.0,
-            vespo_lambda_pos=3.0,
-            vespo_k_neg=3.0,
-            vespo_lambda_neg=2.0,
-        ),
-        _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
-        get_gamma_weights=trl.GRPOTrainer.get_gamma_weights,
-        _get_per_token_logps_and_entropies=lambda *a, **k: (x, torch.zeros_like(x), None),
-    )
-    inputs = {
-        "prompt_ids": torch.zeros(B, 1, dtype=torch.long),
-        "prompt_mask": torch.ones(B, 1, dtype=torch.long),
-        "completion_ids": torch.zeros(B, T, dtype=torch.long),
-        "completion_mask": mask.to(lt.dtype),
-        "advantages": adv[:, 0],
-        "old_per_token_logps": old,
-        "num_items_in_batch": mask.sum().to(lt.dtype),
-    }
-    loss = trl.GRPOTrainer._compute_loss(me, None, inputs)
-    loss.backward()
-    return loss.detach(), x.grad, me._metrics["train"]
+    me = TrainerStandIn("vespo", x)
+    loss = trl_compute_loss(me, old, adv[:, 0], mask)
+    return loss, x.grad, me._metrics["train"]
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -287,8 +239,6 @@ def test_every_aggregation_through_the_config_and_one_row(agg):
 
 
 # ------------------------------------------------------------------ config and the TRL map
-
-TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
 
 
 def trl_cfg(**over):

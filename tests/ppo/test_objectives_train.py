@@ -11,8 +11,7 @@ from harness.config import ConfigError, PPOActorConfig, build_run_config
 from harness.metrics import STEP_METRICS
 from harness.ppo import PPOActor, ppo_actor_loss
 from harness.run.loop import run
-
-TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
+from tests.support.tiny import TINY
 
 
 def cfg(**over):

@@ -13,82 +13,25 @@ harness objective on identical inputs:
     dr_grpo       | ppo-clip, seq-mean-token-sum-norm (max_completion_length = T)
 """
 
-from collections import defaultdict
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 pytest.importorskip("trl")
-from trl.trainer.grpo_trainer import GRPOTrainer  # noqa: E402
-
 from harness.ppo import ppo_actor_loss  # noqa: E402
 from harness.ppo.objectives import cispo_loss, sapo_loss  # noqa: E402
-
-
-class _Accelerator:
-    num_processes = 1
-
-    def reduce(self, x, reduction="sum"):
-        return x
-
-    def gather(self, x):
-        return x
-
-    gather_for_metrics = gather
-
-
-class _TrainerStandIn:
-    """The attributes ``GRPOTrainer._compute_loss`` reads, for one process, no reference model,
-    no vLLM, no entropy mask or bonus, one gradient-accumulation step per generation batch."""
-
-    def __init__(self, loss_type, logps, *, eps_low=0.2, eps_high=0.2, tau_pos=1.0, tau_neg=1.05):
-        self.loss_type = loss_type
-        self.epsilon_low = eps_low
-        self.epsilon_high = eps_high
-        self.importance_sampling_level = "token"
-        self.beta = 0.0
-        self.top_entropy_quantile = 1.0
-        self.off_policy_mask_threshold = None
-        self.use_vllm = False
-        self.vllm_importance_sampling_correction = False
-        self._entropy_bonus_enabled = False
-        self.aux_loss_enabled = False
-        self.current_gradient_accumulation_steps = 1
-        self.max_completion_length = logps.shape[1]
-        self.model = SimpleNamespace(training=True)
-        self.accelerator = _Accelerator()
-        self.args = SimpleNamespace(
-            delta=None,
-            sapo_temperature_pos=tau_pos,
-            sapo_temperature_neg=tau_neg,
-            steps_per_generation=1,
-            use_bias_correction_kl=False,
-        )
-        self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
-        self._logps = logps
-
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, keep, **_):
-        return self._logps, torch.zeros_like(self._logps), None
+from tests.support.trl_stand_in import (  # noqa: E402
+    TrainerStandIn,
+    random_batch,
+    trl_compute_loss,
+)
 
 
 def trl_loss(loss_type, lt, old, adv, mask, **kw):
     """TRL's loss and d loss / d ℓθ on [B, T] completions."""
     x = lt.clone().requires_grad_(True)
-    stand_in = _TrainerStandIn(loss_type, x, **kw)
-    B, Tn = lt.shape
-    inputs = {
-        "prompt_ids": torch.zeros(B, 1, dtype=torch.long),
-        "prompt_mask": torch.ones(B, 1, dtype=torch.long),
-        "completion_ids": torch.zeros(B, Tn, dtype=torch.long),
-        "completion_mask": mask.to(lt.dtype),
-        "advantages": adv,
-        "old_per_token_logps": old,
-        "num_items_in_batch": mask.sum().to(lt.dtype),
-    }
-    loss = GRPOTrainer._compute_loss(stand_in, None, inputs)
-    loss.backward()
-    return loss.detach(), x.grad, stand_in._metrics["train"]
+    stand_in = TrainerStandIn(loss_type, x, **kw)
+    loss = trl_compute_loss(stand_in, old, adv, mask)
+    return loss, x.grad, stand_in._metrics["train"]
 
 
 def ours(fn, lt, old, adv, mask, **kw):
@@ -96,19 +39,6 @@ def ours(fn, lt, old, adv, mask, **kw):
     loss, stats = fn(x, old, old, adv, mask, **kw)
     loss.backward()
     return loss.detach(), x.grad, stats
-
-
-def random_batch(seed, B=6, Tn=7, spread=0.4, per_sequence_adv=False):
-    g = torch.Generator().manual_seed(seed)
-    lt = -torch.rand(B, Tn, generator=g) * 4
-    old = lt + torch.randn(B, Tn, generator=g) * spread
-    if per_sequence_adv:
-        adv = (torch.randn(B, 1, generator=g) * 1.5).expand(B, Tn).clone()
-    else:
-        adv = torch.randn(B, Tn, generator=g) * 1.5
-    mask = torch.rand(B, Tn, generator=g) < 0.75
-    mask[:, 0] = True  # every completion has a token (TRL's sequence means count every row)
-    return lt, old, adv, mask
 
 
 SEEDS = range(8)

@@ -26,8 +26,8 @@ from harness.ppo import PPOActor, PPOActorConfig
 from harness.ppo.proximal import loglinear_alpha, loglinear_proximal
 from harness.run.loop import run
 from harness.sweep.export import export_cell
+from tests.support.tiny import TINY
 
-TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
 STALE = {
     "steps": 4,
     "task": "reverse",

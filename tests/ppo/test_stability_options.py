@@ -32,6 +32,7 @@ from harness.run.dynamic_sampling import Round, concat_rollouts, refill, select_
 from harness.run.rollout import RolloutBatch
 from harness.sweep.export import export_areal, export_trl, export_verl
 from tests.support.objective_cli import SMALL, assert_trains_through_the_cli
+from tests.support.tiny import TINY
 
 close = torch.testing.assert_close
 
@@ -270,7 +271,7 @@ def test_a_step_with_no_group_left_skips_its_update_and_the_run_completes(monkey
     d = {
         "steps": 2,
         "task": "reverse",
-        "tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
+        "tiny": TINY,
         "rollout": {
             "prompts_per_step": 2,
             "n_samples": 2,
@@ -299,13 +300,15 @@ def test_every_option_metric_is_logged_when_its_option_is_on(monkeypatch):
     import harness.run.loop as loop
 
     # a reward that varies with the completion, so some groups keep a signal
-    monkeypatch.setattr(collect, "score_parts", lambda task, e, c: (0.0, float(sum(map(ord, c)) % 2)))
+    monkeypatch.setattr(
+        collect, "score_parts", lambda task, e, c: (0.0, float(sum(map(ord, c)) % 2))
+    )
     logged: set[str] = set()
     for truncated in ("mask", "zero_reward"):
         d = {
             "steps": 2,
             "task": "reverse",
-            "tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
+            "tiny": TINY,
             "rollout": {
                 "prompts_per_step": 2,
                 "n_samples": 2,

@@ -1,7 +1,7 @@
 """The stability options against their peers.
 
 TRL 1.16 ``GRPOTrainer._compute_loss`` with ``top_entropy_quantile`` and the entropy bonus
-    (called unbound on a stand-in, as in test_objectives_trl.py): loss and gradient, w.r.t.
+    (called unbound on tests/support/trl_stand_in.py's stand-in): loss and gradient, w.r.t.
     the log-probs and the entropies, agree with ``PPOActor.compute_loss``;
 TRL ``mask_truncated_completions`` (the completion mask zeroed before ``_compute_loss``):
     the same loss and gradient as ``truncated_completions: mask``;
@@ -25,62 +25,34 @@ from harness.ppo.masks import top_entropy_mask  # noqa: E402
 from harness.ppo.normalization import NormConfig  # noqa: E402
 from harness.ppo.objectives import ppo_actor_loss  # noqa: E402
 from harness.ppo.shaping import overlong_penalty, zero_variance_groups  # noqa: E402
-from tests.ppo.test_objectives_trl import _TrainerStandIn, random_batch  # noqa: E402
+from tests.support.trl_stand_in import (  # noqa: E402
+    TrainerStandIn,
+    random_batch,
+    trl_compute_loss,
+)
 
 close = torch.testing.assert_close
 
 
-class _Accelerator:
-    num_processes = 1
-    sync_gradients = True
-
-    def reduce(self, x, reduction="sum"):
-        return x
-
-    def gather(self, x):
-        return x
-
-    gather_for_metrics = gather
-
-    def pad_across_processes(self, x, dim=0, pad_index=0):
-        return x
-
-
-class _EntropyStandIn(_TrainerStandIn):
+class _EntropyStandIn(TrainerStandIn):
     """Adds what the top-entropy mask and the entropy bonus read."""
 
     get_high_entropy_mask = GRPOTrainer.get_high_entropy_mask
 
     def __init__(self, loss_type, logps, entropies, *, rho, coef):
-        super().__init__(loss_type, logps)
-        self.accelerator = _Accelerator()
+        super().__init__(loss_type, logps, entropies=entropies)
         self.top_entropy_quantile = rho
         self._entropy_bonus_enabled = coef > 0
         self.entropy_coef = coef
         self.use_adaptive_entropy = False
-        self._entropies = entropies
-
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, keep, **_):
-        return self._logps, self._entropies, None
 
 
 def trl_loss(loss_type, lt, H, old, adv_rows, mask, *, rho, coef):
     x = lt.clone().requires_grad_(True)
     h = H.clone().requires_grad_(True)
     stand_in = _EntropyStandIn(loss_type, x, h, rho=rho, coef=coef)
-    B, Tn = lt.shape
-    inputs = {
-        "prompt_ids": torch.zeros(B, 1, dtype=torch.long),
-        "prompt_mask": torch.ones(B, 1, dtype=torch.long),
-        "completion_ids": torch.zeros(B, Tn, dtype=torch.long),
-        "completion_mask": mask.to(lt.dtype),
-        "advantages": adv_rows,
-        "old_per_token_logps": old,
-        "num_items_in_batch": mask.sum().to(lt.dtype),
-    }
-    loss = GRPOTrainer._compute_loss(stand_in, None, inputs)
-    loss.backward()
-    return loss.detach(), x.grad, h.grad
+    loss = trl_compute_loss(stand_in, old, adv_rows, mask)
+    return loss, x.grad, h.grad
 
 
 def ours(cfg, lt, H, old, adv, mask):

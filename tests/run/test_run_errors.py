@@ -27,10 +27,10 @@ from harness.run.scaffold import is_numeric_overflow
 from harness.run.tracked import tracked_run
 from harness.run.trainers import train
 from harness.tracking import MemoryTracker
+from tests.support.tiny import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "experiments" / "smoke.yaml"
-TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
 GROUP = {"mean_level": "group", "std_level": "group"}
 
 # What a GPU or the allocator raises mid-run; none of them says anything about the numbers.

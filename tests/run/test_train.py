@@ -14,8 +14,7 @@ from harness.run.loop import run
 from harness.run.scaffold import clip_is_inert
 from harness.run.tracked import tracked_run
 from harness.tracking import MemoryTracker
-
-TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
+from tests.support.tiny import TINY
 
 
 def cfg(**over):

@@ -25,6 +25,7 @@ from harness.run.tracked import tracked_run
 from harness.run.trainers import train
 from harness.tasks import get_task
 from harness.tracking import MemoryTracker
+from tests.support.tiny import TINY
 
 TRAINERS = ["harness", "trl"]
 # The same trainers sampling with the inference engine: an engine start per run, so slow.
@@ -32,7 +33,6 @@ ENGINE_TRAINERS = ["harness+vllm", "trl+vllm"]
 _needs_engine = pytest.mark.skipif(
     not engine_installed(), reason="vllm not installed (python tools/install_engine.py)"
 )
-TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
 # Heads of 32 for the engine (its CPU attention takes no smaller head size).
 TINY_ENGINE = {**TINY, "hidden_size": 64, "intermediate_size": 128}
 STEPS = 3

@@ -19,9 +19,9 @@ from harness.cli import app
 from harness.config import ConfigError, build_run_config
 from harness.config.trl_map import grpo_kwargs, trl_problems
 from harness.model.engine_support import engine_installed
+from tests.support.tiny import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
 GROUP = {"mean_level": "group", "std_level": "group"}
 needs_engine = pytest.mark.skipif(
     not engine_installed(), reason="vllm not installed (python tools/install_engine.py)"

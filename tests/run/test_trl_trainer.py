@@ -23,9 +23,9 @@ from harness.run.tracked import tracked_run
 from harness.run.trainers import train
 from harness.tasks import get_task
 from harness.tracking import MemoryTracker
+from tests.support.tiny import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
 GROUP = {"mean_level": "group", "std_level": "group"}
 
 

@@ -121,3 +121,16 @@ def save_arch(name: str, root: Path, tokenizer: PreTrainedTokenizerFast, seed: i
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def save_chat_qwen2(target: Path, max_position_embeddings: int) -> None:
+    """A tiny Qwen2 with a chat template saved (model + tokenizer) at ``target``: what the docs'
+    YAML for Qwen2.5-0.5B-Instruct loads, without the download."""
+    tok = build_bpe_tokenizer()
+    tok.chat_template = "{{ bos_token }}[user] {{ messages[0]['content'] }}\n[assistant] "
+    config = arch_configs(len(tok))["qwen2"]
+    config.max_position_embeddings = max_position_embeddings
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(config).save_pretrained(target)
+    tok.save_pretrained(target)

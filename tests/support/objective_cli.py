@@ -7,14 +7,12 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from harness.cli import app
+from tests.support.tiny import TINY_SETS
 
 SMALL = [
     "steps=2",
     "task=reverse",
-    "tiny.hidden_size=32",
-    "tiny.num_layers=1",
-    "tiny.num_heads=2",
-    "tiny.intermediate_size=64",
+    *TINY_SETS,
     "warm_start.steps=0",
     "rollout.prompts_per_step=4",
     "rollout.n_samples=2",

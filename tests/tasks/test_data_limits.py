@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 from harness.cli import app
 from harness.core import limits
 from tests.config.test_hostile_input import SMALL, assert_one_line, run_batch_under_memory_limit
+from tests.support.tiny import TINY
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -609,7 +610,7 @@ def _experiment(
     base = {
         "task": f"jsonl:{data}",
         "task_options": base_options,
-        "tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
+        "tiny": TINY,
         "steps": 1,
     }
     path = tmp_path / "exp.yaml"
