@@ -106,9 +106,17 @@ def ray_head(ray_private_head: Any) -> str:
     return str(ray_private_head.address)
 
 
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One tiny local HF model (2-layer Qwen2, 320-token byte-level BPE)."""
+    from tests.support.hf_archs import build_bpe_tokenizer, save_arch
+
+    return save_arch("qwen2", tmp_path_factory.mktemp("hf"), build_bpe_tokenizer())
+
+
 @pytest.fixture(scope="session")
 def hf_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Local model directories of seven architectures (see tests/hf_archs.py), built once."""
+    """Local model directories of seven architectures (see tests/support/hf_archs.py), built once."""
     from tests.support.hf_archs import ARCHS, build_bpe_tokenizer, save_arch
 
     root = tmp_path_factory.mktemp("hf_models")

@@ -1,10 +1,9 @@
 """Hostile input corpus: huge, deep, slow or malformed inputs get exit code 2 and one line (naming
 the file and row where there is one), before anything is allocated, rendered for long or written.
 
-Size cases run in ONE child process under an address-space limit (``RLIMIT_AS``, as ``prlimit
---as`` sets it) and a timeout, so a regression fails its case with a ``MemoryError`` instead of
-taking the shared machine down; the child reports each case as it finishes (one JSON line), so a
-case that kills it still leaves the earlier results. Run this file as a script to be that child.
+Size cases run in ONE child process under an address-space limit and a timeout
+(tests/support/memory_limit.py), so a regression fails its case with a ``MemoryError`` instead of
+taking the shared machine down.
 """
 
 from __future__ import annotations
@@ -26,18 +25,14 @@ import yaml
 from typer.testing import CliRunner
 
 from harness.cli import app
+from tests.support.memory_limit import SMALL, assert_one_line, run_batch_under_memory_limit
+from tests.support.tiny import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
-AS_LIMIT = 4_000_000_000  # bytes of address space for the size cases (the machine is shared)
-BATCH_TIMEOUT_S = 600
 MIB = 1024 * 1024
-SMALL = [
-    "--set", "steps=1", "--set", "eval.n_prompts=2", "--set", "eval.every=0",
-    "--set", "rollout.prompts_per_step=1", "--set", "rollout.n_samples=1",
-]  # fmt: skip
 TINY_BASE = {
     "task": "reverse",
-    "tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
+    "tiny": TINY,
     "rollout": {"prompts_per_step": 2, "n_samples": 2, "max_new_tokens": 4},
     "eval": {"every": 0, "n_prompts": 4},
 }
@@ -78,24 +73,6 @@ def model_dir(root: Path, name: str, base: Path, **config: Any) -> Path:
             cfg[key] = value
     (path / "config.json").write_text(json.dumps(cfg))
     return path
-
-
-@pytest.fixture(scope="module")
-def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One tiny local HF model (2-layer Qwen2, 320-token byte-level BPE)."""
-    from tests.support.hf_archs import build_bpe_tokenizer, save_arch
-
-    return save_arch("qwen2", tmp_path_factory.mktemp("hf"), build_bpe_tokenizer())
-
-
-def assert_one_line(exit_code: int, err: str, expect: str, results: Path) -> None:
-    assert "Traceback" not in err, err[-3000:]
-    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-    assert exit_code == 2, (exit_code, err[-3000:])
-    assert len(lines) == 1, lines
-    assert lines[0].startswith("error: "), lines[0]
-    assert expect in lines[0], (expect, lines[0])
-    assert not results.exists(), sorted(p.name for p in results.rglob("*"))
 
 
 # --- size cases: built here, run in one memory-limited child ------------------------------------
@@ -252,42 +229,6 @@ SIZE_CASES = [
 ]
 
 
-def _limit_address_space() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
-
-
-def run_batch_under_memory_limit(
-    tmp: Path, spec: dict[str, list[Any]], *, memory_check: bool = True
-) -> dict[str, Any]:
-    """Run CLI cases ``{name: [argv, limits patch]}`` in one child process under ``AS_LIMIT`` bytes
-    of address space (one interpreter start for all cases); return each case's result by name and
-    the child's output tail, which says where the child died if a case has no result."""
-    spec_path, out = tmp / "cases.json", tmp / "results.jsonl"
-    spec_path.write_text(json.dumps(spec))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    if memory_check:
-        env.pop("HARNESS_MEMORY_CHECK", None)
-    try:
-        proc = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), str(spec_path), str(out)],
-            cwd=ROOT,
-            env=env,
-            preexec_fn=_limit_address_space,
-            capture_output=True,
-            text=True,
-            timeout=BATCH_TIMEOUT_S,
-        )
-        tail = (proc.stdout + proc.stderr)[-3000:]
-    except subprocess.TimeoutExpired as err:
-        tail = f"timed out after {BATCH_TIMEOUT_S} s: {str(err.stderr)[-2000:]}"
-    got = {}
-    if out.exists():
-        for line in out.read_text().splitlines():
-            item = json.loads(line)
-            got[item["name"]] = item
-    return {"got": got, "tail": tail}
-
-
 @pytest.fixture(scope="module")
 def size_results(tmp_path_factory: pytest.TempPathFactory, qwen_dir: Path) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("size")
@@ -309,38 +250,6 @@ def test_size_case_is_one_line_under_a_memory_limit(case, size_results):
     assert got["exception"] is None, got["exception"]
     assert_one_line(got["exit_code"], got["stderr"], expect, size_results["tmp"] / "results")
     assert got["seconds"] < 120, got["seconds"]
-
-
-def _run_batch(spec_path: str, out_path: str) -> None:
-    """The child: each case through the CLI in this process, one JSON line per case."""
-    import traceback
-
-    import harness.core.limits as limits
-
-    runner = CliRunner()
-    cases = json.loads(Path(spec_path).read_text())
-    with open(out_path, "w") as out:
-        for name, (argv, patch) in cases.items():
-            saved = {k: getattr(limits, k) for k in patch}
-            for k, v in patch.items():
-                setattr(limits, k, v)
-            start = time.monotonic()
-            try:
-                result = runner.invoke(app, argv)
-                exc = None
-                if result.exception is not None and not isinstance(result.exception, SystemExit):
-                    exc = "".join(traceback.format_exception(result.exception))[-3000:]
-                item = {
-                    "exit_code": result.exit_code,
-                    "stderr": result.stderr if result.stderr is not None else result.output,
-                    "exception": exc,
-                }
-            finally:
-                for k, v in saved.items():
-                    setattr(limits, k, v)
-            item.update(name=name, seconds=time.monotonic() - start)
-            out.write(json.dumps(item) + "\n")
-            out.flush()
 
 
 # --- the rest of the corpus: safe to run in this process ------------------------------------------
@@ -697,7 +606,3 @@ def test_help_says_validation_runs_python_task_code(command):
     r = CliRunner().invoke(app, command, env={"COLUMNS": "200"})
     assert r.exit_code == 0
     assert "python: task modules" in " ".join(r.output.split())
-
-
-if __name__ == "__main__":
-    _run_batch(sys.argv[1], sys.argv[2])

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
+from tests.support.tiny import TINY
 
 
 @pytest.fixture
@@ -113,7 +114,7 @@ def test_correction_acts_in_a_run_with_a_noisy_sampler(tmp_path):
         {
             "steps": 2,
             "task": "reverse",
-            "tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
+            "tiny": TINY,
             "rollout": {
                 "prompts_per_step": 2,
                 "n_samples": 2,

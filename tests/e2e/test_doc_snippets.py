@@ -10,7 +10,7 @@
   run-config fields. ``jsonl`` blocks are one JSON object per line.
 - every relative link resolves to a file in the repository.
 
-The training examples themselves run in tests/test_misuse.py and tests/tasks/test_local_data.py.
+The training examples themselves run in tests/e2e/test_misuse.py and tests/tasks/test_local_data.py.
 """
 
 from __future__ import annotations

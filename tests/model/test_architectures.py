@@ -1,4 +1,4 @@
-"""Any local HF causal LM trains correctly: seven architectures built in code (tests/hf_archs.py),
+"""Any local HF causal LM trains correctly: seven architectures built in code (tests/support/hf_archs.py),
 loaded as ``model=<dir>`` exactly as a user's model directory."""
 
 from __future__ import annotations

@@ -332,7 +332,7 @@ def test_every_option_metric_is_logged_when_its_option_is_on(monkeypatch):
         assert res.status == "completed"
         logged |= {k for k, v in res.history.items() if any(math.isfinite(x) for x in v)}
         assert all(x <= 0 for x in res.history["reward/overlong_penalty"])
-    # the engine's weight-sync time needs the inference engine: tests/test_engine.py asserts it
+    # the engine's weight-sync time needs the inference engine: tests/run/test_engine.py asserts it
     expected = OPTION_METRICS - {"perf/weight_sync_s"}
     assert expected <= logged, sorted(expected - logged)
     assert "perf/weight_sync_s" not in logged

@@ -3,7 +3,7 @@ and of ``decide: ranking`` stay within 1 − confidence under repeated looks, th
 adaptive study saves against a fixed design of the same power, and the study's allocation
 (``harness.report.allocation``) agrees with the simulated rule study by study — so the rates
 measured here are those of the code that allocates seeds.  (The wrong better/worse rate on
-identical cells against a baseline is in tests/test_sequential.py.)"""
+identical cells against a baseline is in tests/report/test_sequential.py.)"""
 
 from __future__ import annotations
 

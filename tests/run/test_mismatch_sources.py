@@ -17,6 +17,7 @@ from harness.model.build import TinyModelConfig, build_model, build_tokenizer
 from harness.run.loop import run
 from harness.run.mismatch import MismatchProbe
 from harness.run.sampler import LocalSampler, local_sampler, sampler_autocast
+from tests.support.tiny import TINY
 
 PROMPTS = ["rev 1234=", "rev 98=", "rev 55501=", "rev 7="]
 CPU = torch.device("cpu")
@@ -174,7 +175,7 @@ def test_a_random_init_real_architecture_shows_the_same_ordering(arch):
 
 SHORT = {
     "steps": 3,
-    "tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
+    "tiny": TINY,
     "rollout": {"prompts_per_step": 4, "n_samples": 2, "max_new_tokens": 6},
     "ppo": {"ppo_n_minibatches": 2},
     "eval": {"every": 0, "n_prompts": 4},

@@ -297,7 +297,7 @@ REWARDS = """
 import numpy as np
 import torch
 
-# cell -> (mean, sd) of final/reward over seeds: the same numbers as tests/adaptive_study.py.
+# cell -> (mean, sd) of final/reward over seeds: the same numbers as tests/support/adaptive_study.py.
 CELLS = {cells!r}
 
 

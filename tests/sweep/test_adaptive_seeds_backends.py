@@ -22,7 +22,7 @@ from harness.sweep.storage import make_storage
 from tests.support.adaptive_study import BASELINE, BETTER, EQUIVALENT, SLIGHT, write_experiment
 
 NAMES = {"baseline": BASELINE, "better": BETTER, "equivalent": EQUIVALENT, "slight": SLIGHT}
-# What the controlled scores decide (tests/test_adaptive_seeds.py, the same numbers): the better
+# What the controlled scores decide (tests/sweep/test_adaptive_seeds.py, the same numbers): the better
 # and the equivalent cell at the first look (3 seeds), the slight one undecided at max (7).
 RUNS = {"baseline": 7, "better": 3, "equivalent": 3, "slight": 7}
 MAX = 7
@@ -30,7 +30,7 @@ MAX = 7
 
 def _experiment(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     """The four-cell adaptive experiment whose final/reward the task's reward controls (the
-    module of tests/test_adaptive_seeds.py's end-to-end test); returns it and the cell labels."""
+    module of tests/sweep/test_adaptive_seeds.py's end-to-end test); returns it and the cell labels."""
     from test_adaptive_seeds import REWARDS
 
     from tests.support.adaptive_study import CELLS

@@ -1,5 +1,5 @@
-"""`--launcher ray` end to end on a private loopback Ray head (see tests/ray_head.py), and its
-one-line refusals.  The launcher contract itself runs in tests/test_launchers.py."""
+"""`--launcher ray` end to end on a private loopback Ray head (see tests/support/ray_head.py), and its
+one-line refusals.  The launcher contract itself runs in tests/sweep/test_launchers.py."""
 
 from __future__ import annotations
 

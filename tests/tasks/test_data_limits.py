@@ -6,7 +6,7 @@ every option, and named by the refusal of a file over them.  The lying Parquet f
 here: pyarrow writes a small honest file, and its footer and page headers (Thrift compact
 structs) are decoded, edited and written back, so a footer can claim 100 bytes for a 2 GB page
 or 10 rows for 20 M.  The ones that would take gigabytes if read run in one child process under
-an address-space limit (the runner of ``tests/test_hostile_input.py``).
+an address-space limit (the runner of ``tests/config/test_hostile_input.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.core import limits
-from tests.config.test_hostile_input import SMALL, assert_one_line, run_batch_under_memory_limit
+from tests.support.memory_limit import SMALL, assert_one_line, run_batch_under_memory_limit
 from tests.support.tiny import TINY
 
 pa = pytest.importorskip("pyarrow")

@@ -4,7 +4,7 @@ that make generation explode. Each is one line on stderr, exit code 2, nothing w
 training (or, for the pieces below the CLI, the one-line ``ValueError`` the CLI prints).
 
 The memory bombs run in one child process under an address-space limit, through the child
-runner of ``tests/test_hostile_input.py``, so a regression fails its case with a MemoryError
+runner of ``tests/config/test_hostile_input.py``, so a regression fails its case with a MemoryError
 instead of taking the shared machine down.
 """
 
@@ -22,21 +22,7 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.core import limits
-
-try:
-    from tests.config.test_hostile_input import (
-        SMALL,
-        assert_one_line,
-        qwen_dir,  # noqa: F401  (a fixture)
-        run_batch_under_memory_limit,
-    )
-except ImportError:  # plain `pytest` puts tests/ itself on sys.path
-    from test_hostile_input import (  # type: ignore[no-redef]
-        SMALL,
-        assert_one_line,
-        qwen_dir,  # noqa: F401  (a fixture)
-        run_batch_under_memory_limit,
-    )
+from tests.support.memory_limit import SMALL, assert_one_line, run_batch_under_memory_limit
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
