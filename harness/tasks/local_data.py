@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core import limits
+from harness.tasks import arrow_messages
 from harness.tasks.pairs import (
     PairTask,
     answer_options,
@@ -248,6 +249,33 @@ def _read_batches(
     return columns
 
 
+def _check_declared(spec: str, where: str, shards: list[Path], bounds: limits.DataBounds) -> None:
+    """Refuse shards whose record batches declare more rows, or more bytes to decompress, than
+    the bounds allow, before Arrow decodes one (it decompresses a batch into buffers of the
+    sizes the batch declares; an uncompressed batch is read in place from the memory map)."""
+    import pyarrow as pa
+
+    rows = decompressed = 0
+    for shard in shards:
+        with pa.memory_map(str(shard)) as source:
+            for message in pa.ipc.MessageReader.open_stream(source):
+                body = memoryview(message.body) if message.body is not None else b""
+                try:
+                    got = arrow_messages.declared(memoryview(message.metadata), body)
+                except arrow_messages.BadMessage as err:
+                    raise ValueError(f"task '{spec}': cannot read {where} ({err})") from None
+                rows += got.rows
+                decompressed += got.decompressed
+                _rows_check(spec, where, rows, bounds)
+                if decompressed > bounds.data_bytes:
+                    raise ValueError(
+                        bounds.data_refusal(
+                            f"task '{spec}': the record batches of {where} declare "
+                            f"{decompressed:,} bytes or more to decompress"
+                        )
+                    )
+
+
 def _read_saved(
     spec: str,
     root: Path,
@@ -268,6 +296,7 @@ def _read_saved(
     _size_check(spec, read[1:], bounds)
 
     def batches(stack: contextlib.ExitStack) -> Any:
+        _check_declared(spec, where, shards, bounds)
         for shard in shards:
             reader = pa.ipc.open_stream(stack.enter_context(pa.memory_map(str(shard))))
             _check_columns(spec, where, list(reader.schema.names), fields)
