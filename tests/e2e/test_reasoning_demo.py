@@ -12,7 +12,6 @@ from typer.testing import CliRunner
 from harness.cli import app
 from harness.config import load_run_config
 from tests.support.docs import doc_block
-from tests.support.hf_archs import save_chat_qwen2
 
 pytest.importorskip("reasoning_gym")
 pytest.importorskip("peft")
@@ -20,18 +19,12 @@ pytest.importorskip("peft")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_readme_countdown_recipe_loads_as_a_run_config(tmp_path, monkeypatch):
-    home, work = tmp_path / "home", tmp_path / "work"
-    work.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.chdir(work)
-    target = home / "models" / "qwen2.5-0.5b-instruct"
-    save_chat_qwen2(target, max_position_embeddings=1024)  # room for the recipe's 256 + 256 tokens
-    text = doc_block("# countdown-qwen.yaml")
-    (work / "countdown-qwen.yaml").write_text(text)
+def test_the_readme_countdown_recipe_loads_as_a_run_config(docs_qwen):
+    text = doc_block("# countdown-qwen.yaml")  # the recipe's 256 + 256 tokens fit the model
+    Path("countdown-qwen.yaml").write_text(text)
 
     cfg = load_run_config("countdown-qwen.yaml")
-    assert cfg.model == str(target)
+    assert cfg.model == str(docs_qwen)
     assert cfg.task == "rg:countdown"
     assert cfg.task_options["min_numbers"] == 3 and cfg.task_options["format_weight"] == 0.1
     assert cfg.model_options.dtype == "bfloat16"
