@@ -109,8 +109,8 @@ def main() -> None:
         "interleaved.  ms per decode step (all 32 rows, prefill included, divided by "
         f"{NEW}).  Reference: the HF forward path (`backend='hf'`) of the same model.  "
         f"1-min load average {load:.1f} before, {os.getloadavg()[0]:.1f} after.  Exactness "
-        "of the fast path per architecture: tests/test_rollout.py (Llama) and "
-        "tests/test_architectures.py (Qwen2, Mistral): identical tokens, log-probs within "
+        "of the fast path per architecture: tests/run/test_rollout.py (Llama) and "
+        "tests/model/test_architectures.py (Qwen2, Mistral): identical tokens, log-probs within "
         "1e-5 of the HF path.\n\n"
         "| architecture | fast decoder (ms/step) | HF forward (ms/step) | speed-up |\n"
         "|---|---|---|---|\n" + "\n".join(rows)

@@ -1,4 +1,5 @@
-"""Shared fixtures: a private PostgreSQL server for the session, and a scratch results dir."""
+"""Shared fixtures: a private PostgreSQL server and Ray head for the session, local HF model
+directories, a scratch results dir, the settings of a tiny two-step run and an in-memory tracker."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from typing import Any
 
 import pytest
 
-try:  # `python -m pytest` puts the repository root on sys.path
-    from tests.pg import PrivatePostgres, find_pg_bin
-except ImportError:  # plain `pytest` with rootdir-relative imports puts tests/ there instead
-    from pg import PrivatePostgres, find_pg_bin  # type: ignore[no-redef]
+from harness import tracking
+from harness.tracking import MemoryTracker
+from tests.support.pg import PrivatePostgres, find_pg_bin
+from tests.support.tiny import FAST_RUN
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -57,16 +58,29 @@ def tmp_results(tmp_path: Path) -> Path:
     return results
 
 
+@pytest.fixture
+def tiny_run() -> list[str]:
+    """``--set`` values (without the flag) of a two-step run of the tiny model: a later value of
+    the same key wins, so a test adds what it needs after these."""
+    return list(FAST_RUN)
+
+
+@pytest.fixture
+def memory_tracker(monkeypatch: pytest.MonkeyPatch) -> MemoryTracker:
+    """The tracker every run of the test logs to (instead of an MLflow store)."""
+    tracker = MemoryTracker()
+    monkeypatch.setattr(tracking, "open_tracker", lambda uri, results_dir: tracker)
+    return tracker
+
+
 @pytest.fixture(scope="session")
 def ray_private_head() -> Iterator[Any]:
     """A private Ray head (loopback, 2 CPUs) for the session (a ``PrivateRayHead``); stopped at
     the end."""
     pytest.importorskip("ray")
-    try:
-        from tests.ray_head import PrivateRayHead
-    except ImportError:
-        from ray_head import PrivateRayHead  # type: ignore[no-redef]
     import os
+
+    from tests.support.ray_head import PrivateRayHead
 
     old_auth = os.environ.get("RAY_AUTH_MODE")
     os.environ["RAY_AUTH_MODE"] = "disabled"  # the drivers in this process, as for the head
@@ -92,13 +106,18 @@ def ray_head(ray_private_head: Any) -> str:
     return str(ray_private_head.address)
 
 
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One tiny local HF model (2-layer Qwen2, 320-token byte-level BPE)."""
+    from tests.support.hf_archs import build_bpe_tokenizer, save_arch
+
+    return save_arch("qwen2", tmp_path_factory.mktemp("hf"), build_bpe_tokenizer())
+
+
 @pytest.fixture(scope="session")
 def hf_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Local model directories of seven architectures (see tests/hf_archs.py), built once."""
-    try:
-        from tests.hf_archs import ARCHS, build_bpe_tokenizer, save_arch
-    except ImportError:
-        from hf_archs import ARCHS, build_bpe_tokenizer, save_arch  # type: ignore[no-redef]
+    """Local model directories of seven architectures (see tests/support/hf_archs.py), built once."""
+    from tests.support.hf_archs import ARCHS, build_bpe_tokenizer, save_arch
 
     root = tmp_path_factory.mktemp("hf_models")
     tok = build_bpe_tokenizer()

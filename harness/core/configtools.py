@@ -14,7 +14,7 @@ Declaring a field (the one scheme for every config field)::
 
 ``ge``/``gt``/``le``/``lt`` bound the value (inclusive / exclusive).  A float must be finite
 unless ``inf=`` says what infinity means for that field; NaN is never accepted.  Every int field
-declares both bounds (tests/test_bad_input.py walks the tree and checks that it does), so that a
+declares both bounds (tests/config/test_bad_input.py walks the tree and checks that it does), so that a
 value such as 10**23 is refused up front instead of overflowing mid-run.  A plain
 ``metadata={"help": ..., "ge": 0}`` dict works the same way.
 """

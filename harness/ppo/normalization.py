@@ -2,7 +2,7 @@
 
 Source: AReaL ``areal/api/cli_args.py`` (``NormConfig``) and ``areal/utils/data.py``
 (``Normalization.__call__``, ``_compute_mean``, ``_compute_std``), main branch semantics;
-``docs/ppo-semantics.md`` "Normalization" (its golden values are in tests/test_ppo_golden.py).
+``docs/ppo-semantics.md`` "Normalization" (its golden values are in tests/ppo/test_ppo_golden.py).
 
 A *scope* is the whole batch, or one group of consecutive rows (``group_sizes``, else fixed slices
 of ``group_size`` rows).  Within a scope, with validity mask M (all ones without a mask):
@@ -30,7 +30,7 @@ group means over the batch; leave-one-out pools deviations from the per-element 
 docs/ppo-semantics.md "Q6: leave-one-out std pools per-element deviations").
 With eps = 0 a zero-variance scope gives 0/0 = NaN, exactly as in AReaL (the default eps avoids it).
 
-Deviations from AReaL main, on purpose (each has a test in tests/test_ppo_golden.py):
+Deviations from AReaL main, on purpose (each has a test in tests/ppo/test_ppo_golden.py):
 
 * Masked-out entries are *selected away* (``torch.where``), never multiplied by 0, so a NaN or inf
   in a padding slot cannot poison the statistics (AReaL multiplies by the mask, so it can:

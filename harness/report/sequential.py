@@ -8,7 +8,7 @@ answer is read off an interval after each batch.
 **Why the intervals are wider than the usual ones.**  Looking after every batch and stopping as
 soon as a fixed-sample 95 % interval excludes 0 makes false "better/worse" calls far more often
 than 5 % (about 21 % with the 12 looks of ``min: 3, max: 24, batch: 2`` on identical cells,
-measured in ``tests/test_sequential.py``).  The looks here are *planned* (``min``,
+measured in ``tests/report/test_sequential.py``).  The looks here are *planned* (``min``,
 ``min + batch``, ..., ``max`` seeds), so they are a group-sequential design (Pocock, "Group
 sequential methods in the design and analysis of clinical trials", Biometrika 64(2), 1977):
 every look uses the same nominal level ``1 − α'``, with ``α'`` chosen so that the chance that

@@ -11,7 +11,7 @@
 
 A trainer is a function ``steps(run)`` handed to :func:`execute`; so both trainers warm-start,
 record, diverge, stop and summarise in one way, and the trainer contract
-(tests/test_trainer_contract.py) holds for both.
+(tests/run/test_trainer_contract.py) holds for both.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
               ``harness.config.trl_map``
 
 Both are the run scaffold (``harness/run/scaffold.py``) around their own steps, so both take the
-same hooks and keep the same contract (tests/test_trainer_contract.py).  ``RunConfig.trainer``
+same hooks and keep the same contract (tests/run/test_trainer_contract.py).  ``RunConfig.trainer``
 picks one; ``train`` dispatches.  Sweeps, the tracker and the report never know which trainer ran
 a cell.
 """

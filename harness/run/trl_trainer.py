@@ -52,7 +52,7 @@ def import_trl() -> None:
     with warnings.catch_warnings():
         # Importing TRL imports the installed engine when there is one, and TRL 1.16 warns at
         # each of its import sites that vLLM 0.32 is newer than its tested range (0.22-0.31).
-        # The colocated path the harness runs with it is tested (tests/test_trl_engine.py), so
+        # The colocated path the harness runs with it is tested (tests/run/test_trl_engine.py), so
         # on the console the warning is noise, for runs with or without the engine.
         warnings.filterwarnings("ignore", message=VLLM_VERSION_WARNING, category=UserWarning)
         import trl.trainer.grpo_trainer  # noqa: F401

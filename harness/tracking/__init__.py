@@ -1,7 +1,7 @@
 """Experiment tracking behind a small interface, so the training loop never touches MLflow.
 
 The training loop and the sweep talk to a :class:`Tracker`. Two implementations share one
-contract (``tests/test_tracking.py`` runs the same suite against both):
+contract (``tests/tracking/test_tracking.py`` runs the same suite against both):
 
 * :class:`MlflowTracker` writes to any MLflow tracking store through ``MlflowClient`` —
   ``sqlite:///results/mlflow.db`` (the default), ``postgresql://...`` or an ``http(s)://``

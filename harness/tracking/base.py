@@ -1,6 +1,6 @@
 """The tracker contract: the :class:`Tracker` protocol, run statuses, MLflow's limits, and the
 param/tag/metric preparation both backends share, so that they accept and reject exactly the same
-inputs (``tests/test_tracking.py`` runs one suite against both)."""
+inputs (``tests/tracking/test_tracking.py`` runs one suite against both)."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from harness.cli import app
 from harness.tasks import get_task
 from harness.tasks.answers import math_verify_match
+from tests.support.docs import assert_commands_train, doc_block, harness_run_commands
 
 datasets = pytest.importorskip("datasets")
 
@@ -257,17 +258,6 @@ def test_harness_run_trains_on_a_saved_dataset_through_the_cli(tmp_path, memory_
 # ---------------------------------------------------------------- docs/tasks.md's examples
 
 
-def _readme_block(start: str) -> str:
-    import re
-    from pathlib import Path
-
-    readme = (Path(__file__).resolve().parents[2] / "docs" / "tasks.md").read_text()
-    for block in re.findall(r"```[a-z]*\n(.*?)```", readme, flags=re.S):
-        if block.startswith(start):
-            return block
-    raise AssertionError(f"docs/tasks.md has no code block starting with {start!r}")
-
-
 def test_the_readme_hf_and_rg_examples_run_as_written(
     tmp_path, monkeypatch, memory_tracker, tiny_run
 ):
@@ -276,28 +266,15 @@ def test_the_readme_hf_and_rg_examples_run_as_written(
     import runpy
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "my-questions.jsonl").write_text(_readme_block('{"prompt"'))
-    (tmp_path / "save_sums.py").write_text(_readme_block("# save_sums.py"))
+    (tmp_path / "my-questions.jsonl").write_text(doc_block('{"prompt"'))
+    (tmp_path / "save_sums.py").write_text(doc_block("# save_sums.py"))
     runpy.run_path(str(tmp_path / "save_sums.py"))
-    commands = [
-        ln.split()[1:]
-        for ln in _readme_block("# hf:, rg: and math answers").splitlines()
-        if ln.startswith("harness run")
-    ]
+    commands = harness_run_commands(doc_block("# hf:, rg: and math answers"))
     assert len(commands) == 4
-    tracker = memory_tracker
-    for argv in commands:
-        fast = [x for s in tiny_run for x in ("--set", s)]  # later --set wins: a short run
-        r = CliRunner().invoke(app, [*argv, *fast])
-        assert r.exit_code == 0, (argv, r.output)
-    runs = list(tracker.runs.values())
+    runs = assert_commands_train(commands, tiny_run, memory_tracker)
     assert [run.params["task"] for run in runs] == [
         "hf:my-sums",
         "rg:countdown",
         "rg:knights_knaves",
         "jsonl:my-questions.jsonl",
     ]
-    for run in runs:
-        assert run.status == "FINISHED"
-        rewards = [v for _, v in run.metrics["objective/reward"]]
-        assert len(rewards) == 2 and all(0.0 <= v <= 1.0 for v in rewards)

@@ -14,7 +14,7 @@ they mean under it), and how TRL / verl / AReaL name it.  From that the registry
   objective's options left at their defaults, the level and the aggregation;
 <<<<<<< HEAD
 * the lookup (``lookup``), the TRL / verl / AReaL mappings (``harness.config.trl_map``,
-  ``harness.sweep.export``), the objectives table of ``docs/objectives.md`` and the per-objective section of
+  ``harness.sweep.present.export``), the objectives table of ``docs/objectives.md`` and the per-objective section of
 =======
 * the dispatch (``objective_loss``), the TRL / verl / AReaL mappings (``harness.config.trl_map``,
   ``harness.sweep.present.export``), the objectives table of ``docs/objectives.md`` and the per-objective section of

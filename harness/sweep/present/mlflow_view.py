@@ -10,7 +10,7 @@ sweep's experiment gets (once per study, refreshed at the end of every sweep):
   ``ablation.cell`` (MLflow draws each group's mean line with a band over its seeds), the
   experiment's metric as a column, sorted best first. The format is the one the MLflow 3.17 UI
   writes when a user clicks "Share" on the runs page (a JSON object of its search facets and UI
-  state); ``tests/test_ui_browser.py`` opens it in Chromium.
+  state); ``tests/sweep/test_ui_browser.py`` opens it in Chromium.
 
 The parent run gets the ranking: per-cell IQM and its 95 % CI and the rank as metrics (one value
 each, so they list as columns and compare as bar charts) and the ranking table as its

@@ -1,7 +1,7 @@
 """Everything the harness needs from Optuna that its public API does not offer, in one place.
 
 Optuna 4/5 keeps these behind underscores; each use below is pinned by
-``tests/test_optuna_adapter.py``, so an Optuna upgrade that moves one fails there first, with
+``tests/sweep/test_optuna_adapter.py``, so an Optuna upgrade that moves one fails there first, with
 the name of what moved, instead of somewhere in a sweep:
 
 * ``study._storage`` / ``study._study_id`` / ``FrozenTrial._trial_id`` — the storage calls a

@@ -1,0 +1,1 @@
+"""Helpers shared by the tests: private servers, tiny models, stand-ins for peer code."""
