@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import operator
 import re
@@ -278,6 +279,49 @@ def check_value(value: Any, tp: Any, md: Any, path: str) -> Any:
     converted = _convert(value, tp, path)
     check_declared(converted, md, path)
     return converted
+
+
+@functools.cache
+def _declarations(cls: type) -> tuple[tuple[str, Any, Any], ...]:
+    """(name, type, metadata) of every init field of ``cls``, resolved once per class."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return tuple(
+        (f.name, hints[f.name], f.metadata)
+        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        if f.init
+    )
+
+
+def check_fields(obj: Any, prefix: str = "") -> None:
+    """Check every field of the dataclass instance ``obj`` against its declaration (type, Literal
+    choices, range, finiteness: what ``from_dict`` checks for a file) and raise a one-line
+    ``ValueError`` naming ``<prefix><field>``.  A ``ValueError`` rather than a ``ConfigError``:
+    built inside ``from_dict``, the message is then prefixed with the parent's path."""
+    for name, tp, md in _declarations(type(obj)):
+        try:
+            check_value(getattr(obj, name), tp, md, f"{prefix}{name}")
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+
+
+def checked(prefix: str = "") -> Callable[[type[T]], type[T]]:
+    """Class decorator (above ``@dataclass``): every construction, from a file or from Python,
+    checks the fields' declarations (:func:`check_fields`) before the class's own
+    ``__post_init__``, which is then left with the rules that tie fields together.  ``prefix``
+    names the block in messages (``"rejection_sampling."``)."""
+
+    def wrap(cls: type[T]) -> type[T]:
+        own = getattr(cls, "__post_init__", None)
+
+        def __post_init__(self: Any) -> None:
+            check_fields(self, prefix)
+            if own is not None:
+                own(self)
+
+        cls.__post_init__ = __post_init__  # type: ignore[attr-defined]
+        return cls
+
+    return wrap
 
 
 def from_dict(cls: type[T], data: dict[str, Any], path: str = "", key: str | None = None) -> T:

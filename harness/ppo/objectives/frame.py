@@ -19,11 +19,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import torch
 
-from harness.core.configtools import option
+from harness.core.configtools import checked, option
 from harness.ppo.corrections import (
     BEHAVE_MODES,
     Correction,
@@ -39,22 +39,25 @@ if TYPE_CHECKING:
     from harness.ppo.config import PPOActorConfig
     from harness.ppo.objectives.registry import Objective
 
-LOSS_AGG_MODES = (
+LossAggMode = Literal[
     "token-mean",
     "seq-mean-token-mean",
     "seq-mean-token-sum",
     "seq-mean-token-sum-norm",
     "prompt-mean",
-)
-IS_LEVELS = ("token", "sequence")
+]
+LOSS_AGG_MODES: tuple[str, ...] = get_args(LossAggMode)
+ISLevel = Literal["token", "sequence"]
+IS_LEVELS: tuple[str, ...] = get_args(ISLevel)
 Stats = dict[str, torch.Tensor | float]
 
 
+@checked()
 @dataclass(frozen=True)
 class ClipOptions:
     """The PPO-clip options, flat under ``ppo.`` (AReaL's names; ``PPOActorConfig`` takes their
     defaults and declarations from here), read by the objectives that declare ``clip=True``.
-    Checked by ``validate_clip_options`` (its messages are the pure functions' contract)."""
+    Each option is checked from its declaration on construction (``checked``)."""
 
     eps_clip: float = option(0.2, "Lower clip ε: ratio clipped to [1-ε, 1+ε_hi].", gt=0)
     eps_clip_higher: float | None = option(
@@ -69,9 +72,6 @@ CLIP_NAMES = tuple(f.name for f in dataclasses.fields(ClipOptions))
 
 
 def validate_clip_options(
-    eps_clip: float,
-    eps_clip_higher: float | None,
-    c_clip: float | None,
     behave_imp_weight_mode: str,
     behave_imp_weight_cap: float | None,
     rejection_sampling: RejectionSampling | None,
@@ -80,12 +80,6 @@ def validate_clip_options(
 ) -> None:
     """Raise ``ValueError`` naming the option and what is allowed (shared by the pure loss
     functions and ``PPOActorConfig``, each where its options are built)."""
-    if not eps_clip > 0:
-        raise ValueError(f"eps_clip must be > 0; got {eps_clip}")
-    if eps_clip_higher is not None and eps_clip_higher < 0:
-        raise ValueError(f"eps_clip_higher must be >= 0 or null; got {eps_clip_higher}")
-    if c_clip is not None and not c_clip > 1:
-        raise ValueError(f"c_clip must be > 1 or null; got {c_clip}")
     if behave_imp_weight_mode not in BEHAVE_MODES:
         raise ValueError(
             f"behave_imp_weight_mode must be one of {', '.join(BEHAVE_MODES)}; got {behave_imp_weight_mode!r}"
@@ -154,9 +148,6 @@ class LossOptions:
         clip = ClipOptions(**clip_kw)
         corr = resolve(correction)
         validate_clip_options(
-            clip.eps_clip,
-            clip.eps_clip_higher,
-            clip.c_clip,
             behave_imp_weight_mode,
             behave_imp_weight_cap,
             rejection_sampling,
