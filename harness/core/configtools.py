@@ -305,10 +305,11 @@ def check_fields(obj: Any, prefix: str = "") -> None:
 
 
 def checked(prefix: str = "") -> Callable[[type[T]], type[T]]:
-    """Class decorator (above ``@dataclass``): every construction, from a file or from Python,
-    checks the fields' declarations (:func:`check_fields`) before the class's own
-    ``__post_init__``, which is then left with the rules that tie fields together.  ``prefix``
-    names the block in messages (``"rejection_sampling."``)."""
+    """Class decorator, written below ``@dataclass`` (which only calls a ``__post_init__`` that
+    exists when it runs): every construction, from a file or from Python, checks the fields'
+    declarations (:func:`check_fields`) before the class's own ``__post_init__``, which is then
+    left with the rules that tie fields together.  ``prefix`` names the block in messages
+    (``"rejection_sampling."``)."""
 
     def wrap(cls: type[T]) -> type[T]:
         own = getattr(cls, "__post_init__", None)

@@ -63,8 +63,8 @@ def _with_objective_blocks(cls: type) -> type:
     return cls
 
 
-@checked()
 @dataclass
+@checked()
 @_with_objective_blocks
 class PPOActorConfig:
     """PPO actor options, under AReaL's ``PPOActorConfig`` names."""

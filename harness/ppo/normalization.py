@@ -69,8 +69,8 @@ from harness.core.configtools import checked
 Level = Literal["batch", "group"] | None
 
 
-@checked()
 @dataclass(frozen=True)
+@checked()
 class NormConfig:
     """How to normalize a tensor of rewards (one per sequence) or advantages (one per token).
 

@@ -28,8 +28,8 @@ BehaveMode = Literal[
 BEHAVE_MODES: tuple[str, ...] = get_args(BehaveMode)
 
 
-@checked("rejection_sampling.")
 @dataclass(frozen=True)
+@checked("rejection_sampling.")
 class RejectionSampling:
     """Behaviour-policy importance weighting with AReaL v1.0.4+ semantics (``RejectionSamplingConfig``).
 

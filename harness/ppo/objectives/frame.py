@@ -52,8 +52,8 @@ IS_LEVELS: tuple[str, ...] = get_args(ISLevel)
 Stats = dict[str, torch.Tensor | float]
 
 
-@checked()
 @dataclass(frozen=True)
+@checked()
 class ClipOptions:
     """The PPO-clip options, flat under ``ppo.`` (AReaL's names; ``PPOActorConfig`` takes their
     defaults and declarations from here), read by the objectives that declare ``clip=True``.
