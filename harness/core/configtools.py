@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import math
 import operator
 import re
@@ -281,15 +280,22 @@ def check_value(value: Any, tp: Any, md: Any, path: str) -> Any:
     return converted
 
 
-@functools.cache
+_DECLARATIONS: dict[type, tuple[tuple[str, Any, Any], ...]] = {}
+
+
 def _declarations(cls: type) -> tuple[tuple[str, Any, Any], ...]:
-    """(name, type, metadata) of every init field of ``cls``, resolved once per class."""
-    hints = typing.get_type_hints(cls, include_extras=True)
-    return tuple(
-        (f.name, hints[f.name], f.metadata)
-        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-        if f.init
-    )
+    """(name, type, metadata) of every init field of ``cls``, resolved once per class (type
+    hints are slow to resolve; a construction then costs one dict lookup and the checks)."""
+    found = _DECLARATIONS.get(cls)
+    if found is None:
+        hints = typing.get_type_hints(cls, include_extras=True)
+        found = tuple(
+            (f.name, hints[f.name], f.metadata)
+            for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+            if f.init
+        )
+        _DECLARATIONS[cls] = found
+    return found
 
 
 def check_fields(obj: Any, prefix: str = "") -> None:
