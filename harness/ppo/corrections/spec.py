@@ -15,13 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from harness.core.configtools import option
+from harness.core.configtools import checked, option
 
 Weight = Literal["none", "token", "sequence_product", "sequence_geometric"]
 WEIGHTS: tuple[str, ...] = get_args(Weight)
 
 
 @dataclass(frozen=True)
+@checked("filters[].")
 class Filter:
     """One rejection filter: a token (or its whole sequence) leaves the loss unless
     lower ≤ statistic ≤ upper.  Filters are combined with AND."""
@@ -85,6 +86,7 @@ class Filter:
 
 
 @dataclass(frozen=True)
+@checked()
 class Correction:
     """Behaviour weight ρ (times every objective's per-token loss, after its clip) and filters
     (narrowing the loss mask), evaluated inside the loss per micro-batch."""
