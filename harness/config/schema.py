@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from harness.core.configtools import is_device_name, meta
+from harness.model.engine_support import SamplerDtype
 from harness.model.options import ModelOptions, TinyModelConfig
 from harness.ppo.config import PPOActorConfig
 from harness.ppo.corrections import Correction
@@ -79,7 +80,7 @@ class RolloutConfig:
     )
 
     # Sources of training–inference mismatch (docs/mismatch.md): each is one grid axis.
-    sampler_dtype: Literal["float32", "bfloat16", "float16"] | None = field(
+    sampler_dtype: SamplerDtype | None = field(
         default=None,
         metadata=_h(
             "Precision of the sampler's forward only (autocast to it, CPU and CUDA); the learner "
