@@ -217,17 +217,17 @@ def test_sign_aware_clip_masks_partition_clip_mask():
         (dict(eps_clip=0.2, c_clip=1.0), "c_clip: must be a finite number > 1; got 1.0"),
         (
             dict(eps_clip=0.2, behave_imp_weight_mode="token_mask", behave_imp_weight_cap=1.0),
-            "cap must be > 1",
+            "behave_imp_weight_cap: must be a finite number > 1; got 1.0",
         ),
         (
             dict(eps_clip=0.2, behave_imp_weight_mode="bogus"),
-            "behave_imp_weight_mode must be one of",
+            "behave_imp_weight_mode: must be one of 'disabled', ",
         ),
         (
             dict(eps_clip=0.2, importance_sampling_level="prompt"),
-            "importance_sampling_level must be one of",
+            "importance_sampling_level: must be one of 'token', 'sequence'; got 'prompt'",
         ),
-        (dict(eps_clip=0.2, loss_agg_mode="sum"), "loss_agg_mode must be one of"),
+        (dict(eps_clip=0.2, loss_agg_mode="sum"), "loss_agg_mode: must be one of 'token-mean', "),
         (
             dict(
                 eps_clip=0.2,

@@ -17,7 +17,7 @@ from harness.ppo.corrections import (
     behaviour_correction,
     resolve,
 )
-from harness.ppo.corrections.areal import BehaveMode
+from harness.ppo.corrections.areal import BEHAVE_CAP, BehaveMode
 from harness.ppo.normalization import NormConfig
 from harness.ppo.objectives import (
     OBJECTIVES,
@@ -27,7 +27,7 @@ from harness.ppo.objectives import (
     renamed_keys,
     validate_selection,
 )
-from harness.ppo.objectives.frame import ISLevel, LossAggMode, validate_clip_options
+from harness.ppo.objectives.frame import ISLevel, LossAggMode, check_behaviour_options
 from harness.ppo.objectives.registry import options_of
 from harness.ppo.proximal import ProxLogpMethod
 
@@ -78,9 +78,7 @@ class PPOActorConfig:
             "Behaviour importance weight π_prox/π_behave (AReaL v1.0.0.post1-v1.0.3 modes)."
         ),
     )
-    behave_imp_weight_cap: float | None = field(
-        default=None, metadata=_h("Cap for the behaviour weight (> 1); null = no bound.", gt=1)
-    )
+    behave_imp_weight_cap: float | None = field(default=None, metadata=BEHAVE_CAP)
     rejection_sampling: RejectionSampling | None = field(
         default=None,
         metadata=_h(
@@ -209,12 +207,8 @@ class PPOActorConfig:
     )
 
     def __post_init__(self) -> None:
-        validate_clip_options(
-            self.behave_imp_weight_mode,
-            self.behave_imp_weight_cap,
-            self.rejection_sampling,
-            self.importance_sampling_level,
-            self.loss_agg_mode,
+        check_behaviour_options(
+            self.behave_imp_weight_mode, self.behave_imp_weight_cap, self.rejection_sampling
         )
         validate_selection(
             self.policy_loss,

@@ -18,7 +18,7 @@ from typing import Literal, get_args
 
 import torch
 
-from harness.core.configtools import checked
+from harness.core.configtools import checked, meta
 from harness.ppo.corrections.compute import apply_correction
 from harness.ppo.corrections.spec import Correction, Filter
 
@@ -26,6 +26,8 @@ BehaveMode = Literal[
     "disabled", "token_mask", "token_truncate", "sequence_mask", "sequence_truncate"
 ]
 BEHAVE_MODES: tuple[str, ...] = get_args(BehaveMode)
+# ppo.behave_imp_weight_cap's declaration, also what a pure loss call's keyword is checked with.
+BEHAVE_CAP = meta("Cap for the behaviour weight (> 1); null = no bound.", gt=1)
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import torch
 
-from harness.core.configtools import checked, option
+from harness.core.configtools import ConfigError, check_value, checked, option
 from harness.ppo.corrections import (
-    BEHAVE_MODES,
     Correction,
     CorrectionResult,
     RejectionSampling,
@@ -33,6 +32,7 @@ from harness.ppo.corrections import (
     behaviour_correction,
     resolve,
 )
+from harness.ppo.corrections.areal import BEHAVE_CAP, BehaveMode
 from harness.ppo.masks import prompt_mean
 
 if TYPE_CHECKING:
@@ -71,40 +71,43 @@ class ClipOptions:
 CLIP_NAMES = tuple(f.name for f in dataclasses.fields(ClipOptions))
 
 
-def validate_clip_options(
+def check_behaviour_options(
     behave_imp_weight_mode: str,
     behave_imp_weight_cap: float | None,
     rejection_sampling: RejectionSampling | None,
-    importance_sampling_level: str,
-    loss_agg_mode: str,
 ) -> None:
-    """Raise ``ValueError`` naming the option and what is allowed (shared by the pure loss
-    functions and ``PPOActorConfig``, each where its options are built)."""
-    if behave_imp_weight_mode not in BEHAVE_MODES:
+    """The rules that tie AReaL's behaviour-weight options together (shared by the pure loss
+    functions and ``PPOActorConfig``; each option alone is checked from its declaration)."""
+    if behave_imp_weight_mode == "disabled" and behave_imp_weight_cap is not None:
         raise ValueError(
-            f"behave_imp_weight_mode must be one of {', '.join(BEHAVE_MODES)}; got {behave_imp_weight_mode!r}"
+            "behave_imp_weight_cap must be null when behave_imp_weight_mode is 'disabled'; "
+            f"got {behave_imp_weight_cap}"
         )
-    if behave_imp_weight_mode == "disabled":
-        if behave_imp_weight_cap is not None:
-            raise ValueError(
-                "behave_imp_weight_cap must be null when behave_imp_weight_mode is 'disabled'; "
-                f"got {behave_imp_weight_cap}"
-            )
-    elif behave_imp_weight_cap is not None and not behave_imp_weight_cap > 1:
-        raise ValueError(f"behave_imp_weight_cap must be > 1 or null; got {behave_imp_weight_cap}")
     if rejection_sampling is not None and behave_imp_weight_mode != "disabled":
         raise ValueError(
             "give either rejection_sampling or behave_imp_weight_mode, not both "
             f"(behave_imp_weight_mode={behave_imp_weight_mode!r})"
         )
-    if importance_sampling_level not in IS_LEVELS:
-        raise ValueError(
-            f"importance_sampling_level must be one of 'token', 'sequence'; got {importance_sampling_level!r}"
-        )
-    if loss_agg_mode not in LOSS_AGG_MODES:
-        raise ValueError(
-            f"loss_agg_mode must be one of {', '.join(LOSS_AGG_MODES)}; got {loss_agg_mode!r}"
-        )
+
+
+# A pure call's keywords that no options block holds: the declarations of PPOActorConfig's fields.
+_KEYWORDS: dict[str, tuple[Any, Any]] = {
+    "behave_imp_weight_mode": (BehaveMode, {}),
+    "behave_imp_weight_cap": (float | None, BEHAVE_CAP),
+    "importance_sampling_level": (ISLevel, {}),
+    "loss_agg_mode": (LossAggMode, {}),
+}
+
+
+def check_keywords(**keywords: Any) -> None:
+    """Check a pure call's keywords as ``from_dict`` checks the config fields of the same name
+    (one-line ``ValueError``)."""
+    for name, value in keywords.items():
+        tp, md = _KEYWORDS[name]
+        try:
+            check_value(value, tp, md, name)
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
 
 
 # ---------------------------------------------------------------------- the options
@@ -147,13 +150,13 @@ class LossOptions:
         own = spec.options(**options) if spec.options is not None else None
         clip = ClipOptions(**clip_kw)
         corr = resolve(correction)
-        validate_clip_options(
-            behave_imp_weight_mode,
-            behave_imp_weight_cap,
-            rejection_sampling,
-            importance_sampling_level,
-            loss_agg_mode,
+        check_keywords(
+            behave_imp_weight_mode=behave_imp_weight_mode,
+            behave_imp_weight_cap=behave_imp_weight_cap,
+            importance_sampling_level=importance_sampling_level,
+            loss_agg_mode=loss_agg_mode,
         )
+        check_behaviour_options(behave_imp_weight_mode, behave_imp_weight_cap, rejection_sampling)
         spec.check(importance_sampling_level, loss_agg_mode)
         if corr is not None and (
             rejection_sampling is not None or behave_imp_weight_mode != "disabled"
