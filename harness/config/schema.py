@@ -27,6 +27,9 @@ _h = meta
 BIG = 10_000_000  # upper bound of step-like counts: far beyond any CPU/GPU run, far below overflow
 
 
+TrainerName = Literal["harness", "trl"]
+
+
 @dataclass
 class RolloutConfig:
     prompts_per_step: int = field(
@@ -299,7 +302,7 @@ class RunConfig:
     threads: int = field(
         default=0, metadata=_h("torch CPU threads (0 = leave torch's default).", ge=0, le=1024)
     )
-    trainer: Literal["harness", "trl"] = field(
+    trainer: TrainerName = field(
         default="harness",
         metadata=_h(
             "Who trains the cell: the harness's PPO loop or TRL's GRPOTrainer (options mapped "

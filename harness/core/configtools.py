@@ -16,7 +16,12 @@ Declaring a field (the one scheme for every config field)::
 unless ``inf=`` says what infinity means for that field; NaN is never accepted.  Every int field
 declares both bounds (tests/test_bad_input.py walks the tree and checks that it does), so that a
 value such as 10**23 is refused up front instead of overflowing mid-run.  A plain
-``metadata={"help": ..., "ge": 0}`` dict works the same way.
+``metadata={"help": ..., "ge": 0}`` dict works the same way.  Choices are a ``Literal[...]`` type;
+a tuple of the same names, where code needs one, is ``typing.get_args`` of it.
+
+A class decorated ``@checked()`` (below ``@dataclass``) runs the same checks on every
+construction, from Python too, so its ``__post_init__`` holds only the rules that tie fields
+together.
 """
 
 from __future__ import annotations
