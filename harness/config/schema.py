@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from harness.config.trl_map import trl_problems
 from harness.core.configtools import is_device_name, meta
+from harness.model.engine_support import SamplerDtype
 from harness.model.options import ModelOptions, TinyModelConfig
 from harness.ppo.config import PPOActorConfig
 from harness.ppo.corrections import Correction
@@ -25,6 +26,9 @@ from harness.tasks import field_help as task_field_help
 # field is range- and finiteness-checked from these declarations when a config is built.
 _h = meta
 BIG = 10_000_000  # upper bound of step-like counts: far beyond any CPU/GPU run, far below overflow
+
+
+TrainerName = Literal["harness", "trl"]
 
 
 @dataclass
@@ -80,7 +84,7 @@ class RolloutConfig:
     )
 
     # Sources of training–inference mismatch (docs/mismatch.md): each is one grid axis.
-    sampler_dtype: Literal["float32", "bfloat16", "float16"] | None = field(
+    sampler_dtype: SamplerDtype | None = field(
         default=None,
         metadata=_h(
             "Precision of the sampler's forward only (autocast to it, CPU and CUDA); the learner "
@@ -299,7 +303,7 @@ class RunConfig:
     threads: int = field(
         default=0, metadata=_h("torch CPU threads (0 = leave torch's default).", ge=0, le=1024)
     )
-    trainer: Literal["harness", "trl"] = field(
+    trainer: TrainerName = field(
         default="harness",
         metadata=_h(
             "Who trains the cell: the harness's PPO loop or TRL's GRPOTrainer (options mapped "

@@ -16,7 +16,12 @@ Declaring a field (the one scheme for every config field)::
 unless ``inf=`` says what infinity means for that field; NaN is never accepted.  Every int field
 declares both bounds (tests/config/test_bad_input.py walks the tree and checks that it does), so that a
 value such as 10**23 is refused up front instead of overflowing mid-run.  A plain
-``metadata={"help": ..., "ge": 0}`` dict works the same way.
+``metadata={"help": ..., "ge": 0}`` dict works the same way.  Choices are a ``Literal[...]`` type;
+a tuple of the same names, where code needs one, is ``typing.get_args`` of it.
+
+A class decorated ``@checked()`` (below ``@dataclass``) runs the same checks on every
+construction, from Python too, so its ``__post_init__`` holds only the rules that tie fields
+together.
 """
 
 from __future__ import annotations
@@ -278,6 +283,57 @@ def check_value(value: Any, tp: Any, md: Any, path: str) -> Any:
     converted = _convert(value, tp, path)
     check_declared(converted, md, path)
     return converted
+
+
+_DECLARATIONS: dict[type, tuple[tuple[str, Any, Any], ...]] = {}
+
+
+def _declarations(cls: type) -> tuple[tuple[str, Any, Any], ...]:
+    """(name, type, metadata) of every init field of ``cls``, resolved once per class (type
+    hints are slow to resolve; a construction then costs one dict lookup and the checks)."""
+    found = _DECLARATIONS.get(cls)
+    if found is None:
+        hints = typing.get_type_hints(cls, include_extras=True)
+        found = tuple(
+            (f.name, hints[f.name], f.metadata)
+            for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+            if f.init
+        )
+        _DECLARATIONS[cls] = found
+    return found
+
+
+def check_fields(obj: Any, prefix: str = "") -> None:
+    """Check every field of the dataclass instance ``obj`` against its declaration (type, Literal
+    choices, range, finiteness: what ``from_dict`` checks for a file) and raise a one-line
+    ``ValueError`` naming ``<prefix><field>``.  A ``ValueError`` rather than a ``ConfigError``:
+    built inside ``from_dict``, the message is then prefixed with the parent's path."""
+    for name, tp, md in _declarations(type(obj)):
+        try:
+            check_value(getattr(obj, name), tp, md, f"{prefix}{name}")
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+
+
+def checked(prefix: str = "") -> Callable[[type[T]], type[T]]:
+    """Class decorator, written below ``@dataclass`` (which only calls a ``__post_init__`` that
+    exists when it runs): every construction, from a file or from Python, checks the fields'
+    declarations (:func:`check_fields`) before the class's own ``__post_init__``, which is then
+    left with the rules that tie fields together.  ``prefix`` names the block in messages
+    (``"rejection_sampling."``)."""
+
+    def wrap(cls: type[T]) -> type[T]:
+        own = getattr(cls, "__post_init__", None)
+
+        def __post_init__(self: Any) -> None:
+            check_fields(self, prefix)
+            if own is not None:
+                own(self)
+
+        cls.__post_init__ = __post_init__  # type: ignore[attr-defined]
+        return cls
+
+    return wrap
 
 
 def from_dict(cls: type[T], data: dict[str, Any], path: str = "", key: str | None = None) -> T:

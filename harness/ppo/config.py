@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from harness.core.configtools import meta
+from harness.core.configtools import checked, meta
 from harness.ppo.corrections import (
     PRESETS,
     Correction,
@@ -17,6 +17,7 @@ from harness.ppo.corrections import (
     behaviour_correction,
     resolve,
 )
+from harness.ppo.corrections.areal import BEHAVE_CAP, BehaveMode
 from harness.ppo.normalization import NormConfig
 from harness.ppo.objectives import (
     OBJECTIVES,
@@ -26,7 +27,7 @@ from harness.ppo.objectives import (
     renamed_keys,
     validate_selection,
 )
-from harness.ppo.objectives.frame import validate_clip_options
+from harness.ppo.objectives.frame import ISLevel, LossAggMode, check_behaviour_options
 from harness.ppo.objectives.registry import options_of
 from harness.ppo.proximal import ProxLogpMethod
 
@@ -63,6 +64,7 @@ def _with_objective_blocks(cls: type) -> type:
 
 
 @dataclass
+@checked()
 @_with_objective_blocks
 class PPOActorConfig:
     """PPO actor options, under AReaL's ``PPOActorConfig`` names."""
@@ -70,17 +72,13 @@ class PPOActorConfig:
     eps_clip: float = _clip_field("eps_clip")
     eps_clip_higher: float | None = _clip_field("eps_clip_higher")
     c_clip: float | None = _clip_field("c_clip")
-    behave_imp_weight_mode: Literal[
-        "disabled", "token_mask", "token_truncate", "sequence_mask", "sequence_truncate"
-    ] = field(
+    behave_imp_weight_mode: BehaveMode = field(
         default="disabled",
         metadata=_h(
             "Behaviour importance weight π_prox/π_behave (AReaL v1.0.0.post1-v1.0.3 modes)."
         ),
     )
-    behave_imp_weight_cap: float | None = field(
-        default=None, metadata=_h("Cap for the behaviour weight (> 1); null = no bound.", gt=1)
-    )
+    behave_imp_weight_cap: float | None = field(default=None, metadata=BEHAVE_CAP)
     rejection_sampling: RejectionSampling | None = field(
         default=None,
         metadata=_h(
@@ -117,16 +115,10 @@ class PPOActorConfig:
     recompute_logprob: bool = field(
         default=False, metadata=_h("Recompute the old log-probs with the training forward pass.")
     )
-    importance_sampling_level: Literal["token", "sequence"] = field(
+    importance_sampling_level: ISLevel = field(
         default="token", metadata=_h("'sequence' = GSPO (geometric-mean sequence ratio).")
     )
-    loss_agg_mode: Literal[
-        "token-mean",
-        "seq-mean-token-mean",
-        "seq-mean-token-sum",
-        "seq-mean-token-sum-norm",
-        "prompt-mean",
-    ] = field(
+    loss_agg_mode: LossAggMode = field(
         default="token-mean",
         metadata=_h(
             "How per-token losses become one number (prompt-mean = SkyRL's: mean over each "
@@ -215,15 +207,8 @@ class PPOActorConfig:
     )
 
     def __post_init__(self) -> None:
-        validate_clip_options(
-            self.eps_clip,
-            self.eps_clip_higher,
-            self.c_clip,
-            self.behave_imp_weight_mode,
-            self.behave_imp_weight_cap,
-            self.rejection_sampling,
-            self.importance_sampling_level,
-            self.loss_agg_mode,
+        check_behaviour_options(
+            self.behave_imp_weight_mode, self.behave_imp_weight_cap, self.rejection_sampling
         )
         validate_selection(
             self.policy_loss,

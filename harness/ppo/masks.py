@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import torch
 
-TRUNCATED_MODES = ("keep", "mask", "zero_reward")
-
 
 def entropy_threshold(values: torch.Tensor, q: float) -> torch.Tensor:
     """``torch.quantile(values, q)`` with linear interpolation, computed with a sort: the same

@@ -64,12 +64,13 @@ from typing import Literal
 
 import torch
 
+from harness.core.configtools import checked
+
 Level = Literal["batch", "group"] | None
-_LEVELS = ("batch", "group", None)
-_DIVISORS = ("std", "mean")
 
 
 @dataclass(frozen=True)
+@checked()
 class NormConfig:
     """How to normalize a tensor of rewards (one per sequence) or advantages (one per token).
 
@@ -119,23 +120,7 @@ class NormConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in ("mean_level", "std_level"):
-            value = getattr(self, name)
-            if value not in _LEVELS:
-                raise ValueError(f"{name} must be one of 'batch', 'group', None; got {value!r}")
-        for name in ("mean_leave1out", "std_unbiased"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be true or false; got {getattr(self, name)!r}")
-        if (
-            isinstance(self.group_size, bool)
-            or not isinstance(self.group_size, int)
-            or self.group_size < 1
-        ):
-            raise ValueError(f"group_size must be an integer >= 1; got {self.group_size!r}")
-        if not isinstance(self.eps, (int, float)) or isinstance(self.eps, bool) or self.eps < 0:
-            raise ValueError(f"eps must be a number >= 0; got {self.eps!r}")
-        if self.divide_by not in _DIVISORS:
-            raise ValueError(f"divide_by must be one of 'std', 'mean'; got {self.divide_by!r}")
+        # Each field is checked from its declaration (``checked``); the rest ties fields.
         if self.divide_by == "mean":
             # The divisor is the mean of the centring scope: without centring there is none, a
             # leave-one-out mean is a different number per entry, and a std would be a second

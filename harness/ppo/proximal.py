@@ -12,7 +12,6 @@ from typing import Literal
 
 import torch
 
-PROX_LOGP_METHODS = ("recompute", "loglinear")
 ProxLogpMethod = Literal["recompute", "loglinear"]
 
 
@@ -65,4 +64,4 @@ def loglinear_proximal(
     return lb + alpha * (lt - lb)
 
 
-__all__ = ["PROX_LOGP_METHODS", "ProxLogpMethod", "loglinear_alpha", "loglinear_proximal"]
+__all__ = ["ProxLogpMethod", "loglinear_alpha", "loglinear_proximal"]

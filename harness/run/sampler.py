@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from harness.core.configtools import check_value
 from harness.model.build import precision
+from harness.model.engine_support import SamplerDtype
 from harness.run.engine import engine_sampler
 from harness.run.rollout import RolloutBatch, sample
 
@@ -58,11 +60,7 @@ def sampler_autocast(name: str | None, learner: torch.dtype | None) -> torch.dty
     autocast dtype; ``"float32"`` = autocast off)."""
     if name is None:
         return learner
-    if name not in _DTYPES:
-        raise ValueError(
-            f"rollout.sampler_dtype: must be float32, bfloat16 or float16; got {name!r}"
-        )
-    return _DTYPES[name]
+    return _DTYPES[check_value(name, SamplerDtype, {}, "rollout.sampler_dtype")]
 
 
 @dataclass

@@ -13,13 +13,15 @@ a cell.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, Unpack
+from typing import TYPE_CHECKING, Protocol, Unpack, get_args
+
+from harness.config.schema import TrainerName
 
 if TYPE_CHECKING:
     from harness.config import RunConfig
     from harness.run.scaffold import Hooks, RunResult
 
-TRAINERS = ("harness", "trl")
+TRAINERS: tuple[str, ...] = get_args(TrainerName)
 
 
 class Trainer(Protocol):

@@ -172,7 +172,7 @@ def test_the_options_are_checked_once_not_per_minibatch(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("options checked again inside the loss")
 
-    monkeypatch.setattr(F, "validate_clip_options", refuse)
+    monkeypatch.setattr(F, "check_keywords", refuse)
     monkeypatch.setattr(type(lookup("ppo")), "check", refuse)
     lt, lp, lb, adv, mask = tensors(3)
     loss, stats = objective_loss(actor.loss_options, lt, lp, lb, adv, mask)

@@ -209,22 +209,25 @@ def test_sign_aware_clip_masks_partition_clip_mask():
 @pytest.mark.parametrize(
     "kw,msg",
     [
-        (dict(eps_clip=0.0), "eps_clip must be > 0"),
-        (dict(eps_clip=0.2, eps_clip_higher=-0.1), "eps_clip_higher must be >= 0"),
-        (dict(eps_clip=0.2, c_clip=1.0), "c_clip must be > 1"),
+        (dict(eps_clip=0.0), "eps_clip: must be a finite number > 0; got 0.0"),
+        (
+            dict(eps_clip=0.2, eps_clip_higher=-0.1),
+            "eps_clip_higher: must be a finite number >= 0; got -0.1",
+        ),
+        (dict(eps_clip=0.2, c_clip=1.0), "c_clip: must be a finite number > 1; got 1.0"),
         (
             dict(eps_clip=0.2, behave_imp_weight_mode="token_mask", behave_imp_weight_cap=1.0),
-            "cap must be > 1",
+            "behave_imp_weight_cap: must be a finite number > 1; got 1.0",
         ),
         (
             dict(eps_clip=0.2, behave_imp_weight_mode="bogus"),
-            "behave_imp_weight_mode must be one of",
+            "behave_imp_weight_mode: must be one of 'disabled', ",
         ),
         (
             dict(eps_clip=0.2, importance_sampling_level="prompt"),
-            "importance_sampling_level must be one of",
+            "importance_sampling_level: must be one of 'token', 'sequence'; got 'prompt'",
         ),
-        (dict(eps_clip=0.2, loss_agg_mode="sum"), "loss_agg_mode must be one of"),
+        (dict(eps_clip=0.2, loss_agg_mode="sum"), "loss_agg_mode: must be one of 'token-mean', "),
         (
             dict(
                 eps_clip=0.2,
@@ -251,9 +254,11 @@ def test_shape_mismatch_and_bad_configs():
             torch.ones(1, 2, dtype=torch.bool),
             eps_clip=0.2,
         )
-    with pytest.raises(ValueError, match="mean_level must be one of"):
+    with pytest.raises(
+        ValueError, match="mean_level: must be one of 'batch', 'group' or null; got 'token'"
+    ):
         NormConfig(mean_level="token")
-    with pytest.raises(ValueError, match="group_size must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"group_size: must be an integer in \[1, 10_000\]; got 0"):
         NormConfig(group_size=0)
     with pytest.raises(ValueError, match="upper must be > 1"):
         RejectionSampling(upper=1.0)

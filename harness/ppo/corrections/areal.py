@@ -14,18 +14,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
+from harness.core.configtools import checked, meta
 from harness.ppo.corrections.compute import apply_correction
 from harness.ppo.corrections.spec import Correction, Filter
 
-BEHAVE_MODES = ("disabled", "token_mask", "token_truncate", "sequence_mask", "sequence_truncate")
-RS_METRICS = ("ratio", "kl_k1", "kl_k2", "kl_k3", "binary_kl")
+BehaveMode = Literal[
+    "disabled", "token_mask", "token_truncate", "sequence_mask", "sequence_truncate"
+]
+BEHAVE_MODES: tuple[str, ...] = get_args(BehaveMode)
+# ppo.behave_imp_weight_cap's declaration, also what a pure loss call's keyword is checked with.
+BEHAVE_CAP = meta("Cap for the behaviour weight (> 1); null = no bound.", gt=1)
 
 
 @dataclass(frozen=True)
+@checked("rejection_sampling.")
 class RejectionSampling:
     """Behaviour-policy importance weighting with AReaL v1.0.4+ semantics (``RejectionSamplingConfig``).
 
@@ -59,22 +65,7 @@ class RejectionSampling:
     )
 
     def __post_init__(self) -> None:
-        if self.level not in ("token", "sequence"):
-            raise ValueError(
-                f"rejection_sampling.level must be one of 'token', 'sequence'; got {self.level!r}"
-            )
-        if self.action not in ("mask", "clamp"):
-            raise ValueError(
-                f"rejection_sampling.action must be one of 'mask', 'clamp'; got {self.action!r}"
-            )
-        if self.metric not in RS_METRICS:
-            raise ValueError(
-                f"rejection_sampling.metric must be one of {', '.join(RS_METRICS)}; got {self.metric!r}"
-            )
-        if self.agg not in ("sum", "mean", "max"):
-            raise ValueError(
-                f"rejection_sampling.agg must be one of 'sum', 'mean', 'max'; got {self.agg!r}"
-            )
+        # The choices are checked from the Literal types (``checked``); the rest ties fields.
         if self.action == "clamp" and self.metric != "ratio":
             raise ValueError("rejection_sampling.action 'clamp' requires metric 'ratio'")
         if self.metric == "ratio":
@@ -110,14 +101,18 @@ def legacy_to_rejection_sampling(mode: str, cap: float | None) -> RejectionSampl
     if mode == "disabled":
         return None
     level, kind = mode.split("_")
-    upper = math.inf if cap is None else float(cap)
-    return RejectionSampling(
+    rs = RejectionSampling(
         level=level,  # type: ignore[arg-type]
         action="mask" if kind == "mask" else "clamp",
         metric="ratio",
         agg="mean",
-        upper=upper,
+        upper=5.0 if cap is None else float(cap),
     )
+    if cap is None:
+        # No cap is an infinite upper bound, which the block's declaration (a finite number, as
+        # a file must give it) refuses: set once the checks have passed (inf > 1 >= lower).
+        object.__setattr__(rs, "upper", math.inf)
+    return rs
 
 
 _RS_METRIC = {

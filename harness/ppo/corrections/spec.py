@@ -13,18 +13,16 @@ filter is ℓp, or sg(ℓθ) under ``bypass`` / ``reference: current``; log w = 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
-from harness.core.configtools import option
+from harness.core.configtools import checked, option
 
-WEIGHTS = ("none", "token", "sequence_product", "sequence_geometric")
-FILTER_METRICS = ("ratio", "k1", "k2", "k3", "binary_kl", "binary_kl_directed", "tv", "prob_diff")
-FILTER_AGGS = ("sum", "mean", "max", "min")
-DIRECTIONS = ("behave_ref", "ref_behave")
-REFERENCES = ("proximal", "current")
+Weight = Literal["none", "token", "sequence_product", "sequence_geometric"]
+WEIGHTS: tuple[str, ...] = get_args(Weight)
 
 
 @dataclass(frozen=True)
+@checked("filters[].")
 class Filter:
     """One rejection filter: a token (or its whole sequence) leaves the loss unless
     lower ≤ statistic ≤ upper.  Filters are combined with AND."""
@@ -88,11 +86,12 @@ class Filter:
 
 
 @dataclass(frozen=True)
+@checked()
 class Correction:
     """Behaviour weight ρ (times every objective's per-token loss, after its clip) and filters
     (narrowing the loss mask), evaluated inside the loss per micro-batch."""
 
-    weight: Literal["none", "token", "sequence_product", "sequence_geometric"] = option(
+    weight: Weight = option(
         "none",
         "ρ: 'none' (1), 'token' w_t, 'sequence_product' exp(Σ_t log w) (TRL/verl/SkyRL "
         "sequence IS), 'sequence_geometric' exp(mean_t log w) (AReaL sequence level); sequence "

@@ -64,21 +64,11 @@ class DPPOOptions(R.Options):
     )
 
     def check(self) -> None:
-        if self.surrogate not in ("ratio", "truncated_is"):
-            raise ValueError(
-                f"dppo.surrogate must be one of ratio, truncated_is; got {self.surrogate!r}"
-            )
         if self.surrogate == "ratio" and self.ratio_cap is not None:
             raise ValueError(
                 "dppo.ratio_cap means nothing with dppo.surrogate 'ratio' (it caps "
                 "truncated_is); leave it at null"
             )
-        if self.divergence not in DEFAULT_DELTA:
-            raise ValueError(
-                f"dppo.divergence must be one of binary_tv, binary_kl; got {self.divergence!r}"
-            )
-        if self.anchor not in ("behaviour", "proximal"):
-            raise ValueError(f"dppo.anchor must be one of behaviour, proximal; got {self.anchor!r}")
 
     def cap(self) -> float:
         """c of surrogate truncated_is (verl's clip_ratio_c, 3.0 in its actor config)."""

@@ -19,13 +19,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import torch
 
-from harness.core.configtools import option
+from harness.core.configtools import ConfigError, check_value, checked, option
 from harness.ppo.corrections import (
-    BEHAVE_MODES,
     Correction,
     CorrectionResult,
     RejectionSampling,
@@ -33,28 +32,32 @@ from harness.ppo.corrections import (
     behaviour_correction,
     resolve,
 )
+from harness.ppo.corrections.areal import BEHAVE_CAP, BehaveMode
 from harness.ppo.masks import prompt_mean
 
 if TYPE_CHECKING:
     from harness.ppo.config import PPOActorConfig
     from harness.ppo.objectives.registry import Objective
 
-LOSS_AGG_MODES = (
+LossAggMode = Literal[
     "token-mean",
     "seq-mean-token-mean",
     "seq-mean-token-sum",
     "seq-mean-token-sum-norm",
     "prompt-mean",
-)
-IS_LEVELS = ("token", "sequence")
+]
+LOSS_AGG_MODES: tuple[str, ...] = get_args(LossAggMode)
+ISLevel = Literal["token", "sequence"]
+IS_LEVELS: tuple[str, ...] = get_args(ISLevel)
 Stats = dict[str, torch.Tensor | float]
 
 
 @dataclass(frozen=True)
+@checked()
 class ClipOptions:
     """The PPO-clip options, flat under ``ppo.`` (AReaL's names; ``PPOActorConfig`` takes their
     defaults and declarations from here), read by the objectives that declare ``clip=True``.
-    Checked by ``validate_clip_options`` (its messages are the pure functions' contract)."""
+    Each option is checked from its declaration on construction (``checked``)."""
 
     eps_clip: float = option(0.2, "Lower clip ε: ratio clipped to [1-ε, 1+ε_hi].", gt=0)
     eps_clip_higher: float | None = option(
@@ -68,49 +71,43 @@ class ClipOptions:
 CLIP_NAMES = tuple(f.name for f in dataclasses.fields(ClipOptions))
 
 
-def validate_clip_options(
-    eps_clip: float,
-    eps_clip_higher: float | None,
-    c_clip: float | None,
+def check_behaviour_options(
     behave_imp_weight_mode: str,
     behave_imp_weight_cap: float | None,
     rejection_sampling: RejectionSampling | None,
-    importance_sampling_level: str,
-    loss_agg_mode: str,
 ) -> None:
-    """Raise ``ValueError`` naming the option and what is allowed (shared by the pure loss
-    functions and ``PPOActorConfig``, each where its options are built)."""
-    if not eps_clip > 0:
-        raise ValueError(f"eps_clip must be > 0; got {eps_clip}")
-    if eps_clip_higher is not None and eps_clip_higher < 0:
-        raise ValueError(f"eps_clip_higher must be >= 0 or null; got {eps_clip_higher}")
-    if c_clip is not None and not c_clip > 1:
-        raise ValueError(f"c_clip must be > 1 or null; got {c_clip}")
-    if behave_imp_weight_mode not in BEHAVE_MODES:
+    """The rules that tie AReaL's behaviour-weight options together (shared by the pure loss
+    functions and ``PPOActorConfig``; each option alone is checked from its declaration)."""
+    if behave_imp_weight_mode == "disabled" and behave_imp_weight_cap is not None:
         raise ValueError(
-            f"behave_imp_weight_mode must be one of {', '.join(BEHAVE_MODES)}; got {behave_imp_weight_mode!r}"
+            "behave_imp_weight_cap must be null when behave_imp_weight_mode is 'disabled'; "
+            f"got {behave_imp_weight_cap}"
         )
-    if behave_imp_weight_mode == "disabled":
-        if behave_imp_weight_cap is not None:
-            raise ValueError(
-                "behave_imp_weight_cap must be null when behave_imp_weight_mode is 'disabled'; "
-                f"got {behave_imp_weight_cap}"
-            )
-    elif behave_imp_weight_cap is not None and not behave_imp_weight_cap > 1:
-        raise ValueError(f"behave_imp_weight_cap must be > 1 or null; got {behave_imp_weight_cap}")
     if rejection_sampling is not None and behave_imp_weight_mode != "disabled":
         raise ValueError(
             "give either rejection_sampling or behave_imp_weight_mode, not both "
             f"(behave_imp_weight_mode={behave_imp_weight_mode!r})"
         )
-    if importance_sampling_level not in IS_LEVELS:
-        raise ValueError(
-            f"importance_sampling_level must be one of 'token', 'sequence'; got {importance_sampling_level!r}"
-        )
-    if loss_agg_mode not in LOSS_AGG_MODES:
-        raise ValueError(
-            f"loss_agg_mode must be one of {', '.join(LOSS_AGG_MODES)}; got {loss_agg_mode!r}"
-        )
+
+
+# A pure call's keywords that no options block holds: the declarations of PPOActorConfig's fields.
+_KEYWORDS: dict[str, tuple[Any, Any]] = {
+    "behave_imp_weight_mode": (BehaveMode, {}),
+    "behave_imp_weight_cap": (float | None, BEHAVE_CAP),
+    "importance_sampling_level": (ISLevel, {}),
+    "loss_agg_mode": (LossAggMode, {}),
+}
+
+
+def check_keywords(**keywords: Any) -> None:
+    """Check a pure call's keywords as ``from_dict`` checks the config fields of the same name
+    (one-line ``ValueError``)."""
+    for name, value in keywords.items():
+        tp, md = _KEYWORDS[name]
+        try:
+            check_value(value, tp, md, name)
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
 
 
 # ---------------------------------------------------------------------- the options
@@ -153,16 +150,13 @@ class LossOptions:
         own = spec.options(**options) if spec.options is not None else None
         clip = ClipOptions(**clip_kw)
         corr = resolve(correction)
-        validate_clip_options(
-            clip.eps_clip,
-            clip.eps_clip_higher,
-            clip.c_clip,
-            behave_imp_weight_mode,
-            behave_imp_weight_cap,
-            rejection_sampling,
-            importance_sampling_level,
-            loss_agg_mode,
+        check_keywords(
+            behave_imp_weight_mode=behave_imp_weight_mode,
+            behave_imp_weight_cap=behave_imp_weight_cap,
+            importance_sampling_level=importance_sampling_level,
+            loss_agg_mode=loss_agg_mode,
         )
+        check_behaviour_options(behave_imp_weight_mode, behave_imp_weight_cap, rejection_sampling)
         spec.check(importance_sampling_level, loss_agg_mode)
         if corr is not None and (
             rejection_sampling is not None or behave_imp_weight_mode != "disabled"

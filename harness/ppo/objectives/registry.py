@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from harness.core.configtools import ConfigError, check_declared
+from harness.core.configtools import check_fields
 from harness.core.configtools import meta as meta  # re-exported: R.meta for objective modules
 from harness.core.configtools import option as option  # re-exported: R.option likewise
 from harness.metrics import declare_objective_stats, forget_objective_stats
@@ -50,19 +50,16 @@ TermsFn = Callable[[PolicyInputs, Any, Context], Terms]
 
 
 class Options:
-    """Base of an objective's options block: every field's declared bounds are checked when the
+    """Base of an objective's options block: every field's declared type and bounds are checked when the
     block is built (from YAML, ``--set`` or Python alike); a ``check()`` method adds cross-field
     rules.  A message names the option as ``<objective>.<option>``."""
 
     _objective = ""  # set by ``register``
 
     def __post_init__(self) -> None:
-        prefix = f"{self._objective}." if self._objective else ""
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            try:
-                check_declared(getattr(self, f.name), f.metadata, f"{prefix}{f.name}")
-            except ConfigError as err:  # a ValueError: PPOActorConfig's caller adds 'ppo.'
-                raise ValueError(str(err)) from None
+        # Types, choices and bounds from the declarations (a ValueError: PPOActorConfig's caller
+        # adds 'ppo.'); ``check`` is left with what ties options together.
+        check_fields(self, f"{self._objective}." if self._objective else "")
         check = getattr(self, "check", None)
         if check is not None:
             check()

@@ -49,13 +49,6 @@ class VESPOOptions(R.Options):
         "weight 'token', TRL's token_truncate / token_mask).",
     )
 
-    def check(self) -> None:
-        if self.behaviour_weight not in ("multiply", "fold"):
-            raise ValueError(
-                "vespo.behaviour_weight must be one of multiply, fold; "
-                f"got {self.behaviour_weight!r}"
-            )
-
 
 def gamma_weight(log_w: torch.Tensor, k: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
     """φ = e^λ·W^k·e^(−λW) in log space (φ(1) = 1); NaN or ±inf → 0, as in TRL."""
