@@ -23,12 +23,13 @@ RANKS = {
     "tracking": 1,
     "model": 2,
     "ppo": 3,
-    "config": 4,
-    "run": 5,
-    "report": 5,
-    "sweep": 6,
-    "cli": 7,
-    "__main__": 8,
+    "peers": 4,
+    "config": 5,
+    "run": 6,
+    "report": 6,
+    "sweep": 7,
+    "cli": 8,
+    "__main__": 9,
 }
 
 

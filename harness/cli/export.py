@@ -36,7 +36,8 @@ def export_cmd(
     """
     from harness.config.experiment import load_experiment
     from harness.core.configtools import ConfigError
-    from harness.sweep.present.export import TARGETS, export_cell
+    from harness.peers.export import TARGETS
+    from harness.sweep.present.cell_export import export_cell
     from harness.sweep.scheduler.cell_choice import best_to_export, resolve_cell
     from harness.sweep.scheduler.spec import HASH_ATTR, StudySpec, load_study_spec
 

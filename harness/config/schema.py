@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.config.trl_map import trl_problems
 from harness.core.configtools import is_device_name, meta
 from harness.model.engine_support import SamplerDtype
 from harness.model.options import ModelOptions, TinyModelConfig
+from harness.peers.trl import trl_problems
 from harness.ppo.config import PPOActorConfig
 from harness.ppo.corrections import Correction
 from harness.tasks import field_help as task_field_help

@@ -206,7 +206,7 @@ def _objective_section() -> list[str]:
 
 
 def _trl_section() -> list[str]:
-    """How ``trainer: trl`` fills the same keys from TRL's logs (data in ``trl_map.TRL_METRICS``)."""
+    """How ``trainer: trl`` fills the same keys from TRL's logs (data in ``metrics.trl.TRL_METRICS``)."""
     how = {
         "mean": "mean over the step's optimizer steps",
         "last": "last optimizer step",

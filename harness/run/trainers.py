@@ -3,7 +3,7 @@
 
     harness   the harness's own PPO loop (``harness.run.loop.run``)
     trl       TRL's GRPOTrainer (``harness.run.trl_trainer.run_trl``), options mapped by
-              ``harness.config.trl_map``
+              ``harness.peers.trl``
 
 Both are the run scaffold (``harness/run/scaffold.py``) around their own steps, so both take the
 same hooks and keep the same contract (tests/run/test_trainer_contract.py).  ``RunConfig.trainer``

@@ -28,8 +28,8 @@ from typing import Any, Unpack
 import torch
 
 from harness.config import RunConfig
-from harness.config.trl_map import approximations, grpo_kwargs
 from harness.metrics.trl import TRL_METRICS
+from harness.peers.trl import approximations, grpo_kwargs
 from harness.ppo.advantages import shape_rewards
 from harness.ppo.shaping import overlong_penalty
 from harness.run.scaffold import (
@@ -66,7 +66,7 @@ def run_trl(cfg: RunConfig, **hooks: Unpack[Hooks]) -> RunResult:
 
 def grpo_steps(run: Run, grpo_config: dict[str, Any]) -> None:
     """``GRPOTrainer.train()`` on the scaffold's warm-started policy, one generation cycle per
-    harness step; ``grpo_config`` is :func:`harness.config.trl_map.grpo_kwargs` of ``run.cfg``."""
+    harness step; ``grpo_config`` is :func:`harness.peers.trl.grpo_kwargs` of ``run.cfg``."""
     from datasets import Dataset
     from transformers import TrainerCallback  # noqa: PLC0415 - with TRL, only when the TRL trainer runs
     from transformers.trainer_callback import PrinterCallback  # noqa: PLC0415 - with TRL, only when the TRL trainer runs

@@ -455,7 +455,8 @@ def test_every_setting_maps_or_is_named_by_every_target():
     either writes something different or names the field in a # comment."""
     from harness.config import build_run_config
     from harness.config.loading import apply_overrides
-    from harness.sweep.present.export import NOT_EXPORTED, TARGETS, export_cell
+    from harness.peers.export import TARGETS
+    from harness.sweep.present.cell_export import NOT_EXPORTED, export_cell
 
     types = declared_fields(RunConfig)
     unaccounted, walked = [], 0

@@ -14,10 +14,11 @@ import yaml
 
 from harness.config import build_run_config
 from harness.config.experiment import load_experiment
+from harness.peers.export import export_verl
 from harness.ppo.corrections import PRESETS, Correction, Filter
 from harness.ppo.corrections.compute import apply_correction, probability_statistic
 from harness.ppo.objectives import OBJECTIVES, lookup, ppo_actor_loss
-from harness.sweep.present.export import export_cell, export_verl
+from harness.sweep.present.cell_export import export_cell
 
 EPS = 0.2
 

@@ -25,7 +25,7 @@ from harness.ppo.corrections import Correction, Filter
 from harness.ppo.corrections.compute import apply_correction, segment_ids, segment_reduce
 from harness.ppo.objectives import ppo_actor_loss
 from harness.run.loop import run
-from harness.sweep.present.export import export_cell
+from harness.sweep.present.cell_export import export_cell
 from tests.support.tiny import TINY
 
 EPS = 0.2

@@ -14,12 +14,13 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.config import PPOActorConfig, build_run_config
-from harness.config.trl_map import trl_problems
 from harness.core.configtools import ConfigError
+from harness.peers.export import export_areal, export_verl
+from harness.peers.trl import trl_problems
 from harness.ppo import NormConfig
 from harness.ppo.actor import PPOActor
 from harness.ppo.normalization import divide_by_mean, normalize
-from harness.sweep.present.export import export_areal, export_cell, export_verl
+from harness.sweep.present.cell_export import export_cell
 
 MAXRL = {"mean_level": "group", "std_level": None, "divide_by": "mean"}
 

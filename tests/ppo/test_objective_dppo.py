@@ -349,7 +349,7 @@ def test_ratio_cap_without_truncated_is_is_one_line():
 
 
 def test_verl_export_says_which_dppo_surrogate():
-    from harness.sweep.present.export import export_verl
+    from harness.peers.export import export_verl
 
     A = "actor_rollout_ref.actor"
     over = {"ppo.policy_loss": "dppo", "ppo.dppo.delta_low": 0.1, "ppo.dppo.delta_high": 0.3}

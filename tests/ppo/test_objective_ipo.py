@@ -14,7 +14,7 @@ from harness.config import build_run_config
 from harness.config.experiment import load_experiment
 from harness.core.configtools import ConfigError
 from harness.ppo.objectives import lookup
-from harness.sweep.present.export import export_cell
+from harness.sweep.present.cell_export import export_cell
 
 
 def prime_rl_ipo(trainer_logprobs, inference_logprobs, advantages, loss_mask, thr, adv_tau, kl_tau):

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from harness.config import ConfigError, build_run_config
-from harness.config.trl_map import grpo_kwargs
 from harness.core.configtools import from_dict
+from harness.peers.trl import grpo_kwargs
 from harness.ppo import PPOActorConfig, ppo_actor_loss
 from harness.ppo.objectives import objective_loss
 from harness.ppo.objectives.luspo import luspo_loss
@@ -224,7 +224,7 @@ def test_trl_map_is_loss_type_luspo(tmp_path):
 
 
 def test_verl_export_is_gspo_summed_per_sequence():
-    from harness.sweep.present.export import export_verl
+    from harness.peers.export import export_verl
 
     cfg = build_run_config(
         {}, {"ppo.policy_loss": "luspo", **{f"ppo.{k}": v for k, v in SEQ.items()}}

@@ -244,7 +244,7 @@ def test_reads_the_clip_options():
 def test_areal_export_names_m2_threshold():
     import yaml
 
-    from harness.sweep.present.export import export_areal
+    from harness.peers.export import export_areal
 
     cfg = build_run_config(
         {}, {"ppo.policy_loss": "m2po", "ppo.m2po.threshold": 0.08, "ppo.use_decoupled_loss": True}

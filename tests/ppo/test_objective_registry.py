@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.config import build_run_config
-from harness.config.trl_map import trl_problems
 from harness.core.configtools import ConfigError, field_defaults, from_dict, meta
 from harness.metrics import markdown
+from harness.peers.trl import trl_problems
 from harness.ppo import PPOActorConfig
 from harness.ppo.objectives import OBJECTIVES, Options, Terms, objective_loss, register
 from harness.ppo.objectives.docs import metrics_markdown, objectives_markdown

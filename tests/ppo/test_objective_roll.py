@@ -13,7 +13,7 @@ import yaml
 from harness.config import build_run_config
 from harness.config.experiment import load_experiment
 from harness.ppo.objectives import lookup
-from harness.sweep.present.export import export_cell
+from harness.sweep.present.cell_export import export_cell
 
 
 def agg_token_mean(loss_mat, loss_mask):

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from harness.config import ConfigError, build_run_config
-from harness.config.trl_map import grpo_kwargs, trl_problems
 from harness.core.configtools import from_dict
+from harness.peers.trl import grpo_kwargs, trl_problems
 from harness.ppo import PPOActorConfig
 from harness.ppo.objectives import objective_loss
 from harness.ppo.objectives.vespo import vespo_loss
@@ -316,7 +316,7 @@ def test_fold_without_a_token_weight_is_one_line(correction):
 
 
 def test_trl_export_says_which_vespo_composition_the_cell_uses():
-    from harness.sweep.present.export import export_trl
+    from harness.peers.export import export_trl
 
     over = {
         "ppo.policy_loss": "vespo",

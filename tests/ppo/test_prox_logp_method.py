@@ -25,7 +25,7 @@ from harness.core.configtools import ConfigError
 from harness.ppo import PPOActor, PPOActorConfig
 from harness.ppo.proximal import loglinear_alpha, loglinear_proximal
 from harness.run.loop import run
-from harness.sweep.present.export import export_cell
+from harness.sweep.present.cell_export import export_cell
 from tests.support.tiny import TINY
 
 STALE = {

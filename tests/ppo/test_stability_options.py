@@ -16,6 +16,7 @@ from harness.cli import app
 from harness.config import RunConfig
 from harness.core.configtools import from_dict
 from harness.metrics import OPTION_METRICS
+from harness.peers.export import export_areal, export_trl, export_verl
 from harness.ppo import PPOActor
 from harness.ppo.config import PPOActorConfig
 from harness.ppo.masks import (
@@ -30,7 +31,6 @@ from harness.ppo.objectives import OBJECTIVES, lookup, ppo_actor_loss
 from harness.ppo.shaping import overlong_penalty, zero_variance_groups
 from harness.run.dynamic_sampling import Round, concat_rollouts, refill, select_groups
 from harness.run.rollout import RolloutBatch
-from harness.sweep.present.export import export_areal, export_trl, export_verl
 from tests.support.objective_cli import SMALL, assert_trains_through_the_cli
 from tests.support.tiny import TINY
 
@@ -536,7 +536,7 @@ def test_export_names_each_option_in_each_target_or_says_it_cannot():
 
 
 def test_the_trl_trainer_gets_the_options_trl_has():
-    from harness.config.trl_map import grpo_kwargs
+    from harness.peers.trl import grpo_kwargs
 
     cfg = from_dict(
         RunConfig,

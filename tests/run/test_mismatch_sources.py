@@ -310,7 +310,7 @@ def test_bad_sampler_values_are_one_line_naming_the_field(sets, expect, tmp_path
 
 
 def test_trl_cannot_express_the_sampler_sources():
-    from harness.config.trl_map import trl_problems
+    from harness.peers.trl import trl_problems
 
     cfg = RunConfig()
     cfg.rollout.sampler_dtype, cfg.rollout.sampler_logit_noise = "float16", 0.1

@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.config import ConfigError, build_run_config
-from harness.config.trl_map import grpo_kwargs, trl_problems
 from harness.model.engine_support import engine_installed
+from harness.peers.trl import grpo_kwargs, trl_problems
 from tests.support.tiny import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +63,7 @@ def test_an_is_correction_reaches_trl_only_with_the_engine():
 
 
 def test_the_export_of_an_engine_cell_runs_trls_vllm_path_without_the_caveat():
-    from harness.sweep.present.export import export_trl
+    from harness.peers.export import export_trl
 
     over = {"ppo.reward_norm": GROUP, "ppo.correction": "token_tis"}
     with_engine = export_trl(build_run_config({}, {**over, "rollout.sampler_backend": "vllm"}))

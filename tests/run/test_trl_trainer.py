@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.config import ConfigError, build_run_config
-from harness.config.trl_map import TRL_MAPPING, grpo_kwargs, markdown, trl_problems
 from harness.metrics import STEP_METRICS
+from harness.peers.trl import TRL_MAPPING, grpo_kwargs, markdown, trl_problems
 from harness.run.tracked import tracked_run
 from harness.run.trainers import train
 from harness.tasks import get_task
@@ -223,7 +223,7 @@ def test_cli_refuses_with_one_line_and_exit_2(command, tmp_path):
 
 def test_mapping_table_is_in_the_docs():
     page = (ROOT / "docs" / "trl.md").read_text()
-    assert markdown() in page, "regenerate with python -m harness.config.trl_map"
+    assert markdown() in page, "regenerate with python -m harness.peers.trl"
     assert {m.kind for m in TRL_MAPPING} <= {"exact", "approx", "must", "none"}
 
 

@@ -1,10 +1,10 @@
 """Training–inference-mismatch corrections (``ppo.correction``): one behaviour weight ρ and a
 list of rejection filters, composable with every objective (they read ``PolicyInputs.w`` and
 ``m_loss``).  ``spec`` declares the block, ``compute`` evaluates it, one module per family
-declares its named presets (``registry.PRESETS``), ``peers`` maps a block to TRL and verl, and
-``docs`` renders the table (``python -m harness.ppo.corrections``).  AReaL's
-``rejection_sampling`` and legacy ``behave_imp_weight_mode`` are particular corrections
-(``areal``: ``behaviour_correction`` turns them into one)."""
+declares its named presets (``registry.PRESETS``), and ``docs`` renders the table
+(``python -m harness.ppo.corrections``).  AReaL's ``rejection_sampling`` and legacy
+``behave_imp_weight_mode`` are particular corrections (``areal``: ``behaviour_correction`` turns
+them into one).  A block in TRL's and verl's settings is :mod:`harness.peers.corrections`."""
 
 from __future__ import annotations
 

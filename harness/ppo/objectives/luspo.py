@@ -42,7 +42,7 @@ def luspo_terms(p: F.PolicyInputs, options: None, ctx: F.Context) -> F.Terms:
     clip ε/ε_hi = ``epsilon``/``epsilon_high``): the same loss, except that TRL's B counts
     every row and B′ here only the rows with a valid token (equal unless a completion has no
     valid token); TRL's ``delta`` (an upper clamp on the unclipped ratio) is the dual clip
-    ``c_clip`` under the conditions ``harness.config.trl_map`` states.  verl: ``loss_mode: gspo``
+    ``c_clip`` under the conditions ``harness.peers.trl`` states.  verl: ``loss_mode: gspo``
     (``vanilla`` at token level) with ``loss_agg_mode: seq-mean-token-sum``.  The per-token advantage
     enters as its sequence mean at sequence level (TRL's advantages are per sequence already).
     Stats as PPO-clip.

@@ -13,11 +13,11 @@ they mean under it), and how TRL / verl / AReaL name it.  From that the registry
 * the validation of a ``PPOActorConfig`` (``validate_selection``): the name, an unselected
   objective's options left at their defaults, the level and the aggregation;
 <<<<<<< HEAD
-* the lookup (``lookup``), the TRL / verl / AReaL mappings (``harness.config.trl_map``,
-  ``harness.sweep.present.export``), the objectives table of ``docs/objectives.md`` and the per-objective section of
+* the lookup (``lookup``), the TRL / verl / AReaL mappings (``harness.peers.trl``,
+  ``harness.peers.export``), the objectives table of ``docs/objectives.md`` and the per-objective section of
 =======
-* the dispatch (``objective_loss``), the TRL / verl / AReaL mappings (``harness.config.trl_map``,
-  ``harness.sweep.present.export``), the objectives table of ``docs/objectives.md`` and the per-objective section of
+* the dispatch (``objective_loss``), the TRL / verl / AReaL mappings (``harness.peers.trl``,
+  ``harness.peers.export``), the objectives table of ``docs/objectives.md`` and the per-objective section of
 >>>>>>> sweeprooms
   ``docs/metrics.md`` (``python -m harness.ppo.objectives table|metrics``).
 """

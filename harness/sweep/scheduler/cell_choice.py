@@ -1,7 +1,7 @@
 """Which cell ``harness export`` writes: the experiment's cell named by its label or by
 ``key=value`` pairs (:func:`resolve_cell`), or a finished study's best point
 (:func:`best_to_export`).  Writing it in a target's format is
-:mod:`harness.sweep.present.export`."""
+:mod:`harness.sweep.present.cell_export` (with :mod:`harness.peers.export`)."""
 
 from __future__ import annotations
 

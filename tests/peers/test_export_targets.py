@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from harness.cli import app
 from harness.config import build_run_config
 from harness.config.experiment import load_experiment
-from harness.sweep.present.export import comment, export_areal, export_trl, export_verl
+from harness.peers.export import comment, export_areal, export_trl, export_verl
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "experiments" / "smoke.yaml"

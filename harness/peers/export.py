@@ -1,6 +1,6 @@
 """``harness export``: one cell's settings in another framework's own names and format.
 
-    trl     a Python snippet: ``args = GRPOConfig(...)`` (TRL 1.16; ``harness/config/trl_map.py``)
+    trl     a Python snippet: ``args = GRPOConfig(...)`` (TRL 1.16; ``harness/peers/trl.py``)
             and, with LoRA, ``peft_config = LoraConfig(...)`` for ``GRPOTrainer``
     verl    Hydra overrides (``actor_rollout_ref.actor.clip_ratio_low=...``, one per line,
             shell-quoted where the shell would otherwise read them)
@@ -18,21 +18,21 @@ refused unless they are plain module names (Hydra would interpolate ``${...}`` i
 
 from __future__ import annotations
 
-import copy
 import math
 import re
 import shlex
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from harness.config import RunConfig
-from harness.config.loading import build_run_config
-from harness.config.trl_map import VLLM_ONLY, approximations, grpo_kwargs, trl_problems
-from harness.core.configtools import ConfigError, field_defaults, flatten, set_path, to_dict
+from harness.core.configtools import ConfigError, to_dict
+from harness.peers.corrections import verl_settings
+from harness.peers.trl import VLLM_ONLY, approximations, grpo_kwargs, trl_problems
 from harness.ppo.corrections import legacy_to_rejection_sampling, resolve
-from harness.ppo.corrections.peers import verl_settings
 from harness.ppo.objectives import lookup
+
+if TYPE_CHECKING:
+    from harness.config import RunConfig
 
 TARGETS = ("trl", "verl", "areal")
 # The verl release the overrides are written for: keys and loss semantics move between releases
@@ -729,77 +729,3 @@ def _areal_stability(cfg: RunConfig, actor: dict[str, Any]) -> list[str]:
             "zero-variance groups"
         )
     return notes
-
-
-# Not carried by any export (the module docstring: the algorithm, its budget and how the model
-# is trained): a prefix ending in "." covers a block.
-NOT_EXPORTED = (
-    "seed",
-    "model",
-    "tiny.",
-    "model_options.attn_implementation",
-    "model_options.trust_remote_code",
-    "task",
-    "task_options",
-    "rollout.sampler_backend",
-    "rollout.measure_mismatch",
-    "eval.",
-    "device",
-    "bf16",
-    "threads",
-    "trainer",
-    "diverge_after",
-)
-
-
-def _skipped(path: str) -> bool:
-    return any(path == k or (k.endswith(".") and path.startswith(k)) for k in NOT_EXPORTED)
-
-
-def _named(path: str, notes: str) -> bool:
-    parent = path.rsplit(".", 1)[0]
-    return path in notes or (parent.count(".") >= 1 and parent in notes)
-
-
-def unmapped_notes(cfg: RunConfig, target: str, body: str) -> list[str]:
-    """A ``#`` line for each setting the cell changes from its default that ``body`` neither
-    writes nor names: the export with that one setting back at its default is the same text.
-    (A setting that cannot go back alone, such as an overlong_tokens that the penalty needs,
-    is left to the target's own notes.)"""
-    exporter = {"trl": export_trl, "verl": export_verl, "areal": export_areal}[target]
-    notes = " ".join(ln for ln in body.splitlines() if ln.startswith("#"))
-    data = to_dict(cfg)
-    values = flatten(data)
-    out = []
-    for path, default in field_defaults(RunConfig).items():
-        if _skipped(path) or path not in values or values[path] == to_dict(default):
-            continue
-        if _named(path, notes):
-            continue
-        reset = copy.deepcopy(data)
-        set_path(reset, path, to_dict(default))
-        try:
-            same = exporter(build_run_config(reset)) == body
-        except (ConfigError, ValueError):
-            continue
-        if same:
-            out.append(
-                f"# {path}={one_line(values[path])}: {target} has no option this export maps "
-                "it to; not exported"
-            )
-    return out
-
-
-def export_cell(cfg: RunConfig, target: str, header: list[str] | tuple[str, ...] = ()) -> str:
-    """The cell in ``target``'s format, ``header`` lines first as (one-line) comments; any
-    changed setting the target's text would otherwise drop is named in a comment."""
-    if target == "trl":
-        body = export_trl(cfg)
-    elif target == "verl":
-        body = export_verl(cfg)
-    elif target == "areal":
-        body = export_areal(cfg)
-    else:
-        raise ValueError(f"--to must be one of {', '.join(TARGETS)}; got {target!r}")
-    extra = "".join(comment(n.removeprefix("# ")) + "\n" for n in unmapped_notes(cfg, target, body))
-    return "".join(comment(h) + "\n" for h in header) + extra + body

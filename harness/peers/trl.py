@@ -1,6 +1,6 @@
 """How a harness ``RunConfig`` becomes TRL 1.16 ``GRPOConfig`` arguments — the mapping as data.
 
-``TRL_MAPPING`` is the table of ``docs/trl-mapping.md`` (``python -m harness.config.trl_map`` writes it):
+``TRL_MAPPING`` is the table of ``docs/trl-mapping.md`` (``python -m harness.peers.trl`` writes it):
 one row per harness option with the ``GRPOConfig`` field it becomes and how faithful that is:
 
     exact      same math (up to float rounding)
@@ -10,7 +10,8 @@ one row per harness option with the ``GRPOConfig`` field it becomes and how fait
 
 ``trl_problems(cfg)`` lists every (field, reason) TRL cannot express; ``grpo_kwargs(cfg)`` returns
 the algorithm's ``GRPOConfig`` keyword arguments (the trainer adds the runtime ones: output dir,
-device, logging).  This module never imports TRL, so the config layer can validate with it.
+device, logging).  This module never imports TRL (nor the config layer), so the config layer can validate with
+it.
 Source read: ``trl/trainer/grpo_trainer.py`` (``_compute_loss``, ``_generate_and_score_completions``)
 and ``grpo_config.py`` at TRL 1.16.0.
 """
@@ -21,7 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from harness.ppo.corrections.peers import trl_settings
+from harness.peers.corrections import trl_settings
 from harness.ppo.objectives import OBJECTIVES, lookup
 
 TRL_VERSION = "1.16"

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from harness.cli import app
 from harness.config import build_run_config
 from harness.config.experiment import load_experiment
-from harness.sweep.present.export import export_areal, export_trl, export_verl
+from harness.peers.export import export_areal, export_trl, export_verl
 from harness.sweep.scheduler.spec import StudySpec
 from tests.support.extras import usable_here
 

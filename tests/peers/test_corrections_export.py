@@ -10,11 +10,11 @@ import shlex
 import pytest
 
 from harness.config import build_run_config
-from harness.config.trl_map import grpo_kwargs, trl_problems
 from harness.core.configtools import ConfigError
+from harness.peers.corrections import trl_settings, verl_settings
+from harness.peers.export import export_areal, export_trl, export_verl
+from harness.peers.trl import grpo_kwargs, trl_problems
 from harness.ppo.corrections import Correction, Filter
-from harness.ppo.corrections.peers import trl_settings, verl_settings
-from harness.sweep.present.export import export_areal, export_trl, export_verl
 
 RC = "algorithm.rollout_correction"
 
