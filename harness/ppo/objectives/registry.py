@@ -12,13 +12,9 @@ they mean under it), and how TRL / verl / AReaL name it.  From that the registry
   weight, ``loss_agg_mode`` and the stats contract);
 * the validation of a ``PPOActorConfig`` (``validate_selection``): the name, an unselected
   objective's options left at their defaults, the level and the aggregation;
-<<<<<<< HEAD
 * the lookup (``lookup``), the TRL / verl / AReaL mappings (``harness.peers.trl``,
-  ``harness.peers.export``), the objectives table of ``docs/objectives.md`` and the per-objective section of
-=======
-* the dispatch (``objective_loss``), the TRL / verl / AReaL mappings (``harness.peers.trl``,
-  ``harness.peers.export``), the objectives table of ``docs/objectives.md`` and the per-objective section of
->>>>>>> sweeprooms
+  ``harness.peers.export``), the objectives table of ``docs/objectives.md`` and the
+  per-objective section of
   ``docs/metrics.md`` (``python -m harness.ppo.objectives table|metrics``).
 """
 
