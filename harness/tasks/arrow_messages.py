@@ -99,9 +99,9 @@ def _batch(buf: _Buf, table: _Table, body: bytes | memoryview) -> tuple[int, int
         if offset < 0 or length < 8 or offset + 8 > len(body):
             raise BadMessage("a compressed buffer outside the message body")
         size = struct.unpack_from("<q", body, offset)[0]
-        total += length - 8 if size == -1 else size
         if size < -1:
             raise BadMessage(f"a negative decompressed size ({size})")
+        total += length - 8 if size == -1 else size
     return rows, total
 
 
