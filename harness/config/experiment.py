@@ -48,7 +48,7 @@ from harness.config.experiment_schema import (
     SearchParam,
     SearchSpec,
 )
-from harness.config.preflight import check_memory, shared_probes
+from harness.config.loading import shared_probes
 from harness.core.configtools import ConfigError, from_dict, is_config_path, to_dict
 
 __all__ = ["Cell", "ExperimentSpec", "SearchParam", "SearchSpec", "cell_label", "load_experiment"]
@@ -307,6 +307,8 @@ def _expand_grid(
     file: str, grid: dict[str, Any], base: dict[str, Any]
 ) -> tuple[dict[str, list[Any]], dict[str, dict[str, Any]], list[Cell]]:
     """Axes, variants and the cells of their product, each value and each cell checked."""
+    from harness.config.preflight import check_memory  # noqa: PLC0415 - loads transformers: only when a grid's cells are checked
+
     axes: dict[str, list[Any]] = {}
     variants: dict[str, dict[str, Any]] = {}
     # (axis, value index) → the value's problem when checked alone on the base

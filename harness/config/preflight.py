@@ -13,17 +13,20 @@ stated in the README. The probe tokenizes one prompt at a time, so it costs O(on
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import importlib.util
 import json
 import os
 import random
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+from transformers import AutoConfig
+
+from harness.config.loading import shared_probe_cache
+from harness.config.resources import check_model_memory, check_weights
 from harness.core import limits
 from harness.core.limits import (
     MAX_MODEL_CONFIG_BYTES,
@@ -32,6 +35,15 @@ from harness.core.limits import (
     not_regular,
     time_bound,
 )
+from harness.model.build import load_tokenizer, max_positions
+from harness.model.engine_support import (
+    INSTALL_HINT,
+    cpu_head_size_problem,
+    engine_installed,
+    head_size,
+    served_architecture,
+)
+from harness.model.prompting import apply_chat_template, resolve_chat_template
 
 if TYPE_CHECKING:
     from harness.config import RunConfig
@@ -62,8 +74,6 @@ def refuse_special_files(model_dir: Path) -> None:
 
 def model_config(cfg: RunConfig) -> Any:
     """The HF config of ``cfg.model`` (a directory), its ``config.json`` size-checked first."""
-    from transformers import AutoConfig  # noqa: PLC0415 - loads transformers or torch: only for this check
-
     refuse_special_files(Path(cfg.model))
     too_big = file_too_big(Path(cfg.model) / "config.json", MAX_MODEL_CONFIG_BYTES, "config.json")
     if too_big:
@@ -86,8 +96,6 @@ def model_config(cfg: RunConfig) -> Any:
 
 def model_limit(cfg: RunConfig, config: Any | None = None) -> tuple[int | None, str]:
     """(longest supported sequence, where it comes from) for ``cfg.model``."""
-    from harness.model.build import max_positions  # noqa: PLC0415 - loads transformers or torch: only for this check
-
     if cfg.model == "tiny":
         return cfg.tiny.max_position_embeddings, "tiny.max_position_embeddings"
     mc = config if config is not None else model_config(cfg)
@@ -156,25 +164,6 @@ def _where(task: Task, ex: Example) -> str:
     return f"task '{task.name}': {ex.source}: " if ex.source else ""
 
 
-# While a grid is validated, the cells share one probe per distinct prompt setting: the probe
-# tokenizes every probed prompt (most of a cell's check), and a grid's cells usually differ in
-# nothing it reads.  Scoped to one validation (``shared_probes``), so nothing outlives the file
-# whose tasks it read.
-_PROBES: contextvars.ContextVar[dict[str, Probe] | None] = contextvars.ContextVar(
-    "harness_probes", default=None
-)
-
-
-@contextlib.contextmanager
-def shared_probes() -> Iterator[None]:
-    """Within the block, ``probe_prompts`` computes each distinct prompt setting once."""
-    token = _PROBES.set({})
-    try:
-        yield
-    finally:
-        _PROBES.reset(token)
-
-
 def _probe_key(cfg: RunConfig, task: Task) -> str:
     """Everything ``probe_prompts`` reads from ``cfg`` and the task spec."""
     return json.dumps(
@@ -200,7 +189,7 @@ def probe_prompts(cfg: RunConfig, task: Task, tokenizer: Any) -> Probe:
 
     Raises ``ValueError`` (one line) for a template that fails or takes too long to render and
     for a prompt that becomes no tokens at all (an empty template, an empty prompt)."""
-    shared = _PROBES.get()
+    shared = shared_probe_cache()
     if shared is None:
         return _probe_prompts(cfg, task, tokenizer)
     key = _probe_key(cfg, task)
@@ -210,8 +199,6 @@ def probe_prompts(cfg: RunConfig, task: Task, tokenizer: Any) -> Probe:
 
 
 def _probe_prompts(cfg: RunConfig, task: Task, tokenizer: Any) -> Probe:
-    from harness.model.prompting import apply_chat_template, resolve_chat_template  # noqa: PLC0415 - loads transformers or torch: only for this check
-
     template = resolve_chat_template(cfg.rollout.chat_template, tokenizer)
     special = template is None
     keep = cfg.rollout.max_prompt_tokens
@@ -289,8 +276,6 @@ def check_special_ids(
 def check_memory(cfg: RunConfig) -> None:
     """Raise ``ValueError`` (one line) when ``cfg``'s model cannot fit this machine's memory
     (harness.config.resources); for a grid cell whose axes together make the model large."""
-    from harness.config.resources import check_model_memory  # noqa: PLC0415 - loads transformers or torch: only for this check
-
     check_model_memory(cfg, None if cfg.model == "tiny" else model_config(cfg))
 
 
@@ -316,8 +301,6 @@ def check_sampler_backend(cfg: RunConfig, config: Any | None) -> None:
 
 
 def _cuda_available() -> bool:
-    import torch  # noqa: PLC0415 - loads transformers or torch: only for this check
-
     return bool(torch.cuda.is_available())
 
 
@@ -326,14 +309,6 @@ def check_engine(cfg: RunConfig, config: Any | None) -> None:
     architecture, checked now rather than at the first rollout."""
     if cfg.rollout.sampler_backend != "vllm":
         return
-    from harness.model.engine_support import (  # noqa: PLC0415 - loads transformers or torch: only for this check
-        INSTALL_HINT,
-        cpu_head_size_problem,
-        engine_installed,
-        head_size,
-        served_architecture,
-    )
-
     if not engine_installed():
         raise ValueError(f"rollout.sampler_backend: vllm needs {INSTALL_HINT}")
     on_cpu = cfg.device == "cpu" or (cfg.device == "auto" and not _cuda_available())
@@ -358,8 +333,6 @@ def check_lengths(cfg: RunConfig, task: Task) -> None:
     """Raise ``ValueError`` (one line) when the model cannot hold prompt + max_new_tokens, does
     not fit in memory, its tokenizer gives ids it does not have, or an option needs something
     missing (peft for LoRA)."""
-    from harness.config.resources import check_model_memory, check_weights  # noqa: PLC0415 - loads transformers or torch: only for this check
-    from harness.model.build import load_tokenizer  # noqa: PLC0415 - loads transformers or torch: only for this check
 
     if cfg.model_options.lora is not None and importlib.util.find_spec("peft") is None:
         raise ValueError(

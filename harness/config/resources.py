@@ -33,6 +33,11 @@ import resource
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from harness.model.build import build_tokenizer, tiny_llama_config
+
 if TYPE_CHECKING:
     from harness.config import RunConfig
 
@@ -60,9 +65,6 @@ def _with_layers(config: Any, n: int) -> Any:
 
 
 def _meta_count(config: Any, trust_remote_code: bool) -> int:
-    import torch  # noqa: PLC0415 - loads transformers or torch: only for this estimate
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 - loads transformers or torch: only for this estimate
-
     with torch.device("meta"):
         if type(config) is LlamaConfig:
             model = LlamaForCausalLM(config)
@@ -184,8 +186,6 @@ def available_memory() -> tuple[int | None, str]:
 
 def _largest_gpu_free() -> int | None:
     try:
-        import torch  # noqa: PLC0415 - loads transformers or torch: only for this estimate
-
         if not torch.cuda.is_available():
             return None
         return max(int(torch.cuda.mem_get_info(i)[0]) for i in range(torch.cuda.device_count()))
@@ -209,8 +209,6 @@ def training_copies(cfg: RunConfig) -> tuple[int, str]:
 
 
 def tiny_model_config(cfg: RunConfig) -> Any:
-    from harness.model.build import build_tokenizer, tiny_llama_config  # noqa: PLC0415 - loads transformers or torch: only for this estimate
-
     return tiny_llama_config(build_tokenizer(), cfg.tiny)
 
 

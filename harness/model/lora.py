@@ -17,7 +17,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.pytorch_utils import Conv1D
 
+from harness.model.build import build_model, build_tokenizer
 from harness.model.options import LoraOptions, ModelOptions
 
 
@@ -58,8 +61,6 @@ def apply_lora(model: Any, lora: LoraOptions) -> Any:
 # Module types peft 0.21's LoRA can adapt (``peft.tuners.lora.model``): anything else a target
 # matches (a norm layer, a whole MLP block) makes get_peft_model raise mid-run.
 def _adaptable_types() -> tuple[type, ...]:
-    from transformers.pytorch_utils import Conv1D  # noqa: PLC0415 - transformers' model classes: only when LoRA is used
-
     nn = torch.nn
     return (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention, Conv1D)
 
@@ -101,14 +102,10 @@ def model_modules(
 ) -> dict[str, Any]:
     """Name → module of the model ``spec`` names, built from its config on the meta device: no
     weights are read or allocated (a 0.5B model's module tree in well under a second)."""
-    from harness.model.build import build_model, build_tokenizer  # noqa: PLC0415 - transformers' model classes: only when LoRA is used
-
     with torch.device("meta"):
         if spec == "tiny":
             model = build_model(build_tokenizer(), tiny)
         else:
-            from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415 - transformers' model classes: only when LoRA is used
-
             config = AutoConfig.from_pretrained(
                 spec, local_files_only=True, trust_remote_code=trust_remote_code
             )

@@ -27,7 +27,8 @@ Contract, shared by both:
   stores clamp ±inf to ±``sys.float_info.max`` (about ±1.8e308), the memory tracker keeps ±inf.
   A diverged run therefore shows where it diverged; detecting divergence is the caller's job.
 
-Importing this module does not import MLflow; :class:`MlflowTracker` imports it when built.
+Importing this module does not import MLflow: :func:`make_tracker` imports
+:mod:`harness.tracking.mlflow_tracker` (which imports MLflow) when it builds one.
 """
 
 from __future__ import annotations
@@ -50,7 +51,6 @@ from harness.tracking.base import (
     stringify,
 )
 from harness.tracking.memory import MemoryRun, MemoryTracker
-from harness.tracking.mlflow_tracker import MlflowTracker, is_sqlite_locked_error
 from harness.tracking.probe import (
     check_http_credentials,
     check_sqlite_path,
@@ -103,6 +103,8 @@ def make_tracker(
             raise ValueError(f"tracking_uri: cannot connect to {redact_url(uri)} ({reason})")
     if scheme in ("sqlite", "postgresql"):
         kwargs.setdefault("artifact_location", results_dir / "mlartifacts")
+    from harness.tracking.mlflow_tracker import MlflowTracker  # noqa: PLC0415 - factory: loads MLflow when an MLflow tracker is built
+
     return MlflowTracker(uri, **kwargs)
 
 
@@ -120,7 +122,6 @@ __all__ = [
     "END_STATUSES",
     "MemoryRun",
     "MemoryTracker",
-    "MlflowTracker",
     "RunRecord",
     "RunStatus",
     "Tracker",
@@ -128,7 +129,6 @@ __all__ = [
     "MAX_TAG_VALUE_LENGTH",
     "default_tracking_uri",
     "flatten_params",
-    "is_sqlite_locked_error",
     "check_http_credentials",
     "check_sqlite_path",
     "check_tracking_scheme",

@@ -1,6 +1,7 @@
 """The MLflow :class:`~harness.tracking.base.Tracker`, over ``MlflowClient`` (never MLflow's
 fluent API, whose global "active run" breaks as soon as one process drives several runs).
-MLflow itself is imported when a tracker is built, not when this module is."""
+This module imports MLflow; ``harness.tracking.make_tracker`` imports this module only when an
+MLflow tracker is built, so importing ``harness.tracking`` stays free of MLflow."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
 
 from harness.core.db import is_transient_db_error, sqlalchemy_url, with_retries
 from harness.core.fsutil import is_disk_full
@@ -33,9 +38,6 @@ from harness.tracking.base import (
     _prepare_params,
     _prepare_tags,
 )
-
-if TYPE_CHECKING:
-    from mlflow.entities import Metric
 
 _T = TypeVar("_T")
 # The longest a process waits for another one creating the same SQLite store (seconds).
@@ -92,7 +94,6 @@ class MlflowTracker(Tracker):
         flush_every_seconds: float = 5.0,
         retries: int = 10,
     ) -> None:
-        from mlflow.tracking import MlflowClient
 
         if flush_every_steps < 1:
             raise ValueError(f"flush_every_steps must be >= 1; got {flush_every_steps}")
@@ -188,8 +189,6 @@ class MlflowTracker(Tracker):
     # -- params, tags, artifacts --------------------------------------------------------------
 
     def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
-        from mlflow.entities import Param
-        from mlflow.exceptions import MlflowException
 
         items = [Param(k, v) for k, v in _prepare_params(params).items()]
         for chunk in _chunks(items, MAX_PARAMS_TAGS_PER_BATCH):
@@ -203,7 +202,6 @@ class MlflowTracker(Tracker):
                 raise ValueError(_param_change_message(run_id, logged, changed)) from None
 
     def set_tags(self, run_id: str, tags: Mapping[str, Any]) -> None:
-        from mlflow.entities import RunTag
 
         items = [RunTag(k, v) for k, v in _prepare_tags(tags).items()]
         for chunk in _chunks(items, MAX_PARAMS_TAGS_PER_BATCH):
@@ -228,7 +226,6 @@ class MlflowTracker(Tracker):
     # -- metrics ------------------------------------------------------------------------------
 
     def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int) -> None:
-        from mlflow.entities import Metric
 
         timestamp = int(time.time() * 1000)
         batch = [
@@ -277,7 +274,6 @@ class MlflowTracker(Tracker):
 
     def _experiment_id(self, name: str) -> str:
         """Get or create the experiment; two processes creating it at once both succeed."""
-        from mlflow.exceptions import MlflowException
 
         if name in self._experiment_ids:
             return self._experiment_ids[name]

@@ -554,7 +554,8 @@ def sqlite_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(params=["memory", "sqlite", "postgresql"])
 def tracker(request, tmp_path):
-    from harness.tracking import MemoryTracker, MlflowTracker
+    from harness.tracking import MemoryTracker
+    from harness.tracking.mlflow_tracker import MlflowTracker
 
     if request.param == "memory":
         return MemoryTracker()
@@ -583,7 +584,7 @@ def test_a_variant_named_with_both_quote_kinds_has_its_orphaned_run_ended(tmp_pa
     from harness.config.experiment import load_experiment
     from harness.sweep.scheduler.spec import StudySpec
     from harness.sweep.scheduler.trials import child_run_tags
-    from harness.tracking import MlflowTracker
+    from harness.tracking.mlflow_tracker import MlflowTracker
 
     f = tmp_path / "q.yaml"
     variants = {'it\'s "x"': {"ppo.eps_clip": 0.1}, "plain": {"ppo.eps_clip": 0.2}}

@@ -12,6 +12,7 @@ import yaml
 import harness.config.preflight as preflight
 from harness.config import ConfigError
 from harness.config.experiment import load_experiment
+from harness.config.loading import shared_probe_cache
 
 
 def _write(tmp_path: Path, grid: dict[str, Any], name: str = "e") -> Path:
@@ -54,7 +55,7 @@ def test_no_probe_outlives_the_file(tmp_path: Path, calls: list[str]) -> None:
     load_experiment(path)
     load_experiment(path)
     assert calls == ["reverse:None", "reverse:None"]  # the second load probes again
-    assert preflight._PROBES.get() is None
+    assert shared_probe_cache() is None
 
 
 def test_a_cell_with_a_broken_chat_template_is_still_refused(tmp_path: Path) -> None:

@@ -22,11 +22,11 @@ from harness.core.redact import redact_text, redact_url, url_password
 from harness.tracking import (
     MAX_PARAM_VALUE_LENGTH,
     MemoryTracker,
-    MlflowTracker,
     Tracker,
     flatten_params,
     make_tracker,
 )
+from harness.tracking.mlflow_tracker import MlflowTracker
 
 BACKENDS = ["memory", "sqlite", "postgresql"]
 SECRET_URL = "postgresql://alice:s3cret-pw@db.example:5432/optuna"
