@@ -19,7 +19,6 @@ from harness.tasks import sources as sources  # registers every source
 from harness.tasks.answers import AnswerSpec, math_verify_match
 from harness.tasks.base import Example, Task, is_held_out, position_credit
 from harness.tasks.builtin import AddTask, MixedScaleTask, ReverseTask, SortTask
-from harness.tasks.local_data import hf_task
 from harness.tasks.pairs import PairTask, jsonl_task, numeric_or_exact_match, python_task
 from harness.tasks.reasoning import reasoning_task
 from harness.tasks.registry import build_task, field_help, names, option_table
@@ -58,7 +57,6 @@ __all__ = [
     "Task",
     "field_help",
     "get_task",
-    "hf_task",
     "is_held_out",
     "jsonl_task",
     "math_verify_match",

@@ -33,6 +33,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
 from harness.core import limits
 from harness.tasks import arrow_messages
 from harness.tasks.pairs import (
@@ -92,7 +96,6 @@ def _check_types(spec: str, where: str, schema: Any, fields: tuple[str, str]) ->
     """Refuse a prompt or answer column that is neither text nor numbers before reading it: a
     list column can hold any number of values per row, and a view column any number of views
     of one buffer, so neither could be measured before being expanded (nor be a prompt)."""
-    import pyarrow as pa
 
     t = pa.types
     for name, col in zip(_FIELDS, fields, strict=True):
@@ -113,8 +116,6 @@ def text_bytes(column: Any) -> int:
 
     A dictionary-encoded chunk is measured through its indices (``sum(len(dictionary[i]))``)
     without being expanded; a value that is not text (a number) counts as 8 bytes."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
 
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
     total = 0
@@ -255,7 +256,6 @@ def _check_declared(spec: str, where: str, shards: list[Path], bounds: limits.Da
     """Refuse shards whose record batches declare more rows, or more bytes to decompress, than
     the bounds allow, before Arrow decodes one (it decompresses a batch into buffers of the
     sizes the batch declares; an uncompressed batch is read in place from the memory map)."""
-    import pyarrow as pa
 
     rows = decompressed = 0
     for shard in shards:
@@ -285,8 +285,6 @@ def _read_saved(
     fields: tuple[str, str],
     bounds: limits.DataBounds,
 ) -> Any:
-
-    import pyarrow as pa
 
     where_dir, where = _split_dir(spec, root, split)
     state, shards = _shards(spec, where_dir)
@@ -371,8 +369,6 @@ def _check_pages(
 def _read_parquet(spec: str, path: Path, fields: tuple[str, str], bounds: limits.DataBounds) -> Any:
     _regular(spec, path)
     _size_check(spec, [path], bounds)
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     try:
         pf = pq.ParquetFile(path)

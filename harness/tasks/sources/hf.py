@@ -4,9 +4,10 @@ downloaded (:mod:`harness.tasks.local_data`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from harness.core.configtools import option
-from harness.tasks.local_data import hf_task
+from harness.tasks.base import Task
 from harness.tasks.pairs import PairOptions
 from harness.tasks.registry import TaskOptions, TaskSource, register
 
@@ -25,12 +26,18 @@ class HfOptions(PairOptions, _Columns):
     pass
 
 
+def _build(spec: str, path: str, options: Any) -> Task:
+    from harness.tasks.local_data import hf_task  # noqa: PLC0415 - loads pyarrow: only when an hf: task is built
+
+    return hf_task(spec, path, **options.values())
+
+
 register(
     TaskSource(
         form="hf:PATH",
         summary="a local `save_to_disk` directory, `.parquet` or `.jsonl` file, columns named by "
         "`prompt_field`, `answer_field`; scored as `jsonl:`; never downloads",
-        build=lambda spec, path, o: hf_task(spec, path, **o.values()),
+        build=_build,
         options=HfOptions,
         rank=20,
         field_help=None,
