@@ -23,6 +23,7 @@ import re
 import shlex
 from typing import TYPE_CHECKING, Any
 
+import torch
 import yaml
 
 from harness.core.configtools import ConfigError, to_dict
@@ -80,8 +81,6 @@ def _trl_use_cpu(cfg: RunConfig) -> tuple[bool, str | None]:
     if dev == "cpu":
         return True, None
     if dev == "auto":
-        import torch  # noqa: PLC0415 - torch: only to export a device setting
-
         cpu = not torch.cuda.is_available()
         return cpu, f"device auto: resolved on this machine ({'no CUDA' if cpu else 'CUDA'})"
     return False, None
