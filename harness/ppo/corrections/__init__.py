@@ -8,8 +8,7 @@ them into one).  A block in TRL's and verl's settings is :mod:`harness.peers.cor
 
 from __future__ import annotations
 
-import importlib
-
+from harness.core.plugins import import_members
 from harness.ppo.corrections.areal import (
     BEHAVE_MODES,
     RejectionSampling,
@@ -22,9 +21,11 @@ from harness.ppo.corrections.compute import CorrectionResult, apply_correction
 from harness.ppo.corrections.registry import PRESETS, Preset, resolve
 from harness.ppo.corrections.spec import Correction, Filter
 
-# The families, each registering its presets on import (docs order is the presets' rank).
-for _family in ("tis", "mis", "rs", "opsm", "bypass", "gating"):
-    importlib.import_module(f"{__name__}.{_family}")
+# Every other module of this package is a family that registers its presets on import, so a new
+# family is one file (docs and error messages list presets by rank, not by import order).
+import_members(
+    __name__, __path__, skip={"areal", "compute", "docs", "registry", "spec", "__main__"}
+)
 
 __all__ = [
     "BEHAVE_MODES",

@@ -7,9 +7,7 @@ declaration holds and what is derived from it; ``frame.py`` is the loss every ob
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
+from harness.core.plugins import import_members
 from harness.ppo.objectives.frame import (
     LOSS_AGG_MODES,
     ClipOptions,
@@ -28,10 +26,7 @@ from harness.ppo.objectives.registry import (
     validate_selection,
 )
 
-_HELPERS = {"registry", "frame", "docs", "covariance", "__main__"}
-for _mod in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-    if _mod not in _HELPERS:
-        importlib.import_module(f"{__name__}.{_mod}")
+import_members(__name__, __path__, skip={"registry", "frame", "docs", "covariance", "__main__"})
 
 from harness.ppo.objectives.cispo import cispo_loss  # noqa: E402
 from harness.ppo.objectives.clip_cov import clip_cov_loss  # noqa: E402

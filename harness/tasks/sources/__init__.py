@@ -7,8 +7,6 @@ says what a declaration holds and what is derived from it.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
+from harness.core.plugins import import_members
 
-for _mod in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-    importlib.import_module(f"{__name__}.{_mod}")
+import_members(__name__, __path__)
