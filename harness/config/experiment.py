@@ -48,7 +48,7 @@ from harness.config.experiment_schema import (
     SearchParam,
     SearchSpec,
 )
-from harness.config.loading import shared_probes
+from harness.config.probe_scope import shared_probes
 from harness.core.configtools import ConfigError, from_dict, is_config_path, to_dict
 
 __all__ = ["Cell", "ExperimentSpec", "SearchParam", "SearchSpec", "cell_label", "load_experiment"]

@@ -7,13 +7,10 @@ adds the file, the task check and the blame (which flag or file brought the prob
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import copy
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
@@ -23,34 +20,6 @@ from harness.core.configtools import ConfigError, from_dict, parse_override, set
 from harness.ppo.corrections import PRESETS
 from harness.ppo.corrections.registry import preset_block
 from harness.tasks import get_task
-
-if TYPE_CHECKING:
-    from harness.config.preflight import Probe
-
-# While a grid is validated, the cells share one probe per distinct prompt setting: the probe
-# tokenizes every probed prompt (most of a cell's check), and a grid's cells usually differ in
-# nothing it reads.  Scoped to one validation (``shared_probes``), so nothing outlives the file
-# whose tasks it read.  It lives here, beside ``validate_task``, because the module that fills
-# it (harness.config.preflight) loads transformers and is imported only when a task is checked.
-_PROBES: contextvars.ContextVar[dict[str, Probe] | None] = contextvars.ContextVar(
-    "harness_probes", default=None
-)
-
-
-@contextlib.contextmanager
-def shared_probes() -> Iterator[None]:
-    """Within the block, ``validate_task`` probes each distinct prompt setting once."""
-    token = _PROBES.set({})
-    try:
-        yield
-    finally:
-        _PROBES.reset(token)
-
-
-def shared_probe_cache() -> dict[str, Probe] | None:
-    """The probes of the enclosing ``shared_probes`` block, or None outside one."""
-    return _PROBES.get()
-
 
 # Short names accepted for --set and experiment axes.
 ALIASES = {"adv_norm": "ppo.adv_norm", "reward_norm": "ppo.reward_norm"}

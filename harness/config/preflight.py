@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import AutoConfig
 
-from harness.config.loading import shared_probe_cache
+from harness.config.probe_scope import shared_probe_cache
 from harness.config.resources import check_model_memory, check_weights
 from harness.core import limits
 from harness.core.limits import (

@@ -12,7 +12,7 @@ import yaml
 import harness.config.preflight as preflight
 from harness.config import ConfigError
 from harness.config.experiment import load_experiment
-from harness.config.loading import shared_probe_cache
+from harness.config.probe_scope import shared_probe_cache
 
 
 def _write(tmp_path: Path, grid: dict[str, Any], name: str = "e") -> Path:
