@@ -1,20 +1,6 @@
-"""``harness export``: one cell's settings in another framework's own names and format.
-
-    trl     a Python snippet: ``args = GRPOConfig(...)`` (TRL 1.16; ``harness/peers/trl.py``)
-            and, with LoRA, ``peft_config = LoraConfig(...)`` for ``GRPOTrainer``
-    verl    Hydra overrides (``actor_rollout_ref.actor.clip_ratio_low=...``, one per line,
-            shell-quoted where the shell would otherwise read them)
-    areal   YAML under AReaL's keys (``actor.eps_clip``, ``actor.adv_norm.mean_level``, ...)
-
-An option the target lacks is a ``#`` comment line naming it and why — never dropped silently.
-Only settings of the algorithm, its budget and how the model is trained (precision, gradient
-checkpointing, LoRA) are exported; not paths, devices (beyond what TRL must be told) or trackers.
-
-Everything user-controlled that reaches the text (file names, cell labels, LoRA module names) is
-escaped for the target: comments are one line whatever they quote (:func:`comment`), TRL values
-are Python literals (``repr``), AReaL values go through ``yaml.safe_dump``, and verl strings are
-refused unless they are plain module names (Hydra would interpolate ``${...}`` inside quotes).
-"""
+"""The verl target: Hydra overrides (``actor_rollout_ref.actor.clip_ratio_low=...``), one per
+line, shell-quoted where the shell would otherwise read them; strings are refused unless they are
+plain module names (Hydra would interpolate ``${...}`` inside quotes)."""
 
 from __future__ import annotations
 
@@ -23,171 +9,18 @@ import re
 import shlex
 from typing import TYPE_CHECKING, Any
 
-import torch
-import yaml
-
 from harness.core.configtools import ConfigError, to_dict
 from harness.peers.corrections import verl_settings
-from harness.peers.trl import VLLM_ONLY, approximations, grpo_kwargs, trl_problems
-from harness.ppo.corrections import legacy_to_rejection_sampling, resolve
+from harness.peers.export.common import comment, lora_targets, sampler_notes, warm_start_note
+from harness.ppo.corrections import resolve
 from harness.ppo.objectives import lookup
 
 if TYPE_CHECKING:
     from harness.config import RunConfig
 
-TARGETS = ("trl", "verl", "areal")
 # The verl release the overrides are written for: keys and loss semantics move between releases
 # (0.9.1's gspo follows loss_agg_mode; up to 0.9.0 it forced seq-mean-token-mean).
 VERL_VERSION = "0.9.1"
-
-
-def one_line(text: Any) -> str:
-    """``text`` with every character that could end a line (in Python, YAML or a shell: \\n,
-    \\r, \\x85, \\u2028, ...) or hide one (any other non-printable) written as its escape."""
-    return "".join(
-        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text)
-    )
-
-
-def comment(text: Any) -> str:
-    """A ``#`` comment line that stays one line (and so stays a comment) whatever it quotes."""
-    return "# " + one_line(text)
-
-
-def _py(v: Any) -> str:
-    """A Python literal of ``v`` (``repr``; ±inf as ``float('inf')``, which has no literal)."""
-    if isinstance(v, float) and not math.isfinite(v):
-        if math.isnan(v):
-            raise ValueError("NaN has no exported value")
-        return "float('inf')" if v > 0 else "-float('inf')"
-    if isinstance(v, list | tuple):
-        return "[" + ", ".join(_py(x) for x in v) + "]"
-    return repr(v)
-
-
-def _lora_targets(cfg: RunConfig) -> str | list[str]:
-    """The LoRA target modules as peft takes them (the harness's ``[all-linear]`` is peft's
-    ``"all-linear"`` shorthand, as in ``harness.model.lora.apply_lora``)."""
-    lora = cfg.model_options.lora
-    assert lora is not None
-    targets = list(lora.target_modules)
-    return "all-linear" if targets == ["all-linear"] else targets
-
-
-def _trl_use_cpu(cfg: RunConfig) -> tuple[bool, str | None]:
-    """``use_cpu`` for the cell's device (HF refuses ``bf16=True`` on a CPU-only machine unless
-    it is told to train on the CPU).  ``auto`` is resolved on this machine, and says so."""
-    dev = str(cfg.device).strip().lower()
-    if dev == "cpu":
-        return True, None
-    if dev == "auto":
-        cpu = not torch.cuda.is_available()
-        return cpu, f"device auto: resolved on this machine ({'no CUDA' if cpu else 'CUDA'})"
-    return False, None
-
-
-def _warm_start_note(cfg: RunConfig, target: str) -> list[str]:
-    """The warm start is a separate supervised phase no target's RL config holds."""
-    w = cfg.warm_start
-    if not w.steps:
-        return []
-    return [
-        f"# warm_start.steps={w.steps} (lr {w.lr}, batch_size {w.batch_size}): the harness "
-        f"fine-tunes on the task's demonstrations before RL; {target}'s RL trainer has no such "
-        "phase: run SFT first (e.g. TRL's SFTTrainer) and start RL from that checkpoint"
-    ]
-
-
-def _sampler_notes(cfg: RunConfig, target: str, dtype_key: str | None) -> list[str]:
-    """The harness's sampler-only settings: noise is a measurement knob no framework has; the
-    sampler's precision is the rollout engine's dtype (``dtype_key``) where the target names
-    one in its RL config."""
-    r = cfg.rollout
-    notes = []
-    if r.sampler_logit_noise > 0:
-        notes.append(
-            f"# rollout.sampler_logit_noise={r.sampler_logit_noise}: {target} has no sampler "
-            "noise (the harness adds it to dose the training-inference mismatch)"
-        )
-    if r.sampler_dtype is not None and dtype_key is None:
-        notes.append(
-            f"# rollout.sampler_dtype={r.sampler_dtype}: set the precision of {target}'s "
-            "inference engine (SGLang/vLLM server config); not in its actor config"
-        )
-    return notes
-
-
-def export_trl(cfg: RunConfig) -> str:
-    """A snippet that builds TRL's ``GRPOConfig`` (and peft's ``LoraConfig`` under LoRA)."""
-    problems = trl_problems(cfg)
-    # The IS weights trainer: trl refuses (it samples without vLLM) are exported: a TRL run with
-    # a vLLM sampler applies them.
-    vllm_weights = [f for f, why in problems if why == VLLM_ONLY]
-    lines = [
-        comment(f"{field}: not expressible in TRL ({why})")
-        for field, why in problems
-        if why != VLLM_ONLY
-    ]
-    if vllm_weights:
-        lines.append(
-            comment(
-                "ppo.correction: vllm_importance_sampling_* below take effect only with "
-                "use_vllm=True (TRL weights by the vLLM sampler's log-probs)"
-            )
-        )
-    lines += [comment(f"approximate: {a}") for a in approximations(cfg)]
-    lines += [comment(n.removeprefix("# ")) for n in _warm_start_note(cfg, "TRL")]
-    p = cfg.ppo
-    if p.overlong_reward_penalty:
-        # The harness adds it inside the reward it hands TRL; an exported config cannot.
-        lines.append(
-            comment(
-                f"ppo.overlong_reward_penalty (overlong_tokens={p.overlong_tokens}, "
-                f"overlong_penalty_factor={p.overlong_penalty_factor}): not a GRPOConfig "
-                "option; TRL has it as a reward function: add trl.rewards."
-                f"get_soft_overlong_punishment(max_completion_len={cfg.rollout.max_new_tokens}, "
-                f"soft_punish_cache={p.overlong_tokens}) to reward_funcs, weighted by the factor"
-            )
-        )
-    if p.policy_loss == "vespo" and getattr(p, p.policy_loss).behaviour_weight == "fold":
-        lines.append(
-            comment(
-                "ppo.vespo.behaviour_weight=fold: TRL's own VESPO composition (ρ folded into W, "
-                "log W += Σ_t clamp(log ρ_t, log 1e-8, 20); the loss is not multiplied by ρ)"
-            )
-        )
-    kw = grpo_kwargs(cfg, strict=False)
-    use_cpu, note = _trl_use_cpu(cfg)
-    kw["use_cpu"] = use_cpu
-    if note:
-        lines.append(comment(note))
-    lora = cfg.model_options.lora
-    code = []
-    if lora is not None:
-        code.append("from peft import LoraConfig")
-    code += ["from trl import GRPOConfig", ""]
-    if lora is not None:
-        lora_kw = {
-            "r": lora.r,
-            "lora_alpha": lora.alpha,
-            "lora_dropout": lora.dropout,
-            "target_modules": _lora_targets(cfg),
-            "bias": "none",
-            "task_type": "CAUSAL_LM",
-        }
-        code.append(
-            "peft_config = LoraConfig("
-            + ", ".join(f"{k}={_py(v)}" for k, v in lora_kw.items())
-            + ")"
-        )
-    code.append("args = GRPOConfig(")
-    code += [f"    {k}={_py(v)}," for k, v in kw.items()]
-    code.append(")")
-    trainer = "GRPOTrainer(model=..., reward_funcs=..., args=args"
-    trainer += ", peft_config=peft_config)" if lora is not None else ")"
-    code.append(comment(f"then: {trainer}"))
-    return "\n".join(lines + code) + "\n"
-
 
 _VERL_KL = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}
 
@@ -470,7 +303,7 @@ def export_verl(cfg: RunConfig) -> str:
         kv += [
             ("actor_rollout_ref.model.lora_rank", m.lora.r),
             ("actor_rollout_ref.model.lora_alpha", m.lora.alpha),
-            ("actor_rollout_ref.model.target_modules", _lora_targets(cfg)),
+            ("actor_rollout_ref.model.target_modules", lora_targets(cfg)),
         ]
         if m.lora.dropout:
             notes.append(
@@ -480,8 +313,8 @@ def export_verl(cfg: RunConfig) -> str:
     # The sampler's precision (rollout.sampler_dtype, else the learner's) is verl's rollout
     # engine dtype; the learner's is its FSDP actor's, below.
     kv.append(("actor_rollout_ref.rollout.dtype", r.sampler_dtype or m.dtype))
-    notes += _sampler_notes(cfg, "verl", "actor_rollout_ref.rollout.dtype")
-    notes += _warm_start_note(cfg, "verl")
+    notes += sampler_notes(cfg, "verl", "actor_rollout_ref.rollout.dtype")
+    notes += warm_start_note(cfg, "verl")
     if m.dtype == "bfloat16":
         notes.append(
             "# model_options.dtype=bfloat16: verl's FSDP actor already computes in bf16 over "
@@ -543,188 +376,3 @@ def export_verl(cfg: RunConfig) -> str:
 def _typed(v: Any) -> Any:
     """The estimator's extra overrides come as text ('False'); everything else is typed."""
     return {"False": False, "True": True}.get(v, v) if isinstance(v, str) else v
-
-
-def export_areal(cfg: RunConfig) -> str:
-    p, r, o, m = cfg.ppo, cfg.rollout, cfg.optim, cfg.model_options
-    notes: list[str] = []
-
-    def norm(n: Any, name: str) -> Any:
-        # AReaL's NormConfig takes the group size from its own field (default 1: groups of one
-        # sample, i.e. no group normalization at all): the cell's group is n_samples.
-        d = to_dict(n)
-        if isinstance(d, dict):
-            d["group_size"] = r.n_samples
-            # AReaL's NormConfig always divides by a std (or nothing): MaxRL's mean divisor is
-            # named in a comment, not written as a key AReaL would refuse.
-            if d.pop("divide_by", "std") == "mean":
-                notes.append(
-                    f"# ppo.{name}.divide_by=mean: AReaL's NormConfig has no mean divisor "
-                    "(MaxRL); written without it, i.e. centred and not divided"
-                )
-        return d
-
-    actor: dict[str, Any] = {
-        "group_size": r.n_samples,
-        "eps_clip": p.eps_clip,
-        "eps_clip_higher": p.eps_clip_higher,
-        "c_clip": p.c_clip,
-        "use_decoupled_loss": p.use_decoupled_loss,
-        "recompute_logprob": p.recompute_logprob,
-        "prox_logp_method": p.prox_logp_method,
-        "importance_sampling_level": p.importance_sampling_level,
-        "ppo_n_minibatches": p.ppo_n_minibatches,
-        "adv_norm": norm(p.adv_norm, "adv_norm"),
-        "reward_norm": norm(p.reward_norm, "reward_norm"),
-        "kl_ctl": p.kl_ctl,
-        "kl_estimator": p.kl_estimator,
-        "discount": p.discount,
-        "gae_lambda": p.gae_lambda,
-        "reward_scaling": p.reward_scaling,
-        "reward_bias": p.reward_bias,
-        "reward_clip": p.reward_clip,
-        "temperature": p.temperature,
-        "dtype": m.dtype,
-        "gradient_checkpointing": m.gradient_checkpointing,
-        "optimizer": {
-            "lr": o.lr,
-            "weight_decay": o.weight_decay,
-            "beta1": o.beta1,
-            "beta2": o.beta2,
-            "gradient_clipping": o.grad_clip if o.grad_clip is not None else 1e9,
-            "lr_scheduler_type": o.schedule,
-        },
-    }
-    if m.lora is not None:
-        for name in m.lora.target_modules:
-            if "${" in name:  # AReaL reads its YAML through OmegaConf, which would interpolate
-                raise ConfigError(
-                    f"model_options.lora.target_modules: {name!r} cannot be exported to AReaL "
-                    "(OmegaConf would resolve '${...}' in it)"
-                )
-        actor.update(
-            use_lora=True,
-            lora_rank=m.lora.r,
-            lora_alpha=m.lora.alpha,
-            target_modules=list(m.lora.target_modules),
-        )
-        if m.lora.dropout:
-            notes.append(
-                f"# model_options.lora.dropout={m.lora.dropout}: AReaL's LoRA has no dropout option"
-            )
-    if m.dtype == "bfloat16":
-        notes.append(
-            "# model_options.dtype=bfloat16: approximate; AReaL's actor.dtype is the parameter "
-            "dtype, the harness keeps float32 master weights under bf16 autocast"
-        )
-    notes += _sampler_notes(cfg, "AReaL", None)
-    notes += _warm_start_note(cfg, "AReaL")
-    if p.correction is not None:
-        notes.append(
-            "# ppo.correction: AReaL's actor has rejection_sampling only (the harness's "
-            "ppo.rejection_sampling is that setting); not mapped"
-        )
-    rs, rs_notes = _areal_rejection_sampling(p)
-    if rs is not None:
-        actor["rejection_sampling"] = rs
-    notes += rs_notes
-    if o.warmup_steps:
-        notes.append(
-            f"# optim.warmup_steps={o.warmup_steps}: AReaL takes a proportion "
-            "(optimizer.warmup_steps_proportion) of the total steps"
-        )
-    else:  # AReaL's default proportion is 0.001, not none
-        actor["optimizer"]["warmup_steps_proportion"] = 0.0
-    if p.ppo_epochs != 1:
-        notes.append(f"# ppo.ppo_epochs={p.ppo_epochs}: AReaL's actor makes one pass per batch")
-    if p.loss_agg_mode != "token-mean":
-        notes.append(f"# ppo.loss_agg_mode={p.loss_agg_mode}: AReaL's loss is the token mean")
-    areal = lookup(p.policy_loss).areal
-    if areal is None:
-        notes.append(f"# ppo.policy_loss={p.policy_loss}: AReaL's actor loss is PPO-clip")
-    else:  # an objective AReaL spells as actor options (M2PO's actor.m2_threshold)
-        own = getattr(p, p.policy_loss, None)
-        for ours, theirs in (areal.options or {}).items():
-            actor[theirs] = getattr(own, ours)
-        if areal.note:
-            notes.append(f"# ppo.policy_loss={p.policy_loss}: {areal.note}")
-    if p.entropy_coef:
-        notes.append("# ppo.entropy_coef: AReaL's actor has no entropy bonus")
-    notes += _areal_stability(cfg, actor)
-    if cfg.critic.enabled:
-        notes.append("# critic.*: AReaL configures a critic as its own `critic:` engine block")
-    doc: dict[str, Any] = {
-        "actor": actor,
-        "gconfig": {
-            "n_samples": r.n_samples,
-            "max_new_tokens": r.max_new_tokens,
-            "temperature": p.temperature,
-            "top_p": r.top_p,
-        },
-        "train_dataset": {"batch_size": r.prompts_per_step},
-        "rollout": {"max_head_offpolicyness": r.staleness},
-    }
-    body = yaml.safe_dump(doc, sort_keys=False)
-    lines = [comment(n.removeprefix("# ")) for n in notes]
-    return "\n".join(lines) + ("\n" if lines else "") + body
-
-
-# What AReaL main's RejectionSamplingConfig.__post_init__ accepts as metric (binary_kl, KPop,
-# is implemented there but missing from this list, so a config naming it fails at load).
-AREAL_RS_METRICS = ("ratio", "kl_k1", "kl_k2", "kl_k3")
-
-
-def _areal_rejection_sampling(p: Any) -> tuple[dict[str, Any] | None, list[str]]:
-    """``actor.rejection_sampling`` as AReaL main takes it.  AReaL main removed
-    ``behave_imp_weight_mode`` / ``_cap``: a legacy mode is written as AReaL's own migration
-    of it; a block AReaL would refuse is a comment, not a key."""
-    if p.rejection_sampling is not None:
-        rs = to_dict(p.rejection_sampling)
-        if rs["metric"] not in AREAL_RS_METRICS:
-            return None, [
-                f"# ppo.rejection_sampling.metric={rs['metric']}: AReaL main refuses it "
-                f"(RejectionSamplingConfig accepts metric {', '.join(AREAL_RS_METRICS)}); not "
-                f"written: rejection_sampling: {rs}"
-            ]
-        return rs, []
-    if p.behave_imp_weight_mode == "disabled":
-        return None, []
-    legacy = legacy_to_rejection_sampling(p.behave_imp_weight_mode, p.behave_imp_weight_cap)
-    assert legacy is not None
-    return to_dict(legacy), [
-        f"# ppo.behave_imp_weight_mode={p.behave_imp_weight_mode} (cap "
-        f"{p.behave_imp_weight_cap}): AReaL main removed behave_imp_weight_mode/_cap; written as "
-        "the rejection_sampling AReaL migrates it to (the legacy mode kept dropped tokens in "
-        "the loss mask with weight 0: only importance_sampling_level sequence can tell)"
-    ]
-
-
-def _areal_stability(cfg: RunConfig, actor: dict[str, Any]) -> list[str]:
-    """AReaL's actor options for the stability options it has (into ``actor``); comments for
-    the others."""
-    p, r = cfg.ppo, cfg.rollout
-    notes = []
-    if p.overlong_reward_penalty:
-        actor.update(
-            overlong_reward_penalty=True,
-            overlong_tokens=p.overlong_tokens,
-            overlong_penalty_factor=p.overlong_penalty_factor,
-        )
-    if p.truncated_completions == "zero_reward":
-        actor["mask_no_eos_with_zero"] = True
-    elif p.truncated_completions == "mask":
-        notes.append(
-            "# ppo.truncated_completions=mask: AReaL cannot drop completions without EOS from the "
-            "loss (its mask_no_eos_with_zero zeroes their reward: truncated_completions=zero_reward)"
-        )
-    if p.top_entropy_quantile < 1.0:
-        notes.append(
-            f"# ppo.top_entropy_quantile={p.top_entropy_quantile}: AReaL's actor has no "
-            "top-entropy token mask"
-        )
-    if r.zero_variance_filter:
-        notes.append(
-            "# rollout.zero_variance_filter: AReaL has no config key for dropping "
-            "zero-variance groups"
-        )
-    return notes
