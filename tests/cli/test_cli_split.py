@@ -1,5 +1,6 @@
-"""The split CLI: `harness --help` loads only the thin command modules (never their bodies), and a search's best point
-is chosen once (``top_of_front``) for `export --best`, the end of a search and its report."""
+"""The split CLI: `harness --help` loads only the thin command modules (never their bodies in
+``harness.cli.commands``), and a search's best point is chosen once (``top_of_front``) for
+`export --best`, the end of a search and its report."""
 
 from __future__ import annotations
 
