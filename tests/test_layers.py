@@ -195,6 +195,11 @@ def test_the_checker_sees_what_it_must() -> None:
     # A lazy import inside a function counts; one under TYPE_CHECKING does not.
     assert "harness.model.logprobs" in GRAPH["harness.ppo.actor"]
     assert "harness.ppo.config" not in GRAPH["harness.ppo.actor"]
+    # The commands' bodies (harness.cli.commands) sit in the cli layer; a command's one lazy
+    # import of its body is an edge like any other.
+    assert package("harness.cli.commands.sweep") == "cli"
+    assert "harness.cli.commands.sweep" in GRAPH["harness.cli.sweep"]
+    assert "harness.sweep.launching.driver" in GRAPH["harness.cli.commands.sweep"]
     # A sweep module's room is its sub-package, however deep the module sits in it.
     assert sweep_room("harness.sweep.launching.launchers.local") == "launching"
     assert sweep_room("harness.sweep.stores.storage") == "stores"

@@ -1,11 +1,14 @@
-"""The ``harness`` command line: the Typer app, its commands and ``main``.  Thin: each command is a
-module of its group (run, sweep, report, export, ui) whose body imports what it needs, so that
-``harness --help`` answers without torch, MLflow or Optuna; bad input is one line on stderr and
-exit code 2 (``harness.cli.options.user_errors``)."""
+"""The ``harness`` command line: the Typer app, its commands and ``main``.  Thin: a group's module
+(run, sweep, report, export, ui) declares its commands' options and help, and each command's body
+is one import of ``harness.cli.commands.<group>`` (which imports the rest of the harness at its
+top) when the command runs, so that ``harness --help`` answers without torch, MLflow or Optuna;
+bad input is one line on stderr and exit code 2 (``harness.cli.options.user_errors``)."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +20,8 @@ from harness.cli.report import report_cmd
 from harness.cli.run import fields_cmd, run_cmd
 from harness.cli.sweep import ablate_cmd, search_cmd, status_cmd, worker_cmd
 from harness.cli.ui import ui_cmd
+from harness.core.fsutil import restrict_umask
+from harness.core.perf import tune_malloc
 
 try:  # typer >= 0.22 vendors click; its usage errors are typer._click's, not click's
     from typer._click import exceptions as _click_exc
@@ -71,12 +76,6 @@ app = typer.Typer(
 @app.callback()
 def _root() -> None:
     """Ablation harness for PPO fine-tuning of language models."""
-    import logging
-    import os
-
-    from harness.core.fsutil import restrict_umask
-    from harness.core.perf import tune_malloc
-
     restrict_umask()  # nothing the harness writes is group/world-writable, whatever the umask
     tune_malloc()
     # Library chatter (MLflow's schema migrations, Optuna's "study created") is not for users.

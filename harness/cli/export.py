@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from harness.cli.options import ResultsDir, Storage, say, user_errors
+from harness.cli.options import ResultsDir, Storage, user_errors
 
 
 @user_errors
@@ -34,55 +34,14 @@ def export_cmd(
 
     The experiment file is validated first, which imports python: task modules (runs their code).
     """
-    from harness.config.experiment import load_experiment
-    from harness.core.configtools import ConfigError
-    from harness.peers.export import TARGETS
-    from harness.sweep.present.cell_export import export_cell
-    from harness.sweep.scheduler.cell_choice import best_to_export, resolve_cell
-    from harness.sweep.scheduler.spec import HASH_ATTR, StudySpec, load_study_spec
+    from harness.cli.commands.export import print_export  # noqa: PLC0415 - a command's body loads when it runs
 
-    if to not in TARGETS:
-        raise ConfigError(f"--to must be one of {', '.join(TARGETS)}; got {to!r}")
-    if (cell is None) == (not best):
-        raise ConfigError("give exactly one of --cell or --best")
-    spec = load_experiment(file)
-    notes: list[str] = []
-    if best:
-        import optuna
-
-        from harness.sweep.stores.opening import check_store_urls
-
-        check_store_urls(storage, None, writable=False)
-        name = study_name or spec.name
-        if storage is None and not (results_dir / "optuna-journal.log").exists():
-            raise ConfigError(f"--best: no study store under {results_dir} (run the sweep first)")
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        from harness.sweep.stores.storage import make_storage
-
-        try:
-            st = optuna.load_study(study_name=name, storage=make_storage(storage, results_dir))
-        except KeyError:
-            raise ConfigError(f"--best: no study named {name!r} (see `harness status`)") from None
-        study_spec = load_study_spec(st)
-        label, overrides, notes = best_to_export(study_spec, st)
-        now = StudySpec.from_experiment(spec).grid_hash
-        if st.user_attrs.get(HASH_ATTR) not in (None, now):
-            # As `ablate` refuses a changed grid: say it; export what the study ran.
-            changed = (
-                f"{file} changed since study {name!r} ran (hash {st.user_attrs[HASH_ATTR]} != "
-                f"{now}): these are the settings the study ran, not the file's"
-            )
-            say(f"warning: {changed}")
-            notes.append(changed)
-    else:
-        if spec.search is not None:
-            raise ConfigError(
-                f"{file}: --cell needs a grid experiment (this one is a search; use --best)"
-            )
-        assert cell is not None
-        label, overrides = resolve_cell(spec, cell)
-        study_spec = StudySpec.from_experiment(spec)
-    cfg = study_spec.run_config(overrides, seed=None)
-    what = "point" if study_spec.kind == "search" else "cell"
-    header = [f"harness {what} {label!r} of {file} for {to}", *notes]
-    typer.echo(export_cell(cfg, to, header), nl=False)
+    print_export(
+        file,
+        to=to,
+        cell=cell,
+        best=best,
+        study_name=study_name,
+        storage=storage,
+        results_dir=results_dir,
+    )

@@ -4,12 +4,18 @@ line on stderr with exit code 2 (a full disk or a store outage: one line, exit c
 from __future__ import annotations
 
 import functools
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
+
+from harness.core.configtools import ConfigError
+from harness.core.db import StorageUnavailable
+from harness.core.fsutil import disk_full_message, is_disk_full
+from harness.core.redact import redact_text
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -54,10 +60,6 @@ def user_errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from harness.core.configtools import ConfigError
-        from harness.core.db import StorageUnavailable
-        from harness.core.fsutil import disk_full_message, is_disk_full
-
         try:
             return fn(*args, **kwargs)
         except ConfigError as err:
@@ -76,8 +78,4 @@ def user_errors(fn: F) -> F:
 
 def command_line() -> str:
     """This command line as typed, with any password redacted (recorded on the study)."""
-    import shlex
-
-    from harness.core.redact import redact_text
-
     return redact_text("harness " + " ".join(shlex.quote(a) for a in sys.argv[1:]), [])

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from harness.cli.options import ResultsDir, Storage, TrackingUri, command_line, say, user_errors
+from harness.cli.options import ResultsDir, Storage, TrackingUri, user_errors
 
 
 @user_errors
@@ -20,33 +20,6 @@ def report_cmd(
     """Write results/<study>/report.md (and report.html for a grid) and attach them to the parent
     MLflow run.  Exit code 1 when no run of the study completed: the report is still written and
     says why (each distinct failure reason with its count, also printed on stderr)."""
-    import optuna
+    from harness.cli.commands.report import write_study_report  # noqa: PLC0415 - a command's body loads when it runs
 
-    from harness import tracking
-    from harness.core.configtools import ConfigError, check_name
-    from harness.sweep.present.finish import finish_study
-    from harness.sweep.scheduler.spec import COMMAND_ATTR, load_study_spec
-    from harness.sweep.stores.opening import check_store_urls, existing_storage
-
-    check_name(study, "study")  # the report goes to RESULTS/<study>/
-    check_store_urls(storage, tracking_uri)
-    optuna_storage = existing_storage(storage, results_dir, study)
-    try:
-        st = optuna.load_study(study_name=study, storage=optuna_storage)
-    except KeyError:
-        raise ConfigError(f"study: no study named {study!r} (see `harness status`)") from None
-    spec = load_study_spec(st)
-    tracking.probe_tracking_uri(tracking_uri)
-    tracker = tracking.open_tracker(tracking_uri, results_dir)
-    finished = finish_study(
-        st,
-        tracker,
-        spec,
-        command=st.user_attrs.get(COMMAND_ATTR, command_line()),
-        results_dir=results_dir,
-        write_report=True,
-        end_parent=False,
-    )
-    if not finished.completed:
-        say(f"study {study!r}: no run completed")
-        raise typer.Exit(1)
+    write_study_report(study, storage=storage, tracking_uri=tracking_uri, results_dir=results_dir)

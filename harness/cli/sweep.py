@@ -3,15 +3,22 @@
 
 from __future__ import annotations
 
-import sys
+import functools
+import inspect
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_type_hints
 
 import typer
 
-from harness.cli.options import ResultsDir, Storage, TrackingUri, command_line, say, user_errors
+from harness.cli.options import ResultsDir, Storage, TrackingUri, user_errors
 
 Workers = Annotated[int, typer.Option("--workers", help="Local worker processes.")]
+Devices = Annotated[
+    str | None,
+    typer.Option(
+        "--devices", help="Comma-separated devices, one worker each (e.g. cuda:0,cuda:1)."
+    ),
+]
 StudyName = Annotated[
     str | None,
     typer.Option("--study-name", help="Study name (default: the experiment's name)."),
@@ -45,106 +52,10 @@ SharedFs = Annotated[
 ]
 
 
-def _run_experiment(
-    experiment_file: Path,
-    *,
-    grid: bool,
-    workers: int,
-    devices: str | None,
-    study_name: str | None,
-    storage: str | None,
-    tracking_uri: str | None,
-    results_dir: Path,
-    launcher: tuple[str, str | None, float, float, bool],
-    max_retries: int = 0,
-    fail_fast: bool = False,
-    report: bool = True,
-    dry_run: bool = False,
-) -> None:
-    """`ablate` (``grid``) and `search`: validate everything, then open the stores and sweep.
-    ``launcher`` is (--launcher, --ray-address, --gpus-per-worker, --cpus-per-worker,
-    --shared-fs)."""
-    from harness.config.experiment import load_experiment
-    from harness.core.configtools import ConfigError, check_name
-    from harness.sweep.launching.driver import SweepOptions, sweep
-    from harness.sweep.launching.launch_checks import (
-        check_devices,
-        devices_to_check,
-        launch_choice,
-        workers_and_devices,
-    )
-    from harness.sweep.stores.opening import open_stores
-
-    workers, device_list = workers_and_devices(workers, devices)
-    if not 0 <= max_retries <= 100:
-        raise ConfigError(f"--max-retries: must be an integer in [0, 100]; got {max_retries}")
-    spec = load_experiment(experiment_file)
-    if grid and spec.search is not None:
-        raise ConfigError(f"{experiment_file}: has a search section; run it with `harness search`")
-    if not grid and spec.search is None:
-        raise ConfigError(
-            f"{experiment_file}: has no search section; run a grid with `harness ablate`"
-        )
-    if study_name is not None:
-        check_name(study_name, "--study-name")
-    if dry_run:
-        from harness.sweep.present.display import print_grid
-
-        print_grid(spec)
-        if grid:
-            print(wall_time_line(spec, workers))
-        return
-    check_devices(*devices_to_check(spec, device_list))
-    from harness.sweep.launching.launch import stop_grace_s
-
-    stop_grace_s()  # a bad HARNESS_STOP_GRACE_S is refused before any store is opened
-    choice = launch_choice(*launcher, storage, tracking_uri)
-    optuna_storage, tracker = open_stores(storage, tracking_uri, results_dir)
-    opts = SweepOptions(
-        storage=storage,
-        tracking_uri=tracking_uri,
-        results_dir=results_dir,
-        study_name=study_name,
-        workers=workers,
-        device_list=device_list,
-        command=command_line(),
-        choice=choice,
-        max_retries=max_retries,
-        fail_fast=fail_fast,
-        report=report,
-    )
-    code = sweep(spec, opts, optuna_storage=optuna_storage, tracker=tracker, say=say)
-    if code:
-        raise typer.Exit(code)
-
-
-def wall_time_line(spec: Any, workers: int) -> str:
-    """The dry run's wall-time estimate (harness.sweep.scheduler.estimate), or why there is none: a probe
-    that cannot run here (a CUDA cell on a CPU machine, ...) is said, not hidden."""
-    from harness.sweep.scheduler.estimate import estimate_text, estimate_wall_time
-
-    try:
-        return estimate_text(estimate_wall_time(spec, workers), workers)
-    except Exception as err:  # the probe is a real run: any failure is a reason, not a crash
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-        return f"estimated wall time: not measured (the probe run failed: {first})"
-
-
-Devices = Annotated[
-    str | None,
-    typer.Option(
-        "--devices", help="Comma-separated devices, one worker each (e.g. cuda:0,cuda:1)."
-    ),
-]
-
-
 def _with_sweep_options(command: Any) -> Any:
     """Give ``command`` (which takes ``**shared``) the options `ablate` and `search` share: the
     stores and the launcher.  Typer reads a command's signature and type hints, so the shared
     options are declared once, here, and reach the command as keyword arguments."""
-    import functools
-    import inspect
-    from typing import get_type_hints
 
     def study_name(study_name: StudyName = None) -> None: ...
     def storage(storage: Storage = None) -> None: ...
@@ -184,7 +95,7 @@ def _with_sweep_options(command: Any) -> Any:
 
 
 def _shared_call(shared: dict[str, Any]) -> dict[str, Any]:
-    """The shared options as `_run_experiment` takes them (the launcher's five as one tuple)."""
+    """The shared options as `run_experiment` takes them (the launcher's five as one tuple)."""
     names = ("launcher", "ray_address", "gpus_per_worker", "cpus_per_worker", "shared_fs")
     rest = {k: v for k, v in shared.items() if k not in names}
     return {**rest, "launcher": tuple(shared[k] for k in names)}
@@ -222,7 +133,9 @@ def ablate_cmd(
     **shared: Any,
 ) -> None:
     """Run every (cell, seed) of an ablation grid; resumable; ends with a ranking and a report."""
-    _run_experiment(
+    from harness.cli.commands.sweep import run_experiment  # noqa: PLC0415 - a command's body loads when it runs
+
+    run_experiment(
         experiment_file,
         grid=True,
         workers=workers,
@@ -244,7 +157,9 @@ def search_cmd(
     **shared: Any,
 ) -> None:
     """TPE (or two-objective) search; seeds inside each trial; median/Wilcoxon pruning; resumable."""
-    _run_experiment(
+    from harness.cli.commands.sweep import run_experiment  # noqa: PLC0415 - a command's body loads when it runs
+
+    run_experiment(
         experiment_file, grid=False, workers=workers, devices=devices, **_shared_call(shared)
     )
 
@@ -266,71 +181,19 @@ def worker_cmd(
     events: Annotated[str, typer.Option("--events", hidden=True)] = "text",
 ) -> None:
     """Join a running study (from another machine or GPU) and work through its waiting trials."""
-    import json
-    import signal as _signal
-    import threading
+    from harness.cli.commands.sweep import join_study  # noqa: PLC0415 - a command's body loads when it runs
 
-    from harness import tracking
-    from harness.core.configtools import ConfigError
-    from harness.sweep.launching.launch_checks import check_devices
-    from harness.sweep.stores.opening import check_store_urls, existing_storage
-
-    if events not in ("text", "jsonl"):
-        raise ConfigError(f"--events: must be text or jsonl; got {events!r}")
-
-    if not 0 <= threads <= 1024:
-        raise ConfigError(f"--threads: must be an integer in [0, 1024]; got {threads}")
-    if device is not None:
-        check_devices([device], "--device")
-    check_store_urls(storage, tracking_uri)
-    optuna_storage = existing_storage(storage, results_dir, study)
-    import optuna
-
-    try:
-        optuna.load_study(study_name=study, storage=optuna_storage)
-    except KeyError:
-        raise ConfigError(
-            f"--study: no study named {study!r} in this storage (see `harness status`)"
-        ) from None
-    tracking.probe_tracking_uri(tracking_uri)
-    # fails now, not in every trial, if it cannot be opened
-    tracking.open_tracker(tracking_uri, results_dir)
-    from harness.sweep.launching.worker import WorkerOptions, worker_loop
-
-    stop = threading.Event()
-    _signal.signal(_signal.SIGTERM, lambda *_: stop.set())
-    _signal.signal(_signal.SIGINT, lambda *_: stop.set())
-
-    fatal: list[str] = []
-
-    def emit(e: dict[str, Any]) -> None:
-        if e["event"] == "fatal":
-            fatal.append(str(e.get("reason") or "disk full"))
-        if events == "jsonl":  # for a launcher that reads this worker's progress
-            sys.stdout.write(json.dumps(e, default=str) + "\n")
-            sys.stdout.flush()
-        elif e["event"] == "done":
-            say(f"{e['cell']} seed={e['seed']}: {e['outcome']} {e.get('reason') or ''}")
-
-    counts = worker_loop(
-        WorkerOptions(
-            study=study,
-            storage=storage,
-            results_dir=results_dir,
-            tracking_uri=tracking_uri,
-            device=device,
-            threads=threads,
-            worker_id=worker_id,
-            exit_when_idle=not wait,
-        ),
-        emit=emit,
-        should_stop=stop.is_set,
+    join_study(
+        study,
+        storage=storage,
+        device=device,
+        threads=threads,
+        tracking_uri=tracking_uri,
+        results_dir=results_dir,
+        wait=wait,
+        worker_id=worker_id,
+        events=events,
     )
-    if fatal:
-        from harness.core.fsutil import DiskFullError
-
-        raise DiskFullError(fatal[0])  # one line and exit 1 (user_errors)
-    say(f"worker done: {counts}")
 
 
 @user_errors
@@ -340,12 +203,6 @@ def status_cmd(
     results_dir: ResultsDir = Path("results"),
 ) -> None:
     """Done / running / waiting / failed trials per study."""
-    from harness.sweep.stores.opening import existing_storage
+    from harness.cli.commands.sweep import print_study_status  # noqa: PLC0415 - a command's body loads when it runs
 
-    st = existing_storage(storage, results_dir, study)
-    if st is None:
-        say(f"no studies yet (no Optuna storage under {results_dir})")
-        return
-    from harness.sweep.present.display import print_status
-
-    print_status(st, study)
+    print_study_status(study, storage=storage, results_dir=results_dir)

@@ -28,11 +28,9 @@ def ui_cmd(
     results_dir: ResultsDir = Path("results"),
 ) -> None:
     """Print (or start) the MLflow UI and optuna-dashboard for this project's stores."""
-    from harness.sweep.present.ui import ui
-    from harness.sweep.stores.opening import check_store_urls
+    from harness.cli.commands.ui import show_uis  # noqa: PLC0415 - a command's body loads when it runs
 
-    check_store_urls(storage, tracking_uri)
-    ui(
+    show_uis(
         start=start,
         host=host,
         port=port,

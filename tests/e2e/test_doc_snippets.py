@@ -93,7 +93,7 @@ def _click_command(argv: list[str]) -> tuple[click.Command, list[str]]:
 
 
 def _check_set_keys(argv: list[str], where: str) -> None:
-    from harness.cli.run import field_rows
+    from harness.cli.commands.fields import field_rows
 
     known = {row[0] for row in field_rows()}
     for i, arg in enumerate(argv):
@@ -179,7 +179,7 @@ def test_readme_is_a_landing_page():
 
 
 def test_generated_pages_are_current():
-    from harness.cli.run import fields_markdown
+    from harness.cli.commands.fields import fields_markdown
 
     assert (ROOT / "docs" / "fields.md").read_text() == fields_markdown(), (
         "regenerate with harness fields --markdown > docs/fields.md"

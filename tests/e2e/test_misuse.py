@@ -219,7 +219,7 @@ def test_fields_table_on_a_narrow_terminal_keeps_names_and_brackets():
 
     from rich.console import Console
 
-    from harness.cli.run import fields_table
+    from harness.cli.commands.fields import fields_table
 
     rows = [
         ("model_options.gradient_checkpointing", "False", "Recompute activations."),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli.run import field_rows
+from harness.cli.commands.fields import field_rows
 from harness.config import RunConfig
 from harness.core.configtools import ConfigError, field_help, option
 from harness.tasks import get_task

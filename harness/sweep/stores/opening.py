@@ -81,3 +81,15 @@ def existing_storage(storage: str | None, results_dir: Path, study: str | None) 
         return make_storage(storage, results_dir)
     except ValueError as err:
         raise ConfigError(str(err).splitlines()[0]) from None
+
+
+def load_existing_study(name: str, storage: Any, missing: str) -> Any:
+    """The study ``name`` in ``storage`` (a command that reads or joins a study: it never creates
+    one), with Optuna's INFO lines quieted; ``missing`` is the ConfigError when there is none."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        return optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        raise ConfigError(missing) from None

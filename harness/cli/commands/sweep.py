@@ -1,0 +1,179 @@
+"""The bodies of the sweep commands: ``ablate`` (a grid) and ``search`` (TPE), which share one
+path, and ``worker`` and ``status`` for a running study."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from harness import tracking
+from harness.cli.options import command_line, say
+from harness.config.experiment import ExperimentSpec, load_experiment
+from harness.core.configtools import ConfigError, check_name
+from harness.core.fsutil import DiskFullError
+from harness.sweep.launching.driver import SweepOptions, sweep
+from harness.sweep.launching.launch import stop_grace_s
+from harness.sweep.launching.launch_checks import (
+    check_devices,
+    devices_to_check,
+    launch_choice,
+    workers_and_devices,
+)
+from harness.sweep.launching.worker import WorkerOptions, worker_loop
+from harness.sweep.present.display import print_grid, print_status
+from harness.sweep.scheduler.estimate import estimate_text, estimate_wall_time
+from harness.sweep.stores.opening import (
+    check_store_urls,
+    existing_storage,
+    load_existing_study,
+    open_stores,
+)
+
+
+def run_experiment(
+    experiment_file: Path,
+    *,
+    grid: bool,
+    workers: int,
+    devices: str | None,
+    study_name: str | None,
+    storage: str | None,
+    tracking_uri: str | None,
+    results_dir: Path,
+    launcher: tuple[str, str | None, float, float, bool],
+    max_retries: int = 0,
+    fail_fast: bool = False,
+    report: bool = True,
+    dry_run: bool = False,
+) -> None:
+    """`ablate` (``grid``) and `search`: validate everything, then open the stores and sweep.
+    ``launcher`` is (--launcher, --ray-address, --gpus-per-worker, --cpus-per-worker,
+    --shared-fs)."""
+    workers, device_list = workers_and_devices(workers, devices)
+    if not 0 <= max_retries <= 100:
+        raise ConfigError(f"--max-retries: must be an integer in [0, 100]; got {max_retries}")
+    spec = load_experiment(experiment_file)
+    if grid and spec.search is not None:
+        raise ConfigError(f"{experiment_file}: has a search section; run it with `harness search`")
+    if not grid and spec.search is None:
+        raise ConfigError(
+            f"{experiment_file}: has no search section; run a grid with `harness ablate`"
+        )
+    if study_name is not None:
+        check_name(study_name, "--study-name")
+    if dry_run:
+        print_grid(spec)
+        if grid:
+            print(wall_time_line(spec, workers))
+        return
+    check_devices(*devices_to_check(spec, device_list))
+    stop_grace_s()  # a bad HARNESS_STOP_GRACE_S is refused before any store is opened
+    choice = launch_choice(*launcher, storage, tracking_uri)
+    optuna_storage, tracker = open_stores(storage, tracking_uri, results_dir)
+    opts = SweepOptions(
+        storage=storage,
+        tracking_uri=tracking_uri,
+        results_dir=results_dir,
+        study_name=study_name,
+        workers=workers,
+        device_list=device_list,
+        command=command_line(),
+        choice=choice,
+        max_retries=max_retries,
+        fail_fast=fail_fast,
+        report=report,
+    )
+    code = sweep(spec, opts, optuna_storage=optuna_storage, tracker=tracker, say=say)
+    if code:
+        raise typer.Exit(code)
+
+
+def wall_time_line(spec: ExperimentSpec, workers: int) -> str:
+    """The dry run's wall-time estimate (harness.sweep.scheduler.estimate), or why there is none: a probe
+    that cannot run here (a CUDA cell on a CPU machine, ...) is said, not hidden."""
+    try:
+        return estimate_text(estimate_wall_time(spec, workers), workers)
+    except Exception as err:  # the probe is a real run: any failure is a reason, not a crash
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        return f"estimated wall time: not measured (the probe run failed: {first})"
+
+
+def join_study(
+    study: str,
+    *,
+    storage: str | None,
+    device: str | None,
+    threads: int,
+    tracking_uri: str | None,
+    results_dir: Path,
+    wait: bool,
+    worker_id: int,
+    events: str,
+) -> None:
+    """`worker`: check the study and the stores, then work through the study's waiting trials
+    until none is left (or, with ``wait``, until SIGTERM/SIGINT)."""
+    if events not in ("text", "jsonl"):
+        raise ConfigError(f"--events: must be text or jsonl; got {events!r}")
+
+    if not 0 <= threads <= 1024:
+        raise ConfigError(f"--threads: must be an integer in [0, 1024]; got {threads}")
+    if device is not None:
+        check_devices([device], "--device")
+    check_store_urls(storage, tracking_uri)
+    optuna_storage = existing_storage(storage, results_dir, study)
+    load_existing_study(
+        study,
+        optuna_storage,
+        f"--study: no study named {study!r} in this storage (see `harness status`)",
+    )
+    tracking.probe_tracking_uri(tracking_uri)
+    # fails now, not in every trial, if it cannot be opened
+    tracking.open_tracker(tracking_uri, results_dir)
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    fatal: list[str] = []
+
+    def emit(e: dict[str, Any]) -> None:
+        if e["event"] == "fatal":
+            fatal.append(str(e.get("reason") or "disk full"))
+        if events == "jsonl":  # for a launcher that reads this worker's progress
+            sys.stdout.write(json.dumps(e, default=str) + "\n")
+            sys.stdout.flush()
+        elif e["event"] == "done":
+            say(f"{e['cell']} seed={e['seed']}: {e['outcome']} {e.get('reason') or ''}")
+
+    counts = worker_loop(
+        WorkerOptions(
+            study=study,
+            storage=storage,
+            results_dir=results_dir,
+            tracking_uri=tracking_uri,
+            device=device,
+            threads=threads,
+            worker_id=worker_id,
+            exit_when_idle=not wait,
+        ),
+        emit=emit,
+        should_stop=stop.is_set,
+    )
+    if fatal:
+        raise DiskFullError(fatal[0])  # one line and exit 1 (user_errors)
+    say(f"worker done: {counts}")
+
+
+def print_study_status(study: str | None, *, storage: str | None, results_dir: Path) -> None:
+    """`status`: done / running / waiting / failed trials of ``study`` (every study when None)."""
+    st = existing_storage(storage, results_dir, study)
+    if st is None:
+        say(f"no studies yet (no Optuna storage under {results_dir})")
+        return
+    print_status(st, study)
