@@ -7,9 +7,11 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
+from harness.config import apply_overrides, build_run_config
 from harness.config.experiment import ExperimentSpec
-from harness.core.configtools import ConfigError
+from harness.core.configtools import ConfigError, flatten, to_dict
 from harness.core.failures import count_reasons, reason_lines
+from harness.run.scaffold import clip_is_inert
 from harness.sweep.scheduler.spec import has_study_spec, load_study_spec
 from harness.sweep.scheduler.study import study_counts
 
@@ -66,6 +68,48 @@ def print_grid(spec: ExperimentSpec) -> None:
         f"seeds {_seeds_text(spec.seeds)}; {spec.steps} steps per run; step budget {spec.n_trials * spec.steps} "
         f"steps; ranking metric {spec.metric} ({spec.direction}); grid hash {spec.grid_hash()}"
     )
+    for line in inert_clip_lines(spec):
+        print(line)
+
+
+# The settings a configuration with an identically-1 ratio ignores.
+CLIP_SETTINGS = frozenset({"ppo.eps_clip", "ppo.eps_clip_higher", "ppo.c_clip"})
+
+
+def inert_clip_lines(spec: ExperimentSpec) -> list[str]:
+    """What the grid's clipping cannot do, said before any run (the dry run and the sweep's
+    first lines): the cells whose policy ratio is identically 1
+    (:func:`harness.run.scaffold.clip_is_inert`), and each such cell that differs from an
+    equally inert baseline only in clip settings, whose runs therefore repeat the baseline's
+    seed for seed. Without this line such a cell reads as a measured "no effect of eps_clip"."""
+    if spec.search is not None:
+        return []
+    cfgs = {c.label: build_run_config(apply_overrides(spec.base, c.overrides)) for c in spec.cells}
+    inert = [label for label, cfg in cfgs.items() if clip_is_inert(cfg)]
+    if not inert:
+        return []
+    where = (
+        "every cell"
+        if len(inert) == len(cfgs)
+        else f"{len(inert)} of {len(cfgs)} cells ({', '.join(inert)})"
+    )
+    lines = [
+        f"note: clipping is inert in {where} (one optimizer step per batch on fresh or "
+        "recomputed log-probs: the ratio is identically 1), so eps_clip, eps_clip_higher and "
+        "c_clip cannot change those runs; use ppo_n_minibatches > 1, ppo_epochs > 1 or staleness"
+    ]
+    if spec.baseline not in inert:
+        return lines
+    base = flatten(to_dict(cfgs[spec.baseline]))
+    for label in inert:
+        cell = flatten(to_dict(cfgs[label]))
+        differ = sorted(k for k in base.keys() | cell.keys() if base.get(k) != cell.get(k))
+        if label != spec.baseline and differ and set(differ) <= CLIP_SETTINGS:
+            lines.append(
+                f"note: cell {label!r} differs from the baseline only in {', '.join(differ)}, "
+                "which cannot act here: its runs repeat the baseline's"
+            )
+    return lines
 
 
 def _seeds_text(seeds: list[int]) -> str:
