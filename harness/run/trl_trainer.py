@@ -26,6 +26,10 @@ import warnings
 from typing import Any, Unpack
 
 import torch
+from datasets import Dataset
+from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback
+from transformers.utils import logging as hf_logging
 
 from harness.config import RunConfig
 from harness.metrics.trl import TRL_METRICS
@@ -46,16 +50,13 @@ from harness.run.trl_engine import ColocatedEngine, colocated_engine, shutdown
 # TRL's "vLLM version newer than supported" warning (trl/import_utils.py, is_vllm_available).
 VLLM_VERSION_WARNING = r"TRL currently supports vLLM versions"
 
-
-def import_trl() -> None:
-    """Import TRL (its trainer and generation modules) without its vLLM-version warning."""
-    with warnings.catch_warnings():
-        # Importing TRL imports the installed engine when there is one, and TRL 1.16 warns at
-        # each of its import sites that vLLM 0.32 is newer than its tested range (0.22-0.31).
-        # The colocated path the harness runs with it is tested (tests/run/test_trl_engine.py), so
-        # on the console the warning is noise, for runs with or without the engine.
-        warnings.filterwarnings("ignore", message=VLLM_VERSION_WARNING, category=UserWarning)
-        import trl.trainer.grpo_trainer  # noqa: F401
+with warnings.catch_warnings():
+    # Importing TRL imports the installed engine when there is one, and TRL 1.16 warns at each
+    # of its import sites that vLLM 0.32 is newer than its tested range (0.22-0.31). The
+    # colocated path the harness runs with it is tested (tests/run/test_trl_engine.py), so on
+    # the console the warning is noise, for runs with or without the engine.
+    warnings.filterwarnings("ignore", message=VLLM_VERSION_WARNING, category=UserWarning)
+    from trl import GRPOConfig, GRPOTrainer
 
 
 def run_trl(cfg: RunConfig, **hooks: Unpack[Hooks]) -> RunResult:
@@ -67,14 +68,6 @@ def run_trl(cfg: RunConfig, **hooks: Unpack[Hooks]) -> RunResult:
 def grpo_steps(run: Run, grpo_config: dict[str, Any]) -> None:
     """``GRPOTrainer.train()`` on the scaffold's warm-started policy, one generation cycle per
     harness step; ``grpo_config`` is :func:`harness.peers.trl.grpo_kwargs` of ``run.cfg``."""
-    from datasets import Dataset
-    from transformers import TrainerCallback  # noqa: PLC0415 - with TRL, only when the TRL trainer runs
-    from transformers.trainer_callback import PrinterCallback  # noqa: PLC0415 - with TRL, only when the TRL trainer runs
-    from transformers.utils import logging as hf_logging  # noqa: PLC0415 - with TRL, only when the TRL trainer runs
-
-    import_trl()
-    from trl import GRPOConfig, GRPOTrainer
-
     cfg, task = run.cfg, run.task
     run.tags["trainer"] = "trl"
     approx = approximations(cfg)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import uuid
 from collections import Counter
@@ -160,3 +161,16 @@ def test_missing_ray_says_how_to_install(tmp_path: Path, monkeypatch: pytest.Mon
 def test_ray_flags_need_the_ray_launcher(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["ablate", str(SMOKE), "--gpus-per-worker", "1"])
     assert r.exit_code == 2 and "need --launcher ray" in r.output
+
+
+def test_the_launch_checks_harness_run_uses_load_neither_optuna_nor_the_worker() -> None:
+    """`harness run` checks its devices and store URLs with ``launch_checks`` and
+    ``stores/opening.py``; the Ray checks among them live apart from the Ray launcher, whose
+    worker loop imports Optuna at its top."""
+    code = (
+        "import sys, harness.sweep.launching.launch_checks, harness.sweep.stores.opening; "
+        "bad = {'optuna', 'harness.sweep.launching.worker'} & set(sys.modules); "
+        "assert not bad, bad"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]

@@ -340,7 +340,7 @@ def test_a_ray_address_where_nothing_listens_is_one_line_and_writes_nothing(
 
 
 def test_ray_address_forms_and_a_bounded_probe(monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.sweep.launching.launchers.ray_launcher import probe_address, split_address
+    from harness.sweep.launching.launchers.ray_checks import probe_address, split_address
 
     assert split_address("head:6379") == ("head", 6379)
     assert split_address("ray://10.0.0.1:10001") == ("10.0.0.1", 10001)

@@ -11,7 +11,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.storages import BaseStorage
+from optuna.trial import TrialState
 
 from harness.config.experiment import ExperimentSpec
 from harness.core.db import with_retries
@@ -25,11 +30,8 @@ from harness.sweep.scheduler.adaptive import settled_keys
 from harness.sweep.scheduler.spec import StudySpec
 from harness.sweep.scheduler.study import enqueue_missing, open_study
 from harness.sweep.scheduler.trials import end_orphaned_runs
+from harness.sweep.stores.optuna_adapter import storage_of, trial_id
 from harness.tracking import Tracker
-
-if TYPE_CHECKING:
-    import optuna
-    from optuna.storages import BaseStorage
 
 INTERRUPTED_HINT = "interrupted: run the same command again to resume"
 
@@ -193,11 +195,6 @@ def close_killed_trials(
     """Trials whose workers the coordinator killed (stuck past the stop's grace period): each
     still RUNNING is told FAIL with outcome 'interrupted' and the reason, and its MLflow run is
     ended KILLED with it, as the worker would have done had it stopped in time."""
-    from optuna.exceptions import UpdateFinishedTrialError
-    from optuna.trial import TrialState
-
-    from harness.sweep.stores.optuna_adapter import storage_of, trial_id  # noqa: PLC0415 - loads Optuna: a dry run does not
-
     by_number = {t.number: t for t in with_retries(lambda: study.get_trials(deepcopy=False))}
     # A trial's attrs are set by id, outside an optuna Trial object.
     storage = storage_of(study)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from harness.config import build_run_config
 from harness.config.experiment import ExperimentSpec
 from harness.core.configtools import ConfigError, is_device_name
-from harness.sweep.launching.launchers.ray_launcher import (
+from harness.sweep.launching.launchers.ray_checks import (
     check_shareable,
     import_ray,
     probe_address,

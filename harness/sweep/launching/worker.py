@@ -39,7 +39,12 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.storages import RetryHeartbeatStaleTrialCallback
+from optuna.trial import TrialState
 
 from harness.core.configtools import ConfigError
 from harness.core.db import with_retries
@@ -59,11 +64,9 @@ from harness.sweep.scheduler.trials import (
     search_pruner,
     search_sampler,
 )
+from harness.sweep.stores.optuna_adapter import frozen_trial, heartbeat
 from harness.sweep.stores.storage import make_storage
 from harness.tracking import Tracker, make_tracker
-
-if TYPE_CHECKING:
-    import optuna
 
 Event = dict[str, Any]
 OUTCOMES = ("completed", "diverged", "pruned", "error", "interrupted")
@@ -137,7 +140,7 @@ class _Trial:
         )
 
     def train(self, cfg: Any, label: str, seed: int) -> tuple[Any, str]:
-        from harness.run.tracked import tracked_run  # noqa: PLC0415 - loads Optuna or torch: only in a running worker
+        from harness.run.tracked import tracked_run  # noqa: PLC0415 - loads torch: only in a running worker
 
         self.event("start", cell=label, seed=seed, steps=cfg.steps, pid=os.getpid())
 
@@ -170,9 +173,6 @@ class _Trial:
 
     def tell(self, *values: float, state: str | None = None) -> bool:
         """Finish the trial; False if another worker already retried it (ours is superseded)."""
-        from optuna.exceptions import UpdateFinishedTrialError
-        from optuna.trial import TrialState
-
         try:
             if state is None:
                 v = values[0] if len(values) == 1 else list(values)
@@ -188,8 +188,6 @@ class _Trial:
         worker judged it stale (its heartbeats were delayed past the grace period) and failed
         it, so a retry copy is the one that counts. Optuna refuses any write to an ended trial
         (``UpdateFinishedTrialError``); raised here it would end this worker, not the trial."""
-        from optuna.exceptions import UpdateFinishedTrialError
-
         try:
             for k, v in attrs.items():
                 self.trial.set_user_attr(k, v)
@@ -221,8 +219,6 @@ class _Trial:
 
 def run_grid_trial(t: _Trial) -> str:
     """Train one claimed (cell, seed) trial and tell Optuna how it ended; returns the outcome."""
-    from harness.sweep.stores.optuna_adapter import frozen_trial, heartbeat  # noqa: PLC0415 - loads Optuna or torch: only in a running worker
-
     attrs = with_retries(lambda: frozen_trial(t.study, t.trial)).user_attrs
     cell, seed = attrs["cell"], int(attrs["seed"])
 
@@ -275,10 +271,6 @@ def run_grid_trial(t: _Trial) -> str:
 
 def run_search_trial(t: _Trial) -> str:
     """Sample a point, train every seed at it (pruning between seeds), tell the mean objectives."""
-    from optuna.storages import RetryHeartbeatStaleTrialCallback
-
-    from harness.sweep.stores.optuna_adapter import frozen_trial, heartbeat  # noqa: PLC0415 - loads Optuna or torch: only in a running worker
-
     assert t.spec.search is not None
     plan = t.spec.search
     label = f"trial {t.trial.number}"
@@ -418,8 +410,7 @@ def _work(
     should_stop: Callable[[], bool],
 ) -> str | None:
     """The loop of ``worker_loop``; returns why a full disk stopped it, or None."""
-    import optuna
-    import torch  # noqa: PLC0415 - loads Optuna or torch: only in a running worker
+    import torch  # noqa: PLC0415 - loads torch: only in a running worker
 
     from harness.run.tracked import tracked_run  # noqa: F401, PLC0415 - loads torch before a trial is claimed
 

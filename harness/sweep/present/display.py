@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import optuna
+from optuna.storages import BaseStorage
 from rich.console import Console
 from rich.table import Table
 
@@ -14,9 +16,6 @@ from harness.core.failures import count_reasons, reason_lines
 from harness.run.scaffold import clip_is_inert
 from harness.sweep.scheduler.spec import has_study_spec, load_study_spec
 from harness.sweep.scheduler.study import study_counts
-
-if TYPE_CHECKING:
-    from optuna.storages import BaseStorage
 
 
 def wide_console() -> Console:
@@ -121,8 +120,6 @@ def _seeds_text(seeds: list[int]) -> str:
 def print_status(storage: BaseStorage, study_name: str | None) -> None:
     """One row per study; below the table, each study's distinct failure reasons with counts
     (all of them for a named study, the three most frequent otherwise)."""
-    import optuna
-
     console = wide_console()
     summaries = optuna.get_all_study_summaries(storage, include_best_trial=False)
     names = [s.study_name for s in summaries]

@@ -12,8 +12,10 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import optuna
+from optuna.trial import TrialState
 from rich.table import Table
 
 from harness.core.failures import count_reasons, reason_lines, summary_lines
@@ -34,9 +36,6 @@ from harness.sweep.scheduler.study import (
 )
 from harness.sweep.scheduler.trials import SPENT_OUTCOMES
 from harness.tracking import Tracker
-
-if TYPE_CHECKING:
-    import optuna
 
 
 @dataclass(frozen=True)
@@ -159,8 +158,6 @@ def finish_search(
 ) -> Finished:
     """Print the best point (or the Pareto front) and the failures, log the best point on the
     parent run, write report.md."""
-    from optuna.trial import TrialState
-
     console = wide_console()
     tracker.flush()
     trials = study.get_trials(deepcopy=False)
@@ -236,8 +233,6 @@ def write_search_report(
 ) -> Path:
     """``report.md`` of a search: objectives, the best point(s) with the best point's seed
     spread, why trials failed, and every trial."""
-    from optuna.trial import TrialState
-
     ensure_results_dir(out_dir)
     assert spec.search is not None
 

@@ -33,11 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import optuna
 import typer
+from optuna.storages.journal import JournalFileBackend
 
 from harness.core.db import sqlalchemy_url
 from harness.core.redact import redact_url
 from harness.sweep.present.mlflow_view import VIEW_KEY
+from harness.sweep.stores.journal_lock import journal_lock
 from harness.sweep.stores.storage import JOURNAL_FILE
 from harness.tracking import default_tracking_uri
 
@@ -284,8 +287,7 @@ def serve_dashboard(host: str, port: int) -> None:
 
     A journal file path, ``sqlite:///PATH`` or ``postgresql://...`` (pinned to psycopg2).
     """
-    import optuna
-    import optuna_dashboard
+    import optuna_dashboard  # noqa: PLC0415 - may be absent (ui() checks find_spec): only the dashboard's process loads it
 
     url = os.environ.get(STORAGE_ENV, "")
     if not url:
@@ -294,10 +296,6 @@ def serve_dashboard(host: str, port: int) -> None:
     if "://" in url:
         storage = optuna.storages.RDBStorage(sqlalchemy_url(url))
     else:
-        from optuna.storages.journal import JournalFileBackend
-
-        from harness.sweep.stores.journal_lock import journal_lock  # noqa: PLC0415 - loads Optuna: only when the UI reads a journal
-
         backend = JournalFileBackend(os.path.abspath(url), lock_obj=journal_lock(url))
         storage = optuna.storages.JournalStorage(backend)
     optuna_dashboard.run_server(storage, host=host, port=port)

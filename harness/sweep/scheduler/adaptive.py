@@ -20,29 +20,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.trial import FrozenTrial, TrialState
 
 from harness.core.db import with_retries
 from harness.report.allocation import CellState, allocate
 from harness.sweep.scheduler.spec import StudySpec, trial_key
-
-if TYPE_CHECKING:
-    import optuna
-    from optuna.trial import FrozenTrial
+from harness.sweep.stores.optuna_adapter import storage_of, trial_id
 
 CANCELLED = "decided"  # the ``outcome`` of a held seed its cell's decision made unnecessary
 
 
 def is_cancelled(t: FrozenTrial) -> bool:
-    from optuna.trial import TrialState
-
     return bool(t.state == TrialState.PRUNED and t.user_attrs.get("outcome") == CANCELLED)
 
 
 def finished_scores(trials: list[Any], spec: StudySpec) -> dict[str, dict[int, float]]:
     """cell -> seed -> the metric of its finished trial (NaN: diverged)."""
-    from optuna.trial import TrialState
-
     out: dict[str, dict[int, float]] = {c: {} for c in spec.cells}
     for t in trials:
         key = trial_key(t)
@@ -119,11 +116,6 @@ def apply_allocation(
     cancellations (a test's way to kill the process exactly there); ``on_cancelled`` is told
     how many cancellations this call won (exactly one process wins each, so the counts of all
     processes add up to the study's cancelled seeds; a sweep's progress total shrinks by them)."""
-    from optuna.exceptions import UpdateFinishedTrialError
-    from optuna.trial import TrialState
-
-    from harness.sweep.stores.optuna_adapter import storage_of, trial_id  # noqa: PLC0415 - loads Optuna: a dry run does not
-
     trials = with_retries(lambda: study.get_trials(deepcopy=False))
     states = cell_states(trials, spec)
     if before_cancel is not None:
@@ -155,8 +147,6 @@ def apply_allocation(
 def incumbent(study: optuna.Study, spec: StudySpec) -> tuple[int, list[float]] | None:
     """A racing search's incumbent: the best COMPLETE trial by its first objective, with its
     per-seed values (NaN for a diverged seed); None before any trial completed."""
-    from optuna.trial import TrialState
-
     done = [
         t
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))

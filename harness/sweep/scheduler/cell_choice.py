@@ -5,16 +5,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
 
 from harness.config.experiment import ExperimentSpec, _fmt_value
 from harness.core.configtools import ConfigError, parse_override
 from harness.sweep.scheduler.results import load_study_data
 from harness.sweep.scheduler.spec import StudySpec
 from harness.sweep.scheduler.study import best_point
-
-if TYPE_CHECKING:
-    import optuna
 
 
 def _tokens(text: str) -> dict[str, str]:
@@ -60,8 +60,6 @@ def best_to_export(spec: StudySpec, study: optuna.Study) -> tuple[str, dict[str,
     """(label, overrides, header notes) of a study's best point: a grid's top cell by the
     report's ranking, a search's best trial; the notes give its uncertainty.  ConfigError when
     the study is not finished (a grid) or no run of it completed."""
-    from optuna.trial import TrialState
-
     trials = study.get_trials(deepcopy=False)
     name = study.study_name
     if spec.kind == "grid":

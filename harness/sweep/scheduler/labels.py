@@ -17,14 +17,15 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import optuna
+from optuna.distributions import CategoricalDistribution
 
 from harness.config.experiment import _fmt_value
 from harness.core.db import with_retries
 from harness.sweep.scheduler.spec import StudySpec
-
-if TYPE_CHECKING:
-    import optuna
+from harness.sweep.stores.optuna_adapter import frozen_trial, storage_of, trial_id
 
 
 def param_value(value: Any) -> str | int | float:
@@ -52,8 +53,6 @@ def cell_choice(spec: StudySpec, cell: str) -> dict[str, Any]:
 
 def trial_params(spec: StudySpec, cell: str, seed: int) -> dict[str, tuple[Any, Any]]:
     """Param name -> (value, distribution) for one (cell, seed) trial of a grid study."""
-    from optuna.distributions import CategoricalDistribution
-
     params: dict[str, tuple[Any, Any]] = {}
     choice = cell_choice(spec, cell)
     for axis, values in spec.axes.items():
@@ -68,8 +67,6 @@ def trial_params(spec: StudySpec, cell: str, seed: int) -> dict[str, tuple[Any, 
 
 def label_trial(study: optuna.Study, trial: Any, spec: StudySpec, cell: str, seed: int) -> None:
     """Record the trial's cell axes and seed as params (those it does not have yet)."""
-    from harness.sweep.stores.optuna_adapter import frozen_trial, storage_of, trial_id  # noqa: PLC0415 - loads Optuna: a dry run does not
-
     storage = storage_of(study)
     tid = trial_id(trial)
     have = with_retries(lambda: frozen_trial(study, trial)).params
@@ -100,8 +97,6 @@ def summary_from_attrs(user_attrs: dict[str, Any]) -> dict[str, float]:
 
 def name_objective(study: optuna.Study, metric: str) -> None:
     """Call the study's objective by the experiment's metric (not "Objective 0")."""
-    import optuna
-
     with warnings.catch_warnings():  # experimental since Optuna 3.2, stable in use since
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if study.metric_names != [metric]:

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
 
 from harness.report.studydata import RunData, StudyData
 from harness.sweep.scheduler.adaptive import is_cancelled
 from harness.sweep.scheduler.labels import summary_from_attrs
 from harness.sweep.scheduler.spec import load_study_spec
 from harness.tracking import Tracker
-
-if TYPE_CHECKING:
-    import optuna
-    from optuna.trial import FrozenTrial
 
 # Step metrics the report plots (one tracker query per run and key).
 HISTORY_KEYS = (
@@ -47,8 +46,6 @@ def _history(tracker: Tracker, run_id: str, steps: int) -> dict[str, list[float]
 def load_study_data(
     study: optuna.Study, tracker: Tracker | None, *, command: str = ""
 ) -> StudyData:
-    from optuna.trial import TrialState
-
     spec = load_study_spec(study)
     steps = spec.steps
     cells = list(spec.cells)

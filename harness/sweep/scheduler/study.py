@@ -15,9 +15,12 @@ import math
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+import optuna
+from optuna.storages import BaseStorage
+from optuna.trial import TrialState
 
 from harness.config.experiment import ExperimentSpec
 from harness.core.configtools import ConfigError, flatten
@@ -40,10 +43,6 @@ from harness.sweep.scheduler.spec import (
 )
 from harness.tracking import Tracker
 
-if TYPE_CHECKING:
-    import optuna
-    from optuna.storages import BaseStorage
-
 
 def open_study(
     exp: ExperimentSpec,
@@ -57,8 +56,6 @@ def open_study(
 ) -> tuple[Any, StudySpec]:
     """Create or load the study of ``exp`` (refusing a changed grid or search space), open its
     MLflow parent run (a resume reuses it) and store the study's ``StudySpec`` on it."""
-    import optuna
-
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     spec = StudySpec.from_experiment(
         exp,
@@ -149,8 +146,6 @@ def enqueue_missing(study: optuna.Study, spec: StudySpec) -> tuple[int, int]:
     'diverged' (a result; re-running would diverge again).  Trials that failed with an error or
     were interrupted are enqueued again.  A search study enqueues nothing (its workers ask the
     sampler) and counts its COMPLETE or PRUNED trials as finished."""
-    from optuna.trial import TrialState
-
     trials = with_retries(lambda: study.get_trials(deepcopy=False))
     if spec.kind == "search":
         return 0, sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
@@ -307,8 +302,6 @@ def search_seed_values(trial: Any) -> tuple[float, ...]:
 def search_front(study: optuna.Study, spec: StudySpec) -> list[Any]:
     """A search's best trials: the Pareto front with several objectives, else the one best
     trial; empty while no trial has completed."""
-    from optuna.trial import TrialState
-
     if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         return []
     return list(study.best_trials) if len(spec.objectives) > 1 else [study.best_trial]
@@ -338,8 +331,6 @@ def best_point(study: optuna.Study, spec: StudySpec) -> BestPoint | None:
             metric=spec.objectives[0][0],
             seed_values=search_seed_values(top),
         )
-    from optuna.trial import TrialState
-
     if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         return None
     # A grid's best cell is the report's: top of the ranking by the IQM of the metric, among

@@ -10,15 +10,16 @@ import os
 import socket
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
 
 from harness.core.db import with_retries
 from harness.sweep.scheduler.adaptive import apply_allocation, claim_order_avoiding, releasable
 from harness.sweep.scheduler.spec import StudySpec, trial_key
+from harness.sweep.stores.optuna_adapter import claim_waiting_trial, fail_stale_trials
 from harness.tracking import Tracker
-
-if TYPE_CHECKING:
-    import optuna
 
 
 def child_run_tags(
@@ -64,8 +65,6 @@ def end_orphaned_runs(tracker: Tracker, spec: StudySpec, study: str, earlier: li
 
 def ended_attempts(study: optuna.Study, current: Any, same: Callable[[Any], bool]) -> list[Any]:
     """Earlier trials of the same grid point (or the retried search point) that have ended."""
-    from optuna.trial import TrialState
-
     trials = with_retries(lambda: study.get_trials(deepcopy=False))
     alive = (TrialState.RUNNING, TrialState.WAITING)
     return [t for t in trials if t.number != current.number and t.state not in alive and same(t)]
@@ -81,8 +80,6 @@ def nanmean(xs: list[float]) -> float:
 
 
 def search_sampler(spec: StudySpec, worker_id: int) -> Any:
-    import optuna
-
     assert spec.search is not None
     # constant_liar: parallel workers do not all sample the same promising point.
     seed = spec.search.sampler_seed + worker_id
@@ -90,8 +87,6 @@ def search_sampler(spec: StudySpec, worker_id: int) -> Any:
 
 
 def search_pruner(name: str) -> Any:
-    import optuna
-
     if name == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=0)
     if name == "wilcoxon":
@@ -110,10 +105,6 @@ def next_trial(
     """The next trial this worker should run (None if there is none now), and how many trials
     are running elsewhere.  ``on_cancelled``: told how many held seeds of an adaptive grid this
     call cancelled."""
-    from optuna.trial import TrialState
-
-    from harness.sweep.stores.optuna_adapter import claim_waiting_trial, fail_stale_trials  # noqa: PLC0415 - loads Optuna: a dry run does not
-
     with_retries(lambda: fail_stale_trials(study))
     if spec.kind == "grid" and spec.adaptive is not None:
         # Counted before the allocation: a trial that ends in between is in the allocation, so
