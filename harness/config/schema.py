@@ -369,3 +369,14 @@ class RunConfig:
                         f"ppo.{name}.group_size {norm.group_size} must equal rollout.n_samples "
                         f"({self.rollout.n_samples}) or be left at 1"
                     )
+
+
+def clip_is_inert(cfg: RunConfig) -> bool:
+    """True when the configuration makes the policy ratio identically 1, so that eps_clip,
+    eps_clip_higher and c_clip cannot change anything (the peers' threads on clipping that does
+    nothing with one update per rollout: huggingface/trl#3120, volcengine/verl#791): a single
+    optimizer step per batch sees the weights that produced ℓp — the behaviour policy itself
+    when rollouts are fresh, or the recomputed proximal policy in decoupled mode."""
+    p = cfg.ppo
+    single_step = p.ppo_n_minibatches * p.ppo_epochs == 1
+    return single_step and (cfg.rollout.staleness == 0 or p.recomputes_proximal)

@@ -28,6 +28,7 @@ from typing import Unpack
 import torch
 
 from harness.config import RunConfig
+from harness.config.schema import clip_is_inert
 from harness.model.build import autocast_dtype as precision_dtype
 from harness.model.build import precision
 from harness.run.collect import Collected, Rollouts
@@ -36,7 +37,7 @@ from harness.run.dynamic_sampling import skipped_step_metrics as _skipped
 from harness.run.learner import Learner, Update
 from harness.run.policies import Policies
 from harness.run.sampler import Sampler, build_sampler
-from harness.run.scaffold import Hooks, Run, RunResult, clip_is_inert, execute
+from harness.run.scaffold import Hooks, Run, RunResult, execute
 
 
 def run(cfg: RunConfig, **hooks: Unpack[Hooks]) -> RunResult:

@@ -28,6 +28,7 @@ from typing import Any, TypedDict
 import torch
 
 from harness.config import RunConfig
+from harness.config.schema import clip_is_inert
 from harness.core.configtools import to_dict
 from harness.metrics import check_names
 from harness.metrics.passk import mean_pass_at_k
@@ -65,17 +66,6 @@ def params_finite(model: torch.nn.Module) -> bool:
     """All parameters finite, checked with one fused norm over every tensor (not one per tensor)."""
     norms = torch._foreach_norm([p.detach() for p in model.parameters()])
     return bool(torch.isfinite(torch.stack(norms)).all())
-
-
-def clip_is_inert(cfg: RunConfig) -> bool:
-    """True when the configuration makes the policy ratio identically 1, so that eps_clip,
-    eps_clip_higher and c_clip cannot change anything (the peers' threads on clipping that does
-    nothing with one update per rollout: huggingface/trl#3120, volcengine/verl#791): a single
-    optimizer step per batch sees the weights that produced ℓp — the behaviour policy itself
-    when rollouts are fresh, or the recomputed proximal policy in decoupled mode."""
-    p = cfg.ppo
-    single_step = p.ppo_n_minibatches * p.ppo_epochs == 1
-    return single_step and (cfg.rollout.staleness == 0 or p.recomputes_proximal)
 
 
 @dataclass

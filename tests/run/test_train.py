@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from harness.config import build_run_config
+from harness.config.schema import clip_is_inert
 from harness.metrics import OBJECTIVE_METRICS, OPTION_METRICS, STEP_METRICS
 from harness.run.loop import run
-from harness.run.scaffold import clip_is_inert
 from harness.run.tracked import tracked_run
 from harness.tracking import MemoryTracker
 from tests.support.tiny import TINY

@@ -8,10 +8,8 @@ import sys
 from pathlib import Path
 
 from harness import tracking
-from harness.cli.console import run_with_progress
 from harness.cli.options import fail
 from harness.config import load_run_config
-from harness.run.tracked import Terminated, interrupt_reason, signals_interrupt
 from harness.sweep.launching.launch_checks import check_devices
 from harness.sweep.stores.opening import check_store_urls
 from harness.tasks.base import RewardError
@@ -33,6 +31,11 @@ def run_one(
     check_store_urls(None, tracking_uri)
     tracking.probe_tracking_uri(tracking_uri)
     tracker = tracking.open_tracker(tracking_uri, results_dir)
+    # The training stack loads once the input is valid, so a bad --set answers in seconds,
+    # before transformers is imported.
+    from harness.cli.console import run_with_progress  # noqa: PLC0415 - loads the training stack: only for valid input
+    from harness.run.tracked import Terminated, interrupt_reason, signals_interrupt  # noqa: PLC0415 - loads the training stack: only for valid input
+
     try:
         # SIGTERM/SIGHUP as Ctrl-C: the run is closed KILLED with the reason, not left RUNNING.
         with signals_interrupt():

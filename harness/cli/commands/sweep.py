@@ -17,7 +17,6 @@ from harness.cli.options import command_line, say
 from harness.config.experiment import ExperimentSpec, load_experiment
 from harness.core.configtools import ConfigError, check_name
 from harness.core.fsutil import DiskFullError
-from harness.sweep.launching.driver import SweepOptions, sweep
 from harness.sweep.launching.launch import stop_grace_s
 from harness.sweep.launching.launch_checks import (
     check_devices,
@@ -76,6 +75,10 @@ def run_experiment(
     stop_grace_s()  # a bad HARNESS_STOP_GRACE_S is refused before any store is opened
     choice = launch_choice(*launcher, storage, tracking_uri)
     optuna_storage, tracker = open_stores(storage, tracking_uri, results_dir)
+    # The sweep's machinery (workers, finishing, the report) loads once the input is valid, so
+    # a bad file or flag answers in seconds, before transformers is imported.
+    from harness.sweep.launching.driver import SweepOptions, sweep  # noqa: PLC0415 - loads the training stack: only for valid input
+
     opts = SweepOptions(
         storage=storage,
         tracking_uri=tracking_uri,

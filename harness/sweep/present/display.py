@@ -11,9 +11,9 @@ from rich.table import Table
 
 from harness.config import apply_overrides, build_run_config
 from harness.config.experiment import ExperimentSpec
+from harness.config.schema import clip_is_inert
 from harness.core.configtools import ConfigError, flatten, to_dict
 from harness.core.failures import count_reasons, reason_lines
-from harness.run.scaffold import clip_is_inert
 from harness.sweep.scheduler.spec import has_study_spec, load_study_spec
 from harness.sweep.scheduler.study import study_counts
 
@@ -78,7 +78,7 @@ CLIP_SETTINGS = frozenset({"ppo.eps_clip", "ppo.eps_clip_higher", "ppo.c_clip"})
 def inert_clip_lines(spec: ExperimentSpec) -> list[str]:
     """What the grid's clipping cannot do, said before any run (the dry run and the sweep's
     first lines): the cells whose policy ratio is identically 1
-    (:func:`harness.run.scaffold.clip_is_inert`), and each such cell that differs from an
+    (:func:`harness.config.schema.clip_is_inert`), and each such cell that differs from an
     equally inert baseline only in clip settings, whose runs therefore repeat the baseline's
     seed for seed. Without this line such a cell reads as a measured "no effect of eps_clip"."""
     if spec.search is not None:
