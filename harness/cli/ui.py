@@ -28,9 +28,9 @@ def ui_cmd(
     results_dir: ResultsDir = Path("results"),
 ) -> None:
     """Print (or start) the MLflow UI and optuna-dashboard for this project's stores."""
-    from harness.cli.commands.ui import show_uis  # noqa: PLC0415 - a command's body loads when it runs
+    from harness.sweep.present.ui import ui  # noqa: PLC0415 - a command's body loads when it runs
 
-    show_uis(
+    ui(
         start=start,
         host=host,
         port=port,

@@ -41,6 +41,7 @@ from harness.core.db import sqlalchemy_url
 from harness.core.redact import redact_url
 from harness.sweep.present.mlflow_view import VIEW_KEY
 from harness.sweep.stores.journal_lock import journal_lock
+from harness.sweep.stores.opening import check_store_urls
 from harness.sweep.stores.storage import JOURNAL_FILE
 from harness.tracking import default_tracking_uri
 
@@ -134,7 +135,8 @@ def _servers(
 
 def ui(*, start: bool, **where: Any) -> None:
     """Print the two servers' commands (``where``: :func:`_servers`' arguments); with ``start``,
-    run them."""
+    run them. The store URLs are checked first (one line for a bad one)."""
+    check_store_urls(where["storage"], where["tracking_uri"])
     servers = _servers(**where)
     for s in servers:
         typer.echo(f"{s.name}: {s.shown()}")
