@@ -80,9 +80,9 @@ def test_what_the_engine_cannot_do_is_a_config_error(rollout, field):
 
 
 def test_without_the_engine_the_cli_names_the_extra_and_writes_nothing(tmp_path, monkeypatch):
-    import harness.model.engine_support as support
+    import harness.config.preflight as preflight
 
-    monkeypatch.setattr(support, "engine_installed", lambda: False)
+    monkeypatch.setattr(preflight, "engine_installed", lambda: False)
     out = tmp_path / "results"
     res = CliRunner().invoke(
         app,
