@@ -12,12 +12,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 from difflib import get_close_matches
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from harness.config.loading import resolve_alias
 from harness.config.schema import RunConfig
 from harness.core.configtools import check_name, meta
 from harness.metrics.stability import OBJECTIVE_KEYS
+
+if TYPE_CHECKING:
+    import optuna
 
 Direction = Literal["maximize", "minimize"]
 Pruner = Literal["median", "wilcoxon", "none"]
@@ -85,7 +88,7 @@ class SearchParam:
             if self.log:
                 raise ValueError("step: cannot be combined with log: true")
 
-    def suggest(self, trial: Any) -> Any:
+    def suggest(self, trial: optuna.Trial) -> Any:
         """Sample this field on an Optuna trial (the trial records it under ``path``)."""
         if self.type == "categorical":
             return trial.suggest_categorical(self.path, list(self.choices or ()))
@@ -108,7 +111,7 @@ class SearchSpec:
     pruner: str = "median"  # median | wilcoxon | none
     sampler_seed: int = 0
 
-    def suggest(self, trial: Any) -> dict[str, Any]:
+    def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
         return {p.path: p.suggest(trial) for p in self.params}
 
 

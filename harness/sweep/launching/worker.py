@@ -92,7 +92,7 @@ class _Trial:
     def __init__(
         self,
         study: optuna.Study,
-        trial: Any,
+        trial: optuna.Trial,
         spec: StudySpec,
         tracker: Tracker,
         opts: WorkerOptions,

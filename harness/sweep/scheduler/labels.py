@@ -65,7 +65,9 @@ def trial_params(spec: StudySpec, cell: str, seed: int) -> dict[str, tuple[Any, 
     return params
 
 
-def label_trial(study: optuna.Study, trial: Any, spec: StudySpec, cell: str, seed: int) -> None:
+def label_trial(
+    study: optuna.Study, trial: optuna.Trial, spec: StudySpec, cell: str, seed: int
+) -> None:
     """Record the trial's cell axes and seed as params (those it does not have yet)."""
     storage = storage_of(study)
     tid = trial_id(trial)

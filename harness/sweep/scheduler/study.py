@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import optuna
 from optuna.storages import BaseStorage
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from harness.config.experiment import ExperimentSpec
 from harness.core.configtools import ConfigError, flatten
@@ -292,7 +292,7 @@ def seed_spread(values: Any, interval: Any = None, *, what: str = "value") -> st
     )
 
 
-def search_seed_values(trial: Any) -> tuple[float, ...]:
+def search_seed_values(trial: FrozenTrial) -> tuple[float, ...]:
     """A search trial's per-seed values of its first objective (empty for trials recorded
     before these were kept)."""
     raw = trial.user_attrs.get("seed_values") or [[]]

@@ -5,7 +5,7 @@ written: URL schemes and SQLite paths without a connection, then remote servers 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness import tracking
 from harness.core.configtools import ConfigError
@@ -14,6 +14,10 @@ from harness.core.fsutil import ensure_results_dir
 from harness.core.redact import redact_url
 from harness.sweep.stores.storage import JOURNAL_FILE, make_storage
 from harness.tracking.probe import check_sqlite_path, check_tracking_scheme, probe_tracking_uri
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.storages import BaseStorage
 
 
 def check_store_urls(
@@ -83,7 +87,7 @@ def existing_storage(storage: str | None, results_dir: Path, study: str | None) 
         raise ConfigError(str(err).splitlines()[0]) from None
 
 
-def load_existing_study(name: str, storage: Any, missing: str) -> Any:
+def load_existing_study(name: str, storage: BaseStorage, missing: str) -> optuna.Study:
     """The study ``name`` in ``storage`` (a command that reads or joins a study: it never creates
     one), with Optuna's INFO lines quieted; ``missing`` is the ConfigError when there is none."""
     import optuna

@@ -32,6 +32,7 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages._heartbeat import BaseHeartbeat
+from optuna.storages.journal import BaseJournalBackend
 from optuna.trial import FrozenTrial, TrialState
 
 from harness.core.db import is_transient_db_error, outage_budget_s, short_reason, with_retries
@@ -55,7 +56,7 @@ def trial_id(trial: optuna.Trial | FrozenTrial) -> int:
     return int(trial._trial_id)
 
 
-def heartbeat_interval_of(storage: Any) -> int | None:
+def heartbeat_interval_of(storage: BaseStorage) -> int | None:
     """Seconds between beats if ``storage`` implements Optuna's heartbeat protocol, else None."""
     if not isinstance(storage, BaseHeartbeat):
         return None
@@ -75,7 +76,7 @@ class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
 
     def __init__(
         self,
-        log_storage: Any,
+        log_storage: BaseJournalBackend,
         *,
         heartbeat_interval: int,
         grace_period: int | None = None,
