@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from harness.core.configtools import checked, meta
+from harness.ppo.advantages import KLKind
 from harness.ppo.corrections import (
     PRESETS,
     Correction,
@@ -193,7 +194,7 @@ class PPOActorConfig:
             "KL-in-reward coefficient against a frozen reference copy (0 = no reference).", ge=0
         ),
     )
-    kl_estimator: Literal["k1", "k2", "k3"] = field(default="k1", metadata=_h("KL estimator."))
+    kl_estimator: KLKind = field(default="k1", metadata=_h("KL estimator."))
     discount: float = field(default=1.0, metadata=_h("GAE γ.", ge=0, le=1))
     gae_lambda: float = field(default=1.0, metadata=_h("GAE λ.", ge=0, le=1))
     reward_scaling: float = field(default=1.0, metadata=_h("R ← (R + bias)·scaling."))
