@@ -336,7 +336,7 @@ def test_grid_over_backend_and_correction_with_two_workers(tmp_path):
         ],
     )
     assert res.exit_code == 0, res.output
-    from tests.sweep.test_sweep import mlflow_runs, trials
+    from tests.support.study_reads import mlflow_runs, trials
 
     ts = trials(tmp_path, "engine-vs-fast")
     done = [t for t in ts if t.state.name == "COMPLETE"]

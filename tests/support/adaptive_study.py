@@ -97,3 +97,42 @@ def terminal_keys(study: Any) -> dict[tuple[str, int], list[str]]:
         key = (str(t.user_attrs["cell"]), int(t.user_attrs["seed"]))
         out.setdefault(key, []).append(t.state.name)
     return out
+
+
+# The python: reward module of the end-to-end tests: each cell's final/reward drawn from CELLS,
+# one value per run (`harness ablate` with a controlled metric).
+REWARDS = """
+import numpy as np
+import torch
+
+# cell -> (mean, sd) of final/reward over seeds: the same numbers as tests/support/adaptive_study.py.
+CELLS = {cells!r}
+
+
+def examples():
+    return [{{"prompt": f"{{i}}=", "answer": str(i)}} for i in range(40)]
+
+
+def _score(key):
+    # One value per run: the run's seed (torch.manual_seed(cfg.seed)) and the cell, so the
+    # cells are independent and every run of a cell and seed scores the same.
+    mean, sd = CELLS[key]
+    rng = np.random.default_rng([int(key * 1000), torch.initial_seed()])
+    return float(mean + sd * rng.standard_normal())
+
+
+def baseline(prompt, completion, answer):
+    return _score(0.2)
+
+
+def better(prompt, completion, answer):
+    return _score(0.1)
+
+
+def equivalent(prompt, completion, answer):
+    return _score(0.3)
+
+
+def slight(prompt, completion, answer):
+    return _score(0.25)
+"""

@@ -20,6 +20,7 @@ from tests.support.adaptive_study import (
     BETTER,
     EQUIVALENT,
     PLAN,
+    REWARDS,
     SLIGHT,
     drain,
     open_adaptive,
@@ -292,42 +293,6 @@ def test_the_report_says_per_cell_decided_or_undecided_and_the_savings(tmp_path:
 
 
 # -- end to end: `harness ablate` with a controlled metric ----------------------------------
-
-REWARDS = """
-import numpy as np
-import torch
-
-# cell -> (mean, sd) of final/reward over seeds: the same numbers as tests/support/adaptive_study.py.
-CELLS = {cells!r}
-
-
-def examples():
-    return [{{"prompt": f"{{i}}=", "answer": str(i)}} for i in range(40)]
-
-
-def _score(key):
-    # One value per run: the run's seed (torch.manual_seed(cfg.seed)) and the cell, so the
-    # cells are independent and every run of a cell and seed scores the same.
-    mean, sd = CELLS[key]
-    rng = np.random.default_rng([int(key * 1000), torch.initial_seed()])
-    return float(mean + sd * rng.standard_normal())
-
-
-def baseline(prompt, completion, answer):
-    return _score(0.2)
-
-
-def better(prompt, completion, answer):
-    return _score(0.1)
-
-
-def equivalent(prompt, completion, answer):
-    return _score(0.3)
-
-
-def slight(prompt, completion, answer):
-    return _score(0.25)
-"""
 
 
 @pytest.mark.slow

@@ -30,9 +30,8 @@ MAX = 7
 
 def _experiment(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     """The four-cell adaptive experiment whose final/reward the task's reward controls (the
-    module of tests/sweep/test_adaptive_seeds.py's end-to-end test); returns it and the cell labels."""
-    from tests.support.adaptive_study import CELLS
-    from tests.sweep.test_adaptive_seeds import REWARDS
+    reward module of tests/support/adaptive_study.py); returns it and the cell labels."""
+    from tests.support.adaptive_study import CELLS, REWARDS
 
     module = tmp_path / "rewards.py"
     module.write_text(REWARDS.format(cells=CELLS))

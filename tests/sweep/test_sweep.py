@@ -14,26 +14,10 @@ import yaml
 from typer.testing import CliRunner
 
 from harness.cli import app
+from tests.support.study_reads import mlflow_runs, trials
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "experiments" / "smoke.yaml"
-
-
-def trials(results: Path, study: str, storage: str | None = None):
-    import optuna
-
-    from harness.sweep.stores.storage import make_storage
-
-    st = make_storage(storage, results)
-    return optuna.load_study(study_name=study, storage=st).get_trials()
-
-
-def mlflow_runs(results: Path, experiment: str):
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{results / 'mlflow.db'}")
-    exp = client.get_experiment_by_name(experiment)
-    return client, client.search_runs([exp.experiment_id], max_results=1000)
 
 
 def write_exp(tmp_path: Path, **over) -> Path:

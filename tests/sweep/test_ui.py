@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import signal
 import socket
@@ -15,136 +14,22 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def get(url: str, body: dict | None = None) -> dict:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read())
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (from /proc), children first."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-@dataclass
-class Served:
-    proc: subprocess.Popen
-    mlflow: str
-    dashboard: str
-    lines: list[str]
-    results: Path
-
-    def output(self) -> str:
-        return "\n".join(self.lines)
-
-
-def start_ui(
-    results: Path, *extra: str, env: dict[str, str] | None = None, timeout: float = 150
-) -> Served:
-    """`harness ui --start` in the background; returns once both servers answer."""
-    port, dash = free_port(), free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "harness", "ui", "--start", "--port", str(port)]
-        + ["--dashboard-port", str(dash), "--results-dir", str(results), *extra],
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")))
-    reader.daemon = True
-    reader.start()
-    served = Served(proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{dash}", lines, results)
-    deadline = time.time() + timeout
-    while not any("Ctrl-C stops both" in line for line in lines):
-        if proc.poll() is not None or time.time() > deadline:
-            stop_ui(served)
-            raise AssertionError("harness ui did not start:\n" + served.output()[-3000:])
-        time.sleep(0.5)
-    return served
-
-
-def stop_ui(served: Served) -> None:
-    for pid in [served.proc.pid, *descendants(served.proc.pid)]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    served.proc.wait(timeout=10)
-
-
-@pytest.fixture(scope="module")
-def swept(tmp_path_factory) -> Path:
-    """The smoke grid (2 cells x 2 seeds), swept once for this module."""
-    results = tmp_path_factory.mktemp("ui") / "results"
-    r = CliRunner().invoke(
-        app,
-        ["ablate", "experiments/smoke.yaml", "--workers", "2", "--results-dir", str(results)],
-    )
-    assert r.exit_code == 0, r.output
-    return results
-
-
-@pytest.fixture(scope="module")
-def served(swept: Path) -> Iterator[Served]:
-    s = start_ui(swept)
-    try:
-        yield s
-    finally:
-        stop_ui(s)
+from tests.support.ui_servers import (
+    ROOT,
+    Served,
+    alive,
+    cmdline,
+    descendants,
+    get,
+    start_ui,
+    stop_ui,
+)
 
 
 def test_ui_prints_commands_bound_to_loopback(tmp_path):

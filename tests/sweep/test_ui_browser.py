@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cdp import Browser, find_chromium
-from tests.sweep.test_ui import Served, get, served, swept  # noqa: F401 - module fixtures
+from tests.support.ui_servers import Served, get
 
 CHROMIUM = find_chromium()
 pytestmark = [
