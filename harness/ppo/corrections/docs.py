@@ -39,128 +39,184 @@ def _fields(cls: type) -> list[str]:
     return lines
 
 
+# The page's opening: what a correction is, where it acts, its statistics.
+_INTRO = (
+    "# Training–inference mismatch corrections (`ppo.correction`)",
+    "",
+    "Generated from `harness/ppo/corrections/` (regenerate with "
+    "`python -m harness.ppo.corrections > docs/corrections.md`).",
+    "",
+    "A correction is one behaviour weight ρ and a list of rejection filters, evaluated inside "
+    "the loss per micro-batch from ℓθ (detached), ℓp (proximal), ℓb (the sampler's "
+    "log-probs) and A.  Every `ppo.policy_loss` multiplies its per-token loss, after its "
+    "own clip, by ρ and sums over the narrowed mask; the `loss_agg_mode` denominators keep "
+    "the dropped tokens (`denominator: pre`, AReaL/TRL/SkyRL) or lose them "
+    "(`denominator: post`, verl decoupled `rollout_rs`).  log w = ℓp − ℓb, or sg(ℓθ) − ℓb "
+    "under `bypass` / a filter's `reference: current`; a non-finite log w is 0 (w = 1).  "
+    "`ppo.rejection_sampling` and `ppo.behave_imp_weight_mode` are particular corrections "
+    "(ρ = w, or the geometric mean for sequence-level `ratio`, times one AReaL filter) and "
+    "cannot be combined with `ppo.correction`.  A preset name is a grid value "
+    "(`--set ppo.correction=token_tis`, `grid: {ppo.correction: [token_tis, icepop]}`).",
+    "",
+    "Statistics: `policy/correction_masked_frac`, `policy/correction_truncated_frac`, "
+    "`policy/correction_norm_factor`, and ρ as `policy/behave_weight_{min,mean,max}`, "
+    "`policy/behave_ess` (docs/metrics.md).",
+    "",
+)
+
+# The presets table's heading (its rows come from the declarations).
+_PRESET_TABLE_HEAD = (
+    "## Presets",
+    "",
+    "| `ppo.correction` | what | formula | block | matches exactly |",
+    "|---|---|---|---|---|",
+)
+
+# Refining a preset, corrections without the decoupled loss, the peers' settings as blocks.
+_BLOCKS_AND_PEERS = (
+    "",
+    "## A preset with some keys changed",
+    "",
+    "A block may start from a preset and override some of its keys: `ppo.correction: "
+    "{preset: token_tis, clip_max: 3}` is token_tis with C = 3.  On the command line and in "
+    "a grid, a key set after a preset name refines that preset (`--set "
+    "ppo.correction=token_tis --set ppo.correction.clip_max=3`; `grid: "
+    "{ppo.correction.clip_max: [2, 3]}` over a base with `ppo.correction: token_tis`); a "
+    "key set with no preset before it starts from the empty block (weight none).  A variant "
+    "may do the same (`geo: {ppo.correction: seq_tis, ppo.correction.weight: "
+    "sequence_geometric}`).  Whatever order the axes, a variant's keys or the `--set` flags "
+    "come in, a block is set before the keys inside it, so `ppo.correction.clip_max: [2, 3]` "
+    "beside a variant that sets `ppo.correction` refines that variant's block in every cell "
+    "rather than being replaced by it.  No "
+    "correction is `null` (YAML reads `none` as the word 'none', which names no preset).",
+    "",
+    "## Without the decoupled loss",
+    "",
+    "Every correction that reads ℓp (a weight, or a filter with `reference: proximal`) "
+    "makes the actor recompute ℓp, the learner's log-probs at the parameters that start "
+    "the update, even with `ppo.use_decoupled_loss: false`.  This is what TRL's "
+    "`GRPOTrainer` does with `vllm_importance_sampling_correction` "
+    "(`trl/trainer/grpo_trainer.py`, `_generate_and_score_completions` and `_compute_loss`): "
+    "it always computes `old_per_token_logps` with the training model, weighs each token by "
+    "ρ = exp(`old_per_token_logps` − `sampling_per_token_logps`) (truncated or masked to "
+    "its bounds), and clips the policy ratio against `old_per_token_logps`.  In the "
+    "harness's notation ℓp is that recompute, ℓb the sampler's log-probs, and the ratio is "
+    "π_θ/π_p — the decoupled loss's structure, so `use_decoupled_loss: true` next to such a "
+    "correction changes nothing further.  Without this, ℓp = ℓb and ρ = 1 everywhere: a "
+    "grid over corrections would give identical cells.  AReaL's own weightings "
+    "(`ppo.rejection_sampling`, `ppo.behave_imp_weight_mode`) keep AReaL's rule (they act "
+    "only under its decoupled loss) and are refused without it.  Model-free use of "
+    "`PPOActor` (the batch carries `current_logprobs`) passes ℓp as AReaL's `prox_logp` "
+    "key (predicting layout); without it such a correction is refused.  `bypass` reads "
+    "sg(ℓθ) instead and needs no recompute.",
+    "",
+    "## Other peer settings as blocks",
+    "",
+    "| peer setting | `ppo.correction` |",
+    "|---|---|",
+    "| TRL `token_truncate` [a, C] | `{weight: token, clip_min: a, clip_max: C}` |",
+    "| TRL `sequence_truncate` [a, C] | `{weight: sequence_product, clip_min: a, clip_max: C}` |",
+    '| verl `rollout_is=sequence`, `"lo_hi"` (sequence IcePop) | `{weight: sequence_product, '
+    "clip_min: lo, clip_max: hi, zero_outside: true, log_clamp: 20}` |",
+    "| verl `rollout_is_batch_normalize: true` | add `batch_normalize: true` (normalized "
+    "per micro-batch: equal to verl's with `ppo_n_minibatches: 1`) |",
+    '| verl `rollout_rs=token_k1`, `"lo_hi"` | `filters: [{level: token, metric: k1, lower: '
+    "log lo, upper: log hi}]`, `denominator: post` |",
+    "| verl `seq_{sum,mean,max}_k{2,3}` τ | `filters: [{level: sequence, metric: k2 or k3, "
+    "agg: sum/mean/max, upper: τ}]`, `denominator: post` |",
+    "| verl stacked `rollout_rs=a,b` | one filter per option (AND) |",
+    "| verl Geo-RS-Token-TIS | `{weight: token, clip_max: C, log_clamp: 20, filters: "
+    "[{level: sequence, metric: k1, agg: mean, ...}], denominator: post}` |",
+    "| verl `bypass_pg_is` (bypass, reinforce, sequence TIS 2.0) | preset `bypass_pg_is` "
+    "with `ppo.policy_loss: reinforce` |",
+    "| verl bypass + reinforce + `rollout_is=token`, threshold C | `ppo.policy_loss: "
+    "reinforce`, `{bypass: true, weight: token, clip_max: C, log_clamp: 20}` (the same "
+    "gradient as `ppo.policy_loss: cispo`, `ratio_max: C`, `correction: bypass`) |",
+    "| SkyRL outlier (low, high) | `sequential: true`, filters `{level: sequence, agg: max, "
+    "upper: high}`, `{level: sequence, agg: min, lower: low}` first |",
+    "| SkyRL token mask [low, high] | filter `{level: token, lower: low, upper: high}` |",
+    "| SkyRL geometric / product mask | filter `{level: sequence, agg: mean / sum, lower, "
+    "upper}` (after the above, `sequential: true`) |",
+    "| SkyRL sequence TIS C | `{weight: sequence_product, clip_max: C, log_clamp: 20}` "
+    "(`sequential: true` makes the product use the narrowed mask, as SkyRL) |",
+    "| TRL `off_policy_mask_threshold` δ | preset `opsm` with `upper: δ` |",
+    "| OpenRLHF `is_correction_level=seq`, `mask`, gating g, threshold [lo, hi] | "
+    "`{weight: token, filters: [{level: sequence, agg: mean, metric: ratio / "
+    "binary_kl_directed / tv, lower: lo, upper: hi}]}` (ratio: the geometric mean; a "
+    "divergence: the plain mean; OpenRLHF's is_filter_ratio then counts rows, "
+    "`policy/correction_masked_frac` tokens) |",
+    "| OpenRLHF `is_correction_mode=clip` [lo, hi] (token ratio only) | `{weight: token, "
+    "clip_min: lo, clip_max: hi}` |",
+    "| ROLL `token_filter.infer_diff_mask` [lo, hi] | `{filters: [{metric: prob_diff, "
+    "lower: lo, upper: hi}], denominator: post}` (preset `roll_infer_diff` is ±0.2) |",
+    "| ROLL `train_infer_correction.filters[]` {agg_type, ratio_low/high, diff_low/high} "
+    "| one filter per enabled check, `denominator: post`: `{level, agg, metric: ratio / "
+    "prob_diff, lower, upper}` with agg_type token → `level: token`, segment → `level: "
+    "segment, agg: mean`, geometric → `level: sequence, agg: mean`, sequence → `level: "
+    "sequence, agg: sum` (ROLL `roll/utils/train_infer_corrections.py`; its segment IS "
+    "weight has no counterpart).  A completion here is one run of tokens, so `level: "
+    "segment` is accepted in a run only after a token-level mask filter with "
+    "`sequential: true` (which ROLL does not have); on `ppo_actor_loss` / `PPOActor` "
+    "batches with gaps in the loss mask (multi-turn) each run is its own segment |",
+    "| AReaL `rejection_sampling` {level, action, metric, agg, lower, upper} | "
+    "`{weight: token (sequence_geometric for sequence ratio), filters: [{level, metric "
+    "(kl_kN → kN), direction: ref_behave, agg, lower, upper, action: mask / truncate}]}` |",
+    "",
+)
+
+# The segment level, after the field tables.
+_SEGMENTS = (
+    "### Segment level",
+    "",
+    "`level: segment` sits between token and sequence: a row's valid tokens are cut into "
+    "maximal runs of consecutive positions, and each run is judged by the `agg` of the "
+    "metric over its own tokens (for `ratio`, in log space: `mean` is the run's geometric "
+    "mean), broadcast to the run's tokens.  ROLL (alibaba/ROLL "
+    "`roll/utils/train_infer_corrections.py`, `_compute_all_granularity`, with the runs of "
+    "`roll/pipeline/agentic/utils.py` `compute_segment_masked_mean`) offers it as one "
+    "granularity of its train–infer filters, for multi-turn data where the environment's "
+    "tokens are masked out and each assistant turn is a run.  The harness's tasks produce "
+    "one completion per row, a single run, so on its own the level equals `sequence` with "
+    "the same `agg`; a run config is therefore refused unless a token-level mask filter "
+    "earlier in the list, under `sequential: true`, cuts the completion first (the runs "
+    "between its dropped tokens are then the segments).  `ppo_actor_loss` and `PPOActor` "
+    "batches whose loss mask has gaps take it as ROLL does.  With "
+    "`negative_advantage_only`, the sign of a run is that of its mean advantage.",
+    "",
+)
+
+# What `harness export` writes for a correction.
+_EXPORT = (
+    "## Export",
+    "",
+    "`harness export --to trl` writes `vllm_importance_sampling_{correction,mode,clip_min,"
+    "clip_max}` (TRL applies them only with a vLLM sampler) and `off_policy_mask_threshold`; "
+    "`--to verl` writes `algorithm.rollout_correction.*` (under `bypass`, also its "
+    "`loss_type`: `ppo_clip` for `ppo.policy_loss: ppo`, `reinforce` for "
+    "`ppo.policy_loss: reinforce`; verl's bypass mode runs no other loss).  Under "
+    "`ppo.policy_loss: vespo` TRL folds ρ into VESPO's sequence weight instead of "
+    "multiplying the loss by it: `ppo.vespo.behaviour_weight: fold` is that composition, "
+    "the default `multiply` is named in the TRL export as not TRL's.  What a target cannot "
+    "express is a `#` comment naming the field.  `trainer: trl` runs `opsm` (TRL's "
+    "`off_policy_mask_threshold`); any other correction is refused there in one line "
+    "(TRL's IS weights need a separate vLLM sampler).",
+)
+
+
 def markdown() -> str:
-    lines = [
-        "# Training–inference mismatch corrections (`ppo.correction`)",
-        "",
-        "Generated from `harness/ppo/corrections/` (regenerate with "
-        "`python -m harness.ppo.corrections > docs/corrections.md`).",
-        "",
-        "A correction is one behaviour weight ρ and a list of rejection filters, evaluated inside "
-        "the loss per micro-batch from ℓθ (detached), ℓp (proximal), ℓb (the sampler's "
-        "log-probs) and A.  Every `ppo.policy_loss` multiplies its per-token loss, after its "
-        "own clip, by ρ and sums over the narrowed mask; the `loss_agg_mode` denominators keep "
-        "the dropped tokens (`denominator: pre`, AReaL/TRL/SkyRL) or lose them "
-        "(`denominator: post`, verl decoupled `rollout_rs`).  log w = ℓp − ℓb, or sg(ℓθ) − ℓb "
-        "under `bypass` / a filter's `reference: current`; a non-finite log w is 0 (w = 1).  "
-        "`ppo.rejection_sampling` and `ppo.behave_imp_weight_mode` are particular corrections "
-        "(ρ = w, or the geometric mean for sequence-level `ratio`, times one AReaL filter) and "
-        "cannot be combined with `ppo.correction`.  A preset name is a grid value "
-        "(`--set ppo.correction=token_tis`, `grid: {ppo.correction: [token_tis, icepop]}`).",
-        "",
-        "Statistics: `policy/correction_masked_frac`, `policy/correction_truncated_frac`, "
-        "`policy/correction_norm_factor`, and ρ as `policy/behave_weight_{min,mean,max}`, "
-        "`policy/behave_ess` (docs/metrics.md).",
-        "",
-        "## Presets",
-        "",
-        "| `ppo.correction` | what | formula | block | matches exactly |",
-        "|---|---|---|---|---|",
-    ]
+    """docs/corrections.md: the prose above, the presets table from their declarations and the
+    field tables of :class:`Correction` and :class:`Filter` from their field metadata."""
+    rows = []
     for p in PRESETS.values():
         peers = "; ".join(f"{lib} {s}" for lib, s in p.peers.items())
         req = ", ".join(f"`ppo.{k}: {_shown(v)}`" for k, v in p.requires.items())
         what = p.summary + (f" (needs {req})" if req else "")
-        lines.append(f"| `{p.name}` | {what} | {p.formula} | `{_diff(p.correction)}` | {peers} |")
-    lines += [
-        "",
-        "## A preset with some keys changed",
-        "",
-        "A block may start from a preset and override some of its keys: `ppo.correction: "
-        "{preset: token_tis, clip_max: 3}` is token_tis with C = 3.  On the command line and in "
-        "a grid, a key set after a preset name refines that preset (`--set "
-        "ppo.correction=token_tis --set ppo.correction.clip_max=3`; `grid: "
-        "{ppo.correction.clip_max: [2, 3]}` over a base with `ppo.correction: token_tis`); a "
-        "key set with no preset before it starts from the empty block (weight none).  A variant "
-        "may do the same (`geo: {ppo.correction: seq_tis, ppo.correction.weight: "
-        "sequence_geometric}`).  Whatever order the axes, a variant's keys or the `--set` flags "
-        "come in, a block is set before the keys inside it, so `ppo.correction.clip_max: [2, 3]` "
-        "beside a variant that sets `ppo.correction` refines that variant's block in every cell "
-        "rather than being replaced by it.  No "
-        "correction is `null` (YAML reads `none` as the word 'none', which names no preset).",
-        "",
-        "## Without the decoupled loss",
-        "",
-        "Every correction that reads ℓp (a weight, or a filter with `reference: proximal`) "
-        "makes the actor recompute ℓp, the learner's log-probs at the parameters that start "
-        "the update, even with `ppo.use_decoupled_loss: false`.  This is what TRL's "
-        "`GRPOTrainer` does with `vllm_importance_sampling_correction` "
-        "(`trl/trainer/grpo_trainer.py`, `_generate_and_score_completions` and `_compute_loss`): "
-        "it always computes `old_per_token_logps` with the training model, weighs each token by "
-        "ρ = exp(`old_per_token_logps` − `sampling_per_token_logps`) (truncated or masked to "
-        "its bounds), and clips the policy ratio against `old_per_token_logps`.  In the "
-        "harness's notation ℓp is that recompute, ℓb the sampler's log-probs, and the ratio is "
-        "π_θ/π_p — the decoupled loss's structure, so `use_decoupled_loss: true` next to such a "
-        "correction changes nothing further.  Without this, ℓp = ℓb and ρ = 1 everywhere: a "
-        "grid over corrections would give identical cells.  AReaL's own weightings "
-        "(`ppo.rejection_sampling`, `ppo.behave_imp_weight_mode`) keep AReaL's rule (they act "
-        "only under its decoupled loss) and are refused without it.  Model-free use of "
-        "`PPOActor` (the batch carries `current_logprobs`) passes ℓp as AReaL's `prox_logp` "
-        "key (predicting layout); without it such a correction is refused.  `bypass` reads "
-        "sg(ℓθ) instead and needs no recompute.",
-        "",
-        "## Other peer settings as blocks",
-        "",
-        "| peer setting | `ppo.correction` |",
-        "|---|---|",
-        "| TRL `token_truncate` [a, C] | `{weight: token, clip_min: a, clip_max: C}` |",
-        "| TRL `sequence_truncate` [a, C] | `{weight: sequence_product, clip_min: a, clip_max: C}` |",
-        '| verl `rollout_is=sequence`, `"lo_hi"` (sequence IcePop) | `{weight: sequence_product, '
-        "clip_min: lo, clip_max: hi, zero_outside: true, log_clamp: 20}` |",
-        "| verl `rollout_is_batch_normalize: true` | add `batch_normalize: true` (normalized "
-        "per micro-batch: equal to verl's with `ppo_n_minibatches: 1`) |",
-        '| verl `rollout_rs=token_k1`, `"lo_hi"` | `filters: [{level: token, metric: k1, lower: '
-        "log lo, upper: log hi}]`, `denominator: post` |",
-        "| verl `seq_{sum,mean,max}_k{2,3}` τ | `filters: [{level: sequence, metric: k2 or k3, "
-        "agg: sum/mean/max, upper: τ}]`, `denominator: post` |",
-        "| verl stacked `rollout_rs=a,b` | one filter per option (AND) |",
-        "| verl Geo-RS-Token-TIS | `{weight: token, clip_max: C, log_clamp: 20, filters: "
-        "[{level: sequence, metric: k1, agg: mean, ...}], denominator: post}` |",
-        "| verl `bypass_pg_is` (bypass, reinforce, sequence TIS 2.0) | preset `bypass_pg_is` "
-        "with `ppo.policy_loss: reinforce` |",
-        "| verl bypass + reinforce + `rollout_is=token`, threshold C | `ppo.policy_loss: "
-        "reinforce`, `{bypass: true, weight: token, clip_max: C, log_clamp: 20}` (the same "
-        "gradient as `ppo.policy_loss: cispo`, `ratio_max: C`, `correction: bypass`) |",
-        "| SkyRL outlier (low, high) | `sequential: true`, filters `{level: sequence, agg: max, "
-        "upper: high}`, `{level: sequence, agg: min, lower: low}` first |",
-        "| SkyRL token mask [low, high] | filter `{level: token, lower: low, upper: high}` |",
-        "| SkyRL geometric / product mask | filter `{level: sequence, agg: mean / sum, lower, "
-        "upper}` (after the above, `sequential: true`) |",
-        "| SkyRL sequence TIS C | `{weight: sequence_product, clip_max: C, log_clamp: 20}` "
-        "(`sequential: true` makes the product use the narrowed mask, as SkyRL) |",
-        "| TRL `off_policy_mask_threshold` δ | preset `opsm` with `upper: δ` |",
-        "| OpenRLHF `is_correction_level=seq`, `mask`, gating g, threshold [lo, hi] | "
-        "`{weight: token, filters: [{level: sequence, agg: mean, metric: ratio / "
-        "binary_kl_directed / tv, lower: lo, upper: hi}]}` (ratio: the geometric mean; a "
-        "divergence: the plain mean; OpenRLHF's is_filter_ratio then counts rows, "
-        "`policy/correction_masked_frac` tokens) |",
-        "| OpenRLHF `is_correction_mode=clip` [lo, hi] (token ratio only) | `{weight: token, "
-        "clip_min: lo, clip_max: hi}` |",
-        "| ROLL `token_filter.infer_diff_mask` [lo, hi] | `{filters: [{metric: prob_diff, "
-        "lower: lo, upper: hi}], denominator: post}` (preset `roll_infer_diff` is ±0.2) |",
-        "| ROLL `train_infer_correction.filters[]` {agg_type, ratio_low/high, diff_low/high} "
-        "| one filter per enabled check, `denominator: post`: `{level, agg, metric: ratio / "
-        "prob_diff, lower, upper}` with agg_type token → `level: token`, segment → `level: "
-        "segment, agg: mean`, geometric → `level: sequence, agg: mean`, sequence → `level: "
-        "sequence, agg: sum` (ROLL `roll/utils/train_infer_corrections.py`; its segment IS "
-        "weight has no counterpart).  A completion here is one run of tokens, so `level: "
-        "segment` is accepted in a run only after a token-level mask filter with "
-        "`sequential: true` (which ROLL does not have); on `ppo_actor_loss` / `PPOActor` "
-        "batches with gaps in the loss mask (multi-turn) each run is its own segment |",
-        "| AReaL `rejection_sampling` {level, action, metric, agg, lower, upper} | "
-        "`{weight: token (sequence_geometric for sequence ratio), filters: [{level, metric "
-        "(kl_kN → kN), direction: ref_behave, agg, lower, upper, action: mask / truncate}]}` |",
-        "",
+        rows.append(f"| `{p.name}` | {what} | {p.formula} | `{_diff(p.correction)}` | {peers} |")
+    lines = [
+        *_INTRO,
+        *_PRESET_TABLE_HEAD,
+        *rows,
+        *_BLOCKS_AND_PEERS,
         "## The block",
         "",
         *_fields(Correction),
@@ -169,35 +225,7 @@ def markdown() -> str:
         "",
         *_fields(Filter),
         "",
-        "### Segment level",
-        "",
-        "`level: segment` sits between token and sequence: a row's valid tokens are cut into "
-        "maximal runs of consecutive positions, and each run is judged by the `agg` of the "
-        "metric over its own tokens (for `ratio`, in log space: `mean` is the run's geometric "
-        "mean), broadcast to the run's tokens.  ROLL (alibaba/ROLL "
-        "`roll/utils/train_infer_corrections.py`, `_compute_all_granularity`, with the runs of "
-        "`roll/pipeline/agentic/utils.py` `compute_segment_masked_mean`) offers it as one "
-        "granularity of its train–infer filters, for multi-turn data where the environment's "
-        "tokens are masked out and each assistant turn is a run.  The harness's tasks produce "
-        "one completion per row, a single run, so on its own the level equals `sequence` with "
-        "the same `agg`; a run config is therefore refused unless a token-level mask filter "
-        "earlier in the list, under `sequential: true`, cuts the completion first (the runs "
-        "between its dropped tokens are then the segments).  `ppo_actor_loss` and `PPOActor` "
-        "batches whose loss mask has gaps take it as ROLL does.  With "
-        "`negative_advantage_only`, the sign of a run is that of its mean advantage.",
-        "",
-        "## Export",
-        "",
-        "`harness export --to trl` writes `vllm_importance_sampling_{correction,mode,clip_min,"
-        "clip_max}` (TRL applies them only with a vLLM sampler) and `off_policy_mask_threshold`; "
-        "`--to verl` writes `algorithm.rollout_correction.*` (under `bypass`, also its "
-        "`loss_type`: `ppo_clip` for `ppo.policy_loss: ppo`, `reinforce` for "
-        "`ppo.policy_loss: reinforce`; verl's bypass mode runs no other loss).  Under "
-        "`ppo.policy_loss: vespo` TRL folds ρ into VESPO's sequence weight instead of "
-        "multiplying the loss by it: `ppo.vespo.behaviour_weight: fold` is that composition, "
-        "the default `multiply` is named in the TRL export as not TRL's.  What a target cannot "
-        "express is a `#` comment naming the field.  `trainer: trl` runs `opsm` (TRL's "
-        "`off_policy_mask_threshold`); any other correction is refused there in one line "
-        "(TRL's IS weights need a separate vLLM sampler).",
+        *_SEGMENTS,
+        *_EXPORT,
     ]
     return "\n".join(lines) + "\n"
