@@ -229,8 +229,10 @@ def _verl_stability(cfg: RunConfig) -> tuple[list[tuple[str, Any]], list[str]]:
     return kv, notes
 
 
-def export_verl(cfg: RunConfig) -> str:
-    p, r, o, m = cfg.ppo, cfg.rollout, cfg.optim, cfg.model_options
+def _verl_loss(cfg: RunConfig) -> tuple[list[tuple[str, Any]], list[str]]:
+    """The advantage estimator, the clip ratios, the objective's own keys, the loss aggregation and
+    the stability options."""
+    p = cfg.ppo
     A = "actor_rollout_ref.actor"
     kv: list[tuple[str, Any]] = []
     notes: list[str] = []
@@ -267,6 +269,15 @@ def export_verl(cfg: RunConfig) -> str:
     stab_kv, stab_notes = _verl_stability(cfg)
     kv += stab_kv
     notes += stab_notes
+    return kv, notes
+
+
+def _verl_optim(cfg: RunConfig) -> tuple[list[tuple[str, Any]], list[str]]:
+    """Mini-batches, epochs, entropy and the optimizer with its schedule."""
+    p, r, o = cfg.ppo, cfg.rollout, cfg.optim
+    A = "actor_rollout_ref.actor"
+    kv: list[tuple[str, Any]] = []
+    notes: list[str] = []
     if r.prompts_per_step % p.ppo_n_minibatches:
         notes.append(
             f"# ppo.ppo_n_minibatches={p.ppo_n_minibatches}: verl's mini-batches count prompts "
@@ -298,6 +309,14 @@ def export_verl(cfg: RunConfig) -> str:
             f"# optim.schedule={o.schedule}: verl's FSDP optimizer has warmup_style constant or "
             "cosine only (no linear decay); not mapped"
         )
+    return kv, notes
+
+
+def _verl_model(cfg: RunConfig) -> tuple[list[tuple[str, Any]], list[str]]:
+    """Gradient checkpointing, LoRA and the sampler's and learner's precision."""
+    r, m = cfg.rollout, cfg.model_options
+    kv: list[tuple[str, Any]] = []
+    notes: list[str] = []
     kv.append(("actor_rollout_ref.model.enable_gradient_checkpointing", m.gradient_checkpointing))
     if m.lora is not None:
         kv += [
@@ -326,6 +345,14 @@ def export_verl(cfg: RunConfig) -> str:
             "float32 set its fsdp_config mixed_precision param_dtype to fp32 (where that key "
             "lives differs between verl versions)"
         )
+    return kv, notes
+
+
+def _verl_data(cfg: RunConfig) -> tuple[list[tuple[str, Any]], list[str]]:
+    """Batch, lengths, sampling, the return's discount and the KL penalty, and the critic."""
+    p, r = cfg.ppo, cfg.rollout
+    kv: list[tuple[str, Any]] = []
+    notes: list[str] = []
     kv += [
         ("data.train_batch_size", r.prompts_per_step),
         ("data.max_response_length", r.max_new_tokens),
@@ -348,6 +375,14 @@ def export_verl(cfg: RunConfig) -> str:
             kv.append(("critic.cliprange_value", cfg.critic.value_clip))
     if r.staleness:
         notes.append("# rollout.staleness: verl's main trainer is synchronous (no lagged policy)")
+    return kv, notes
+
+
+def _verl_correction(cfg: RunConfig) -> tuple[list[tuple[str, Any]], list[str]]:
+    """The mismatch correction (verl's ``algorithm.rollout_correction``) and what verl lacks."""
+    p = cfg.ppo
+    kv: list[tuple[str, Any]] = []
+    notes: list[str] = []
     if p.correction is not None:
         ckv, problems = verl_settings(resolve(p.correction), p.policy_loss)
         kv += [
@@ -367,6 +402,16 @@ def export_verl(cfg: RunConfig) -> str:
         )
     if (p.reward_scaling, p.reward_bias) != (1.0, 0.0):
         notes.append("# ppo.reward_scaling / reward_bias: verl has no reward shaping option")
+    return kv, notes
+
+
+def export_verl(cfg: RunConfig) -> str:
+    kv: list[tuple[str, Any]] = []
+    notes: list[str] = []
+    for section in (_verl_loss, _verl_optim, _verl_model, _verl_data, _verl_correction):
+        more_kv, more_notes = section(cfg)
+        kv += more_kv
+        notes += more_notes
     where = {"actor_rollout_ref.model.target_modules": "model_options.lora.target_modules"}
     out = [_override(k, _typed(v), where.get(k, k)) for k, v in kv]
     notes.insert(0, f"# verl {VERL_VERSION} overrides (keys and loss semantics of that release)")
