@@ -16,24 +16,29 @@ if TYPE_CHECKING:
     from harness.config import RunConfig
 
 
-def export_areal(cfg: RunConfig) -> str:
+def _areal_norm(n: Any, name: str, n_samples: int, notes: list[str]) -> Any:
+    """A harness NormConfig as AReaL's: its group size is the cell's n_samples (AReaL's own field
+    defaults to 1: groups of one sample, i.e. no group normalization at all)."""
+    d = to_dict(n)
+    if isinstance(d, dict):
+        d["group_size"] = n_samples
+        # AReaL's NormConfig always divides by a std (or nothing): MaxRL's mean divisor is
+        # named in a comment, not written as a key AReaL would refuse.
+        if d.pop("divide_by", "std") == "mean":
+            notes.append(
+                f"# ppo.{name}.divide_by=mean: AReaL's NormConfig has no mean divisor "
+                "(MaxRL); written without it, i.e. centred and not divided"
+            )
+    return d
+
+
+def _areal_actor(cfg: RunConfig) -> tuple[dict[str, Any], list[str]]:
+    """AReaL's ``actor:`` block for the settings it shares with the harness, LoRA included."""
     p, r, o, m = cfg.ppo, cfg.rollout, cfg.optim, cfg.model_options
     notes: list[str] = []
 
     def norm(n: Any, name: str) -> Any:
-        # AReaL's NormConfig takes the group size from its own field (default 1: groups of one
-        # sample, i.e. no group normalization at all): the cell's group is n_samples.
-        d = to_dict(n)
-        if isinstance(d, dict):
-            d["group_size"] = r.n_samples
-            # AReaL's NormConfig always divides by a std (or nothing): MaxRL's mean divisor is
-            # named in a comment, not written as a key AReaL would refuse.
-            if d.pop("divide_by", "std") == "mean":
-                notes.append(
-                    f"# ppo.{name}.divide_by=mean: AReaL's NormConfig has no mean divisor "
-                    "(MaxRL); written without it, i.e. centred and not divided"
-                )
-        return d
+        return _areal_norm(n, name, r.n_samples, notes)
 
     actor: dict[str, Any] = {
         "group_size": r.n_samples,
@@ -83,6 +88,15 @@ def export_areal(cfg: RunConfig) -> str:
             notes.append(
                 f"# model_options.lora.dropout={m.lora.dropout}: AReaL's LoRA has no dropout option"
             )
+    return actor, notes
+
+
+def _areal_rest(cfg: RunConfig, actor: dict[str, Any]) -> list[str]:
+    """What AReaL spells differently or lacks: precision, the sampler, corrections and
+    rejection sampling, warmup, epochs, aggregation, the objective, entropy, stability, critic
+    (the actor options it does have are added to ``actor``)."""
+    p, o, m = cfg.ppo, cfg.optim, cfg.model_options
+    notes: list[str] = []
     if m.dtype == "bfloat16":
         notes.append(
             "# model_options.dtype=bfloat16: approximate; AReaL's actor.dtype is the parameter "
@@ -124,6 +138,13 @@ def export_areal(cfg: RunConfig) -> str:
     notes += _areal_stability(cfg, actor)
     if cfg.critic.enabled:
         notes.append("# critic.*: AReaL configures a critic as its own `critic:` engine block")
+    return notes
+
+
+def export_areal(cfg: RunConfig) -> str:
+    r, p = cfg.rollout, cfg.ppo
+    actor, notes = _areal_actor(cfg)
+    notes += _areal_rest(cfg, actor)
     doc: dict[str, Any] = {
         "actor": actor,
         "gconfig": {
