@@ -390,8 +390,8 @@ def _vespo_composition_problems(p: Any, kw: dict[str, Any]) -> list[tuple[str, s
     return out
 
 
-def trl_problems(cfg: Any) -> list[tuple[str, str]]:
-    """Every option of ``cfg`` that TRL's GRPOTrainer cannot express, as (field, reason)."""
+def _algorithm_problems(cfg: Any) -> list[tuple[str, str]]:
+    """The critic, a lagged or proximal policy, behaviour weights and the correction."""
     p, r = cfg.ppo, cfg.rollout
     out: list[tuple[str, str]] = []
     if cfg.critic.enabled:
@@ -410,8 +410,14 @@ def trl_problems(cfg: Any) -> list[tuple[str, str]]:
     if p.behave_imp_weight_mode != "disabled" or p.rejection_sampling is not None:
         field = "behave_imp_weight_mode" if p.rejection_sampling is None else "rejection_sampling"
         out.append((f"ppo.{field}", "behaviour weights need a separate vLLM sampler in TRL"))
-    engine = _uses_engine(cfg)
-    out += _correction_problems(p, engine)
+    out += _correction_problems(p, _uses_engine(cfg))
+    return out
+
+
+def _normalization_problems(cfg: Any) -> list[tuple[str, str]]:
+    """Advantage and reward normalization TRL's scale_rewards cannot express."""
+    p = cfg.ppo
+    out: list[tuple[str, str]] = []
     if p.adv_norm is not None:
         out.append(("ppo.adv_norm", "TRL has no token-level advantage normalization; set null"))
     n = p.reward_norm
@@ -434,6 +440,13 @@ def trl_problems(cfg: Any) -> list[tuple[str, str]]:
         out.append(("ppo.reward_norm.mean_leave1out", "TRL has no leave-one-out mean"))
     elif n.std_level is not None and not n.std_unbiased:
         out.append(("ppo.reward_norm.std_unbiased", "TRL's std is always Bessel-corrected"))
+    return out
+
+
+def _loss_problems(cfg: Any) -> list[tuple[str, str]]:
+    """The KL, the return, the clip, the loss aggregation, truncation, filtering and the objective."""
+    p, r = cfg.ppo, cfg.rollout
+    out: list[tuple[str, str]] = []
     if p.kl_ctl > 0:
         out.append(
             (
@@ -465,6 +478,14 @@ def trl_problems(cfg: Any) -> list[tuple[str, str]]:
     if r.zero_variance_filter:
         out.append(("rollout.zero_variance_filter", "GRPOTrainer has no zero-variance filter"))
     out += _objective_problems(cfg)
+    return out
+
+
+def _rollout_problems(cfg: Any) -> list[tuple[str, str]]:
+    """Prompts, the chat template, the sampler and the batch shape."""
+    p, r = cfg.ppo, cfg.rollout
+    engine = _uses_engine(cfg)
+    out: list[tuple[str, str]] = []
     if getattr(r, "max_prompt_tokens", None) is not None:
         out.append(
             ("rollout.max_prompt_tokens", "TRL 1.16's GRPOTrainer does not truncate prompts")
@@ -512,6 +533,16 @@ def trl_problems(cfg: Any) -> list[tuple[str, str]]:
             )
         )
     return out
+
+
+def trl_problems(cfg: Any) -> list[tuple[str, str]]:
+    """Every option of ``cfg`` that TRL's GRPOTrainer cannot express, as (field, reason)."""
+    return [
+        *_algorithm_problems(cfg),
+        *_normalization_problems(cfg),
+        *_loss_problems(cfg),
+        *_rollout_problems(cfg),
+    ]
 
 
 def approximations(cfg: Any) -> list[str]:
