@@ -165,6 +165,37 @@ class PPOActor:
         group_sizes = batch.get("group_sizes") or None
         batch["group_ids"] = group_ids_from_sizes(group_sizes, B, m.device)
 
+        old = self._log_prob_roles(batch, m)
+        rewards = _sequence_rewards(cfg, batch, group_sizes, truncated)
+        kl, kl_rewards, token_rewards = _token_rewards(cfg, batch, m, old, rewards)
+
+        values = batch.get("values")
+        values = values.float() * mf if values is not None else torch.zeros_like(mf)
+        advantages, returns = gae(
+            token_rewards,
+            values,
+            m,
+            gamma=cfg.discount,
+            lam=cfg.gae_lambda,
+            bootstrap=truncated
+            if (truncated is not None and batch.get("values") is not None)
+            else None,
+        )
+        if cfg.adv_norm is not None:
+            advantages = normalize(advantages, cfg.adv_norm, m, group_sizes=group_sizes)
+        batch["advantages"] = advantages * mf
+        batch["returns"] = returns
+        batch["kl"] = kl
+        batch["kl_rewards"] = kl_rewards
+        batch["token_rewards"] = token_rewards
+        return batch
+
+    def _log_prob_roles(self, batch: dict[str, Any], m: torch.Tensor) -> torch.Tensor:
+        """Set the batch's ``mask``, ``old_logprobs`` and ``prox_logprobs`` (predicting layout)
+        and return the old log-probs."""
+        cfg = self.config
+        loss_mask = batch["loss_mask"]
+        mf = m.float()
         # Old (behaviour, or recomputed) and proximal log-probs, predicting layout
         # (docs/ppo-semantics.md "Log-probability roles").  A correction weighing π_prox
         # against the sampler recomputes π_prox even without use_decoupled_loss, as TRL's
@@ -222,60 +253,7 @@ class PPOActor:
         batch["mask"] = m
         batch["old_logprobs"] = old
         batch["prox_logprobs"] = prox
-
-        # Sequence rewards: scale/clip, then normalize (per sequence, groups = a prompt's samples).
-        rewards = shape_rewards(
-            batch["rewards"].float(),
-            scaling=cfg.reward_scaling,
-            bias=cfg.reward_bias,
-            clip=cfg.reward_clip,
-        )
-        if cfg.reward_norm is not None:
-            rewards = normalize(rewards, cfg.reward_norm, group_sizes=group_sizes)
-        if cfg.truncated_completions == "zero_reward" and truncated is not None:
-            # AReaL mask_no_eos_with_zero: the normalized reward, tokens stay in the loss
-            rewards = torch.where(truncated.bool(), torch.zeros_like(rewards), rewards)
-        batch["normalized_rewards"] = rewards
-
-        # Per-token rewards: −kl_ctl·KL to the reference, plus R at the last generated token.
-        # With no reference model there is no KL term at all (AReaL would turn −kl_ctl·ℓ_old
-        # into a surprisal bonus): docs/ppo-semantics.md, "Q1: a KL coefficient without a
-        # reference model".
-        if cfg.kl_ctl > 0 and batch.get("ref_logprobs") is not None:
-            ref = roll_left(batch["ref_logprobs"].float()) * mf
-            kl = kl_estimate(old, ref, cfg.kl_estimator) * mf
-            kl_rewards = -cfg.kl_ctl * kl
-        else:
-            kl = torch.zeros_like(mf)
-            kl_rewards = torch.zeros_like(mf)
-        T = m.shape[1]
-        pos = torch.arange(T, device=m.device).expand(B, T)
-        last = torch.where(m, pos, -1).max(dim=1).values  # position predicting the last token
-        token_rewards = kl_rewards.clone()
-        has_tokens = last >= 0
-        rows = torch.arange(B, device=m.device)[has_tokens]
-        token_rewards[rows, last[has_tokens]] += rewards[has_tokens]
-
-        values = batch.get("values")
-        values = values.float() * mf if values is not None else torch.zeros_like(mf)
-        advantages, returns = gae(
-            token_rewards,
-            values,
-            m,
-            gamma=cfg.discount,
-            lam=cfg.gae_lambda,
-            bootstrap=truncated
-            if (truncated is not None and batch.get("values") is not None)
-            else None,
-        )
-        if cfg.adv_norm is not None:
-            advantages = normalize(advantages, cfg.adv_norm, m, group_sizes=group_sizes)
-        batch["advantages"] = advantages * mf
-        batch["returns"] = returns
-        batch["kl"] = kl
-        batch["kl_rewards"] = kl_rewards
-        batch["token_rewards"] = token_rewards
-        return batch
+        return old
 
     @staticmethod
     def _proximal_versions(batch: dict[str, Any], m: torch.Tensor) -> torch.Tensor:
@@ -579,3 +557,57 @@ class _StatsAccumulator:
                 }
             )
         return out
+
+
+def _sequence_rewards(
+    cfg: PPOActorConfig,
+    batch: dict[str, Any],
+    group_sizes: list[int] | None,
+    truncated: torch.Tensor | None,
+) -> torch.Tensor:
+    """Sequence rewards: scale/clip, then normalize (per sequence, groups = a prompt's
+    samples); stored as ``normalized_rewards``."""
+    rewards = shape_rewards(
+        batch["rewards"].float(),
+        scaling=cfg.reward_scaling,
+        bias=cfg.reward_bias,
+        clip=cfg.reward_clip,
+    )
+    if cfg.reward_norm is not None:
+        rewards = normalize(rewards, cfg.reward_norm, group_sizes=group_sizes)
+    if cfg.truncated_completions == "zero_reward" and truncated is not None:
+        # AReaL mask_no_eos_with_zero: the normalized reward, tokens stay in the loss
+        rewards = torch.where(truncated.bool(), torch.zeros_like(rewards), rewards)
+    batch["normalized_rewards"] = rewards
+    return rewards
+
+
+def _token_rewards(
+    cfg: PPOActorConfig,
+    batch: dict[str, Any],
+    m: torch.Tensor,
+    old: torch.Tensor,
+    rewards: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(KL, KL rewards, token rewards): −kl_ctl·KL to the reference per token, plus R at the
+    last generated token."""
+    mf = m.float()
+    B = m.shape[0]
+    # With no reference model there is no KL term at all (AReaL would turn −kl_ctl·ℓ_old
+    # into a surprisal bonus): docs/ppo-semantics.md, "Q1: a KL coefficient without a
+    # reference model".
+    if cfg.kl_ctl > 0 and batch.get("ref_logprobs") is not None:
+        ref = roll_left(batch["ref_logprobs"].float()) * mf
+        kl = kl_estimate(old, ref, cfg.kl_estimator) * mf
+        kl_rewards = -cfg.kl_ctl * kl
+    else:
+        kl = torch.zeros_like(mf)
+        kl_rewards = torch.zeros_like(mf)
+    T = m.shape[1]
+    pos = torch.arange(T, device=m.device).expand(B, T)
+    last = torch.where(m, pos, -1).max(dim=1).values  # position predicting the last token
+    token_rewards = kl_rewards.clone()
+    has_tokens = last >= 0
+    rows = torch.arange(B, device=m.device)[has_tokens]
+    token_rewards[rows, last[has_tokens]] += rewards[has_tokens]
+    return kl, kl_rewards, token_rewards
