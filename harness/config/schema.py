@@ -371,6 +371,14 @@ class RunConfig:
                     )
 
 
+# Why clipping cannot act when ``clip_is_inert`` holds, and what makes it act: the run's
+# warning and the dry run's note say it in the same words.
+INERT_CLIP_WHY = (
+    "one optimizer step per batch on fresh or recomputed log-probs: the ratio is identically 1"
+)
+INERT_CLIP_FIX = "use ppo_n_minibatches > 1, ppo_epochs > 1 or staleness"
+
+
 def clip_is_inert(cfg: RunConfig) -> bool:
     """True when the configuration makes the policy ratio identically 1, so that eps_clip,
     eps_clip_higher and c_clip cannot change anything (the peers' threads on clipping that does

@@ -28,7 +28,7 @@ from typing import Unpack
 import torch
 
 from harness.config import RunConfig
-from harness.config.schema import clip_is_inert
+from harness.config.schema import INERT_CLIP_FIX, INERT_CLIP_WHY, clip_is_inert
 from harness.model.build import autocast_dtype as precision_dtype
 from harness.model.build import precision
 from harness.run.collect import Collected, Rollouts
@@ -156,9 +156,8 @@ def step_metrics(
 def _warn_if_clip_inert(cfg: RunConfig) -> None:
     if clip_is_inert(cfg):
         warnings.warn(
-            "clipping is inert in this configuration (one optimizer step per batch on fresh or "
-            "recomputed log-probs: the ratio is identically 1), so eps_clip, eps_clip_higher and "
-            "c_clip cannot change the run; use ppo_n_minibatches > 1, ppo_epochs > 1 or staleness",
+            f"clipping is inert in this configuration ({INERT_CLIP_WHY}), so eps_clip, "
+            f"eps_clip_higher and c_clip cannot change the run; {INERT_CLIP_FIX}",
             UserWarning,
             stacklevel=3,  # the warning points at the trainer's call, as when it was inline
         )

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from harness.config import apply_overrides, build_run_config
 from harness.config.experiment import ExperimentSpec
-from harness.config.schema import clip_is_inert
+from harness.config.schema import INERT_CLIP_FIX, INERT_CLIP_WHY, clip_is_inert
 from harness.core.configtools import ConfigError, flatten, to_dict
 from harness.core.failures import count_reasons, reason_lines
 from harness.sweep.scheduler.spec import has_study_spec, load_study_spec
@@ -76,8 +76,7 @@ CLIP_SETTINGS = frozenset({"ppo.eps_clip", "ppo.eps_clip_higher", "ppo.c_clip"})
 
 
 def inert_clip_lines(spec: ExperimentSpec) -> list[str]:
-    """What the grid's clipping cannot do, said before any run (the dry run and the sweep's
-    first lines): the cells whose policy ratio is identically 1
+    """What the grid's clipping cannot do, said by the dry run before any run: the cells whose policy ratio is identically 1
     (:func:`harness.config.schema.clip_is_inert`), and each such cell that differs from an
     equally inert baseline only in clip settings, whose runs therefore repeat the baseline's
     seed for seed. Without this line such a cell reads as a measured "no effect of eps_clip"."""
@@ -93,9 +92,8 @@ def inert_clip_lines(spec: ExperimentSpec) -> list[str]:
         else f"{len(inert)} of {len(cfgs)} cells ({', '.join(inert)})"
     )
     lines = [
-        f"note: clipping is inert in {where} (one optimizer step per batch on fresh or "
-        "recomputed log-probs: the ratio is identically 1), so eps_clip, eps_clip_higher and "
-        "c_clip cannot change those runs; use ppo_n_minibatches > 1, ppo_epochs > 1 or staleness"
+        f"note: clipping is inert in {where} ({INERT_CLIP_WHY}), so eps_clip, eps_clip_higher "
+        f"and c_clip cannot change those runs; {INERT_CLIP_FIX}"
     ]
     if spec.baseline not in inert:
         return lines
