@@ -39,14 +39,16 @@ Deviations from AReaL main, on purpose (each has a test in tests/ppo/test_ppo_go
   dividing the leftover rows by ``eps`` (docs/ppo-semantics.md "Q4: group size that does not
   divide the batch": ``[1, 3, 5]`` with groups of 2 gives
   ``500000.0`` for the last entry there).
-* A ``group_size`` other than 1 next to explicit ``group_sizes`` that disagree with it raises
-  ``ValueError`` (AReaL uses the explicit sizes and ignores the setting).
 * Every statistic stays in float64 until the final cast.  AReaL writes group-level μ and σ into a
   buffer of x's dtype and centres in that dtype (float32 for float32 input), while batch-level
   ones stay float64; the difference is float32 rounding (≤ 1e-6 relative).
 * The mask is read as boolean; AReaL also accepts fractional mask weights.
 * No ``torch.distributed`` all-reduce of the batch statistics: the harness trains in one process
   per run.
+
+``group_sizes`` wins over ``group_size``, as in AReaL main: when both are given and disagree, the
+slices come from ``group_sizes`` and ``group_size`` is ignored.  Because a newcomer may expect fixed
+slices, the first disagreement in a process emits one ``UserWarning``; the numbers are AReaL's.
 
 Group-level centering with singleton groups and no leave-one-out sets every output to 0; this
 emits a ``UserWarning`` (main warns in ``PPOActorConfig`` for reward_norm with group_size 1).
@@ -143,6 +145,24 @@ class NormConfig:
         return "group" in (self.mean_level, self.std_level)
 
 
+_warned_group_size = False
+
+
+def _warn_group_size_ignored(group_size: int, sizes: list[int]) -> None:
+    """Say once per process that explicit ``group_sizes`` override ``cfg.group_size``."""
+    global _warned_group_size
+    if _warned_group_size:
+        return
+    _warned_group_size = True
+    shown = f"{sizes[:8]}{' ...' if len(sizes) > 8 else ''}"
+    warnings.warn(
+        f"group_size {group_size} differs from the batch's group_sizes {shown}; the groups come "
+        "from group_sizes and group_size is ignored (as in AReaL); this is said once",
+        UserWarning,
+        stacklevel=4,
+    )
+
+
 def _group_ids(
     batch: int, cfg: NormConfig, group_sizes: list[int] | torch.Tensor | None
 ) -> torch.Tensor:
@@ -158,14 +178,11 @@ def _group_ids(
             raise ValueError(f"group_sizes must all be > 0; got {sizes}")
         if sum(sizes) != batch:
             raise ValueError(f"group_sizes sum to {sum(sizes)} but the batch has {batch} rows")
-        # group_size 1 is the default ("take the batch's groups"); any other value is a claim
-        # about the groups that the batch's own sizes must bear out, else one of them is wrong.
+        # AReaL main: the batch's own groups win and the setting is ignored. They disagree
+        # routinely (dynamic filtering, partial groups, code that sets group_size = n_samples),
+        # so this is not an error; a reader who expected fixed slices is told once.
         if cfg.group_size != 1 and any(s != cfg.group_size for s in sizes):
-            raise ValueError(
-                f"group_size {cfg.group_size} disagrees with the batch's group_sizes "
-                f"{sizes[:8]}{' ...' if len(sizes) > 8 else ''}; leave group_size at 1 to use "
-                "the batch's groups"
-            )
+            _warn_group_size_ignored(cfg.group_size, sizes)
     else:
         if batch % cfg.group_size != 0:
             raise ValueError(
@@ -199,7 +216,9 @@ def normalize(
         loss_mask: optional validity mask with x's shape; invalid entries are ignored by the
             statistics and come out as exactly 0.  When the mask has no valid entry, x is returned
             unchanged (as float32).
-        group_sizes: consecutive group row counts (sum = B).  Without it, fixed slices of
+        group_sizes: consecutive group row counts (sum = B), the real per-prompt groups.  When
+            given they win: ``cfg.group_size`` is ignored, as in AReaL main (the first
+            disagreement in a process warns once).  Without it, fixed slices of
             ``cfg.group_size`` rows, which must divide B.
 
     Returns: float32 tensor shaped like x.

@@ -136,9 +136,14 @@ def test_normalization_recipes(cfg, expected):
     torch.testing.assert_close(normalize(R8, cfg), T(expected), atol=2e-5, rtol=0)
 
 
-def test_variable_group_sizes():
+@pytest.mark.parametrize("group_size", [1, 4, 3, 2])
+def test_variable_group_sizes(group_size):
+    # AReaL main's golden values for mixed groups; the batch's group_sizes win over group_size
+    # whatever it says (AReaL code sets group_size = n_samples, here 4, with a partial group of 3).
     out = normalize(
-        T([1.0, 0, 0, 1, 1, 0, 1]), NormConfig("group", False, "group", True), group_sizes=[4, 3]
+        T([1.0, 0, 0, 1, 1, 0, 1]),
+        NormConfig("group", False, "group", True, group_size=group_size),
+        group_sizes=[4, 3],
     )
     torch.testing.assert_close(
         out,

@@ -171,11 +171,9 @@ def test_normalize_matches_naive(case):
     for s in sizes:
         groups.append(list(range(start, start + s)))
         start += s
-    # Variable groups come with the batch (group_sizes); a group_size that contradicts them is
-    # refused, so it is left at 1 then.
-    cfg = NormConfig(
-        mean_level, loo, std_level, unbiased, eps=1e-5, group_size=1 if variable else G
-    )
+    # Variable groups come with the batch (group_sizes), which win over group_size as in AReaL:
+    # the config keeps the nominal G, as AReaL code sets group_size = n_samples.
+    cfg = NormConfig(mean_level, loo, std_level, unbiased, eps=1e-5, group_size=G)
     xt = torch.tensor(x, dtype=torch.float32)
     mt = torch.tensor(mask) if use_mask else None
     if use_mask and not any(any(r) for r in mask):
