@@ -73,8 +73,7 @@ def test_hf_jsonl_ignores_other_columns_but_not_a_missing_answer(tmp_path):
 
 import torch  # noqa: E402
 
-from harness.ppo import PPOActor, PPOConfig  # noqa: E402
-from harness.ppo import normalization  # noqa: E402
+from harness.ppo import PPOActor, PPOConfig, normalization  # noqa: E402
 from harness.ppo.normalization import NormConfig  # noqa: E402
 
 
