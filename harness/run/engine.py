@@ -33,7 +33,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 import warnings
 from collections.abc import Iterator
@@ -42,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from harness.core.scratch import owned_temp_dir
 from harness.model.build import eos_ids
 from harness.model.engine_support import (
     INSTALL_HINT,
@@ -159,7 +159,8 @@ class EngineSampler:
                 f"rollout.sampler_backend: vllm cannot serve {type(base).__name__} "
                 "(not in the engine's model registry)"
             )
-        self._workdir = tempfile.mkdtemp(prefix="harness-engine-")
+        # Named after this process: a later run sweeps it if this one is killed (core.scratch).
+        self._workdir = owned_temp_dir("harness-engine-")
         # The policy as a checkpoint the engine loads (merged under LoRA). Starting on dummy
         # weights and syncing afterwards was measured to leave the engine's log-probs ~0.9 off
         # the learner's on the tiny Llama; loading real weights first, then syncing, matches.

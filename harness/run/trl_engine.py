@@ -36,7 +36,6 @@ import gc
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from typing import Any
 
 import torch
 
+from harness.core.scratch import owned_temp_dir
 from harness.model.engine_support import engine_dtype, served_architecture
 from harness.run.engine import (
     EngineError,
@@ -164,7 +164,7 @@ def colocated_engine(run: Any) -> Iterator[ColocatedEngine]:
     docstring); on exit the engine is shut down and everything is restored."""
     cfg = run.cfg
     dtype = engine_dtype(cfg.rollout.sampler_dtype, cfg.model_options.dtype)
-    workdir = tempfile.mkdtemp(prefix="harness-trl-engine-")
+    workdir = owned_temp_dir("harness-trl-engine-")  # swept by a later run if this one is killed
     base = run.model.get_base_model() if hasattr(run.model, "get_base_model") else run.model
     saved_name = (base.config._name_or_path, getattr(base, "name_or_path", None))
     env = {
