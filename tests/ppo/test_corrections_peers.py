@@ -171,28 +171,80 @@ def test_opsm_preset_is_trl_threshold_and_drops_only_negative_rows():
 # --------------------------------------------------------------------------- verl
 
 
-def verl_is(lp, lb, M, level, threshold, batch_normalize=False):
+# verl-project/verl, the commits its functions are transcribed from.
+VERL_HELPER = "be3e5054f4ad962743a1308b608228126fb10b02"  # verl/trainer/ppo/rollout_corr_helper.py
+VERL_TORCH_F = "f6ea48d1900bcb86ca38dec38ae82b36b3468ec3"  # verl/utils/torch_functional.py
+VERL_CORE = "5b98636684f9e4881697a4ad46ddf5bf6f8f5fdc"  # verl/trainer/ppo/core_algos.py
+
+
+def verl_masked_sum(values, mask, axis=None):
+    """verl/utils/torch_functional.py ``masked_sum`` at VERL_TORCH_F."""
+    valid_values = torch.where(mask.bool(), values, 0.0)
+    return (valid_values * mask).sum(axis=axis)
+
+
+def verl_masked_mean(values, mask, axis=None):
+    """verl/utils/torch_functional.py ``masked_mean`` at VERL_TORCH_F: Σ / (n + 1e-8)."""
+    s = verl_masked_sum(values, mask, axis)
+    return s / (mask.sum(axis=axis) + 1e-8)
+
+
+def verl_distributed_masked_mean(local_tensor, local_mask):
+    """verl/utils/torch_functional.py ``distributed_masked_mean`` at VERL_TORCH_F on one rank
+    (its two all_reduce calls are then the identity): Σ / n, no ε."""
+    local_tensor = local_tensor * local_mask
+    local_sum = torch.sum(local_tensor)
+    local_num = torch.sum(local_mask)
+    return local_sum / local_num
+
+
+def verl_is_weights(lp, lb, M, level, threshold, batch_normalize=False, distributed=False):
+    """verl/trainer/ppo/rollout_corr_helper.py ``compute_rollout_correction_weights`` at
+    VERL_HELPER with log_ratio = ℓp − ℓb: (ρ, metrics["rollout_is_batch_norm_factor"] or None).
+    A bool M is passed as a mask of the log-probs' dtype (float64 here; verl's trainer passes its
+    int64 attention mask, see test_verl_batch_normalize_epsilon_under_an_int_mask).
+    ``distributed``: the ``torch.distributed.is_initialized()`` branch, which verl takes when it
+    builds ρ inside the actor's loss (bypass mode)."""
+    response_mask = M.to(lp.dtype) if M.dtype == torch.bool else M
+    log_ratio = lp - lb
     if level == "token":
-        rho = torch.exp((lp - lb).clamp(-20, 20))
+        raw = torch.exp(torch.clamp(log_ratio, min=-20.0, max=20.0))
     else:
-        s = ((lp - lb) * M).sum(-1, keepdim=True).clamp(-20, 20)
-        rho = torch.exp(s).expand_as(lp)
-    if isinstance(threshold, str):
+        log_ratio_sum = verl_masked_sum(log_ratio, response_mask, axis=-1).unsqueeze(-1)
+        raw = torch.exp(torch.clamp(log_ratio_sum, min=-20.0, max=20.0)).expand_as(log_ratio)
+    raw = raw * response_mask
+    if isinstance(threshold, str):  # IcePop "lower_upper"
         lo, hi = (float(x) for x in threshold.split("_"))
-        rho = torch.where((rho < lo) | (rho > hi), torch.zeros_like(rho), rho)
-    else:
-        rho = rho.clamp(max=threshold)
-    rho = rho * M
+        kept = (raw >= lo) & (raw <= hi)
+        rho = torch.where(kept, raw, torch.zeros_like(raw))
+    else:  # TIS
+        rho = raw.clamp(max=threshold)
+    rho = rho.detach()
+    factor = None
     if batch_normalize:
+        mask_float = response_mask.to(dtype=rho.dtype)
         if level == "token":
-            mean = rho[M].mean()
+            if distributed:
+                weights_mean = verl_distributed_masked_mean(rho, mask_float)
+            else:
+                weights_mean = verl_masked_mean(rho, response_mask)
         else:
-            rows = M.any(-1)
-            per = (rho * M).sum(-1) / (M.sum(-1) + 1e-8)
-            mean = per[rows].mean()
-        if mean > 1e-8:
-            rho = rho / mean
-    return rho
+            seq_weights = verl_masked_mean(rho, response_mask, axis=-1)
+            seq_mask = (response_mask.sum(dim=-1) > 0).to(dtype=rho.dtype)
+            if distributed:
+                weights_mean = verl_distributed_masked_mean(seq_weights, seq_mask)
+            else:
+                weights_mean = (seq_weights * seq_mask).sum() / seq_mask.sum().clamp_min(1e-8)
+        if weights_mean > 1e-8:
+            rho = rho / weights_mean
+            factor = weights_mean.item()
+        else:
+            factor = 1.0
+    return rho, factor
+
+
+def verl_is(lp, lb, M, level, threshold, batch_normalize=False, distributed=False):
+    return verl_is_weights(lp, lb, M, level, threshold, batch_normalize, distributed)[0]
 
 
 def verl_rs(lp, lb, M, options, thresholds):
@@ -224,13 +276,35 @@ def verl_rs(lp, lb, M, options, thresholds):
     return M & keep
 
 
-def verl_loss(lt, lp, lb, A, M, rho=None, mask=None):
+def verl_agg_loss(loss_mat, loss_mask, loss_agg_mode):
+    """verl/trainer/ppo/core_algos.py ``agg_loss`` at VERL_CORE on one rank without global batch
+    info (dp_size 1; batch_num_tokens and global_batch_size are this batch's counts)."""
+    dp_size = 1
+    if loss_agg_mode == "token-mean":
+        batch_num_tokens = loss_mask.sum()
+        return verl_masked_sum(loss_mat, loss_mask) / batch_num_tokens * dp_size
+    if loss_agg_mode == "seq-mean-token-sum":
+        seq_losses = torch.sum(loss_mat * loss_mask, dim=-1)
+        seq_mask = (torch.sum(loss_mask, dim=-1) > 0).float()
+        global_batch_size = seq_mask.sum()
+        return verl_masked_sum(seq_losses, seq_mask) / global_batch_size * dp_size
+    if loss_agg_mode == "seq-mean-token-mean":
+        seq_mask = torch.sum(loss_mask, dim=-1)
+        seq_losses = torch.sum(loss_mat * loss_mask, dim=-1) / (seq_mask + 1e-8)
+        seq_mask = (seq_mask > 0).float()
+        global_batch_size = seq_mask.sum()
+        return verl_masked_sum(seq_losses, seq_mask) / global_batch_size * dp_size
+    assert loss_agg_mode == "seq-mean-token-sum-norm"
+    seq_losses = torch.sum(loss_mat * loss_mask, dim=-1)
+    return torch.sum(seq_losses) / loss_mask.shape[-1]
+
+
+def verl_loss(lt, lp, lb, A, M, rho=None, mask=None, loss_agg_mode="token-mean"):
     pg = clip_pg(lt, lp, A)
     if rho is not None:
         pg = pg * rho
     mask = M if mask is None else mask
-    Mf = mask.to(lt.dtype)
-    return (pg * Mf).sum() / Mf.sum().clamp(min=1)
+    return verl_agg_loss(pg, mask.to(lt.dtype), loss_agg_mode)
 
 
 VERL_IS = {
@@ -335,15 +409,13 @@ def test_verl_bypass_ppo_clip_with_rs_against_current_policy():
     agree(peer, ours(lt, lb, lb, A, M, c), lt)
 
 
-def verl_bypass_reinforce(lt, lb, A, M, level, threshold):
+def verl_bypass_reinforce(lt, lb, A, M, level, threshold, batch_normalize=False):
     """verl bypass_mode with loss_type reinforce (verl-project/verl
     verl/trainer/ppo/core_algos.py ``compute_policy_loss_bypass_mode`` →
     ``compute_policy_loss_reinforce``; weights from rollout_corr_helper.py with sg(ℓθ) in the
     place of old_log_prob): L = −A·ℓθ·ρ, token-mean over the caller's mask."""
-    rho = verl_is(lt.detach(), lb, M, level, threshold)
-    pg = -A * lt * rho
-    Mf = M.to(lt.dtype)
-    return (pg * Mf).sum() / Mf.sum().clamp(min=1)
+    rho = verl_is(lt.detach(), lb, M, level, threshold, batch_normalize, distributed=True)
+    return verl_agg_loss(-A * lt * rho, M.to(lt.dtype), "token-mean")
 
 
 def test_verl_bypass_token_reinforce_is_cispo_under_bypass():
@@ -384,6 +456,119 @@ def test_verl_bypass_pg_is_is_sequence_level():
     lb = lb - 0.3  # rows far enough off that the sequence product exceeds 2
     token = ours(lt, lb, lb, A, M, "bypass", loss=cispo_loss, ratio_max=2.0)
     assert not torch.allclose(token, verl_bypass_reinforce(lt, lb, A, M, "sequence", 2.0))
+
+
+def _exact_mean(rho, M, level):
+    """ρ̄ without verl's ε: the plain mean over valid tokens, or over non-empty rows."""
+    if level == "token":
+        return float(rho[M].mean())
+    rows = M.any(-1)
+    return float((rho.sum(-1)[rows] / M.sum(-1)[rows]).mean())
+
+
+def _assert_weights_agree(got, g_got, stats, want, g_want, rho, factor):
+    torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(g_got, g_want, rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(stats["behave_imp_weight"], rho, rtol=1e-12, atol=1e-13)
+    assert stats["correction_norm_factor"] == pytest.approx(factor, rel=1e-12, abs=0)
+
+
+@pytest.mark.parametrize("case", sorted(VERL_IS))
+def test_verl_batch_normalize_with_its_epsilons_float64_draws(case):
+    """``rollout_is_batch_normalize`` in decoupled mode (verl builds ρ on the driver, without a
+    process group): loss, gradient, ρ and the norm factor equal ``compute_rollout_correction_
+    weights`` (rollout_corr_helper.py at VERL_HELPER) through verl's PPO loss on 200 float64
+    draws to 1e-12.  The plain mean misses verl's by more than that: the test sees the ε."""
+    level, thr, base = VERL_IS[case]
+    c = Correction(**{**base.__dict__, "batch_normalize": True})
+    g = torch.Generator().manual_seed(35)
+    sees_eps = 0
+    for _ in range(200):
+        lt, lp, lb, A, M = _draw(g)
+        rho, factor = verl_is_weights(lp, lb, M, level, thr, batch_normalize=True)
+        x = lt.detach().clone().requires_grad_(True)
+        want = verl_loss(x, lp, lb, A, M, rho)
+        (g_want,) = torch.autograd.grad(want, x)
+        y = lt.detach().clone().requires_grad_(True)
+        got, stats = ppo_actor_loss(y, lp, lb, A * M, M, correction=c)
+        (g_got,) = torch.autograd.grad(got, y)
+        _assert_weights_agree(got, g_got, stats, want, g_want, rho, factor)
+        plain = _exact_mean(verl_is(lp, lb, M, level, thr), M, level)
+        sees_eps += plain != pytest.approx(factor, rel=1e-12, abs=0)
+    assert sees_eps > 150
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_verl_bypass_batch_normalize_is_the_distributed_mean(level):
+    """In bypass mode verl builds ρ inside the actor's loss, under torch.distributed, so its
+    batch means are ``distributed_masked_mean``'s Σ/n (no ε) over the tokens, or over the rows'
+    ``masked_mean`` (with ε).  Preset bypass_pg_is (and its token form) with batch_normalize
+    under reinforce: loss, gradient, ρ and the factor on 200 float64 draws to 1e-12."""
+    weight = "token" if level == "token" else "sequence_product"
+    c = Correction(weight=weight, clip_max=2.0, log_clamp=20.0, bypass=True, batch_normalize=True)
+    g = torch.Generator().manual_seed(36)
+    differs_from_decoupled = 0
+    for _ in range(200):
+        lt, lp, lb, A, M = _draw(g)
+        lb = lt.detach() + (lb - lp)
+        x = lt.detach().clone().requires_grad_(True)
+        want = verl_bypass_reinforce(x, lb, A, M, level, 2.0, batch_normalize=True)
+        (g_want,) = torch.autograd.grad(want, x)
+        rho, factor = verl_is_weights(
+            lt.detach(), lb, M, level, 2.0, batch_normalize=True, distributed=True
+        )
+        y = lt.detach().clone().requires_grad_(True)
+        got, stats = reinforce_loss(y, lb, lb, A * M, M, correction=c)
+        (g_got,) = torch.autograd.grad(got, y)
+        _assert_weights_agree(got, g_got, stats, want, g_want, rho, factor)
+        _, decoupled = verl_is_weights(lt.detach(), lb, M, level, 2.0, batch_normalize=True)
+        differs_from_decoupled += decoupled != pytest.approx(factor, rel=1e-12, abs=0)
+    # Tokens: the driver's masked_mean carries the ε, the loss's distributed mean does not; rows:
+    # both divide the rows' sum by their exact count.
+    assert differs_from_decoupled > 150 if level == "token" else differs_from_decoupled == 0
+
+
+def test_verl_batch_normalize_epsilon_under_an_int_mask():
+    """What docs/corrections.md says of verl's own runs: with the int64 attention mask verl's
+    trainer passes, n + 1e-8 is formed in float32 and rounds to n, so verl's ρ̄ is the plain
+    mean; with a float64 mask (the comparisons above) it carries the ε, ≤ 1e-8/n apart."""
+    lt, lp, lb, A, M = data(11)
+    for level in ("token", "sequence"):
+        _, with_int = verl_is_weights(lp, lb, M.long(), level, 2.0, batch_normalize=True)
+        _, with_float = verl_is_weights(lp, lb, M, level, 2.0, batch_normalize=True)
+        plain = _exact_mean(verl_is(lp, lb, M, level, 2.0), M, level)
+        assert with_int == pytest.approx(plain, rel=1e-15)
+        assert with_float != pytest.approx(plain, rel=1e-12)
+        assert with_float == pytest.approx(plain, rel=1e-8)
+
+
+@pytest.mark.parametrize(
+    "mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+)
+def test_verl_rejection_of_every_token_is_nan_in_verl_and_0_here(mode):
+    """Decoupled rollout_rs that rejects every token: verl's ``agg_loss`` (core_algos.py at
+    VERL_CORE) divides 0 by a surviving count of 0, so its loss is NaN (0 under
+    seq-mean-token-sum-norm, which divides by T); its gradient is 0, masked_sum's torch.where
+    dropping the NaN the division sends back.  The harness keeps its denominators ≥ 1 (as TRL
+    clamps at 1): loss 0, the same gradient 0 (docs/corrections.md)."""
+    lt, lp, lb, A, M = data(7)
+    options, thresholds = ["token_k1"], ["0.9999_1.0001"]
+    mask = verl_rs(lp, lb, M, options, thresholds)
+    assert M.any() and not mask.any()  # everything valid is rejected
+    x = lt.detach().clone().requires_grad_(True)
+    peer = verl_loss(x, lp, lb, A, M, mask=mask, loss_agg_mode=mode)
+    (g_peer,) = torch.autograd.grad(peer, x)
+    c = Correction(filters=(_filter(options[0], thresholds[0]),), denominator="post")
+    y = lt.detach().clone().requires_grad_(True)
+    got, _ = ppo_actor_loss(y, lp, lb, A, M, correction=c, loss_agg_mode=mode)
+    (g_got,) = torch.autograd.grad(got, y)
+    assert float(got.detach()) == 0.0
+    assert torch.equal(g_got, torch.zeros_like(g_got))
+    assert torch.equal(g_peer, torch.zeros_like(g_peer))
+    if mode == "seq-mean-token-sum-norm":
+        assert float(peer.detach()) == 0.0
+    else:
+        assert math.isnan(float(peer.detach()))
 
 
 # --------------------------------------------------------------------------- SkyRL

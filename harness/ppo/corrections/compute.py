@@ -277,7 +277,7 @@ def apply_correction(
             w = torch.where(fails, w.clamp(min=f.lower or 0.0, max=f.upper), w)
         truncated = kept & ~zeroed & (w != raw)
         if c.batch_normalize:
-            w, norm_factor = _batch_normalize(w, m, per_row=c.weight != "token")
+            w, norm_factor = _batch_normalize(w, m, per_row=c.weight != "token", bypass=c.bypass)
         w = torch.where(kept, w, _zeros_like(w))
     masked = (m & ~keep) | zeroed
     return CorrectionResult(
@@ -289,17 +289,43 @@ def apply_correction(
     )
 
 
+VERL_MEAN_EPS = 1e-8
+
+
 def _batch_normalize(
-    w: torch.Tensor, m: torch.Tensor, *, per_row: bool
+    w: torch.Tensor, m: torch.Tensor, *, per_row: bool, bypass: bool = False
 ) -> tuple[torch.Tensor, float]:
-    """(ρ / mean ρ, the divisor): the mean over valid tokens, or (sequence weights) over the
-    rows that have any; a mean ≤ 1e-8 leaves ρ unchanged (verl) and the divisor is 1."""
+    """(ρ / ρ̄, ρ̄): verl's ``rollout_is_batch_normalize``, its epsilons included (ε = 1e-8,
+    added in ρ's precision):
+
+        token weights     ρ̄ = Σ M·ρ / (Σ M + ε)        (decoupled: weights made on the driver)
+                          ρ̄ = Σ M·ρ / Σ M              (bypass: made in the loss, under
+                                                        torch.distributed)
+        sequence weights  ρ̄_i = Σ_t M_i·ρ_i / (n_i + ε),   ρ̄ = Σ_i [n_i > 0]·ρ̄_i / #{i: n_i > 0}
+
+    ρ is divided only when ρ̄ > 1e-8 (else unchanged, divisor 1).
+
+    verl-project/verl ``verl/trainer/ppo/rollout_corr_helper.py`` at
+    be3e5054f4ad962743a1308b608228126fb10b02, ``compute_rollout_correction_weights``, with
+    ``verl/utils/torch_functional.py`` at f6ea48d1900bcb86ca38dec38ae82b36b3468ec3:
+    ``masked_mean`` = Σ/(n + 1e-8) (the token mean without a process group, and every row's
+    mean), ``distributed_masked_mean`` = all-reduced Σ/n (the token and row means under a
+    process group, as in bypass mode's loss); the rows' mean without one divides by
+    ``seq_mask.sum().clamp_min(1e-8)``, the exact count.  verl's trainer passes its int64
+    attention mask, so there n + 1e-8 is formed in float32 and rounds to n; the harness keeps
+    the formula as written, ε in ρ's precision (apart by at most 1e-8/n relative).
+    """
+    dt = w.dtype
+    mf = m.to(dt)
     if per_row:
-        rows = m.any(dim=1)
-        per = row_mean(w, m).squeeze(1)[rows]
-        mean = float(per.mean()) if per.numel() else 0.0
+        per = torch.where(m, w, _zeros_like(w)).sum(dim=1) / (mf.sum(dim=1) + VERL_MEAN_EPS)
+        rows = (mf.sum(dim=1) > 0).to(dt)
+        mean = (per * rows).sum() / rows.sum().clamp(min=VERL_MEAN_EPS)
     else:
-        mean = float(w[m].mean()) if m.any() else 0.0
-    if mean <= 1e-8:
+        total = torch.where(m, w, _zeros_like(w)).sum()
+        n = mf.sum()
+        mean = total / n if bypass else total / (n + VERL_MEAN_EPS)
+    # A NaN mean (bypass, no valid token: 0/0) fails the test too, as in verl.
+    if not bool(mean > VERL_MEAN_EPS):
         return w, 1.0
-    return w / mean, mean
+    return w / mean, float(mean)

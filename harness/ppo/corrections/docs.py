@@ -119,7 +119,7 @@ _BLOCKS_AND_PEERS = (
     '| verl `rollout_is=sequence`, `"lo_hi"` (sequence IcePop) | `{weight: sequence_product, '
     "clip_min: lo, clip_max: hi, zero_outside: true, log_clamp: 20}` |",
     "| verl `rollout_is_batch_normalize: true` | add `batch_normalize: true` (normalized "
-    "per micro-batch: equal to verl's with `ppo_n_minibatches: 1`) |",
+    "per micro-batch: equal to verl's with `ppo_n_minibatches: 1`; verl's means, see below) |",
     '| verl `rollout_rs=token_k1`, `"lo_hi"` | `filters: [{level: token, metric: k1, lower: '
     "log lo, upper: log hi}]`, `denominator: post` |",
     "| verl `seq_{sum,mean,max}_k{2,3}` τ | `filters: [{level: sequence, metric: k2 or k3, "
@@ -161,6 +161,31 @@ _BLOCKS_AND_PEERS = (
     "| AReaL `rejection_sampling` {level, action, metric, agg, lower, upper} | "
     "`{weight: token (sequence_geometric for sequence ratio), filters: [{level, metric "
     "(kl_kN → kN), direction: ref_behave, agg, lower, upper, action: mask / truncate}]}` |",
+    "",
+)
+
+# Where verl's arithmetic is kept to the epsilon, and the one place the harness departs.
+_VERL_EDGES = (
+    "### verl's epsilons and its empty denominator",
+    "",
+    "`batch_normalize` takes verl's means as written (verl-project/verl "
+    "`verl/trainer/ppo/rollout_corr_helper.py` `compute_rollout_correction_weights` with "
+    "`verl/utils/torch_functional.py` `masked_mean`): token weights are divided by "
+    "Σρ/(n + 1e-8), or Σρ/n under `bypass` (verl computes those weights inside the loss, "
+    "under torch.distributed, with `distributed_masked_mean`); sequence weights by the mean "
+    "over non-empty rows of each row's Σρ/(n_i + 1e-8).  The 1e-8 is added in ρ's "
+    "precision.  verl's trainer passes its int64 attention mask, so there n + 1e-8 is "
+    "formed in float32 and rounds to n; the two therefore differ by at most 1e-8/n "
+    "relative, and agree to float64 precision when verl is given a float64 mask.",
+    "",
+    "When the filters of a `denominator: post` correction drop every token the loss is "
+    "normalised over (a micro-batch here, the mini-batch in verl), verl's `agg_loss` "
+    "(`verl/trainer/ppo/core_algos.py`) divides 0 by a surviving count of 0: its loss is "
+    "NaN under `token-mean`, `seq-mean-token-mean` and `seq-mean-token-sum` (0 under "
+    "`seq-mean-token-sum-norm`), while its gradient stays 0 (the `torch.where` in "
+    "`masked_sum` drops what the division sends back).  The harness keeps every "
+    "denominator at least 1, as TRL clamps its normaliser at 1: such a micro-batch gives "
+    "loss 0 and gradient 0, so the logged loss stays finite.",
     "",
 )
 
@@ -217,6 +242,7 @@ def markdown() -> str:
         *_PRESET_TABLE_HEAD,
         *rows,
         *_BLOCKS_AND_PEERS,
+        *_VERL_EDGES,
         "## The block",
         "",
         *_fields(Correction),

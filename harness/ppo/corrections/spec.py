@@ -114,8 +114,10 @@ class Correction:
     )
     batch_normalize: bool = option(
         False,
-        "ρ ← ρ / mean(ρ) after clipping (verl rollout_is_batch_normalize): mean over valid "
-        "tokens (token weights) or rows (sequence weights) of the micro-batch; skipped if ≤ 1e-8.",
+        "ρ ← ρ / ρ̄ after clipping, with verl's rollout_is_batch_normalize mean over the "
+        "micro-batch, its epsilons included: token weights Σρ/(n + 1e-8) over valid tokens "
+        "(Σρ/n under bypass); sequence weights the mean over non-empty rows of each row's "
+        "Σρ/(n_i + 1e-8); skipped unless ρ̄ > 1e-8.",
     )
     filters: tuple[Filter, ...] = option((), "Rejection filters, combined with AND (see Filter).")
     sequential: bool = option(
