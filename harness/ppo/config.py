@@ -30,6 +30,7 @@ from harness.ppo.objectives import (
 )
 from harness.ppo.objectives.frame import ISLevel, LossAggMode, check_behaviour_options
 from harness.ppo.objectives.registry import options_of
+from harness.ppo.objectives.vespo import FOLD_NEEDS, FOLDABLE
 from harness.ppo.proximal import ProxLogpMethod
 
 _h = meta
@@ -236,11 +237,8 @@ class PPOActorConfig:
                 )
         vespo = getattr(self, "vespo", None)
         if self.policy_loss == "vespo" and vespo is not None and vespo.behaviour_weight == "fold":
-            if c is None or c.weight != "token":
-                raise ValueError(
-                    "vespo.behaviour_weight 'fold' folds a per-token ρ into W: it needs "
-                    "correction with weight 'token' (TRL's token_truncate / token_mask)"
-                )
+            if c is None or c.weight not in FOLDABLE:
+                raise ValueError(FOLD_NEEDS + (f" (got {c.weight!r})" if c else " (it is null)"))
         # AReaL's own weightings read π_prox only under its decoupled loss (otherwise π_prox =
         # π_behave and every weight is 1): refused rather than silently inert.  ppo.correction
         # recomputes π_prox itself (recomputes_proximal), as TRL does.

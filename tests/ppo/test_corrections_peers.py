@@ -8,6 +8,7 @@ post-filter)."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -755,6 +756,14 @@ VESPO_CASES = {
         1.25,
         Correction(weight="token", clip_min=0.8, clip_max=1.25, zero_outside=True),
     ),
+    # TRL's trainer refuses sequence_* modes with VESPO; its get_gamma_weights takes their
+    # [B, 1] ratio all the same (log ρ_i once per row), and so does the harness's fold.
+    "sequence_truncate": (None, 2.0, Correction(weight="sequence_product", clip_max=2.0)),
+    "sequence_mask": (
+        0.5,
+        2.0,
+        Correction(weight="sequence_product", clip_min=0.5, clip_max=2.0, zero_outside=True),
+    ),
 }
 
 
@@ -762,14 +771,15 @@ VESPO_CASES = {
 def test_vespo_fold_is_trls_vespo_with_vllm_is(mode):
     """TRL's VESPO with vLLM IS (``_compute_loss`` and ``get_gamma_weights`` called): ρ folded
     into W, no second multiplication = ``vespo.behaviour_weight: fold``; 200 float64 draws to
-    1e-12.  The default 'multiply' is another loss."""
+    1e-12 (loss, gradient, φ).  The default 'multiply' is another loss; under sequence_* modes
+    adding log ρ_i once per token (n_i times, ρ broadcast to the row) is another φ."""
     from trl.trainer.grpo_trainer import GRPOTrainer
 
     from harness.ppo.objectives.vespo import vespo_loss
 
     cmin, cmax, c = VESPO_CASES[mode]
     g = torch.Generator().manual_seed(34)
-    differs = 0
+    differs = n_times_differs = 0
     for _ in range(200):
         lt, lp, lb, A, M = _draw(g)
         want, g_want = _trl_call(mode, cmin, cmax, lt, lp, lb, A, M, loss_type="vespo")
@@ -778,13 +788,15 @@ def test_vespo_fold_is_trls_vespo_with_vllm_is(mode):
         got.backward()
         torch.testing.assert_close(got.detach(), want, rtol=1e-12, atol=1e-13)
         torch.testing.assert_close(x.grad, g_want, rtol=1e-12, atol=1e-13)
-        phi = GRPOTrainer.get_gamma_weights(
-            advantages=A[:, :1],
-            log_ratio_per_token=lt - lp,
-            mask=M.to(lt.dtype),
-            importance_sampling_ratio=_trl_ratio(lp, lb, M.to(lt.dtype), mode, cmin, cmax),
-        )
+        rho = _trl_ratio(lp, lb, M.to(lt.dtype), mode, cmin, cmax)
+        assert rho.shape == ((lt.shape[0], 1) if mode.startswith("sequence") else lt.shape)
+        gamma = functools.partial(GRPOTrainer.get_gamma_weights, A[:, :1], lt - lp, M.to(lt.dtype))
+        phi = gamma(importance_sampling_ratio=rho)
         torch.testing.assert_close(stats["gate"][:, :1], phi, rtol=1e-12, atol=1e-13)
         multiplied, _ = vespo_loss(lt.detach(), lp, lb, A * M, M, correction=c)
         differs += not torch.allclose(multiplied, got.detach(), rtol=1e-6)
+        if mode.startswith("sequence"):  # ρ_i on each valid token (1 on padding: log 1 = 0)
+            n_times = gamma(importance_sampling_ratio=torch.where(M, rho, 1.0))
+            n_times_differs += not torch.allclose(n_times, phi, rtol=1e-6)
     assert differs > 150
+    assert n_times_differs > 150 or not mode.startswith("sequence")

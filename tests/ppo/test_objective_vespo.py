@@ -11,6 +11,7 @@ from harness.config import ConfigError, build_run_config
 from harness.core.configtools import from_dict
 from harness.peers.trl import grpo_kwargs, trl_problems
 from harness.ppo import PPOActorConfig
+from harness.ppo.corrections import Correction
 from harness.ppo.objectives import objective_loss
 from harness.ppo.objectives.vespo import vespo_loss
 from tests.support.objective_cli import assert_trains_through_the_cli
@@ -302,17 +303,68 @@ def test_short_train_through_the_cli(tmp_path):
     assert_trains_through_the_cli(tmp_path, "ppo.policy_loss=vespo", "rollout.staleness=1")
 
 
+FOLD = {"ppo.policy_loss": "vespo", "ppo.vespo.behaviour_weight": "fold"}
+
+
 @pytest.mark.parametrize(
-    "correction", [None, {"weight": "sequence_product", "clip_max": 2.0}, "opsm"]
+    "correction, got",
+    [
+        (None, "(it is null)"),
+        ({"weight": "sequence_geometric", "clip_max": 2.0}, "(got 'sequence_geometric')"),
+        ("opsm", "(got 'none')"),
+    ],
 )
-def test_fold_without_a_token_weight_is_one_line(correction):
-    over = {"ppo.policy_loss": "vespo", "ppo.vespo.behaviour_weight": "fold"}
-    over |= {"ppo.use_decoupled_loss": True, "ppo.correction": correction}
+def test_fold_without_a_token_or_sequence_product_weight_is_one_line(correction, got):
+    over = FOLD | {"ppo.use_decoupled_loss": True, "ppo.correction": correction}
     with pytest.raises(ConfigError) as err:
         build_run_config({}, over)
     msg = str(err.value)
-    assert "ppo.vespo.behaviour_weight 'fold'" in msg or "vespo.behaviour_weight 'fold'" in msg
-    assert "weight 'token'" in msg and "\n" not in msg
+    assert "vespo.behaviour_weight 'fold' needs ppo.correction with weight 'token'" in msg
+    assert "or 'sequence_product'" in msg and msg.endswith(got) and "\n" not in msg
+
+
+@pytest.mark.parametrize("weight", ["token", "sequence_product"])
+def test_fold_takes_a_token_or_sequence_product_weight(weight):
+    c = {"weight": weight, "clip_min": 0.5, "clip_max": 2.0}
+    cfg = build_run_config({}, FOLD | {"ppo.use_decoupled_loss": True, "ppo.correction": c})
+    assert cfg.ppo.vespo.behaviour_weight == "fold" and cfg.ppo.correction.weight == weight
+
+
+@pytest.mark.parametrize("correction", [None, "opsm", Correction(weight="sequence_geometric")])
+def test_the_pure_call_refuses_fold_as_the_config_does(correction):
+    lt, lb, adv, mask = random_batch(5)
+    with pytest.raises(ValueError) as err:
+        vespo_loss(lt, lb, lb, adv, mask, correction=correction, behaviour_weight="fold")
+    msg = str(err.value)
+    assert msg.startswith("vespo.behaviour_weight 'fold' needs ppo.correction with weight")
+    assert "\n" not in msg
+
+
+def test_fold_adds_a_sequence_weight_once_per_row_by_hand():
+    # ℓp − ℓb = 0.1 on each of 3 valid tokens: sequence_product ρ = e^0.3, folded ONCE
+    # (not 3·0.3); ℓθ = ℓp, so log W = 0.3 alone; padding (ℓp − ℓb = 5) enters neither.
+    lt = torch.tensor([[-0.5, -1.0, -2.0, -0.7]], dtype=F64, requires_grad=True)
+    lp = lt.detach().clone()
+    lb = lp - torch.tensor([[0.1, 0.1, 0.1, 5.0]], dtype=F64)
+    m = torch.tensor([[True, True, True, False]])
+    adv = torch.full((1, 4), 1.0, dtype=F64)
+    c = Correction(weight="sequence_product")
+    loss, st = vespo_loss(lt, lp, lb, adv, m, correction=c, behaviour_weight="fold")
+    loss.backward()
+    phi = math.exp(3 + 2 * 0.3 - 3 * math.exp(0.3))  # k_pos 2, λ_pos 3, W = e^0.3
+    assert phi == pytest.approx(0.637898, abs=1e-6)
+    assert st["gate"].tolist()[0] == pytest.approx([phi] * 3 + [0.0], rel=1e-12)
+    assert loss.item() == pytest.approx(phi * 3.5 / 3, rel=1e-12)  # not multiplied by ρ again
+    assert lt.grad.tolist()[0] == pytest.approx([-phi / 3] * 3 + [0.0], rel=1e-12)
+    # the per-token weight of the same log-ratios is three factors: log W = 0.3 as well
+    tok, _ = vespo_loss(
+        lt.detach(), lp, lb, adv, m, correction=Correction(weight="token"), behaviour_weight="fold"
+    )
+    assert tok.item() == pytest.approx(loss.item(), rel=1e-12)
+    # sequence_mask outside [C_min, C_max]: ρ_i = 0 → log W = log 1e-8 once → φ ≈ 0
+    c = Correction(weight="sequence_product", clip_max=1.2, zero_outside=True)
+    _, st = vespo_loss(lt.detach(), lp, lb, adv, m, correction=c, behaviour_weight="fold")
+    assert st["gate"].tolist()[0] == pytest.approx([math.exp(3 - 2 * 18.420681)] * 3 + [0.0])
 
 
 def test_trl_export_says_which_vespo_composition_the_cell_uses():

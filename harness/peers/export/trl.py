@@ -67,7 +67,8 @@ def export_trl(cfg: RunConfig) -> str:
         lines.append(
             comment(
                 "ppo.vespo.behaviour_weight=fold: TRL's own VESPO composition (ρ folded into W, "
-                "log W += Σ_t clamp(log ρ_t, log 1e-8, 20); the loss is not multiplied by ρ)"
+                "log W += clamp(log ρ, log 1e-8, 20) summed over a token ρ_t, once for a row's "
+                "ρ_i; the loss is not multiplied by ρ)"
             )
         )
     kw = grpo_kwargs(cfg, strict=False)

@@ -15,6 +15,14 @@ _LOG_W_MIN = math.log(1e-8)  # TRL clamps log W to [log 1e-8, 20] (so W never ne
 _LOG_W_MAX = 20.0
 _LOG_RATIO_CLAMP = 20.0  # each token's ℓθ − ℓp is clamped to ±20 before the sum, as in TRL
 _LAMBDA_MIN = 1e-4  # TRL's floor on λ
+# The weights whose ρ is a factor of the sampler ratio, and the one refusal of fold (shared by
+# the pure call and the config check).
+FOLDABLE = ("token", "sequence_product")
+FOLD_NEEDS = (
+    "vespo.behaviour_weight 'fold' needs ppo.correction with weight 'token' (TRL's "
+    "token_truncate / token_mask) or 'sequence_product' (TRL's sequence_truncate / "
+    "sequence_mask); otherwise use 'multiply'"
+)
 
 
 @dataclass(frozen=True)
@@ -44,10 +52,34 @@ class VESPOOptions(R.Options):
     behaviour_weight: Literal["multiply", "fold"] = R.option(
         "multiply",
         "VESPO: how the correction's ρ (ppo.correction) enters: 'multiply' L·ρ per token, as "
-        "for every objective, with W against π_prox only; 'fold' TRL's composition: log W += "
-        "Σ_t clamp(log ρ_t, log 1e-8, 20) and L is not multiplied by ρ (needs a correction with "
-        "weight 'token', TRL's token_truncate / token_mask).",
+        "for every objective, with W against π_prox only; 'fold' TRL's composition, L not "
+        "multiplied by ρ but log W += clamp(log ρ, log 1e-8, 20) once per factor of ρ: summed "
+        "over the row's tokens for weight 'token' (TRL's token_truncate / token_mask), once per "
+        "row for 'sequence_product' (TRL's [B, 1] sequence ratio); no other weight.",
     )
+
+
+def folded_log_rho(w: torch.Tensor, m: torch.Tensor, *, per_row: bool) -> torch.Tensor:
+    """What ``fold`` adds to a row's log W [B, 1]: each factor of ρ once, log-clamped.
+
+        token weight (ρ_t):         Σ_t M·clamp(log ρ_t, log 1e-8, 20)
+        sequence weight (ρ_i):      clamp(log ρ_i, log 1e-8, 20)       (once, NOT n_i times)
+
+    Source: TRL v1.16.0, trl/trainer/grpo_trainer.py, ``GRPOTrainer.get_gamma_weights``:
+    ``seq_log_ratio += torch.sum(clamp(log(importance_sampling_ratio), log 1e-8, 20), dim=-1,
+    keepdim=True)``, where the ratio is [B, T] for token_* modes and [B, 1] for sequence_* ones,
+    so a sequence ρ_i enters once.  Here a sequence weight arrives broadcast to the row's
+    tokens (0 where a filter dropped one): ρ_i is read back as its largest value over M, 0
+    when every token is zeroed (``zero_outside``, TRL's sequence_mask: log W → log 1e-8); an
+    empty row adds 0.  ρ = 0 gives log 0 = −inf, clamped to log 1e-8, as TRL's clamp does.
+    """
+    zero = torch.zeros((), dtype=w.dtype, device=w.device)
+    if per_row:
+        rho = torch.where(m, w, zero).amax(dim=-1, keepdim=True)
+        log_rho = torch.log(rho).clamp(_LOG_W_MIN, _LOG_W_MAX)
+        return torch.where(m.any(dim=-1, keepdim=True), log_rho, zero)
+    log_rho = torch.log(w).clamp(_LOG_W_MIN, _LOG_W_MAX)
+    return torch.where(m, log_rho, zero).sum(dim=-1, keepdim=True)
 
 
 def gamma_weight(log_w: torch.Tensor, k: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
@@ -100,15 +132,21 @@ def vespo_terms(p: F.PolicyInputs, o: VESPOOptions, ctx: F.Context) -> F.Terms:
 
         multiply (default): W against π_prox as above; L·ρ per token, as every objective
         fold (TRL 1.16, ``get_gamma_weights`` in trl/trainer/grpo_trainer.py):
-            log W_i = clamp(Σ_t M·clamp(ℓθ − ℓp, ±20) + Σ_t M·clamp(log ρ_t, log 1e-8, 20),
-                            log 1e-8, 20);   L = −φ(W)·A·ℓθ, NOT multiplied by ρ again
+            log W_i = clamp(Σ_t M·clamp(ℓθ − ℓp, ±20) + F_i, log 1e-8, 20)
+            F_i = Σ_t M·clamp(log ρ_t, log 1e-8, 20)     weight 'token' (TRL's token_* modes)
+            F_i = clamp(log ρ_i, log 1e-8, 20)            weight 'sequence_product' (sequence_*)
+            L = −φ(W)·A·ℓθ, NOT multiplied by ρ again
 
-    so under ``fold`` W is the ratio against the sampler (π_θ/π_prox · π_prox/π_behave, each ρ_t
-    truncated or zeroed first) and a token ρ = 0 (``zero_outside``) sends the row's W to 1e-8
-    (φ ≈ 0).  TRL sums log ρ over the padded width, where its ρ = clip(1, C_min, C_max): the
-    two agree whenever C_min ≤ 1 ≤ C_max (TRL's defaults), which the sum over M assumes.  Token
-    level only (W is already a sequence quantity; TRL warns for ``importance_sampling_level:
-    sequence``).
+    so under ``fold`` W is the ratio against the sampler (π_θ/π_prox · π_prox/π_behave, with ρ
+    truncated or zeroed first) and ρ = 0 (``zero_outside``) sends the row's W to 1e-8 (φ ≈ 0).
+    A sequence ρ_i (the truncated or zeroed Π_t π_prox/π_behave) is one factor: TRL's ρ is
+    [B, 1] there and its sum over dim −1 adds log ρ_i once, not n_i times (``folded_log_rho``).  TRL's trainer itself refuses sequence_* modes
+    with VESPO; its ``get_gamma_weights`` computes them as above, and so does the harness.
+    'sequence_geometric' (exp of a mean, not a factor of the sampler ratio) and no weight are
+    refused.  TRL sums token log ρ over the padded width, where its ρ = clip(1, C_min, C_max):
+    the two agree whenever C_min ≤ 1 ≤ C_max (TRL's defaults), which the sum over M assumes.
+    Policy ratio at token level only (W is already a sequence quantity; TRL warns for
+    ``importance_sampling_level: sequence``).
 
     Stats: ``gate`` = φ broadcast to the row's tokens; ``silenced_mask`` = tokens with φ = 0
     (e.g. a row with log W at a clamp bound and a large λ); ``reweighted_mask`` = φ < 0.5.
@@ -118,14 +156,11 @@ def vespo_terms(p: F.PolicyInputs, o: VESPOOptions, ctx: F.Context) -> F.Terms:
     log_w = log_r.sum(dim=-1, keepdim=True)
     fold = o.behaviour_weight == "fold"
     if fold:
-        if p.w is None:
-            raise ValueError(
-                "vespo.behaviour_weight 'fold' needs a behaviour weight ρ (ppo.correction with "
-                "weight 'token'); without one use 'multiply'"
-            )
-        # log ρ = −inf where ρ = 0 (token_mask): the clamp turns it into log 1e-8, as TRL.
-        log_rho = torch.log(p.w.detach()).clamp(_LOG_W_MIN, _LOG_W_MAX)
-        log_w = log_w + torch.where(p.m, log_rho, torch.zeros_like(log_rho)).sum(-1, keepdim=True)
+        if p.w is None or p.weight_kind not in FOLDABLE:
+            got = f"got {p.weight_kind!r}" if p.weight_kind else "no correction given"
+            raise ValueError(f"{FOLD_NEEDS} ({got})")
+        per_row = p.weight_kind != "token"
+        log_w = log_w + folded_log_rho(p.w.detach(), p.m, per_row=per_row)
     log_w = log_w.clamp(_LOG_W_MIN, _LOG_W_MAX)
     nonneg = p.adv >= 0
     k = torch.where(nonneg, o.k_pos, o.k_neg).to(log_w.dtype)
