@@ -1,8 +1,9 @@
-"""Probability-space gates (``harness/ppo/corrections/gating.py``): OpenRLHF's IS gating
-``ratio | binary_kl | tv`` and ROLL's train–infer probability band, as corrections.  Golden
-statistics, loss AND gradient against transcriptions of the peers' loss code on random float64
-tensors, the config paths (preset name from --set and as a grid axis), composition with every
-objective, and the exports."""
+"""Probability-space gates: OpenRLHF's IS gating ``ratio | binary_kl | tv``
+(``harness/ppo/corrections/gating.py``) and ROLL's train–infer probability band
+(``roll_infer_diff``), as corrections.  Golden statistics, OpenRLHF's loss AND gradient against a
+transcription of its loss code on random float64 tensors, the config paths (preset name from --set
+and as a grid axis), composition with every objective, and the exports.  ROLL's band against
+ROLL's code: tests/ppo/test_corrections_segment.py."""
 
 from __future__ import annotations
 
@@ -77,20 +78,6 @@ def openrlhf_policy_loss(lt, lp, lb, A, M, level, mode, gating, threshold):
         filtered = ~keep
     loss = coef * loss
     return masked_mean(loss, Mf), filtered
-
-
-def roll_loss(lt, lp, lb, A, M, low, high):
-    """ROLL roll/pipeline/rlvr/actor_worker.py ``loss_func`` with pg_variant ppo and
-    token_filter.infer_diff_mask: the band narrows response_mask before agg_loss (token-mean)."""
-    response_mask = M.long()
-    ratio = (lt - lp).exp()
-    surr1 = ratio * A
-    surr2 = ratio.clamp(1 - EPS, 1 + EPS) * A
-    pg_loss = -torch.min(surr1, surr2)
-    train_infer_diff = lp.exp() - lb.exp()
-    band = (train_infer_diff <= high).float() * (train_infer_diff >= low).float()
-    response_mask = response_mask * band
-    return (pg_loss * response_mask).sum() / response_mask.sum(), band
 
 
 def ours(lt, lp, lb, A, M, c):
@@ -214,26 +201,6 @@ def test_openrlhf_presets_are_openrlhf_gates():
                 lt, lp, lb, A, M, "token", "mask", gating, threshold
             )
             agree(peer, ours(lt, lp, lb, A, M, name)[0], lt)
-
-
-# --- ROLL ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_roll_infer_diff_band_loss_and_gradient(seed):
-    lt, lp, lb, A, M = data(seed)
-    c = Correction(
-        filters=(Filter(metric="prob_diff", lower=-0.03, upper=0.05),), denominator="post"
-    )
-    peer, band = roll_loss(lt, lp, lb, A, M, -0.03, 0.05)
-    agree(peer, ours(lt, lp, lb, A, M, c)[0], lt)
-    kept = band.bool()[M]
-    assert 0 < int(kept.sum()) < int(M.sum())
-    # the preset is the ±0.2 band
-    lt, lp, lb, A, M = data(seed)
-    lb = lp - 2.0 * (lp - lb)
-    peer, band = roll_loss(lt, lp, lb, A, M, -0.2, 0.2)
-    agree(peer, ours(lt, lp, lb, A, M, "roll_infer_diff")[0], lt)
 
 
 # --- every objective, config, exports ---------------------------------------------------------

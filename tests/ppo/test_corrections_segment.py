@@ -1,13 +1,14 @@
-"""Correction filters at ``level: segment``: ROLL's ``agg_type: segment`` for its train–infer
-filters, the aggregate over each run of consecutive valid tokens of a row.
-
-The peer's formula is transcribed from ROLL (alibaba/ROLL): ``roll/pipeline/agentic/utils.py``
-(``compute_segment_masked_mean``) and ``roll/utils/train_infer_corrections.py``
-(``_compute_all_granularity``, ``compute_train_infer_correction``).
+"""Correction filters at ``level: segment`` (ROLL's ``agg_type: segment``: the aggregate over each
+run of consecutive valid tokens of a row), and ROLL's train–infer correction as a whole
+(``denominator: roll``, the preset ``roll_infer_diff``): filter, loss and gradient against a
+transcription of ROLL's code on random float64 inputs, every ``agg_type`` and ``loss_agg_mode``,
+with the deviations the harness takes pinned (token-mean, seq-mean-token-sum-norm, the 1e-8s on
+ROLL's int64 counts).
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +22,7 @@ from harness.cli import app
 from harness.config import build_run_config, load_run_config
 from harness.config.experiment import load_experiment
 from harness.core.configtools import ConfigError
-from harness.ppo.corrections import Correction, Filter
+from harness.ppo.corrections import PRESETS, Correction, Filter
 from harness.ppo.corrections.compute import apply_correction, segment_ids, segment_reduce
 from harness.ppo.objectives import ppo_actor_loss
 from harness.run.loop import run
@@ -49,6 +50,56 @@ CUT = {
 
 
 # -- the peer, transcribed ----------------------------------------------------------------------
+# alibaba/ROLL.  roll/utils/functionals.py at 090ac94658ad14006ef7665aa922bf2668f5517c:
+# masked_mean, masked_sum, agg_loss.  Of the same release line, whose keys are those of
+# roll/configs/base_config.py at 0a6a47e5afdc97749b353425b54f45296d9df3ff (no commit pinned for
+# these three): roll/pipeline/agentic/utils.py compute_segment_masked_mean,
+# roll/utils/train_infer_corrections.py _compute_all_granularity and the filter loop of
+# compute_train_infer_correction, and the PPO path of loss_func in
+# roll/pipeline/rlvr/actor_pg_worker.py.
+
+
+def roll_masked_mean(tensor, mask, dim=None):
+    """ROLL ``masked_mean``."""
+    if dim is not None:
+        mask_sum = mask.sum(axis=dim)
+        return torch.where(
+            mask_sum > 0,
+            (tensor * mask).sum(axis=dim) / (mask_sum + 1e-8),
+            torch.zeros_like(mask_sum),
+        )
+    return (tensor * mask).sum() / (mask.sum() + 1e-8)
+
+
+def roll_masked_sum(tensor, mask, dim=None):
+    """ROLL ``masked_sum``."""
+    if dim is not None:
+        mask_sum = mask.sum(axis=dim)
+        return torch.where(mask_sum > 0, (tensor * mask).sum(axis=dim), torch.zeros_like(mask_sum))
+    return (tensor * mask).sum()
+
+
+def roll_agg_loss(
+    loss_mat, loss_mask, loss_agg_mode, batch_num_tokens=None, global_valid_samples=None
+):
+    """ROLL ``agg_loss`` (weights None: ones)."""
+    if batch_num_tokens is None:
+        batch_num_tokens = loss_mask.sum()
+    if global_valid_samples is None:
+        global_valid_samples = loss_mat.size(0)
+    weights = torch.ones(loss_mask.shape[0], device=loss_mask.device)
+    if loss_agg_mode == "token-mean":
+        return (loss_mat * weights.unsqueeze(-1)).sum() / batch_num_tokens
+    valid_samples = torch.any(loss_mask > 0, dim=-1).float()
+    if loss_agg_mode == "seq-mean-token-sum":
+        seq_losses = roll_masked_sum(loss_mat, loss_mask, dim=-1)
+        return (seq_losses * weights * valid_samples).sum() / (global_valid_samples + 1e-8)
+    if loss_agg_mode == "seq-mean-token-mean":
+        seq_losses = roll_masked_mean(loss_mat, loss_mask, dim=-1)
+        return (seq_losses * weights * valid_samples).sum() / (global_valid_samples + 1e-8)
+    assert loss_agg_mode == "seq-mean-token-sum-norm"
+    seq_losses = roll_masked_sum(loss_mat, loss_mask, dim=-1)
+    return (seq_losses * weights * valid_samples).sum() / loss_mask.shape[-1]
 
 
 def roll_segment_masked_mean(tensor, mask):
@@ -75,26 +126,83 @@ def roll_segment_masked_mean(tensor, mask):
     return result
 
 
-def roll_segment_filter(old_lp, infer_lp, response_mask, kind, low, high):
-    """ROLL ``compute_train_infer_correction`` with one enabled filter of ``agg_type:
-    segment`` (``ratio_enabled`` or ``diff_enabled``): the ``filter_mask`` it returns."""
+def roll_granularity(old_log_probs, infer_log_probs, response_mask):
+    """ROLL ``_compute_all_granularity``: the ratio and the diff at every ``agg_type``."""
     response_mask = response_mask.long()
-    if kind == "ratio":
-        log_ratio = old_lp - infer_lp
-        stat = roll_segment_masked_mean(log_ratio, response_mask).exp()
-    else:
-        diff_token = old_lp.exp() - infer_lp.exp()
-        stat = roll_segment_masked_mean(diff_token, response_mask)
-    return (stat >= low).float() * (stat <= high).float()
+    log_ratio = old_log_probs - infer_log_probs
+    ratio_token = log_ratio.exp()
+    diff_token = old_log_probs.exp() - infer_log_probs.exp()
+    log_ratio_geo = roll_masked_mean(log_ratio, response_mask, dim=-1)
+    ratio_geometric = log_ratio_geo.exp().unsqueeze(-1).expand_as(ratio_token)
+    diff_geometric = (
+        roll_masked_mean(diff_token, response_mask, dim=-1).unsqueeze(-1).expand_as(diff_token)
+    )
+    log_ratio_seq = roll_masked_sum(log_ratio, response_mask, dim=-1)
+    ratio_sequence = log_ratio_seq.exp().unsqueeze(-1).expand_as(ratio_token)
+    diff_sequence = (
+        roll_masked_sum(diff_token, response_mask, dim=-1).unsqueeze(-1).expand_as(diff_token)
+    )
+    ratio_segment = roll_segment_masked_mean(log_ratio, response_mask).exp()
+    diff_segment = roll_segment_masked_mean(diff_token, response_mask)
+    return {
+        "ratio": {
+            "token": ratio_token,
+            "geometric": ratio_geometric,
+            "sequence": ratio_sequence,
+            "segment": ratio_segment,
+        },
+        "diff": {
+            "token": diff_token,
+            "geometric": diff_geometric,
+            "sequence": diff_sequence,
+            "segment": diff_segment,
+        },
+    }
 
 
-def roll_loss(lt, lp, lb, A, M, kind, low, high):
-    """ROLL's PPO loss with the filter multiplied into response_mask (token-mean agg_loss)."""
-    band = roll_segment_filter(lp, lb, M, kind, low, high)
-    mask = M.to(lt.dtype) * band
+def roll_filter_mask(old_lp, infer_lp, response_mask, checks):
+    """ROLL ``compute_train_infer_correction``'s ``filter_mask``: one (agg_type, 'ratio' or
+    'diff', low, high) per enabled check, multiplied together."""
+    base_mask = response_mask.long()
+    stats = roll_granularity(old_lp, infer_lp, base_mask)
+    filter_mask = torch.ones_like(base_mask)
+    for agg, kind, low, high in checks:
+        m = (stats[kind][agg] >= low).float() * (stats[kind][agg] <= high).float()
+        filter_mask = filter_mask * m
+    return filter_mask
+
+
+def roll_loss(lt, lp, lb, A, M, loss_agg_mode, checks, *, as_written=True, masked=False):
+    """ROLL ``loss_func``, pg_variant ppo, filtering in the loss (``enable_old_logprobs_recompute``
+    false): ``batch_num_tokens`` N and ``global_valid_samples`` G come counted on
+    ``response_mask`` before the filter (the strategy's ``_get_batch_num_tokens`` /
+    ``_get_global_valid_samples``, each at least 1); then ``response_mask = response_mask *
+    filter_mask`` and ``agg_loss``.  ``as_written``: the masks and counts in float64, so the 1e-8s
+    stand as written (ROLL's own are int64: ``as_written=False``).  ``masked``: the numerator
+    masked, ``torch.where(loss_mask.bool(), loss_mat, 0)`` (the open fix alibaba/ROLL#444)."""
+    response_mask = M.long()
+    batch_num_tokens = response_mask.sum().clamp(min=1)
+    global_valid_samples = torch.any(response_mask > 0, dim=-1).long().sum().clamp(min=1)
+    filter_mask = roll_filter_mask(lp, lb, response_mask, checks)
+    response_mask = response_mask.long() * filter_mask.long()
+    if as_written:
+        response_mask = response_mask.double()
+        batch_num_tokens = batch_num_tokens.double()
+        global_valid_samples = global_valid_samples.double()
     ratio = (lt - lp).exp()
-    pg = -torch.min(ratio * A, ratio.clamp(1 - EPS, 1 + EPS) * A)
-    return (pg * mask).sum() / mask.sum(), band
+    surr1 = ratio * A
+    surr2 = ratio.clamp(1 - EPS, 1 + EPS) * A
+    pg_loss = -torch.min(surr1, surr2)
+    if masked:
+        pg_loss = torch.where(response_mask.bool(), pg_loss, 0.0)
+    loss = roll_agg_loss(
+        pg_loss,
+        response_mask,
+        loss_agg_mode,
+        batch_num_tokens=batch_num_tokens,
+        global_valid_samples=global_valid_samples,
+    )
+    return loss, filter_mask.bool()
 
 
 def gappy(seed: int, B: int = 6, T: int = 12):
@@ -107,6 +215,53 @@ def gappy(seed: int, B: int = 6, T: int = 12):
     M[:, 1] = True
     A = torch.randn(B, T, generator=g, dtype=torch.float64) * M
     return lt, lp, lb, A, M
+
+
+def draw(seed: int):
+    """Random float64 inputs of random shape: 3–8 rows, some short, whose valid tokens form one
+    or more runs; a sampler mismatch of random size; a random band of each kind."""
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    B, T = rng.randint(3, 8), rng.randint(3, 12)
+    lb = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3 - 0.05
+    lp = lb + rng.uniform(0.05, 0.5) * torch.randn(B, T, generator=g, dtype=torch.float64)
+    lt = (lp + 0.1 * torch.randn(B, T, generator=g, dtype=torch.float64)).requires_grad_()
+    M = torch.rand(B, T, generator=g) > rng.uniform(0.2, 0.7)
+    M[0, 0] = True
+    A = torch.randn(B, T, generator=g, dtype=torch.float64) * M
+    h = rng.uniform(0.01, 0.1)
+    r = rng.uniform(0.05, 0.5)
+    bands = {"diff": (-h, h), "ratio": (math.exp(-r), math.exp(r))}
+    return (lt, lp, lb, A, M), bands
+
+
+def agree(mine, peer, lt):
+    """Loss and gradient to float64 precision (the rule is 1e-9 relative)."""
+    (g_mine,) = torch.autograd.grad(mine, lt, retain_graph=True)
+    (g_peer,) = torch.autograd.grad(peer, lt, retain_graph=True)
+    torch.testing.assert_close(mine, peer, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(g_mine, g_peer, rtol=1e-12, atol=1e-15)
+
+
+def rel(a, b) -> float:
+    a, b = float(a.detach()), float(b.detach())
+    return abs(a - b) / max(abs(b), 1e-300)
+
+
+ROLL_SEQ = ["seq-mean-token-mean", "seq-mean-token-sum"]
+# ROLL's agg_type → the harness's filter fields.
+AGG_TYPE = {
+    "token": {"level": "token"},
+    "segment": {"level": "segment", "agg": "mean"},
+    "geometric": {"level": "sequence", "agg": "mean"},
+    "sequence": {"level": "sequence", "agg": "sum"},
+}
+
+
+def roll_block(agg_type: str, kind: str, band: tuple[float, float]) -> Correction:
+    metric = "ratio" if kind == "ratio" else "prob_diff"
+    f = Filter(metric=metric, lower=band[0], upper=band[1], **AGG_TYPE[agg_type])
+    return Correction(filters=(f,), denominator="roll")
 
 
 # -- the pure functions -------------------------------------------------------------------------
@@ -159,42 +314,154 @@ def test_segment_reduce_matches_a_naive_loop(agg):
 
 
 def test_segment_mean_matches_roll():
+    """ROLL adds its 1e-8 to the int64 count of its mask, which torch forms in float32, where it
+    rounds away: on ROLL's own mask its segment mean is the exact-count mean the harness takes.
+    As written (a float64 mask) the two are at most 1e-8/n apart."""
     for seed in range(20):
         _, lp, lb, _, M = gappy(seed)
         x = lp - lb
+        mine = segment_reduce(x, M, "mean")
         torch.testing.assert_close(
-            segment_reduce(x, M, "mean"),
-            roll_segment_masked_mean(x, M.long()),
-            rtol=1e-7,  # ROLL divides by count + 1e-8
-            atol=1e-12,
+            mine, roll_segment_masked_mean(x, M.long()), rtol=1e-12, atol=1e-15
         )
+        written = roll_segment_masked_mean(x, M.double())
+        gap = ((mine - written).abs() / written.abs().clamp(min=1e-300))[M]
+        assert float(gap.max()) <= 1.01e-8 and float(gap.max()) > 1e-10
 
 
-# -- the filter, the loss and its gradient, against ROLL -------------------------------------
+# -- ROLL's train–infer correction (denominator: roll), against ROLL ---------------------------
 
 
-@pytest.mark.parametrize("kind,low,high", [("ratio", 0.9, 1.1), ("diff", -0.03, 0.03)])
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_filter_loss_and_gradient_match_roll(kind, low, high, seed):
-    lt, lp, lb, A, M = gappy(seed)
-    metric = "ratio" if kind == "ratio" else "prob_diff"
-    c = Correction(
-        filters=(Filter(level="segment", metric=metric, agg="mean", lower=low, upper=high),),
-        denominator="post",  # ROLL multiplies the filter into response_mask before agg_loss
+@pytest.mark.parametrize("loss_agg_mode", ROLL_SEQ)
+@pytest.mark.parametrize("kind", ["diff", "ratio"])
+@pytest.mark.parametrize("agg_type", list(AGG_TYPE))
+def test_roll_filter_loss_and_gradient_match_roll(agg_type, kind, loss_agg_mode):
+    """Every agg_type, ratio and diff checks, both sequence means: filter, loss and gradient
+    equal ROLL's to float64 precision on random draws, many of which empty a whole row (ROLL
+    keeps that row in G; 'post' drops it and is not ROLL)."""
+    emptied = 0
+    for seed in range(40):
+        (lt, lp, lb, A, M), bands = draw(seed)
+        c = roll_block(agg_type, kind, bands[kind])
+        peer, keep = roll_loss(lt, lp, lb, A, M, loss_agg_mode, [(agg_type, kind, *bands[kind])])
+        res = apply_correction(c, lt, lp, lb, A, M)
+        assert torch.equal(res.mask, M & keep)
+        mine, _ = ppo_actor_loss(lt, lp, lb, A, M, correction=c, loss_agg_mode=loss_agg_mode)
+        agree(mine, peer, lt)
+        if (M.any(dim=1) & ~res.mask.any(dim=1)).any() and res.mask.any():
+            emptied += 1
+            post, _ = ppo_actor_loss(
+                lt,
+                lp,
+                lb,
+                A,
+                M,
+                correction=replace(c, denominator="post"),
+                loss_agg_mode=loss_agg_mode,
+            )
+            assert rel(post, peer) > 1e-6
+    assert emptied >= 8, emptied
+
+
+def test_roll_segment_band_splits_rows():
+    """On multi-turn rows the segment band keeps one run of a row and drops another."""
+    for seed in range(3):
+        lt, lp, lb, A, M = gappy(seed)
+        c = roll_block("segment", "diff", (-0.03, 0.03))
+        peer, keep = roll_loss(
+            lt, lp, lb, A, M, "seq-mean-token-mean", [("segment", "diff", -0.03, 0.03)]
+        )
+        kept = keep & M
+        assert 0 < int(kept.sum()) < int(M.sum())
+        assert any(kept[i].any() and (M[i] & ~kept[i]).any() for i in range(M.shape[0]))
+        mine, _ = ppo_actor_loss(
+            lt, lp, lb, A, M, correction=c, loss_agg_mode="seq-mean-token-mean"
+        )
+        agree(mine, peer, lt)
+
+
+@pytest.mark.parametrize("loss_agg_mode", ROLL_SEQ)
+def test_the_preset_is_rolls_token_diff_band(loss_agg_mode):
+    """roll_infer_diff = ROLL's filters [{agg_type: token, ratio_enabled: false, diff_enabled:
+    true, diff_low: -0.2, diff_high: 0.2}], rows emptied by the band included."""
+    assert PRESETS["roll_infer_diff"].correction == roll_block("token", "diff", (-0.2, 0.2))
+    emptied = 0
+    for seed in range(30):
+        (lt, lp, lb, A, M), _ = draw(seed)
+        lb = lp - 3.0 * (lp - lb)  # a mismatch wide enough for the ±0.2 band to bite
+        peer, keep = roll_loss(lt, lp, lb, A, M, loss_agg_mode, [("token", "diff", -0.2, 0.2)])
+        mine, _ = ppo_actor_loss(
+            lt, lp, lb, A, M, correction="roll_infer_diff", loss_agg_mode=loss_agg_mode
+        )
+        agree(mine, peer, lt)
+        emptied += int((M.any(dim=1) & ~(M & keep).any(dim=1)).any())
+    assert emptied >= 3, emptied
+
+
+@pytest.mark.parametrize("loss_agg_mode", ROLL_SEQ)
+def test_roll_epsilons_as_written_and_on_int64_counts(loss_agg_mode):
+    """The 1e-8s stand as written (float64 masks and counts: equal to 1e-12).  ROLL's own masks
+    and counts are int64, where torch forms n + 1e-8 in float32 and the 1e-8 rounds away: the
+    harness is then 1e-8/G to 1e-8/G + 1e-8/min n apart (relative), above the 1e-9 rule, so the
+    1e-8s are in the harness's loss."""
+    g = torch.Generator().manual_seed(7)
+    B, T = 4, 3
+    lb = -torch.rand(B, T, generator=g, dtype=torch.float64) * 2 - 0.05
+    lp = lb + 0.05 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    lt = (lp + 0.1 * torch.randn(B, T, generator=g, dtype=torch.float64)).requires_grad_()
+    M = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]], dtype=torch.bool)
+    A = torch.rand(B, T, generator=g, dtype=torch.float64).add(0.1) * M  # one sign: no cancelling
+    checks = [("token", "diff", -0.2, 0.2)]
+    mine, _ = ppo_actor_loss(
+        lt, lp, lb, A, M, correction="roll_infer_diff", loss_agg_mode=loss_agg_mode
     )
-    res = apply_correction(c, lt, lp, lb, A, M)
-    peer, band = roll_loss(lt, lp, lb, A, M, kind, low, high)
-    assert torch.equal(res.mask, M & band.bool())
-    # the band acts, and not on whole rows only: some row keeps one run and drops another
-    kept = band.bool() & M
-    assert 0 < int(kept.sum()) < int(M.sum())
-    assert any(kept[i].any() and (M[i] & ~kept[i]).any() for i in range(M.shape[0]))
-    mine, _ = ppo_actor_loss(lt, lp, lb, A, M, correction=c)
-    (g_peer,) = torch.autograd.grad(peer, lt)
-    (g_mine,) = torch.autograd.grad(mine, lt)
-    torch.testing.assert_close(mine, peer, rtol=1e-12, atol=1e-13)
-    torch.testing.assert_close(g_mine, g_peer, rtol=1e-12, atol=1e-13)
-    assert g_mine.abs().sum() > 0
+    written, _ = roll_loss(lt, lp, lb, A, M, loss_agg_mode, checks)
+    as_run, _ = roll_loss(lt, lp, lb, A, M, loss_agg_mode, checks, as_written=False)
+    agree(mine, written, lt)
+    lo = 1e-8 / 4 * 0.99
+    hi = (1e-8 / 4 + (1e-8 if loss_agg_mode == "seq-mean-token-mean" else 0.0)) * 1.01
+    assert lo < rel(mine, as_run) < hi
+    assert rel(mine, as_run) > 1e-9
+
+
+def test_roll_token_mean_band_is_inert_in_roll_and_masked_here():
+    """ROLL's token-mean sums the unmasked loss matrix over N: its band leaves the loss as it is
+    without one.  The harness masks the numerator (Σ M′L / N, N counted before the band), as the
+    open fix alibaba/ROLL#444 does: a deliberate deviation."""
+    acted = 0
+    for seed in range(20):
+        (lt, lp, lb, A, M), bands = draw(seed)
+        checks = [("token", "diff", *bands["diff"])]
+        peer, keep = roll_loss(lt, lp, lb, A, M, "token-mean", checks)
+        plain, _ = ppo_actor_loss(lt, lp, lb, A, M, loss_agg_mode="token-mean")
+        agree(plain, peer, lt)
+        fixed, _ = roll_loss(lt, lp, lb, A, M, "token-mean", checks, masked=True)
+        c = roll_block("token", "diff", bands["diff"])
+        mine, _ = ppo_actor_loss(lt, lp, lb, A, M, correction=c, loss_agg_mode="token-mean")
+        agree(mine, fixed, lt)
+        pre, _ = ppo_actor_loss(
+            lt, lp, lb, A, M, correction=replace(c, denominator="pre"), loss_agg_mode="token-mean"
+        )
+        agree(mine, pre, lt)
+        if (M & ~keep).any():
+            acted += 1
+            assert rel(mine, peer) > 1e-9
+    assert acted >= 10, acted
+
+
+def test_roll_sum_norm_divides_by_t_alone():
+    """seq-mean-token-sum-norm: ROLL divides Σ M′L by T, the harness by G·T (as it does without
+    a correction): ROLL's is G times the harness's."""
+    for seed in range(10):
+        (lt, lp, lb, A, M), bands = draw(seed)
+        checks = [("token", "diff", *bands["diff"])]
+        peer, _ = roll_loss(lt, lp, lb, A, M, "seq-mean-token-sum-norm", checks)
+        c = roll_block("token", "diff", bands["diff"])
+        mine, _ = ppo_actor_loss(
+            lt, lp, lb, A, M, correction=c, loss_agg_mode="seq-mean-token-sum-norm"
+        )
+        G = int(M.any(dim=1).sum())
+        agree(mine * G, peer, lt)
 
 
 def test_segment_differs_from_sequence_on_multi_run_rows():

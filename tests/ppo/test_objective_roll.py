@@ -22,13 +22,13 @@ def agg_token_mean(loss_mat, loss_mask):
 
 
 def roll_kimi15(log_probs, old_log_probs, advantages, response_mask, tau=0.1):
-    """alibaba/ROLL roll/pipeline/rlvr/actor_worker.py ``_compute_kimi15_loss``."""
+    """alibaba/ROLL roll/pipeline/rlvr/actor_pg_worker.py ``_compute_kimi15_loss``."""
     kimi15_loss = -advantages * log_probs + tau * 0.5 * (log_probs - old_log_probs).pow(2)
     return agg_token_mean(kimi15_loss, response_mask)
 
 
 def roll_topr(log_probs, old_log_probs, advantages, response_mask, scores, pos_w=1.0, neg_w=1.0):
-    """alibaba/ROLL roll/pipeline/rlvr/actor_worker.py ``_compute_topr_loss`` (ratio =
+    """alibaba/ROLL roll/pipeline/rlvr/actor_pg_worker.py ``_compute_topr_loss`` (ratio =
     exp(log_probs − old_log_probs), pg_variant topr)."""
     ratio = (log_probs - old_log_probs).exp()
     positive_mask = (scores > 0).float()

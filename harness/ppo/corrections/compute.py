@@ -87,7 +87,8 @@ def segment_reduce(x: torch.Tensor, m: torch.Tensor, agg: str) -> torch.Tensor:
     mean, a Python loop over the runs, divisor count + 1e-8), used by
     ``roll/utils/train_infer_corrections.py`` ``_compute_all_granularity`` for the 'segment'
     granularity of its train–infer filters: ratio = exp(segment mean of ℓold − ℓinfer),
-    diff = segment mean of p_old − p_infer.  Here the divisor is the exact count."""
+    diff = segment mean of p_old − p_infer.  Here the divisor is the exact count: ROLL adds its
+    1e-8 to an int64 count, which torch forms in float32, where it rounds away."""
     B, T = m.shape
     ids = segment_ids(m)
     k = T + 1  # segment ids per row: 0 (off the mask) … at most ⌈T/2⌉
@@ -153,9 +154,9 @@ def probability_statistic(
     Sources: OpenRLHF ``openrlhf/models/loss.py`` (``PolicyLoss.forward``,
     ``is_correction_gating`` ``binary_kl`` / ``tv``: p = rollout, q = old probabilities, both
     clamped to [1e-6, 1 − 1e-6], stat = p·log(p/q) + (1 − p)·log((1 − p)/(1 − q)) or |p − q|);
-    ROLL ``roll/pipeline/rlvr/actor_worker.py`` (``loss_func``: ``train_infer_diff =
+    ROLL ``roll/utils/train_infer_corrections.py`` (``_compute_all_granularity``: ``diff_token =
     old_log_probs.exp() − infer_log_probs.exp()``, unclamped, gated by
-    ``token_filter.infer_diff_clamp_low/high``).
+    ``train_infer_correction.filters[].diff_low/diff_high``).
     """
     p_r = _wide(ref).exp()
     p_b = _wide(behave).exp()

@@ -147,10 +147,9 @@ _BLOCKS_AND_PEERS = (
     "`policy/correction_masked_frac` tokens) |",
     "| OpenRLHF `is_correction_mode=clip` [lo, hi] (token ratio only) | `{weight: token, "
     "clip_min: lo, clip_max: hi}` |",
-    "| ROLL `token_filter.infer_diff_mask` [lo, hi] | `{filters: [{metric: prob_diff, "
-    "lower: lo, upper: hi}], denominator: post}` (preset `roll_infer_diff` is ±0.2) |",
     "| ROLL `train_infer_correction.filters[]` {agg_type, ratio_low/high, diff_low/high} "
-    "| one filter per enabled check, `denominator: post`: `{level, agg, metric: ratio / "
+    "| one filter per enabled check, `denominator: roll` (preset `roll_infer_diff`: one "
+    "token-level diff band, ±0.2): `{level, agg, metric: ratio / "
     "prob_diff, lower, upper}` with agg_type token → `level: token`, segment → `level: "
     "segment, agg: mean`, geometric → `level: sequence, agg: mean`, sequence → `level: "
     "sequence, agg: sum` (ROLL `roll/utils/train_infer_corrections.py`; its segment IS "
@@ -158,9 +157,36 @@ _BLOCKS_AND_PEERS = (
     "segment` is accepted in a run only after a token-level mask filter with "
     "`sequential: true` (which ROLL does not have); on `ppo_actor_loss` / `PPOActor` "
     "batches with gaps in the loss mask (multi-turn) each run is its own segment |",
+    "| ROLL before `train_infer_correction` (`train_infer_diff_mask`, "
+    "`train_infer_diff_threshold_low/high`; `train_infer_ratio_mask`, "
+    "`train_infer_ratio_threshold_low/high`; `roll/pipeline/rlvr/actor_worker.py` at "
+    "4dc7f5b3b26eee91eef8153894ebf3806fde1ca8) | token filters, `denominator: post` (that "
+    "`loss_func` narrowed the mask before `agg_loss` counted it) |",
     "| AReaL `rejection_sampling` {level, action, metric, agg, lower, upper} | "
     "`{weight: token (sequence_geometric for sequence ratio), filters: [{level, metric "
     "(kl_kN → kN), direction: ref_behave, agg, lower, upper, action: mask / truncate}]}` |",
+    "",
+    "### ROLL's denominators",
+    "",
+    "ROLL filters in the actor's loss (`loss_func` with `enable_old_logprobs_recompute: "
+    "false`): it multiplies the filter into `response_mask`, but `agg_loss` divides by "
+    "`batch_num_tokens` N and `global_valid_samples` G counted before the filter "
+    "(alibaba/ROLL `roll/utils/functionals.py` at 090ac94658ad14006ef7665aa922bf2668f5517c).  "
+    "`denominator: roll` is that: under `seq-mean-token-mean` each row's loss is the mean over "
+    "its kept tokens, Σ_t M′L / (n′ + 1e-8), 0 for a row the filter empties, and the rows "
+    "are summed and divided by G + 1e-8, so an emptied row still counts; under "
+    "`seq-mean-token-sum` the row sums are divided by G + 1e-8.  The 1e-8s are ROLL's as "
+    "written, added in the loss's precision; ROLL adds them to int64 counts, which torch "
+    "forms in float32, where they round away, so the two are at most 1e-8/n apart "
+    "(relative).  The filters' own segment and sequence means divide by the exact count, "
+    "which is what ROLL's int64 masks give.",
+    "",
+    "Under `token-mean` ROLL's `agg_loss` divides the sum of the whole, unmasked loss matrix "
+    "by N: the filter leaves its policy loss unchanged (ROLL v0.2.0 on; the open fix "
+    "alibaba/ROLL#444 masks the numerator).  `denominator: roll` does what that fix does, "
+    "Σ M′L / N: the band acts, and a dropped token stays in the count.  Under "
+    "`seq-mean-token-sum-norm` ROLL divides Σ M′L by T alone, the harness by (rows · T) "
+    "with or without a correction; `prompt-mean` (not ROLL's) takes `pre`.",
     "",
 )
 

@@ -4,10 +4,9 @@ probabilities under the learner (p_p) and the sampler (p_b) leaves a band.
 OpenRLHF's ``is_correction_gating`` (``ratio | binary_kl | tv`` with ``is_correction_mode:
 mask``) keeps a survivor's token IS weight w = exp(ℓp − ℓb), unclipped, and gives a gated token
 weight 0 without taking it out of the denominators; its trust-region gates (binary_kl, tv) take a
-single upper bound δ.  ROLL's ``token_filter.infer_diff_mask`` drops tokens whose signed
-probability difference p_p − p_b leaves [low, high] from ``response_mask`` before ``agg_loss``
-(so they leave the denominators), with no weight.  OpenRLHF applies the gate under
-``policy_loss_type: ppo`` only; here it composes with every objective, as every correction does.
+single upper bound δ.  ROLL's band on the signed difference p_p − p_b is the ``roll`` family
+(``harness.ppo.corrections.roll``).  OpenRLHF applies the gate under ``policy_loss_type: ppo``
+only; here it composes with every objective, as every correction does.
 The OpenRLHF thresholds of the trust-region presets (0.2 for tv, 0.05 for binary_kl) are the
 harness's choice: OpenRLHF's default threshold is the ratio band [0.5, 5], which it refuses for a
 divergence gate; 0.2 and 0.05 are the δ SkyRL recommends for DPPO's binary TV and KL.
@@ -55,22 +54,5 @@ preset(
         Correction(weight="token", filters=(Filter(metric="binary_kl_directed", upper=0.05),)),
         peers={"OpenRLHF": _OPENRLHF.format(gating="binary_kl", threshold="[0, 0.05]")},
         rank=42,
-    )
-)
-
-preset(
-    Preset(
-        "roll_infer_diff",
-        "ROLL's train–infer probability band: tokens with p_p − p_b outside [−0.2, 0.2] leave "
-        "the loss and its denominators",
-        "keep_t ⟺ −0.2 ≤ p_p − p_b ≤ 0.2; post-filter denominator, no weight",
-        Correction(
-            filters=(Filter(metric="prob_diff", lower=-0.2, upper=0.2),), denominator="post"
-        ),
-        peers={
-            "ROLL": "`token_filter.infer_diff_mask=true`, `infer_diff_clamp_low=-0.2`, "
-            "`infer_diff_clamp_high=0.2` (`roll/pipeline/rlvr/actor_worker.py` loss_func)"
-        },
-        rank=43,
     )
 )

@@ -125,10 +125,13 @@ class Correction:
         "false: every filter and the sequence weight see the caller's mask (verl); true: each "
         "sees the mask narrowed by the filters before it (SkyRL's fixed order).",
     )
-    denominator: Literal["pre", "post"] = option(
+    denominator: Literal["pre", "post", "roll"] = option(
         "pre",
         "'pre': dropped tokens stay in the loss_agg_mode denominators (AReaL, TRL, SkyRL); "
-        "'post': they leave them (verl decoupled rollout_rs).",
+        "'post': they leave them (verl decoupled rollout_rs); 'roll': ROLL's loss-side "
+        "filter: a row's token mean is over its kept tokens (n′ + 1e-8) while the rows of the "
+        "seq-mean modes (G + 1e-8) and token-mean's tokens are counted before the filter, so "
+        "an emptied row still counts (harness.ppo.corrections.roll).",
     )
     bypass: bool = option(
         False,

@@ -33,6 +33,7 @@ from harness.ppo.corrections import (
     resolve,
 )
 from harness.ppo.corrections.areal import BEHAVE_CAP, BehaveMode
+from harness.ppo.corrections.roll import ROLL_SEQ_MODES, roll_sequence_mean
 from harness.ppo.masks import prompt_mean
 
 if TYPE_CHECKING:
@@ -178,19 +179,19 @@ class PolicyInputs:
     """What every policy objective starts from (built by ``policy_inputs``).
 
     ``m`` the loss mask, ``m_loss`` the mask the loss sums over (narrowed by the correction's
-    filters), ``n0`` = max(Σm, 1), ``prox`` / ``adv`` detached (``adv`` replaced by the sequence
+    filters), ``n0`` = max(Σm, 1), ``denominator`` the correction's ('pre' without one),
+    ``prox`` / ``adv`` detached (``adv`` replaced by the sequence
     mean at sequence level), ``log_ratio`` = ℓθ − ℓp (with gradient), ``ratio`` r on m (0
     elsewhere; the GSPO sequence ratio at sequence level), ``w`` the behaviour weight or None,
     ``filtered`` its filtered fraction, ``old`` the behaviour log-probs, ``correction`` what the
-    correction did (per-token masked / truncated, for the stats), ``weight_kind`` the
-    correction's weight ('token', 'sequence_product', 'sequence_geometric'; a sequence weight
-    is one ρ_i per row, broadcast to its tokens in ``w``), None without a correction.
+    correction did (per-token masked / truncated, for the stats).
     """
 
     logprobs: torch.Tensor
     m: torch.Tensor
     m_loss: torch.Tensor
     n0: int
+    denominator: str
     prox: torch.Tensor
     old: torch.Tensor
     adv: torch.Tensor
@@ -200,7 +201,6 @@ class PolicyInputs:
     filtered: float
     group_ids: torch.Tensor | None = None  # [B] prompt of each row ('prompt-mean' only)
     correction: CorrectionResult | None = None
-    weight_kind: str | None = None
 
     @property
     def zero(self) -> torch.Tensor:
@@ -348,6 +348,7 @@ def policy_inputs(
         m=m,
         m_loss=m_loss,
         n0=n0,
+        denominator="pre" if correction is None else correction.denominator,
         prox=prox,
         old=old_logprobs,
         adv=adv,
@@ -357,7 +358,6 @@ def policy_inputs(
         filtered=filtered,
         group_ids=group_ids,
         correction=result,
-        weight_kind=None if correction is None else correction.weight,
     )
 
 
@@ -401,6 +401,8 @@ def aggregate(pg: torch.Tensor, p: PolicyInputs, loss_agg_mode: str) -> torch.Te
         if p.group_ids is None:
             raise ValueError("loss_agg_mode 'prompt-mean' needs the rows' group_ids")
         return prompt_mean(contrib, m, p.group_ids)
+    if p.denominator == "roll" and loss_agg_mode in ROLL_SEQ_MODES:
+        return roll_sequence_mean(contrib, m, p.m_loss, loss_agg_mode)
     nonempty = m.any(dim=1)
     n_seq = max(int(nonempty.sum()), 1)
     per_seq = contrib.sum(dim=1)

@@ -40,7 +40,8 @@ def kimi15_terms(p: F.PolicyInputs, o: Kimi15Options, ctx: F.Context) -> F.Terms
     gradient is −A·∇ℓθ + τ·(ℓθ − ℓp)·∇ℓθ: REINFORCE pulled back toward the old policy in
     proportion to how far the token's log-prob has moved.
 
-    Source: alibaba/ROLL ``roll/pipeline/rlvr/actor_worker.py`` (``_compute_kimi15_loss``:
+    Source: alibaba/ROLL ``roll/pipeline/rlvr/actor_pg_worker.py`` and
+    ``roll/pipeline/agentic/agentic_actor_pg_worker.py`` (``_compute_kimi15_loss``:
     ``kimi15_loss = -advantages * log_probs + tau * 0.5 * (log_probs - old_log_probs).pow(2)``,
     ``tau = kimi15_tau`` default 0.1, then ``agg_loss`` by ``loss_agg_mode``); ROLL's
     ``old_log_probs`` are the training engine's recompute before the update (``ppo.

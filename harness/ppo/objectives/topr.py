@@ -44,7 +44,8 @@ def topr_terms(p: F.PolicyInputs, o: TOPROptions, ctx: F.Context) -> F.Terms:
 
     A_i = the row's mean advantage over its valid tokens.
 
-    Source: alibaba/ROLL ``roll/pipeline/rlvr/actor_worker.py`` (``_compute_topr_loss``:
+    Source: alibaba/ROLL ``roll/pipeline/rlvr/actor_pg_worker.py`` and
+    ``roll/pipeline/agentic/agentic_actor_pg_worker.py`` (``_compute_topr_loss``:
     ``positive_loss = -advantages * log_probs * positive_token_mask``, ``negative_loss =
     -clamp(ratio, 0, 1).detach() * advantages * log_probs * negative_token_mask``, weights
     ``topr_positive_weight`` / ``topr_negative_weight``).  ROLL splits the rows on the episode
