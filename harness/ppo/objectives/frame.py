@@ -184,7 +184,9 @@ class PolicyInputs:
     mean at sequence level), ``log_ratio`` = ℓθ − ℓp (with gradient), ``ratio`` r on m (0
     elsewhere; the GSPO sequence ratio at sequence level), ``w`` the behaviour weight or None,
     ``filtered`` its filtered fraction, ``old`` the behaviour log-probs, ``correction`` what the
-    correction did (per-token masked / truncated, for the stats).
+    correction did (per-token masked / truncated, for the stats), ``weight_kind`` the
+    correction's weight ('token', 'sequence_product', 'sequence_geometric'; a sequence weight
+    is one ρ_i per row, broadcast to its tokens in ``w``), None without a correction.
     """
 
     logprobs: torch.Tensor
@@ -201,6 +203,7 @@ class PolicyInputs:
     filtered: float
     group_ids: torch.Tensor | None = None  # [B] prompt of each row ('prompt-mean' only)
     correction: CorrectionResult | None = None
+    weight_kind: str | None = None
 
     @property
     def zero(self) -> torch.Tensor:
@@ -358,6 +361,7 @@ def policy_inputs(
         filtered=filtered,
         group_ids=group_ids,
         correction=result,
+        weight_kind=None if correction is None else correction.weight,
     )
 
 
