@@ -1,6 +1,6 @@
-"""The report's "Seeds that decide" section: per cell "decided at N seeds: better by X [lo, hi]"
-or "undecided at max", and what the adaptive design saved against the fixed design that gives
-every cell ``max`` seeds (the fixed design with the same confidence and the same worst-case
+"""The report's "Seeds that decide" section: per cell "decided at N seeds: better, higher by X
+(difference +X [lo, hi])" or "undecided at max", and what the adaptive design saved against the
+fixed design that gives every cell ``max`` seeds (the fixed design with the same confidence and the same worst-case
 interval), in seeds and in wall time."""
 
 from __future__ import annotations
@@ -152,7 +152,9 @@ def adaptive_section(doc: _Doc, data: StudyData) -> None:
     for cell, s in states.items():
         d = s.decision
         iv = f"{d.estimate:+.4g} [{d.lo:+.4g}, {d.hi:+.4g}]" if d else "—"
-        rows.append([cell, f"{s.done}/{s.released}", s.status, s.versus or "—", iv, s.line()])
+        rows.append(
+            [cell, f"{s.done}/{s.released}", s.status, s.versus or "—", iv, s.line(words=True)]
+        )
     doc.table(
         ["cell", "seeds", "verdict", "versus", "difference [interval]", "in words"],
         rows,

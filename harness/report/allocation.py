@@ -86,12 +86,15 @@ class CellState:
         """Nothing more will run for this cell: decided or undecided, and its seeds done."""
         return self.status != "open" and self.done >= self.released
 
-    def line(self) -> str:
+    def line(self, *, words: bool = False) -> str:
+        """Where the cell stands, in one line; ``words``: the decision as the report's prose
+        writes it (:meth:`Decision.words`)."""
         if self.status == "ranked":
             return f"{self.done}/{self.released} seeds done, below {self.versus} (ranking decided)"
         if self.status == "reference":
             return f"{self.done}/{self.released} seeds done (the reference)"
-        what = self.decision.line() if self.decision else "no look yet"
+        d = self.decision
+        what = (d.words() if words else d.line()) if d else "no look yet"
         vs = f" vs {self.versus}" if self.versus else ""
         return f"{self.done}/{self.released} seeds done, {what}{vs}"
 

@@ -18,8 +18,8 @@ import numpy as np
 from harness.core.configtools import flatten
 from harness.core.fsutil import atomic_write
 from harness.report.adaptive import adaptive_section, interim_reason
-from harness.report.factors import cell_choices, study_effects
-from harness.report.format import _code, _fmt_duration, fmt
+from harness.report.factors import cell_choices, level_key, study_effects
+from harness.report.format import _code, _fmt_duration, fmt, level_str
 from harness.report.plots import (
     PlotFile,
     plot_clip_fractions,
@@ -32,6 +32,8 @@ from harness.report.prose import conclusion, warnings_for
 from harness.report.render import RANKING_HEADER, _Doc, _ranking_cells
 from harness.report.scores import (
     APPROX_KL,
+    MIN_COLLAPSE_PEAK,
+    MIN_COLLAPSE_STEPS,
     REWARD,
     CurveFitRow,
     DivergedPolicy,
@@ -202,13 +204,31 @@ def _header(doc: _Doc, data: StudyData, rows: Sequence[CellRow]) -> None:
 
 
 def _seeds_fact(data: StudyData) -> str:
+    """How many seeds and which: "1 (seed 0)", "2 (seeds 0, 1)", "10 (seeds 0–9)"."""
     if data.adaptive is None:
-        return ", ".join(str(s) for s in data.seeds)
+        return seeds_text(data.seeds)
     a = data.adaptive
     return (
         f"adaptive: {a['min']} to {a['max']} per cell, {a['batch']} per look, decide "
         f"{a['decide']} (see Seeds that decide)"
     )
+
+
+def seeds_text(seeds: Sequence[int]) -> str:
+    """The count, then the seeds, runs of consecutive seeds as ranges: a bare "0" read as a
+    count of zero seeds."""
+    if not seeds:
+        return "0"
+    values = sorted(set(seeds))
+    runs: list[list[int]] = []
+    for v in values:
+        if runs and v == runs[-1][-1] + 1:
+            runs[-1].append(v)
+        else:
+            runs.append([v])
+    parts = [f"{r[0]}–{r[-1]}" if len(r) > 2 else ", ".join(str(v) for v in r) for r in runs]
+    word = "seed" if len(values) == 1 else "seeds"
+    return f"{len(values)} ({word} {', '.join(parts)})"
 
 
 def _ranking_section(
@@ -237,7 +257,9 @@ def _ranking_section(
         + ("; stratified: runs resampled within each task" if strat else "")
         + f"). {div_txt}; failed and unfinished runs have no score and are left out. "
         "P(improve) is the probability that a run of the cell beats a run of the baseline "
-        "(ties count half). Collapse = share of runs flagged `stability/collapsed`; final KL = "
+        "(ties count half). Collapse = share of runs flagged `stability/collapsed` among runs "
+        f"long enough to tell (at least {MIN_COLLAPSE_STEPS} logged rewards, smoothed peak at "
+        f"least {fmt(MIN_COLLAPSE_PEAK)}; — when none is); final KL = "
         "mean over runs of the last logged `policy/approx_kl`; clip fractions = mean over runs of "
         "the last 10 % of logged steps."
     )
@@ -403,20 +425,44 @@ def measured_table(
     return ["cell", "runs"] + [lab for _, lab in present], rows
 
 
+def _with_k(
+    data: StudyData, header: list[str], rows: list[list[str]]
+) -> tuple[list[str], list[list[str]], str]:
+    """The pass@k table with its k said: in the column names when every cell has the same
+    ``eval.k``, in a column of its own when they differ; and how the paragraph names k."""
+    ks = {c: cell_config(data, c).get("eval.k") for c in data.cells}
+    distinct = set(ks.values())
+    if distinct == {None}:
+        return header, rows, "k = `eval.k`, not recorded in this study"
+    if len(distinct) == 1:
+        (k,) = distinct
+        return [h.replace("pass@k", f"pass@{k}") for h in header], rows, f"k = `eval.k` = {k}"
+    by_label = dict(zip(data.cells, rows, strict=True))
+    return (
+        [*header[:2], "k", *header[2:]],
+        [
+            [*row[:2], _value_str(ks[c]) if ks[c] is not None else "—", *row[2:]]
+            for c, row in by_label.items()
+        ],
+        "k = `eval.k`, per cell in the column k",
+    )
+
+
 def _measured_sections(doc: _Doc, data: StudyData) -> None:
     """pass@k, the correction's own statistics and the mismatch's numerics/lag parts, each
     where the study measured them."""
     sampled = measured_table(data, EVAL_SAMPLED_COLUMNS, history=False)
     if sampled:
+        header, table, k_said = _with_k(data, *sampled)
         doc.heading(2, "Sampled evaluation: pass@1 and pass@k")
         doc.para(
             "With `eval.samples` > 0 every eval also samples completions of each held-out prompt "
-            "at the rollout temperature: pass@1 and pass@k (k = `eval.k`) are the unbiased "
+            f"at the rollout temperature: pass@1 and pass@k ({k_said}) are the unbiased "
             "estimates 1 − C(n−c, k)/C(n, k) averaged over prompts (c of n samples pass "
             "`eval.threshold`). *start* is before the first update, *final* the last eval; "
             "means over each cell's runs."
         )
-        doc.table(*sampled, code_col=0)
+        doc.table(header, table, code_col=0)
     corr = measured_table(data, CORRECTION_COLUMNS, history=True)
     if corr:
         doc.heading(2, "The correction's own statistics")
@@ -486,10 +532,17 @@ def _factor_section(doc: _Doc, data: StudyData, rows: Sequence[CellRow]) -> None
         f"seed on the {n} seeds every cell scored and shown with a 95 % paired-t interval "
         "across those seeds (docs/report.md)."
     )
+    # The effects hold each level as its JSON key; show it as the cell labels spell it.
+    spelled = {(a, level_key(v)): level_str(v) for a, vs in data.axes.items() for v in vs}
+
+    def name(axes: Sequence[str], levels: Sequence[Any]) -> str:
+        return " × ".join(
+            f"{a}={spelled.get((a, v), v)}" for a, v in zip(axes, levels, strict=True)
+        )
+
     table = []
     for e in effects:
-        what = " × ".join(f"{a}={v}" for a, v in zip(e.axes, e.levels, strict=True))
-        ref = " × ".join(f"{a}={v}" for a, v in zip(e.axes, e.reference, strict=True))
+        what, ref = name(e.axes, e.levels), name(e.axes, e.reference)
         table.append(
             [
                 what,

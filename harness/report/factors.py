@@ -146,8 +146,9 @@ def factor_effects(
     return out
 
 
-def _level(v: Any) -> str:
-    """A level as the report writes it (and as a hashable key: lists and dicts are values too)."""
+def level_key(v: Any) -> str:
+    """A level as a hashable key (lists and dicts are values too), in JSON: exact, and what
+    runs.csv writes; the report's text spells it as the cell labels do (``format.level_str``)."""
     if isinstance(v, str):
         return v
     try:
@@ -168,7 +169,7 @@ def cell_choices(data: StudyData) -> dict[str, dict[str, str]] | None:
             chosen = {a: overrides[a] for a in data.axes}
         if any(a not in chosen for a in data.axes):
             return None
-        out[label] = {a: _level(chosen[a]) for a in data.axes}
+        out[label] = {a: level_key(chosen[a]) for a in data.axes}
     return out
 
 
@@ -183,7 +184,7 @@ def study_effects(data: StudyData, rows: Sequence[CellRow]) -> tuple[list[Effect
     choices = cell_choices(data)
     if choices is None:
         return [], "the study does not record which level of each axis a cell takes"
-    levels = {a: list(dict.fromkeys(_level(v) for v in data.axes[a])) for a in axes}
+    levels = {a: list(dict.fromkeys(level_key(v) for v in data.axes[a])) for a in axes}
     keys = {label: tuple(c[a] for a in axes) for label, c in choices.items()}
     if len(set(keys.values())) != len(keys) or len(keys) != math.prod(map(len, levels.values())):
         return [], "the cells are not one full factorial of the axes"
@@ -204,4 +205,4 @@ def study_effects(data: StudyData, rows: Sequence[CellRow]) -> tuple[list[Effect
     return factor_effects(y, axes, levels, reference), ""
 
 
-__all__ = ["Effect", "cell_choices", "factor_effects", "study_effects"]
+__all__ = ["Effect", "cell_choices", "factor_effects", "level_key", "study_effects"]

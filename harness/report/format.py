@@ -56,9 +56,24 @@ def _fmt_duration(seconds: float) -> str:
     return f"{seconds:.1f} s"
 
 
+def level_str(v: object) -> str:
+    """A grid level spelled as the cell labels spell it (``harness.config.experiment``): floats
+    in ``%g``, None as ``none``, a mapping as ``{key:value,...}``, anything else ``str()``, so
+    a factor effect reads ``kl_coef=0`` where the cells say ``kl_coef=0``, not JSON's ``0.0``."""
+    if isinstance(v, float):
+        return f"{v:g}"
+    if v is None:
+        return "none"
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k}:{level_str(x)}" for k, x in v.items()) + "}"
+    return str(v)
+
+
 def _code(text: str) -> str:
-    """Inline code span (labels and keys), with backticks in the text made harmless."""
-    return "`" + str(text).replace("`", "'") + "`"
+    """Inline code span (labels and keys), with backticks in the text made harmless and line
+    breaks made spaces (a span cannot cross a line that starts a block)."""
+    one_line = " ".join(str(text).replace("`", "'").splitlines())
+    return "`" + one_line + "`"
 
 
 def _clip_triple(r: CellRow) -> str:

@@ -35,6 +35,7 @@ __all__ = [
     "DPI",
     "PlotFile",
     "cell_colors",
+    "plain",
     "plot_clip_fractions",
     "plot_intervals",
     "plot_metric_curves",
@@ -127,8 +128,15 @@ def cell_colors(labels: Sequence[str]) -> dict[str, Any]:
     return {lab: cmap(i % cmap.N) for i, lab in enumerate(labels)}
 
 
+def plain(text: str) -> str:
+    """User text (a cell label, a metric name) as matplotlib shows it literally: a ``$`` pair
+    would otherwise start mathtext, and a label such as ``cost $x^$`` fails to parse and takes
+    the whole report down.  Matplotlib renders an escaped ``\\$`` as a plain ``$``."""
+    return str(text).replace("$", r"\$")
+
+
 def _legend_label(label: str, data: StudyData) -> str:
-    return f"{label} (baseline)" if label == data.baseline else label
+    return plain(f"{label} (baseline)" if label == data.baseline else label)
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -293,7 +301,10 @@ def _row_label(row: CellRow, baseline: str | None) -> str:
     tag = " (baseline)" if row.label == baseline else ""
     unscored = row.n_failed + row.n_unfinished
     extra = f", {unscored} unscored" if unscored else ""
-    return f"{row.label}{tag}\n{row.n_used} scored, {row.n_diverged}/{row.n_seeds} diverged{extra}"
+    return (
+        f"{plain(row.label)}{tag}\n{row.n_used} scored, {row.n_diverged}/{row.n_seeds} "
+        f"diverged{extra}"
+    )
 
 
 def plot_intervals(rows: Sequence[CellRow], data: StudyData, path: Path) -> PlotFile | None:
@@ -320,7 +331,8 @@ def plot_intervals(rows: Sequence[CellRow], data: StudyData, path: Path) -> Plot
             ax.plot([r.iqm.low, r.iqm.high], [yi, yi], lw=6, color=colors[r.label], alpha=0.6)
             ax.plot(r.iqm.point, yi, "|", ms=14, mew=2, color="black")
     ax.set_yticks(y, [_row_label(r, data.baseline) for r in rows], fontsize=7)
-    _finish_axes(ax, f"IQM of {data.metric} ({data.direction}) with 95 % CI", data.metric, "")
+    metric = plain(data.metric)
+    _finish_axes(ax, f"IQM of {metric} ({data.direction}) with 95 % CI", metric, "")
     if has_p:
         ax = axes[1]
         ax.axvline(0.5, color="0.4", ls="--", lw=1)
@@ -387,7 +399,10 @@ def plot_performance_profile(
         ax.fill_between(taus, b.low, b.high, step="post", color=colors[r.label], alpha=0.12, lw=0)
     cmp = ">" if sign > 0 else "<"
     _finish_axes(
-        ax, "Performance profile", f"threshold τ on {data.metric}", f"fraction of runs {cmp} τ"
+        ax,
+        "Performance profile",
+        f"threshold τ on {plain(data.metric)}",
+        f"fraction of runs {cmp} τ",
     )
     ax.set_ylim(-0.02, 1.02)
     handles = [

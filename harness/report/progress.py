@@ -7,7 +7,9 @@ the runs started, where they ended, and whether the seeds support "better than t
 The comparison is paired per run: for run i of a cell, d_i = final_i − start_i, and the cell's
 change is mean(d) with a 95 % percentile-bootstrap CI over its runs
 (:func:`harness.report.stats.mean_ci`).  "Above the start" means the CI of the change lies above 0
-(equivalently, the mean final's CI lies above the mean start, paired by seed).  Two pairs of
+(equivalently, the mean final's CI lies above the mean start, paired by seed).  With fewer than
+:data:`~harness.report.stats.MIN_SEEDS_FOR_VERDICT` runs the bootstrap interval spans only the
+runs' own values, so there is no verdict ("too few runs to tell") and no interval is printed.  Two pairs of
 run-level summaries are compared (docs/stability.md):
 
 * batch reward: ``start/reward`` (mean of the first 10 logged batch rewards) → ``final/reward``
@@ -30,7 +32,7 @@ import numpy as np
 
 from harness.metrics.stability import FINAL_WINDOW, START_WINDOW
 from harness.report import stats
-from harness.report.stats import Interval
+from harness.report.stats import MIN_SEEDS_FOR_VERDICT, Interval
 from harness.report.studydata import StudyData
 
 # (label in the text, start key, final key)
@@ -53,7 +55,10 @@ class StartVsFinal:
 
     @property
     def verdict(self) -> str:
-        """'above' (change CI above 0), 'below' (CI below 0) or 'overlaps' (CI contains 0)."""
+        """'above' (change CI above 0), 'below' (CI below 0), 'overlaps' (CI contains 0), or
+        'too few' (fewer than MIN_SEEDS_FOR_VERDICT runs: the interval is only their values)."""
+        if self.n_runs < MIN_SEEDS_FOR_VERDICT:
+            return "too few"
         if self.change.low > 0:
             return "above"
         if self.change.high < 0:
@@ -102,7 +107,12 @@ _VERDICT_TEXT = {
     "above": "**above the start**",
     "below": "**below the start**",
     "overlaps": "not separated from the start",
+    "too few": "too few runs to tell",
 }
+
+
+def _runs(n: int) -> str:
+    return f"{n} completed run{'s' if n != 1 else ''}"
 
 
 def window_caveat(steps: int) -> str:
@@ -132,6 +142,14 @@ def describe(cell_text: str, comparisons: Sequence[StartVsFinal], steps: int | N
     parts = []
     for c in comparisons:
         caveat = window_caveat(steps) if steps is not None and c.what == "batch reward" else ""
+        if c.verdict == "too few":
+            # The means only: an interval over 1 or 2 runs is their own values, not seed noise.
+            parts.append(
+                f"{c.what} {_num(c.start)} → {_num(c.final.point)}, change "
+                f"{_signed(c.change.point)}: {_VERDICT_TEXT[c.verdict]}"
+                + (f" (*caveat*: {caveat})" if caveat else "")
+            )
+            continue
         parts.append(
             f"{c.what} {_num(c.start)} → {_num(c.final.point)} "
             f"[{_num(c.final.low)}, {_num(c.final.high)}], change {_signed(c.change.point)} "
@@ -139,9 +157,12 @@ def describe(cell_text: str, comparisons: Sequence[StartVsFinal], steps: int | N
             + (f" (*caveat*: {caveat})" if caveat else "")
         )
     n = max(c.n_runs for c in comparisons)
-    return (
-        f"Start vs final for {cell_text} (mean over {n} completed runs): " + "; ".join(parts) + "."
+    few = (
+        f"; a verdict needs at least {MIN_SEEDS_FOR_VERDICT}"
+        if any(c.verdict == "too few" for c in comparisons)
+        else ""
     )
+    return f"Start vs final for {cell_text} (mean over {_runs(n)}{few}): " + "; ".join(parts) + "."
 
 
 def conclusion_lines(
@@ -179,10 +200,18 @@ def conclusion_lines(
             for c in start_vs_final(data, cell, n_boot=n_boot, seed=seed)
             if c.what == "batch reward"
         ]
-        if verdicts:
+        judged = [v for v in verdicts if v != "too few"]
+        few = len(verdicts) - len(judged)
+        tail = f"; {few} cell{'s have' if few != 1 else ' has'} too few runs to tell" if few else ""
+        if judged:
             out.append(
                 f"Batch reward ends above the start (change CI above 0) in "
-                f"{verdicts.count('above')} of {len(verdicts)} cells, below it in "
-                f"{verdicts.count('below')}."
+                f"{judged.count('above')} of {len(judged)} cells, below it in "
+                f"{judged.count('below')}{tail}."
+            )
+        elif verdicts:
+            out.append(
+                f"No cell has {MIN_SEEDS_FOR_VERDICT} completed runs: too few runs to tell "
+                "whether the batch reward ends above the start."
             )
     return out

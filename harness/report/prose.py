@@ -19,7 +19,7 @@ from harness.report.format import (
     fmt_pct_interval,
 )
 from harness.report.scores import paired_ranking
-from harness.report.stats import Interval
+from harness.report.stats import MIN_SEEDS_FOR_VERDICT, Interval
 from harness.report.studydata import CellRow, StudyData
 
 
@@ -128,13 +128,6 @@ def warnings_for(rows: Sequence[CellRow], data: StudyData) -> list[str]:
     return out
 
 
-#: Fewer scored runs than this in a cell (or in the baseline) and the report gives no verdict
-#: from the cell's bootstrap intervals: with 1 or 2 values a percentile bootstrap has (almost)
-#: no width and says nothing about seed noise.  Verdicts of the adaptive seed rule are its own
-#: (a paired-t interval that accounts for its looks) and stand at any count it allows.
-MIN_SEEDS_FOR_VERDICT = 3
-
-
 def _too_small(r: CellRow) -> bool:
     return r.n_used < MIN_SEEDS_FOR_VERDICT
 
@@ -180,9 +173,11 @@ def conclusion(rows: Sequence[CellRow], data: StudyData) -> list[str]:
         lead = f"{_code(best.label)} leads so far"
     elif not small:
         lead = f"**{lead}**"
+    # Below the minimum the bootstrap interval is the runs' own values: the point alone.
+    value = fmt(best.iqm.point) if _too_small(best) else fmt_interval(best.iqm)
     out.append(
         f"{lead} by the IQM of {_code(data.metric)} ({better} is better): "
-        f"{fmt_interval(best.iqm)} over {best.n_used} scored runs "
+        f"{value} over {best.n_used} scored run{'s' if best.n_used != 1 else ''} "
         f"({best.n_diverged}/{best.n_seeds} diverged)."
     )
     if small:
@@ -305,14 +300,14 @@ def _adaptive_verdicts(
         )
         if st.status in decided and st.decision is not None:
             decided[st.status].append(r.label)
-            out.append(f"{_code(r.label)}: {st.decision.line()} (the seed rule's verdict){pairs}.")
+            out.append(f"{_code(r.label)}: {st.decision.words()} (the seed rule's verdict){pairs}.")
         elif st.status == "undecided" and st.decision is not None:
             out.append(
-                f"{_code(r.label)}: {st.decision.line()}: the seed rule reached its maximum "
+                f"{_code(r.label)}: {st.decision.words()}: the seed rule reached its maximum "
                 f"without a verdict{pairs}."
             )
         else:
-            last = st.decision.line() if st.decision is not None else "no look yet"
+            last = st.decision.words() if st.decision is not None else "no look yet"
             out.append(f"{_code(r.label)}: open ({last}): no verdict yet{pairs}.")
     moved = decided["better"] + decided["worse"]
     if best.label in decided["better"]:

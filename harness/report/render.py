@@ -139,7 +139,78 @@ def _inline_html(text: str) -> str:
 
 
 def _md_cell(text: str) -> str:
-    return text.replace("|", r"\|").replace("\n", " ")
+    return md_safe(text.replace("|", r"\|").replace("\n", " "))
+
+
+_PUNCT = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
+
+
+def _code_span_end(text: str, start: int) -> int:
+    """Where the code span opened by the backtick run at ``start`` ends (just past its closing
+    run), or -1 when the run opens none: CommonMark closes a span with the next run of exactly
+    as many backticks.  A candidate holding a line break is refused: a line that starts with a
+    tag inside it would still begin an HTML block, so its text is escaped like any other."""
+    run = start
+    while run < len(text) and text[run] == "`":
+        run += 1
+    width = run - start
+    i = run
+    while True:
+        i = text.find("`" * width, i)
+        if i < 0:
+            return -1
+        j = i
+        while j < len(text) and text[j] == "`":
+            j += 1
+        if j - i == width:
+            return -1 if any(c in text[run:i] for c in "\r\n") else j
+        i = j
+
+
+def md_safe(text: str) -> str:
+    """Markdown text with every raw-HTML opening outside code spans escaped.
+
+    Labels, descriptions, reasons and config values reach report.md as they were written, and a
+    renderer that passes HTML through would run a ``<script>`` among them.  CommonMark starts
+    raw HTML (and HTML blocks) only at ``<`` followed by a letter, ``/``, ``!`` or ``?``; each
+    such ``<`` outside a code span becomes ``&lt;``, which every renderer shows as ``<``.  A
+    ``<`` before anything else ("entropy < 1") and the contents of code spans (where HTML is
+    never interpreted) are left alone; backslash escapes are kept whole, so ``\\<`` stays
+    escaped and a ``\\``` opens no span.  Where the span structure is in doubt (a break inside
+    a candidate span) the text is escaped: at worst a ``&lt;`` shows inside a span."""
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\\" and i + 1 < n and text[i + 1] in _PUNCT:
+            out.append(text[i : i + 2])
+            i += 2
+        elif c == "`":
+            end = _code_span_end(text, i)
+            if end < 0:  # a literal run of backticks
+                j = i
+                while j < n and text[j] == "`":
+                    j += 1
+                end = j
+            out.append(text[i:end])
+            i = end
+        elif (
+            c == "<"
+            and i + 1 < n
+            and (text[i + 1] in "/!?" or text[i + 1].isascii() and text[i + 1].isalpha())
+        ):
+            out.append("&lt;")
+            i += 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _fence(text: str) -> str:
+    """A code fence longer than any backtick run in ``text``, so the text cannot close it."""
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    return "`" * max(3, longest + 1)
 
 
 _NUMERIC = re.compile(r"^[\s\d.,%\[\]—−+e/\-∞]+$")
@@ -153,29 +224,30 @@ class _Doc:
     html: list[str] = field(default_factory=list)
 
     def heading(self, level: int, text: str) -> None:
-        self.md += ["#" * level + " " + text, ""]
+        self.md += ["#" * level + " " + md_safe(text), ""]
         self.html.append(f"<h{level}>{_inline_html(text)}</h{level}>")
 
     def para(self, text: str) -> None:
-        self.md += [text, ""]
+        self.md += [md_safe(text), ""]
         self.html.append(f"<p>{_inline_html(text)}</p>")
 
     def bullets(self, items: Sequence[str], css: str = "") -> None:
-        self.md += [f"- {t}" for t in items] + [""]
+        self.md += [f"- {md_safe(t)}" for t in items] + [""]
         cls = f' class="{css}"' if css else ""
         self.html.append(
             f"<ul{cls}>" + "".join(f"<li>{_inline_html(t)}</li>" for t in items) + "</ul>"
         )
 
     def code(self, text: str) -> None:
-        self.md += ["```", text, "```", ""]
+        fence = _fence(text)
+        self.md += [fence, text, fence, ""]
         self.html.append(f"<pre><code>{html.escape(text)}</code></pre>")
 
     def table(self, header: Sequence[str], rows: Sequence[Sequence[str]], code_col: int = -1):
         """A table; column ``code_col`` (cell labels, config keys) is shown as code."""
 
         def cell_md(j: int, c: str) -> str:
-            return _code(c) if j == code_col and c else _md_cell(c)
+            return _md_cell(_code(c) if j == code_col and c else c)
 
         self.md.append("| " + " | ".join(_md_cell(h) for h in header) + " |")
         self.md.append("|" + "|".join("---" for _ in header) + "|")
@@ -197,7 +269,8 @@ class _Doc:
         )
 
     def figure(self, plot: PlotFile, rel: str) -> None:
-        self.md += [f"### {plot.title}", "", f"![{plot.title}]({rel})", "", plot.caption, ""]
+        title = md_safe(plot.title)
+        self.md += [f"### {title}", "", f"![{title}]({rel})", "", md_safe(plot.caption), ""]
         b64 = base64.b64encode(plot.path.read_bytes()).decode("ascii")
         self.html.append(
             f"<figure><h3>{html.escape(plot.title)}</h3>"

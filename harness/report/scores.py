@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from harness.metrics.stability import RUN_SMOOTH
 from harness.report import stats
 from harness.report.plots import (
     step_matrix,
@@ -66,6 +67,43 @@ def run_scores(data: StudyData, *, diverged: DivergedPolicy = "worst") -> list[f
         else:
             out.append(math.nan)
     return out
+
+
+#: A run's ``stability/collapsed`` flag enters the collapse rate only when the run could show a
+#: collapse worth the word: at least this many logged rewards (two of the training loops'
+#: RUN_SMOOTH windows, so the peak and the fall each span a smoothed window) ...
+MIN_COLLAPSE_STEPS = 2 * RUN_SMOOTH
+#: ... and a smoothed peak reward of at least this, in reward units (5 % of the built-in tasks'
+#: [0, 1] range): halving a peak of 0.016 is noise around zero, not a policy that lost what it
+#: had learned.  A run below either floor has no collapse flag (NaN: "—" when no run has one).
+MIN_COLLAPSE_PEAK = 0.05
+
+
+def collapse_flag(run: RunData, steps: int) -> float:
+    """The run's ``stability/collapsed`` flag, or NaN when the run is too short
+    (< :data:`MIN_COLLAPSE_STEPS` logged rewards) or its peak too low (trailing mean over
+    RUN_SMOOTH rewards never reaching :data:`MIN_COLLAPSE_PEAK`) for the flag to mean a
+    collapse.  Without a reward history, ``steps`` (the study's steps per run) and the peak the
+    summaries imply (max_drawdown / max_drawdown_frac) stand in."""
+    flag = _metric_value(run, "stability/collapsed")
+    if math.isnan(flag):
+        return math.nan
+    rewards = step_matrix([run], REWARD)[0]
+    rewards = rewards[np.isfinite(rewards)]
+    if rewards.size:
+        n = rewards.size
+        window = np.ones(min(RUN_SMOOTH, n))
+        # trailing means, the first ones over fewer values (as the summaries smooth them)
+        sums = np.convolve(rewards, window)[:n]
+        peak = float(np.max(sums / np.minimum(np.arange(1, n + 1), window.size)))
+    else:
+        n = steps
+        drop = _metric_value(run, "stability/max_drawdown")
+        frac = _metric_value(run, "stability/max_drawdown_frac")
+        peak = drop / frac if frac > 0 else math.nan
+    if n < MIN_COLLAPSE_STEPS or (math.isfinite(peak) and peak < MIN_COLLAPSE_PEAK):
+        return math.nan
+    return flag
 
 
 def _last_finite(run: RunData, key: str) -> float:
@@ -149,7 +187,7 @@ def ranking(
         runs = data.runs_of(label)
         vals_list = [score_of[id(r)] for r in runs]
         vals = _by_task(runs, vals_list, tasks)
-        collapsed = [_metric_value(r, "stability/collapsed") for r in runs]
+        collapsed = [collapse_flag(r, data.steps) for r in runs]
         div_flags = [1.0 if r.status == "diverged" else 0.0 for r in runs]
         summary = stats.summarize_cell(
             vals,

@@ -139,6 +139,19 @@ class Decision:
             return f"open at {self.n} seeds: {iv}"
         return f"undecided at max ({self.n} seeds): {iv}"
 
+    def words(self) -> str:
+        """:meth:`line` for the report's prose: a better or worse verdict says which way and by
+        how much before the signed interval ("worse, lower by 0.15 (difference -0.15 [...])"),
+        where ``line`` reads "worse by -0.15", a double negative."""
+        if self.verdict not in ("better", "worse"):
+            return self.line()
+        iv = f"{self.estimate:+.4g} [{self.lo:+.4g}, {self.hi:+.4g}]"
+        way = "higher" if self.estimate > 0 else "lower"
+        return (
+            f"decided at {self.n} seeds: {self.verdict}, {way} by {abs(self.estimate):.4g} "
+            f"(difference {iv})"
+        )
+
 
 def paired_interval(diffs: Sequence[float], level: float) -> tuple[float, float, float]:
     """Mean and two-sided paired-t interval of ``diffs`` at ``level``."""

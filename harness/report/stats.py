@@ -56,6 +56,7 @@ __all__ = [
     "CellSummary",
     "CurveFit",
     "Interval",
+    "MIN_SEEDS_FOR_VERDICT",
     "ProfileBand",
     "bootstrap_ci",
     "cis_overlap",
@@ -79,6 +80,14 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 # Can the CIs separate the cells?
 # --------------------------------------------------------------------------------------------
+
+
+#: Fewer scored runs than this in a cell (or in the baseline, or completed runs for a
+#: start-vs-final change) and the report gives no verdict from a bootstrap interval: with 1 or
+#: 2 values a percentile bootstrap has (almost) no width and says nothing about seed noise.
+#: Verdicts of the adaptive seed rule are its own (a paired-t interval that accounts for its
+#: looks) and stand at any count it allows.
+MIN_SEEDS_FOR_VERDICT = 3
 
 
 def cis_overlap(a: Interval, b: Interval) -> bool:
