@@ -32,10 +32,11 @@ test-gpu: $(STAMP)
 ablate: $(STAMP)
 	$(VENV)/bin/harness ablate experiments/default.yaml --workers 2
 
-# The documentation site from docs/ into site/; --strict: a warning (a broken nav entry, page or
-# anchor) fails the build.
+# The documentation site from docs/ into site/; --strict: a warning (a broken nav entry, a dead
+# link or image, a missing anchor) fails the build. No --quiet: mkdocs' --quiet hides the warnings
+# from --strict as well, and the build would pass them.
 docs: $(STAMP)
-	$(VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 docs-serve: $(STAMP)
 	$(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
@@ -45,6 +46,7 @@ FINDINGS := experiments/findings/inert-clip.yaml experiments/findings/dual-clip.
 	experiments/findings/clip-higher.yaml experiments/findings/norm.yaml \
 	experiments/findings/norm-adaptive.yaml \
 	experiments/findings/staleness.yaml experiments/losses.yaml \
+	experiments/findings/trl-vs-harness.yaml \
 	experiments/findings/objectives-2026.yaml experiments/findings/mismatch.yaml \
 	experiments/findings/engine-mismatch.yaml experiments/findings/prox-loglinear.yaml \
 	experiments/findings/seq-is-product.yaml
