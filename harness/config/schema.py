@@ -87,8 +87,10 @@ class RolloutConfig:
     sampler_dtype: SamplerDtype | None = field(
         default=None,
         metadata=_h(
-            "Precision of the sampler's forward only (autocast to it, CPU and CUDA); the learner "
-            "keeps model_options.dtype. null = the same as model_options.dtype."
+            "Precision of the sampler's forward only; the learner keeps model_options.dtype. The "
+            "local sampler runs under autocast to it (float32: autocast off; CPU and CUDA), the "
+            "vLLM engine (sampler_backend: vllm) holds its weights in it. null = the same as "
+            "model_options.dtype."
         ),
     )
     sampler_logit_noise: float = field(
@@ -307,7 +309,7 @@ class RunConfig:
         default="harness",
         metadata=_h(
             "Who trains the cell: the harness's PPO loop or TRL's GRPOTrainer (options mapped "
-            "as in the README's TRL table; what TRL cannot express is an error)."
+            "as in the table of docs/trl.md; what TRL cannot express is an error)."
         ),
     )
     diverge_after: int = field(

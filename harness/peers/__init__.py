@@ -1,5 +1,5 @@
 """Every TRL / verl / AReaL mapping, in one place: ``trl`` (a run config as TRL ``GRPOConfig``
-keyword arguments, what TRL cannot express, the table of ``docs/trl-mapping.md``),
+keyword arguments, what TRL cannot express, the table of ``docs/trl.md``),
 ``corrections`` (a ``ppo.correction`` block in TRL's and verl's names) and ``export`` (a config as
 TRL code, verl Hydra overrides or AReaL YAML, for ``harness export``).
 

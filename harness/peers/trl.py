@@ -1,6 +1,6 @@
 """How a harness ``RunConfig`` becomes TRL 1.16 ``GRPOConfig`` arguments — the mapping as data.
 
-``TRL_MAPPING`` is the table of ``docs/trl-mapping.md`` (``python -m harness.peers.trl`` writes it):
+``TRL_MAPPING`` is the table of ``docs/trl.md`` (``python -m harness.peers.trl`` writes it):
 one row per harness option with the ``GRPOConfig`` field it becomes and how faithful that is:
 
     exact      same math (up to float rounding)
