@@ -393,7 +393,10 @@ def _baseline(file: str, b: str | dict[str, Any], cells: list[Cell], axes: dict[
             )
         match = [c for c in cells if all(c.choice.get(k) == v for k, v in want.items())]
     if len(match) != 1:
-        labels = "; ".join(c.label for c in cells[:6]) + ("; ..." if len(cells) > 6 else "")
+        # Several matches: name those (the user narrows among them); none: name the grid's.
+        shown = match or cells
+        labels = "; ".join(c.label for c in shown[:6]) + ("; ..." if len(shown) > 6 else "")
         what = "matches several cells" if match else "is not a cell of the grid"
-        raise _err(file, "baseline", f"{b!r} {what} (cells: {labels})")
+        which = "matching cells" if match else "cells"
+        raise _err(file, "baseline", f"{b!r} {what} ({which}: {labels})")
     return match[0].label

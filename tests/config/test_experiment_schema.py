@@ -165,3 +165,12 @@ def test_model_option_bounds_are_declared_not_repeated_in_post_init() -> None:
         from_dict(LoraOptions, {"dropout": 1.0}, "lora")
     with pytest.raises(ConfigError, match="must be divisible by tiny.num_heads"):
         from_dict(TinyModelConfig, {"hidden_size": 130, "num_heads": 4}, "tiny")
+
+
+def test_a_baseline_matching_several_cells_names_only_those_cells(tmp_path):
+    grid = {"ppo.eps_clip": [0.1, 0.2], "ppo.kl_ctl": [0.0, 0.01]}
+    msg = error(tmp_path, grid=grid, baseline={"ppo.eps_clip": 0.2})
+    assert "matches several cells (matching cells: " in msg
+    assert "eps_clip=0.2" in msg and "eps_clip=0.1" not in msg
+    missing = error(tmp_path, grid=grid, baseline={"ppo.eps_clip": 0.3})
+    assert "is not a cell of the grid (cells: " in missing and "eps_clip=0.1" in missing
