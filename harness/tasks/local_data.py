@@ -30,6 +30,7 @@ import hashlib
 import json
 import mmap
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,13 @@ from harness.tasks.pairs import (
     pairs_from_records,
     read_jsonl,
 )
-from harness.tasks.parquet_pages import DATA_PAGE, DATA_PAGE_V2, BadHeader, page_headers
+from harness.tasks.parquet_pages import (
+    DATA_PAGE,
+    DATA_PAGE_V2,
+    BadHeader,
+    encryption,
+    page_headers,
+)
 
 _FORMS = "a save_to_disk directory, a .parquet or a .jsonl file"
 _FIELDS = ("prompt_field", "answer_field")
@@ -89,6 +96,11 @@ def _check_columns(spec: str, where: str, columns: list[str], fields: tuple[str,
             raise ValueError(
                 f"task '{spec}': task_options.{name}: {where} has no column '{col}' "
                 f"(columns: {', '.join(columns) or 'none'})"
+            )
+        if columns.count(col) > 1:  # which of them is meant cannot be told
+            raise ValueError(
+                f"task '{spec}': task_options.{name}: {where} has {columns.count(col)} columns "
+                f"named '{col}'; a prompt or answer column must be named once"
             )
 
 
@@ -305,12 +317,32 @@ def _read_saved(
     try:
         with contextlib.ExitStack() as stack:
             columns = _read_batches(spec, where, batches(stack), fields, bounds)
+    except pa.ArrowException as err:  # ArrowInvalid is a ValueError, too: Arrow's words alone
+        raise ValueError(f"task '{spec}': cannot read {where} ({_first_line(err)})") from None
     except ValueError:
         raise
     except Exception as err:  # a user's files: any failure to read them is bad input
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ValueError(f"task '{spec}': cannot read {where} ({first})") from None
+        raise ValueError(f"task '{spec}': cannot read {where} ({_first_line(err)})") from None
     return where, columns, _dir_digest(read, Path(os.path.realpath(root)))
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
+
+
+@contextlib.contextmanager
+def _mapped(path: Path) -> Iterator[memoryview]:
+    """The bytes of ``path``, memory-mapped (an empty file: no bytes; mmap refuses one)."""
+    with path.open("rb") as fh:
+        if os.fstat(fh.fileno()).st_size == 0:
+            yield memoryview(b"")
+            return
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            buf = memoryview(mm)
+            try:
+                yield buf
+            finally:
+                buf.release()
 
 
 # Rows Arrow decodes at a time: each batch is measured before the next is decoded.
@@ -327,49 +359,51 @@ def _check_pages(
     walk is bounded by the rows checked before."""
     where = str(path)
     declared = 0
-    with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        buf = memoryview(mm)
-        try:
-            for g, rows in enumerate(group_rows):
-                for i in leaf:
-                    col = meta.row_group(g).column(i)
-                    # Where Arrow starts reading the chunk (file_reader.cc ComputeColumnChunkRange).
-                    start = col.data_page_offset
-                    first = col.dictionary_page_offset
-                    if col.has_dictionary_page and first is not None and 0 < first < start:
-                        start = first
-                    values = pages = 0
-                    try:
-                        for page in page_headers(buf, start, col.total_compressed_size):
-                            declared += page.uncompressed
-                            if declared > bounds.data_bytes:
-                                raise ValueError(
-                                    bounds.data_refusal(
-                                        f"task '{spec}': the pages of the prompt and answer "
-                                        f"columns of {where} declare {declared:,} bytes or more "
-                                        "once decompressed"
-                                    )
+    with _mapped(path) as buf:
+        for g, rows in enumerate(group_rows):
+            for i in leaf:
+                col = meta.row_group(g).column(i)
+                # Arrow reads a chunk's pages while it has seen fewer values than the chunk
+                # declares (column_reader.cc SerializedPageReader::NextPage): none of a chunk of
+                # no values, which pyarrow writes, in a row group of no rows, with a data page
+                # offset of 0 (no page lies there).
+                if col.num_values <= 0:
+                    continue
+                # Where Arrow starts reading the chunk (file_reader.cc ComputeColumnChunkRange).
+                start = col.data_page_offset
+                first = col.dictionary_page_offset
+                if col.has_dictionary_page and first is not None and 0 < first < start:
+                    start = first
+                values = pages = 0
+                try:
+                    for page in page_headers(buf, start, col.total_compressed_size):
+                        declared += page.uncompressed
+                        if declared > bounds.data_bytes:
+                            raise ValueError(
+                                bounds.data_refusal(
+                                    f"task '{spec}': the pages of the prompt and answer "
+                                    f"columns of {where} declare {declared:,} bytes or more "
+                                    "once decompressed"
                                 )
-                            pages += 1
-                            if page.kind in (DATA_PAGE, DATA_PAGE_V2):
-                                values += page.num_values
-                            if values > rows or pages > rows + 2:
-                                raise BadHeader(
-                                    f"{pages:,} pages of {values:,} values for {rows:,} rows"
-                                )
-                    except BadHeader as err:
-                        raise ValueError(
-                            f"task '{spec}': cannot read {where} as Parquet (a page header of "
-                            f"column '{col.path_in_schema}' in row group {g}: {err})"
-                        ) from None
-        finally:
-            buf.release()
+                            )
+                        pages += 1
+                        if page.kind in (DATA_PAGE, DATA_PAGE_V2):
+                            values += page.num_values
+                        if values > rows or pages > rows + 2:
+                            raise BadHeader(
+                                f"{pages:,} pages of {values:,} values for {rows:,} rows"
+                            )
+                except BadHeader as err:
+                    raise ValueError(
+                        f"task '{spec}': cannot read {where} as Parquet (a page header of "
+                        f"column '{col.path_in_schema}' in row group {g}: {err})"
+                    ) from None
 
 
 def _read_parquet(spec: str, path: Path, fields: tuple[str, str], bounds: limits.DataBounds) -> Any:
     _regular(spec, path)
     _size_check(spec, [path], bounds)
-
+    _check_unencrypted(spec, path)
     try:
         pf = pq.ParquetFile(path)
         schema = pf.schema_arrow
@@ -407,12 +441,34 @@ def _read_parquet(spec: str, path: Path, fields: tuple[str, str], bounds: limits
             batch_size=PARQUET_BATCH_ROWS, columns=sorted(set(fields)), use_threads=False
         )
         columns = _read_batches(spec, str(path), batches, fields, bounds)
+    except pa.ArrowException as err:  # ArrowInvalid is a ValueError, too: Arrow's words alone
+        raise ValueError(
+            f"task '{spec}': cannot read {path} as Parquet ({_first_line(err)})"
+        ) from None
     except ValueError:
         raise
     except Exception as err:
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ValueError(f"task '{spec}': cannot read {path} as Parquet ({first})") from None
+        raise ValueError(
+            f"task '{spec}': cannot read {path} as Parquet ({_first_line(err)})"
+        ) from None
     return str(path), columns, file_digest(path)
+
+
+def _check_unencrypted(spec: str, path: Path) -> None:
+    """Refuse an encrypted Parquet file before Arrow opens it: without keys Arrow may end the
+    process rather than raise (:func:`harness.tasks.parquet_pages.encryption`)."""
+    with _mapped(path) as buf:
+        try:
+            why = encryption(buf)
+        except BadHeader as err:
+            raise ValueError(
+                f"task '{spec}': cannot read {path} as Parquet (its footer: {err})"
+            ) from None
+    if why is not None:
+        raise ValueError(
+            f"task '{spec}': {path} is an encrypted Parquet file ({why}); hf: reads unencrypted "
+            "files only"
+        )
 
 
 def hf_task(

@@ -239,6 +239,11 @@ def read_jsonl(
                 raise ValueError(
                     f"task '{spec}': {path} line {lineno}: invalid JSON ({exc.msg})"
                 ) from None
+            except RecursionError:  # json nests by recursion: [[[[...]]]] deeper than Python's
+                raise ValueError(
+                    f"task '{spec}': {path} line {lineno}: JSON nested too deeply to read "
+                    "(arrays or objects within each other past Python's recursion limit)"
+                ) from None
     return pairs_from_records(
         spec,
         path,
