@@ -31,22 +31,31 @@ Protocol (``multiprocessing.connection`` framing over two pipes): the parent sen
 ``("init", sys.path, spec, module, function, seed)``, then ``("call", prompt, completion, answer)``
 per reward; the child answers ``("ready",)`` once and ``("ok", float)`` or ``("error", reason)``
 per call.  The value checks (:func:`reward_value`) run in the child, where a hostile
-``__float__`` is bounded by the same deadline.
+``__float__`` is bounded by the same deadline.  The parent reads a reply itself
+(:func:`_read_frame`) rather than with ``Connection.recv``: the deadline bounds the whole reply,
+not its first byte (a reward that writes half a frame to the reply pipe and sleeps would
+otherwise hang the run), a reply is at most :data:`REPLY_CAP` bytes (the child cuts a reason
+to :data:`REASON_CHARS` characters before sending it), and it is unpickled without calling
+anything it names (a reward can write to the pipe itself: what it writes must not run here).
 """
 
 from __future__ import annotations
 
 import ctypes
+import io
 import math
 import numbers
 import os
+import pickle
 import random
 import signal
+import struct
 import subprocess
 import sys
 import threading
+import time
 import weakref
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
@@ -56,16 +65,21 @@ from harness.tasks.base import RewardError, import_module
 # Rewards are trained in float32: a float64 beyond this range becomes inf there.
 FLOAT32_MAX = 3.4028234663852886e38
 OUTPUT_CAP = 64 * 1024  # bytes of a reward's stdout/stderr shown on the console, per process
-START_TIMEOUT_S = 60.0
-DEFAULT_REWARD_TIMEOUT_S = 10.0  # task_options.reward_timeout_s: one call, seconds  # starting the interpreter and importing the reward's module
+START_TIMEOUT_S = 60.0  # starting the interpreter and importing the reward's module
+DEFAULT_REWARD_TIMEOUT_S = 10.0  # task_options.reward_timeout_s: one call, seconds
+REASON_CHARS = 300  # characters of a reward's exception message a reason keeps
+REPLY_CAP = 64 * 1024  # bytes of one reply from the child; its replies are far smaller
 
 
 def reward_value(value: Any) -> float | str:
     """``value`` as the float reward, or the reason it cannot be one (a short phrase).
 
-    A reward is a real number (``int``, ``float``, ``bool`` as 0/1, numpy scalars) that is
-    finite and inside the float32 range the loss is computed in; anything else (a string, None,
-    a list, an array) is refused rather than guessed at."""
+    A reward is a real number (``int``, ``float``, ``bool`` as 0/1, numpy's number scalars and
+    ``numpy.bool_`` as 0/1) that is finite and inside the float32 range the loss is computed in;
+    anything else (a string, None, a list, an array) is refused rather than guessed at."""
+    numpy = sys.modules.get("numpy")  # a reward that returns a numpy value has imported it
+    if numpy is not None and isinstance(value, numpy.bool_):
+        value = bool(value)  # numpy's bool is not a numbers.Real, unlike Python's
     if not isinstance(value, numbers.Real):
         return f"returned {value!r:.60}, not a number"
     try:
@@ -87,8 +101,12 @@ def reward_value(value: Any) -> float | str:
 def describe_exit(exc: BaseException) -> str:
     """What a reward's exception says as a reason."""
     if isinstance(exc, SystemExit):
-        return f"called sys.exit({exc.code!r})"
-    first = str(exc).splitlines()[0] if str(exc) else ""
+        return f"called sys.exit({exc.code!r:.{REASON_CHARS}})"
+    text = str(exc)
+    lines = text[: REASON_CHARS + 1].splitlines()  # a 300 MB message is not split whole
+    first = lines[0] if lines else ""
+    if len(first) > REASON_CHARS:
+        first = first[:REASON_CHARS] + "..."
     return f"raised {type(exc).__name__}: {first}" if first else f"raised {type(exc).__name__}"
 
 
@@ -111,36 +129,50 @@ class RewardProcess:
             if self._proc is None:
                 self._start(where)
             assert self._send is not None and self._recv is not None
+            deadline = time.monotonic() + self.timeout_s
             try:
-                self._send.send(("call", prompt, completion, answer))
-                answered = self._recv.poll(self.timeout_s)
-            except (BrokenPipeError, ConnectionResetError):
-                answered = True  # the child is gone: recv() below reports how it ended
+                try:
+                    self._send.send(("call", prompt, completion, answer))
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the child is gone: reading its reply reports how it ended
+                reply = self._reply(where, deadline)
             except BaseException:
                 # Ctrl-C or SIGTERM mid-call: the answer would still arrive and be read as the
-                # next call's, so this process is done with.
+                # next call's, so this process is done with (as it is after a bad reply).
                 self.close()
                 raise
-            if not answered:
+            if reply is None:
                 self.close()
                 raise RewardError(
                     f"{where} did not return within task_options.reward_timeout_s = "
                     f"{self.timeout_s:g} s (its process was stopped)"
                 )
-            reply = self._reply(where)
         if reply[0] == "ok":
             return float(reply[1])
         raise RewardError(f"{where} {reply[1]}"[:500])
 
-    def _reply(self, where: str) -> tuple[str, Any]:
+    def _reply(self, where: str, deadline: float) -> tuple[Any, ...] | None:
+        """The child's next reply, or None when ``deadline`` (``time.monotonic()``) passes before
+        all of it has arrived; raises :class:`RewardError` when the child ended or sent what is
+        not a reply."""
         assert self._recv is not None
         try:
-            reply: tuple[str, Any] = self._recv.recv()
-            return reply
+            frame = _read_frame(self._recv.fileno(), deadline)
+        except _Late:
+            return None
         except (EOFError, OSError):
             how = self._ended()
             self.close()
             raise RewardError(f"{where} ended the reward process ({how})") from None
+        except _BadReply as err:
+            raise RewardError(f"{where}: the reward process sent {err}") from None
+        try:
+            reply = _PlainUnpickler(io.BytesIO(frame)).load()
+        except Exception:
+            reply = None
+        if not _well_formed(reply):
+            raise RewardError(f"{where}: the reward process sent something other than a reply")
+        return tuple(reply)
 
     def _ended(self) -> str:
         """How the child ended (it closed its end of the pipe: it exited or is exiting)."""
@@ -187,13 +219,17 @@ class RewardProcess:
         self._finalizer = weakref.finalize(self, _kill_group, proc, drainer, self._send, self._recv)
         seed = _run_seed()
         self._send.send(("init", list(sys.path), self.spec, self.module, self.function, seed))
-        if not self._recv.poll(START_TIMEOUT_S):
+        try:
+            reply = self._reply(where, time.monotonic() + START_TIMEOUT_S)
+        except BaseException:
+            self.close()
+            raise
+        if reply is None:
             self.close()
             raise RewardError(
                 f"{where}: the reward process did not import '{self.module}' within "
                 f"{START_TIMEOUT_S:g} s"
             )
-        reply = self._reply(where)
         if reply[0] != "ready":
             self.close()
             raise RewardError(f"task '{self.spec}': the reward process {reply[1]}"[:500])
@@ -203,6 +239,60 @@ class RewardProcess:
         if self._finalizer is not None:
             self._finalizer()
         self._proc = self._send = self._recv = self._finalizer = None
+
+
+class _Late(Exception):
+    """The deadline passed before a whole reply arrived."""
+
+
+class _BadReply(Exception):
+    """A frame no reply of the protocol makes (``str``: what was sent)."""
+
+
+def _read_exact(fd: int, n: int, deadline: float) -> bytes:
+    """``n`` bytes from pipe ``fd``, all of them before ``deadline``; EOFError when the writer
+    closed it first."""
+    got = bytearray()
+    while len(got) < n:
+        left = deadline - time.monotonic()
+        if left <= 0 or not wait([fd], left):
+            raise _Late
+        chunk = os.read(fd, n - len(got))  # readable: returns what is there, never blocks
+        if not chunk:
+            raise EOFError
+        got += chunk
+    return bytes(got)
+
+
+def _read_frame(fd: int, deadline: float) -> bytes:
+    """One ``multiprocessing.connection`` frame (a big-endian int32 length, -1 then a uint64
+    length for a long one, then the bytes), read before ``deadline`` and at most
+    :data:`REPLY_CAP` bytes long."""
+    (size,) = struct.unpack("!i", _read_exact(fd, 4, deadline))
+    if size == -1:
+        (size,) = struct.unpack("!Q", _read_exact(fd, 8, deadline))
+    if not 0 <= size <= REPLY_CAP:
+        raise _BadReply(f"a reply of {size:,} bytes (a reply is at most {REPLY_CAP:,})")
+    return _read_exact(fd, size, deadline)
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Unpickles tuples, strings and numbers only: a reply that names a class or a function (a
+    reward writing ``(os._exit, (1,))`` as a frame) is not called in this process."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"a reply names {module}.{name}")
+
+
+def _well_formed(reply: Any) -> bool:
+    """Whether ``reply`` is one the child's loop makes: ``("ready",)``, ``("ok", float)`` or
+    ``("error", str)``."""
+    if not isinstance(reply, tuple) or not reply or not isinstance(reply[0], str):
+        return False
+    if reply[0] == "ready":
+        return len(reply) == 1
+    kinds = {"ok": float, "error": str}
+    return len(reply) == 2 and reply[0] in kinds and type(reply[1]) is kinds[reply[0]]
 
 
 def _kill_group(
