@@ -1,8 +1,11 @@
-"""Where a run came from: git commit and dirty flag, package versions (logged as tags)."""
+"""Where a run came from: git commit and dirty flag, package versions, and the machine (logged as
+tags).  The machine matters to a reader: a PPO run amplifies the last bits of its CPU kernels,
+which differ by instruction set, so the same seed gives other numbers on another processor."""
 
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 from importlib import metadata
 from pathlib import Path
@@ -35,3 +38,49 @@ def provenance_tags() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             pass
     return tags
+
+
+# CPU flags -> the instruction-set level PyTorch's CPU kernels dispatch on (ATen's capability
+# names), most capable first.
+_ISA_LEVELS = (("avx512f", "AVX512"), ("avx2", "AVX2"), ("asimd", "NEON"))
+
+
+@functools.lru_cache(maxsize=1)
+def machine_tags() -> dict[str, str]:
+    """``machine.cpu`` (the model name), ``machine.isa`` (the SIMD level the kernels use) and
+    ``machine.cores`` of the machine this process runs on, read from ``/proc/cpuinfo``."""
+    cpu, flags = "", set[str]()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "Model", "cpu model") and not cpu:
+                    cpu = " ".join(value.split())
+                elif key in ("flags", "Features") and not flags:
+                    flags = set(value.split())
+                if cpu and flags:
+                    break
+    except OSError:
+        pass
+    isa = next((name for flag, name in _ISA_LEVELS if flag in flags), "DEFAULT")
+    if isa == "AVX512" and os.environ.get("ATEN_CPU_CAPABILITY", "").lower() == "avx2":
+        isa = "AVX2"  # the kernels are held to AVX2 by the environment
+    return {
+        "machine.cpu": cpu or "unknown",
+        "machine.isa": isa,
+        "machine.cores": str(os.cpu_count() or 0),
+    }
+
+
+def machine_text(tags: dict[str, str]) -> str:
+    """One line for a reader: ``AMD EPYC 7B13, AVX2, 2 cores, 1 torch thread, cpu``."""
+    parts = [tags.get("machine.cpu", "unknown"), tags.get("machine.isa", "")]
+    if tags.get("machine.cores"):
+        parts.append(f"{tags['machine.cores']} cores")
+    threads = tags.get("machine.torch_threads")
+    if threads:
+        parts.append(f"{threads} torch thread{'' if threads == '1' else 's'}")
+    if tags.get("machine.device"):
+        parts.append(tags["machine.device"])
+    return ", ".join(p for p in parts if p)

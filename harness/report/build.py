@@ -44,7 +44,7 @@ from harness.report.scores import (
     paired_ranking,
     ranking,
 )
-from harness.report.studydata import CellRow, StudyData
+from harness.report.studydata import CellRow, RunData, StudyData
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,17 @@ def _header(doc: _Doc, data: StudyData, rows: Sequence[CellRow]) -> None:
     ]
     if tasks != [""]:
         facts.insert(-1, ("tasks", ", ".join(t or "(unnamed)" for t in tasks)))
+    machines = _machines_of(runs)
+    if machines:
+        facts.append(("machine" if len(machines) == 1 else "machines", "; ".join(machines)))
     doc.table(["", "value"], [list(f) for f in facts])
+    if machines:
+        doc.para(
+            "The scores are this machine's: a PPO run amplifies the last bits of the CPU's "
+            "kernels, which differ by processor and instruction set, so the same seeds give "
+            "other values elsewhere. What carries across machines is the direction of a "
+            "difference and whether it is decided, not its digits."
+        )
     doc.heading(2, "What was varied")
     doc.table(
         ["axis", "values"],
@@ -201,6 +211,15 @@ def _header(doc: _Doc, data: StudyData, rows: Sequence[CellRow]) -> None:
     if data.command:
         doc.para("Produced by:")
         doc.code(data.command)
+
+
+def _machines_of(runs: list[RunData]) -> list[str]:
+    """The distinct machines the runs recorded, in first-seen order (none for older studies)."""
+    seen: list[str] = []
+    for r in runs:
+        if r.machine and r.machine not in seen:
+            seen.append(r.machine)
+    return seen
 
 
 def _seeds_fact(data: StudyData) -> str:

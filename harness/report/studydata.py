@@ -35,6 +35,7 @@ class RunData:
     task: str = ""  # task spec of the run (stratification key when a study spans several tasks)
     run_id: str | None = None  # tracker (MLflow) run id
     wall_time: float = float("nan")
+    machine: str = ""  # "CPU model, ISA, cores, torch threads, device" the run ran on
 
 
 @dataclass

@@ -30,6 +30,7 @@ import torch
 from harness.config import RunConfig
 from harness.config.schema import clip_is_inert
 from harness.core.configtools import to_dict
+from harness.core.provenance import machine_tags
 from harness.metrics import check_names
 from harness.metrics.passk import mean_pass_at_k
 from harness.metrics.stability import RUN_SMOOTH, START_WINDOW, summarize_run
@@ -279,7 +280,13 @@ def open_run(cfg: RunConfig, hooks: Hooks) -> Run:
         "max_positions": max_positions(model.config),
         "chat_template": resolve_chat_template(cfg.rollout.chat_template, tokenizer),
     }
-    tags = {"inert_clip": str(clip_is_inert(cfg)).lower()}
+    tags = {
+        "inert_clip": str(clip_is_inert(cfg)).lower(),
+        # What the numbers depend on beyond the config: the CPU's kernels and the threads.
+        **machine_tags(),
+        "machine.torch_threads": str(torch.get_num_threads()),
+        "machine.device": str(device),
+    }
     if cfg.warm_start.steps > 0:
         model, key = warm_start(
             cfg,

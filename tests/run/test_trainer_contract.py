@@ -184,6 +184,18 @@ def test_a_seed_gives_identical_metrics_twice(
     assert other.history["policy/entropy"] != first.history["policy/entropy"]  # another run
 
 
+def test_the_run_records_the_machine_its_numbers_depend_on(
+    trainer: str, completed: dict[str, tuple[RunResult, list]]
+) -> None:
+    # The same seed reproduces on one machine; another CPU's kernels give other last bits, so
+    # a run says where it ran (the report and MLflow show it).
+    res, _ = completed[trainer]
+    assert res.tags["machine.isa"] == torch.backends.cpu.get_cpu_capability()
+    assert res.tags["machine.torch_threads"] == str(torch.get_num_threads())
+    assert res.tags["machine.device"] == "cpu" and int(res.tags["machine.cores"]) >= 1
+    assert res.tags["machine.cpu"]
+
+
 def test_the_summary_has_every_key_and_agrees_with_the_history(
     trainer: str, completed: dict[str, tuple[RunResult, list]]
 ) -> None:

@@ -49,6 +49,7 @@ from optuna.trial import TrialState
 from harness.core.configtools import ConfigError
 from harness.core.db import with_retries
 from harness.core.fsutil import disk_full_message, is_disk_full
+from harness.core.provenance import machine_text
 from harness.report.allocation import race
 from harness.sweep.scheduler.adaptive import incumbent
 from harness.sweep.scheduler.labels import label_trial, summary_attrs
@@ -256,6 +257,7 @@ def run_grid_trial(t: _Trial) -> str:
             **summary_attrs(summary),  # one attribute each, not a JSON blob (optuna-dashboard)
             "inert_clip": result.inert_clip,
             "wall_time": time.time() - t0,
+            "machine": machine_text(result.tags),
         }
     )
     if written:

@@ -97,6 +97,7 @@ def load_study_data(
                 task=str(overrides.get("task", base_task)),
                 run_id=run_id,
                 wall_time=wall,
+                machine=str(ua.get("machine", "")),
             )
         )
     return StudyData(
