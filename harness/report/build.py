@@ -340,7 +340,8 @@ _REDUCED = ("bfloat16", "float16", "bf16", "fp16", "half")
 def mismatch_sources(config: dict[str, Any]) -> list[str]:
     """What in a (flattened) run configuration makes the sampler's log-probs differ from the
     learner's beyond float32 rounding (docs/mismatch.md): logit noise, a sampler precision
-    other than the learner's, a reduced-precision learner, or a lagging behaviour policy."""
+    other than the learner's, a reduced-precision learner, a lagging behaviour policy, or the
+    inference engine as the sampler."""
     out = []
     noise = config.get("rollout.sampler_logit_noise") or 0.0
     if isinstance(noise, int | float) and noise > 0:
@@ -356,6 +357,10 @@ def mismatch_sources(config: dict[str, Any]) -> list[str]:
     staleness = config.get("rollout.staleness") or 0
     if isinstance(staleness, int | float) and staleness > 0:
         out.append(f"rollout.staleness={staleness:g}")
+    if config.get("rollout.sampler_backend") == "vllm":
+        # Another program's kernels (fused attention, its own sampler) at any precision: the
+        # mismatch the engine exists to measure.
+        out.append("rollout.sampler_backend=vllm (the inference engine's kernels)")
     return out
 
 

@@ -82,5 +82,10 @@ def test_float32_rounding_alone_shows_no_mismatch_columns(tmp_path) -> None:
     assert mismatch_sources({"model_options.dtype": "bfloat16"}) == ["bfloat16 learner and sampler"]
     assert mismatch_sources({"rollout.staleness": 1}) == ["rollout.staleness=1"]
     assert mismatch_sources({"model_options.dtype": "float32", "rollout.sampler_dtype": None}) == []
+    # The engine at the learner's own dtype is one too: its kernels are not the learner's.
+    assert mismatch_sources({"rollout.sampler_backend": "vllm"}) == [
+        "rollout.sampler_backend=vllm (the inference engine's kernels)"
+    ]
+    assert mismatch_sources({"rollout.sampler_backend": "fast"}) == []
     header, _ = summary_table(_with_source(replace(study, runs=runs)))
     assert "mismatch KL (mean)" in header
