@@ -5,7 +5,11 @@ engine sampler itself is ``harness.run.engine``."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import logging
+import os
+from collections.abc import Iterator
 from typing import Any, Literal, get_args
 
 from harness.core.configtools import check_value
@@ -56,9 +60,42 @@ def engine_dtype(sampler_dtype: str | None, learner_dtype: str) -> str:
     return check_value(sampler_dtype or learner_dtype, SamplerDtype, {}, "rollout.sampler_dtype")
 
 
+def quiet_engine_logs() -> dict[str, str]:
+    """Show the engine's errors only, unless the user set ``VLLM_LOGGING_LEVEL``; returns the
+    environment to import vLLM under.  Why: vLLM logs dozens of INFO lines at start, and on every
+    weight sync a warning per weight whose dtype differs from the engine's (each sync of a bf16
+    engine from a float32 learner) and one per layer that holds buffers only (the rotary cache,
+    put back as it was); on the run's console they bury the progress display step after step.
+    The environment variable acts when vLLM is first imported (whoever imports it first: the
+    preflight's registry look-up, TRL, the engine's start); the logger level covers a vLLM some
+    earlier import already configured."""
+    if "VLLM_LOGGING_LEVEL" in os.environ:
+        return {}
+
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+    return {"VLLM_LOGGING_LEVEL": "ERROR"}
+
+
+@contextlib.contextmanager
+def engine_env(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the engine's import or start (it reads them then), then
+    restore them."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def supported_architectures() -> set[str]:
     """The model architectures the installed engine can serve (its model registry)."""
-    from vllm.model_executor.models import ModelRegistry
+    with engine_env(quiet_engine_logs()):  # often vLLM's first import in the process
+        from vllm.model_executor.models import ModelRegistry
 
     return set(ModelRegistry.get_supported_archs())
 
@@ -84,7 +121,9 @@ __all__ = [
     "ENGINE_DTYPES",
     "INSTALL_HINT",
     "engine_dtype",
+    "engine_env",
     "engine_installed",
+    "quiet_engine_logs",
     "served_architecture",
     "supported_architectures",
 ]

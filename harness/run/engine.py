@@ -30,12 +30,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
-import logging
 import os
 import shutil
 import time
-import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -46,41 +43,17 @@ from harness.model.build import eos_ids
 from harness.model.engine_support import (
     INSTALL_HINT,
     engine_dtype,
+    engine_env,
     engine_installed,
+    quiet_engine_logs,
     served_architecture,
 )
 from harness.model.lora import is_lora
+from harness.run.engine_process import engine_start
 from harness.run.rollout import RolloutBatch, assemble_batch, encode_prompts
 
 if TYPE_CHECKING:
     from harness.config import RunConfig
-
-
-def quiet_engine_logs() -> dict[str, str]:
-    """Show the engine's errors only, unless the user set ``VLLM_LOGGING_LEVEL``; returns the
-    environment to import vLLM under.  Why: vLLM logs dozens of INFO lines at start, and on every
-    weight sync a warning per weight whose dtype differs from the engine's (each sync of a bf16
-    engine from a float32 learner) and one per layer that holds buffers only (the rotary cache,
-    put back as it was); on the run's console they bury the progress display step after step.
-    The environment variable acts when vLLM is first imported; the logger level covers a vLLM
-    some earlier import already configured."""
-    if "VLLM_LOGGING_LEVEL" in os.environ:
-        return {}
-
-    logging.getLogger("vllm").setLevel(logging.ERROR)
-    return {"VLLM_LOGGING_LEVEL": "ERROR"}
-
-
-@contextlib.contextmanager
-def _engine_warnings_ignored() -> Iterator[None]:
-    """vLLM's start scans every loaded module's attributes, touching the deprecated
-    ``torch.distributed.reduce_op``: a FutureWarning about vLLM's code, not the user's, that the
-    sweep's console would repeat for every run."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", message=r".*torch\.distributed\.reduce_op", category=FutureWarning
-        )
-        yield
 
 
 class EngineError(RuntimeError):
@@ -112,26 +85,29 @@ def _merged_lora_state(model: Any) -> dict[str, torch.Tensor]:
     return out
 
 
+def tied_output_weights(model: Any) -> set[str]:
+    """The state-dict names of ``model``'s output embedding when its config ties it to the input
+    embedding (``tie_word_embeddings``), else none.  The engine ties them itself, from the
+    config; some of its loaders skip a tied ``lm_head.weight`` (Llama, Qwen2), others reject it
+    (Gemma2: "There is no module or parameter named 'lm_head'"), so it is never sent."""
+    base = model.get_base_model() if is_lora(model) else model
+    config = base.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if not (
+        getattr(text, "tie_word_embeddings", False) or getattr(config, "tie_word_embeddings", False)
+    ):
+        return set()
+    out = base.get_output_embeddings()
+    return {f"{name}.weight" for name, module in base.named_modules() if module is out}
+
+
 def engine_weights(model: Any) -> dict[str, torch.Tensor]:
     """The weights the engine serves for ``model``: its state dict, or under LoRA the merged
-    weights. Float tensors only (buffers such as RoPE tables are the engine's own)."""
+    weights, less a tied output embedding (:func:`tied_output_weights`). Float tensors only
+    (buffers such as RoPE tables are the engine's own)."""
     state = _merged_lora_state(model) if is_lora(model) else model.state_dict()
-    return {n: t.detach() for n, t in state.items() if t.is_floating_point()}
-
-
-@contextlib.contextmanager
-def _env(values: dict[str, str]) -> Iterator[None]:
-    """Set environment variables for the engine's start (it reads them then), then restore."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    tied = tied_output_weights(model)
+    return {n: t.detach() for n, t in state.items() if t.is_floating_point() and n not in tied}
 
 
 @dataclass
@@ -202,17 +178,12 @@ class EngineSampler:
         if self.device.type == "cuda":
             kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
         try:
-            # The CPU worker replaces torch.set_num_threads with a no-op for the whole process
-            # (it expects a process of its own); the run and later runs in this process keep
-            # the real one.
-            set_threads = torch.set_num_threads
-            try:
-                with _env({**env, **quiet_engine_logs()}), _engine_warnings_ignored():
-                    from vllm import LLM
+            # Quiet, and the process left as the run and later runs in it expect
+            # (harness/run/engine_process.py: the model classes, torch.set_num_threads).
+            with engine_env(env), engine_start():
+                from vllm import LLM
 
-                    self._llm = LLM(**kwargs)
-            finally:
-                torch.set_num_threads = set_threads
+                self._llm = LLM(**kwargs)
         except Exception as err:  # any start failure ends the run with its reason
             self.close()
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""
@@ -408,5 +379,6 @@ __all__ = [
     "engine_installed",
     "engine_sampler",
     "engine_weights",
+    "quiet_engine_logs",
     "served_architecture",
 ]

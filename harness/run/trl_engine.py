@@ -27,6 +27,10 @@ and what this module provides around the trainer's lifetime (docs/engine.md, "tr
 * CPU specifics shared with the engine sampler: the engine pins no cores, keeps torch's
   ``set_num_threads`` (its CPU worker replaces it with a no-op), and its few ``torch.compile``d
   helpers run eagerly.
+* The process around TRL's ``LLM(...)`` call is the engine sampler's
+  (:func:`harness.run.engine_process.engine_start`): the ``transformers`` model classes vLLM's
+  Transformers backend decorates (Phi, GPT-NeoX) are put back, so the learner TRL trains, an
+  instance of the same class, keeps its forward; the start's console noise is dropped.
 """
 
 from __future__ import annotations
@@ -44,14 +48,14 @@ from typing import Any
 import torch
 
 from harness.core.scratch import owned_temp_dir
-from harness.model.engine_support import engine_dtype, served_architecture
-from harness.run.engine import (
-    EngineError,
-    _engine_warnings_ignored,
-    _env,
-    engine_weights,
+from harness.model.engine_support import (
+    engine_dtype,
+    engine_env,
     quiet_engine_logs,
+    served_architecture,
 )
+from harness.run.engine import EngineError, engine_weights
+from harness.run.engine_process import engine_start
 
 # Set by TRL's colocate start (and by torch.distributed); restored when the run ends.
 _DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -133,7 +137,7 @@ def _engine_args(dtype: str, seed: int) -> Iterator[None]:
         kwargs["use_tqdm_on_load"] = False
         kwargs["dtype"] = dtype
         kwargs["seed"] = seed
-        with _engine_warnings_ignored():
+        with engine_start():  # quiet; the learner's model classes kept (engine_process.py)
             return real(*args, **kwargs)
 
     trl_vllm.LLM = llm  # type: ignore[misc,assignment]
@@ -186,7 +190,7 @@ def colocated_engine(run: Any) -> Iterator[ColocatedEngine]:
     try:
         _save_model(run.model, run.tokenizer, workdir, dtype)
         base.config._name_or_path = base.name_or_path = workdir
-        with _env(env), eager, _engine_args(dtype, cfg.seed):
+        with engine_env(env), eager, _engine_args(dtype, cfg.seed):
             yield handle
     finally:
         torch.set_num_threads = set_threads

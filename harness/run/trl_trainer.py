@@ -33,6 +33,7 @@ from transformers.utils import logging as hf_logging
 
 from harness.config import RunConfig
 from harness.metrics.trl import TRL_METRICS
+from harness.model.engine_support import engine_env, quiet_engine_logs
 from harness.peers.trl import approximations, grpo_kwargs
 from harness.ppo.advantages import shape_rewards
 from harness.ppo.shaping import overlong_penalty
@@ -50,11 +51,12 @@ from harness.run.trl_engine import ColocatedEngine, colocated_engine, shutdown
 # TRL's "vLLM version newer than supported" warning (trl/import_utils.py, is_vllm_available).
 VLLM_VERSION_WARNING = r"TRL currently supports vLLM versions"
 
-with warnings.catch_warnings():
+with warnings.catch_warnings(), engine_env(quiet_engine_logs()):
     # Importing TRL imports the installed engine when there is one, and TRL 1.16 warns at each
     # of its import sites that vLLM 0.32 is newer than its tested range (0.22-0.31). The
     # colocated path the harness runs with it is tested (tests/run/test_trl_engine.py), so on
-    # the console the warning is noise, for runs with or without the engine.
+    # the console the warning is noise, for runs with or without the engine. The import is
+    # often vLLM's first: its logging is set up then (errors only, as for the engine's start).
     warnings.filterwarnings("ignore", message=VLLM_VERSION_WARNING, category=UserWarning)
     from trl import GRPOConfig, GRPOTrainer
 

@@ -275,3 +275,17 @@ def test_trl_on_the_engine_under_lora_syncs_the_merged_weights(tmp_path):
     )
     assert max(h["mismatch/logprob_abs_diff_max"]) < 1e-5, h
     assert all(s > 0 for s in h["perf/weight_sync_s"])
+
+
+@pytest.mark.slow
+@needs_engine
+def test_trl_on_the_engine_trains_phi(tmp_path):
+    """Phi is served through vLLM's Transformers backend, which decorates the ``transformers``
+    class the learner TRL trains is an instance of: the run used to die at the learner's first
+    forward ('PhiModel' object has no attribute 'do_not_compile'). It completes, and the engine's
+    log-probs equal the learner's to float32 precision."""
+    from tests.support.hf_archs import build_bpe_tokenizer, save_engine_arch
+
+    path = save_engine_arch("phi", tmp_path, build_bpe_tokenizer())
+    h = _engine_run(tmp_path, f"model={path}")
+    assert max(h["mismatch/logprob_abs_diff_max"]) < 1e-5, h

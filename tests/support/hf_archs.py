@@ -111,13 +111,15 @@ ARCHS = ("gpt2", "opt", "qwen2", "mistral", "gpt_neox", "gemma2", "phi")
 
 def save_arch(name: str, root: Path, tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Path:
     """Random-init ``name`` with ``seed`` saved (model + tokenizer) under ``root/name``."""
-    config = arch_configs(len(tokenizer))[name]
+    return _save(arch_configs(len(tokenizer))[name], root / name, tokenizer, seed)
+
+
+def _save(config: Any, path: Path, tokenizer: PreTrainedTokenizerFast, seed: int) -> Path:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config)
     model.generation_config.eos_token_id = 2
     model.generation_config.pad_token_id = 0
-    path = root / name
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
@@ -134,3 +136,30 @@ def save_chat_qwen2(target: Path, max_position_embeddings: int) -> None:
         torch.manual_seed(0)
         AutoModelForCausalLM.from_config(config).save_pretrained(target)
     tok.save_pretrained(target)
+
+
+# Every architecture above at width 64 over 2 heads: head size 32, one the CPU engine's attention
+# kernels take (the shapes above have 16, which only the harness's own samplers run).
+ENGINE_WIDTH = {"hidden_size": 64, "head_dim": 32}
+
+
+def save_engine_arch(
+    name: str, root: Path, tokenizer: PreTrainedTokenizerFast, seed: int = 0
+) -> Path:
+    """:func:`save_arch` at a shape the CPU engine serves (``ENGINE_WIDTH``), under ``root/name``."""
+    return _save(engine_arch_config(name, len(tokenizer)), root / name, tokenizer, seed)
+
+
+def engine_arch_config(name: str, vocab: int) -> Any:
+    """The config of ``name`` (:func:`arch_configs`) at the CPU engine's shape."""
+    config = arch_configs(vocab)[name]
+    width = ENGINE_WIDTH["hidden_size"]
+    if name == "gpt2":
+        config.n_embd = width
+    elif name == "opt":
+        config.hidden_size = config.word_embed_proj_dim = width
+    else:
+        config.hidden_size = width
+    if getattr(config, "head_dim", None) is not None:  # set at init from the narrower width
+        config.head_dim = ENGINE_WIDTH["head_dim"]
+    return config
