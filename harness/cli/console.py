@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -42,7 +43,13 @@ def progress_info(metrics: dict[str, float], last_eval_accuracy: float) -> str:
 
 
 def run_with_progress(
-    cfg: RunConfig, tracker: Tracker, *, experiment: str, run_name: str, results_dir: Path
+    cfg: RunConfig,
+    tracker: Tracker,
+    *,
+    experiment: str,
+    run_name: str,
+    results_dir: Path,
+    should_stop: Callable[[], bool] | None = None,
 ) -> tuple[RunResult, str]:
     last_eval = {"acc": math.nan}
     with Progress(
@@ -68,6 +75,7 @@ def run_with_progress(
             experiment=experiment,
             run_name=run_name,
             on_step=on_step,
+            should_stop=should_stop,
             results_dir=results_dir,
         )
     print_summary(result, rid)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Required, TypedDict, Unpack
 
@@ -62,28 +64,82 @@ def interrupt_reason(err: KeyboardInterrupt) -> str:
     return str(err) if isinstance(err, Terminated) else "interrupted by SIGINT (Ctrl-C)"
 
 
+@dataclass
+class StopRequest:
+    """What a termination signal asked of the run in a :func:`signals_interrupt` block.
+
+    Why a record and not only the exception the handler raises: Python runs a signal's handler
+    in whatever Python code the main thread is executing, and an exception raised inside a gc
+    callback (``gc.callbacks``: SQLAlchemy registers one), a ``__del__`` or a weakref finalizer
+    is printed and dropped, never raised.  The run would train on with the signal lost.  The
+    record survives that: the training loop asks :meth:`check` before every step."""
+
+    signum: int | None = None  # the first signal, once one arrived
+    closing: bool = False  # the run is being recorded: a signal no longer interrupts it
+
+    def check(self) -> bool:
+        """The loop's ``should_stop`` (asked before every step): raises :class:`Terminated`
+        once a signal arrived, wherever its own exception went; False until then."""
+        if self.signum is not None:
+            raise Terminated(self.signum)
+        return False
+
+
+_active: StopRequest | None = None  # the StopRequest of the signals_interrupt block in force
+
+
+def _closing() -> None:
+    """The run is being recorded: from here a signal is recorded, not raised (a second
+    ``Terminated`` raised inside the recording would leave the run RUNNING)."""
+    if _active is not None:
+        _active.closing = True
+
+
 @contextlib.contextmanager
-def signals_interrupt(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
-    """While in this block, the first of ``signals`` raises :class:`Terminated` in the main
-    thread (wherever it waits: in a reward call, a store write, a kernel launch); a second is
-    ignored so that closing the run is not cut short (SIGKILL still ends the process).  The
-    previous handlers are restored on the way out.  Off the main thread it does nothing: only
-    the main thread can take a signal, and there the caller's handlers stay."""
+def signals_interrupt(
+    signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP),
+) -> Iterator[StopRequest]:
+    """While in this block, each of ``signals`` is recorded in the yielded :class:`StopRequest`
+    and raises :class:`Terminated` in the main thread (wherever it waits: in a reward call, a
+    store write, a kernel launch).  Where Python drops that exception (the signal arrived inside
+    a gc callback), the record stops the run at the next step (pass ``check`` as the loop's
+    ``should_stop``), one line says so, and a second signal raises again.  Once the run is being
+    recorded (``close_failed_run``, ``finish_tracked_run``) a signal no longer raises, so that
+    the recording is not cut short (SIGKILL still ends the process).  The previous handlers come
+    back on the way out.  Off the main thread only the record is yielded: only the main thread
+    can take a signal, and there the caller's handlers stay."""
+    global _active
+    stop = StopRequest()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield stop
         return
-    fired: list[int] = []
 
     def handler(signum: int, frame: object) -> None:
-        if fired:
+        if stop.signum is None:
+            stop.signum = signum
+        if not stop.closing:
+            raise Terminated(stop.signum)
+
+    def unraisable(info: Any) -> None:
+        if not isinstance(info.exc_value, Terminated):
+            previous_hook(info)
             return
-        fired.append(signum)
-        raise Terminated(signum)
+        name = signal.Signals(info.exc_value.signum).name
+        with contextlib.suppress(Exception):
+            sys.stderr.write(
+                f"{name} arrived while Python ran a callback that cannot raise (a gc callback, "
+                f"a finalizer): the run stops before its next step ({name} again stops it now)\n"
+            )
+            sys.stderr.flush()
 
     previous = {s: signal.signal(s, handler) for s in signals}
+    previous_hook, sys.unraisablehook = sys.unraisablehook, unraisable
+    outer, _active = _active, stop
     try:
-        yield
+        yield stop
     finally:
+        _active = outer
+        sys.unraisablehook = previous_hook
         for s, old in previous.items():
             signal.signal(s, old)
 
@@ -104,6 +160,7 @@ def close_failed_run(tracker: Tracker, rid: str, err: BaseException) -> None:
     else:
         status = "FAILED"
         tags = {"run.status": "failed", "run.reason": f"{type(err).__name__}: {err}"[:500]}
+    _closing()
     try:
         tracker.set_tags(rid, tags)
     except Exception:
@@ -116,6 +173,7 @@ def close_failed_run(tracker: Tracker, rid: str, err: BaseException) -> None:
 
 def finish_tracked_run(tracker: Tracker, rid: str, result: RunResult) -> None:
     """Final summaries, tags and status: FINISHED, FAILED (diverged, reason tagged) or KILLED."""
+    _closing()
     final = {k: v for k, v in result.summary.items() if isinstance(v, float) and math.isfinite(v)}
     final[STEPS_DONE] = float(result.steps_done)
     final[WALL_TIME] = result.wall_time

@@ -37,14 +37,16 @@ def run_one(
     from harness.run.tracked import Terminated, interrupt_reason, signals_interrupt  # noqa: PLC0415 - loads the training stack: only for valid input
 
     try:
-        # SIGTERM/SIGHUP as Ctrl-C: the run is closed KILLED with the reason, not left RUNNING.
-        with signals_interrupt():
+        # SIGTERM/SIGHUP as Ctrl-C: the run is closed KILLED with the reason, not left RUNNING;
+        # a signal whose exception Python dropped still stops it before the next step.
+        with signals_interrupt() as stop:
             result, rid = run_with_progress(
                 cfg,
                 tracker,
                 experiment=experiment,
                 run_name=run_name or f"{cfg.task}-seed{cfg.seed}",
                 results_dir=results_dir,
+                should_stop=stop.check,
             )
     except KeyboardInterrupt as err:
         # Closed KILLED with this reason (harness.run.tracked); the shell's code for the signal.
