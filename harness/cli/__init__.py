@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
+import traceback
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +22,7 @@ from harness.cli.report import report_cmd
 from harness.cli.run import fields_cmd, run_cmd
 from harness.cli.sweep import ablate_cmd, search_cmd, status_cmd, worker_cmd
 from harness.cli.ui import ui_cmd
+from harness.core.exiting import exit_despite_threads, exit_status
 from harness.core.fsutil import restrict_umask
 from harness.core.perf import tune_malloc
 
@@ -63,7 +66,30 @@ def _usage_errors_one_line() -> Iterator[None]:
         raise typer.Exit(2) from None
 
 
-app = typer.Typer(
+class _ExitingTyper(typer.Typer):
+    """The app as the ``harness`` command runs it (the console script, ``python -m harness``):
+    once the command is done the process ends, whatever threads user code left running
+    (``harness.core.exiting``).  ``CliRunner`` calls the click command, not this, so a test's
+    process is never ended here."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except SystemExit as done:
+            code, text = exit_status(done.code)
+
+            def say_why() -> None:  # what Python prints for sys.exit("message")
+                if text is not None:
+                    print(text, file=sys.stderr)
+
+            exit_despite_threads(code, before_exit=say_why)
+            raise
+        except BaseException:
+            exit_despite_threads(1, before_exit=traceback.print_exc)
+            raise
+
+
+app = _ExitingTyper(
     cls=_OneLineUsageErrors,
     help="Ablation harness for PPO fine-tuning of language models: which clipping and "
     "normalization settings keep a PPO run stable?",

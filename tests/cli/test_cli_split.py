@@ -29,7 +29,8 @@ def test_importing_the_cli_loads_no_heavy_library() -> None:
     ).stdout
     loaded = set(ast.literal_eval(out))  # the printed list of module names
     # The thin modules Typer reads, and the light core modules they import (errors, umask, the
-    # allocator, redaction); no command's body (harness.cli.commands) until the command runs.
+    # allocator, redaction, the exit past leftover threads); no command's body
+    # (harness.cli.commands) until the command runs.
     assert loaded == {
         "harness.cli",
         "harness.cli.export",
@@ -41,6 +42,7 @@ def test_importing_the_cli_loads_no_heavy_library() -> None:
         "harness.core",
         "harness.core.configtools",
         "harness.core.db",
+        "harness.core.exiting",
         "harness.core.fsutil",
         "harness.core.perf",
         "harness.core.redact",

@@ -11,9 +11,11 @@ import signal
 import subprocess
 import sys
 import threading
+import traceback
 from typing import Any
 
 from harness.core.db import StorageUnavailable
+from harness.core.exiting import exit_despite_threads
 from harness.core.perf import tune_malloc
 from harness.sweep.launching.launchers.base import Resources, worker_options
 from harness.sweep.launching.worker import Event, WorkerOptions, worker_loop
@@ -35,14 +37,30 @@ def _local_entry(opts: WorkerOptions, events: Any, stop: Any) -> None:
         except Exception:  # a full or closed queue must never stop training
             pass
 
+    def flush_events() -> None:  # the last events (exit, crash) reach the coordinator
+        try:
+            events.close()
+            events.join_thread()
+        except Exception:
+            pass
+
+    def print_error() -> None:  # what multiprocessing prints for a worker's error
+        traceback.print_exc()
+        flush_events()
+
+    # Each way out ends the process even where the user's code left a thread running: the
+    # coordinator waits for this process to end before it finishes the sweep (core.exiting).
     try:
         worker_loop(opts, emit=emit, should_stop=stop.is_set)
     except StorageUnavailable as err:  # its trial stays RUNNING and goes stale: recoverable
         emit({"event": "crash", "worker": opts.worker_id, "reason": str(err)})
+        exit_despite_threads(1, before_exit=flush_events)
         sys.exit(1)  # one line on the console (the crash event), no traceback
     except Exception as err:
         emit({"event": "crash", "worker": opts.worker_id, "reason": f"{type(err).__name__}: {err}"})
+        exit_despite_threads(1, before_exit=print_error)
         raise
+    exit_despite_threads(0, before_exit=flush_events)
 
 
 class LocalLauncher:
