@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from harness.core import limits
+
 HOLDOUT_MODULUS = 10
 
 
@@ -120,9 +122,29 @@ def position_credit(answer: str, completion: str) -> float:
     return hits / denom
 
 
-def import_module(spec: str, module: str) -> Any:
+class _ImportTimeout(BaseException):
+    """A user module still importing at its bound (a ``BaseException``: module code that
+    catches ``Exception`` around its own waits cannot swallow it)."""
+
+
+def import_module(spec: str, module: str, timeout_s: float | None = None) -> Any:
     """The user module ``module`` of task ``spec`` (a dotted name or a ``.py`` path); a
-    one-line ``ValueError`` when it cannot be imported."""
+    one-line ``ValueError`` when it cannot be imported, or, with ``timeout_s``, when its
+    module-level code is still running after that many seconds (stopped between bytecodes and
+    in sleeps and waits, on the main thread: :func:`harness.core.limits.time_bound`)."""
+    if timeout_s is None:
+        return _import_module(spec, module)
+    try:
+        with limits.time_bound(timeout_s, _ImportTimeout):
+            return _import_module(spec, module)
+    except _ImportTimeout:
+        raise ValueError(
+            f"task '{spec}': importing '{module}' did not finish within {timeout_s:g} s (its "
+            "module-level code runs in every process that builds the task: it must not wait)"
+        ) from None
+
+
+def _import_module(spec: str, module: str) -> Any:
     try:
         if module.endswith(".py"):
             path = Path(module).expanduser()

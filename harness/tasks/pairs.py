@@ -44,7 +44,7 @@ from harness.tasks.answers import (
 )
 from harness.tasks.base import Example, import_module, stable_hash
 from harness.tasks.registry import TaskOptions
-from harness.tasks.reward_process import RewardProcess
+from harness.tasks.reward_process import START_TIMEOUT_S, RewardProcess
 
 
 @dataclass(frozen=True)
@@ -470,7 +470,9 @@ def python_task(
         raise ValueError(
             f"task '{spec}': expected python:MODULE:FUNCTION or python:MODULE:FUNCTION@PATH.jsonl"
         )
-    mod = import_module(spec, module)
+    # Bounded as the reward process bounds its own import of it: a module that waits at import
+    # is refused with one line, not a silent hang of every process that builds the task.
+    mod = import_module(spec, module, timeout_s=START_TIMEOUT_S)
     func = getattr(mod, func_name, None)
     if not callable(func):
         raise ValueError(f"task '{spec}': module '{module}' has no function '{func_name}'")
