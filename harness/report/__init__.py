@@ -19,19 +19,23 @@ score and are excluded, and counted.
 
 The package: :mod:`~harness.report.scores` (run scores, the ranking, curve fits),
 :mod:`~harness.report.prose` (warnings, conclusion), :mod:`~harness.report.render` (the terminal
-table, the Markdown/HTML writer), :mod:`~harness.report.build` (the report's sections and
-``build_report``), with :mod:`~harness.report.stats` and :mod:`~harness.report.plots` below them.
+table, the Markdown/HTML writer), :mod:`~harness.report.header`,
+:mod:`~harness.report.sections` and :mod:`~harness.report.tables` (the report's sections and
+their tables), :mod:`~harness.report.configview` (what the report reads from the
+configuration) and :mod:`~harness.report.build` (``build_report``), with
+:mod:`~harness.report.stats` and :mod:`~harness.report.plots` below them.
 """
 
 from __future__ import annotations
 
 from harness.report import stats
-from harness.report.build import ReportFiles, build_report, summary_table
+from harness.report.build import ReportFiles, build_report
 from harness.report.format import fmt, fmt_interval, fmt_pct, fmt_pct_interval
 from harness.report.prose import conclusion, no_run_completed, warnings_for
 from harness.report.render import render_ranking_table
 from harness.report.scores import CurveFitRow, DivergedPolicy, fit_curves, ranking, run_scores
 from harness.report.studydata import CellRow
+from harness.report.tables import summary_table
 
 __all__ = [
     "CellRow",

@@ -29,7 +29,6 @@ too narrow.  Pure functions: numbers in, numbers out.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from harness.report.format import value_str
 from harness.report.sequential import paired_interval
 
 if TYPE_CHECKING:
@@ -146,17 +146,6 @@ def factor_effects(
     return out
 
 
-def level_key(v: Any) -> str:
-    """A level as a hashable key (lists and dicts are values too), in JSON: exact, and what
-    runs.csv writes; the report's text spells it as the cell labels do (``format.level_str``)."""
-    if isinstance(v, str):
-        return v
-    try:
-        return json.dumps(v, default=str)
-    except (TypeError, ValueError):
-        return str(v)
-
-
 def cell_choices(data: StudyData) -> dict[str, dict[str, str]] | None:
     """Each cell's level of every axis (as text), or None when the study does not say (a
     ``variant`` axis of a study stored before the choices were recorded)."""
@@ -169,7 +158,7 @@ def cell_choices(data: StudyData) -> dict[str, dict[str, str]] | None:
             chosen = {a: overrides[a] for a in data.axes}
         if any(a not in chosen for a in data.axes):
             return None
-        out[label] = {a: level_key(chosen[a]) for a in data.axes}
+        out[label] = {a: value_str(chosen[a]) for a in data.axes}
     return out
 
 
@@ -184,7 +173,7 @@ def study_effects(data: StudyData, rows: Sequence[CellRow]) -> tuple[list[Effect
     choices = cell_choices(data)
     if choices is None:
         return [], "the study does not record which level of each axis a cell takes"
-    levels = {a: list(dict.fromkeys(level_key(v) for v in data.axes[a])) for a in axes}
+    levels = {a: list(dict.fromkeys(value_str(v) for v in data.axes[a])) for a in axes}
     keys = {label: tuple(c[a] for a in axes) for label, c in choices.items()}
     if len(set(keys.values())) != len(keys) or len(keys) != math.prod(map(len, levels.values())):
         return [], "the cells are not one full factorial of the axes"
@@ -205,4 +194,4 @@ def study_effects(data: StudyData, rows: Sequence[CellRow]) -> tuple[list[Effect
     return factor_effects(y, axes, levels, reference), ""
 
 
-__all__ = ["Effect", "cell_choices", "factor_effects", "level_key", "study_effects"]
+__all__ = ["Effect", "cell_choices", "factor_effects", "study_effects"]

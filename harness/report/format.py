@@ -3,7 +3,9 @@ report prints."""
 
 from __future__ import annotations
 
+import json
 import math
+from typing import Any
 
 from harness.report.stats import Interval
 from harness.report.studydata import CellRow
@@ -67,6 +69,19 @@ def level_str(v: object) -> str:
     if isinstance(v, dict):
         return "{" + ",".join(f"{k}:{level_str(x)}" for k, x in v.items()) + "}"
     return str(v)
+
+
+def value_str(v: Any) -> str:
+    """A configuration value or a grid level as exact text: a string as it is, anything else in
+    JSON (``str()`` where JSON cannot write it).  Hashable, so it also keys a level (lists and
+    dicts are levels too), and it is what runs.csv writes; the report's prose spells a level as
+    the cell labels do instead (:func:`level_str`)."""
+    if isinstance(v, str):
+        return v
+    try:
+        return json.dumps(v, default=str)
+    except (TypeError, ValueError):
+        return str(v)
 
 
 def _code(text: str) -> str:

@@ -14,7 +14,7 @@ import pytest
 from harness.config import build_run_config
 from harness.core.configtools import to_dict
 from harness.report import fit_curves
-from harness.report.build import held_fixed
+from harness.report.configview import held_fixed
 from harness.report.studydata import RunData, StudyData
 from tests.fixtures import synthetic
 

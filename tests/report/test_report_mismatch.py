@@ -63,7 +63,7 @@ def test_a_cell_without_measurements_reads_nan_not_zero() -> None:
 def test_float32_rounding_alone_shows_no_mismatch_columns(tmp_path) -> None:
     """A float32 study measures ~1e-13 of mismatch: no source, so no column and no text."""
     from harness.report import build_report
-    from harness.report.build import mismatch_sources
+    from harness.report.configview import mismatch_sources
 
     study = synthetic.three_cells()
     runs = [

@@ -20,11 +20,12 @@ from harness.config.experiment import cell_label
 from harness.metrics.stability import summarize_run
 from harness.report import build_report, conclusion, ranking, warnings_for
 from harness.report import progress as rp
-from harness.report.build import _measured_sections, seeds_text
 from harness.report.format import level_str
+from harness.report.header import seeds_text
 from harness.report.plots import plain
 from harness.report.render import _Doc, md_safe
 from harness.report.scores import MIN_COLLAPSE_PEAK, MIN_COLLAPSE_STEPS, collapse_flag
+from harness.report.sections import measured_sections
 from harness.report.sequential import Decision
 from harness.report.studydata import RunData, StudyData
 from tests.report.test_report_contents import _measured_study
@@ -246,7 +247,7 @@ def test_a_one_seed_report_says_one_seed(tmp_path: Path) -> None:
 
 def _pass_at_k_section(data: StudyData) -> str:
     doc = _Doc()
-    _measured_sections(doc, data)
+    measured_sections(doc, data)
     md = "\n".join(doc.md)
     return md.split("## Sampled evaluation: pass@1 and pass@k")[1].split("\n## ")[0]
 
