@@ -6,8 +6,12 @@ stuck in C (a regex, a native library, a blocking read) would still hang the run
 in-process survives a reward that calls ``os._exit``, forks and returns twice, writes hundreds of
 megabytes to the terminal, or scribbles over the caller's strings through ``ctypes``.  In a child:
 
-* a call that does not answer within ``timeout_s`` is ended by killing the child's whole process
-  group (so anything the reward forked dies with it), whatever it was doing;
+* a call that does not answer within ``timeout_s`` is ended by killing the child, whatever it
+  was doing, and every process below it: the child's first process is a keeper that runs no
+  user code and is the subreaper of the rest (:func:`keep`), so a process the reward started in
+  a session of its own (``start_new_session=True``, a daemon's double fork) is still found and
+  killed (:mod:`harness.tasks.process_tree`), when a call times out, when the run ends, when the
+  reward ends its own process, and when the harness dies;
 * ``sys.exit``, ``os._exit``, a crash or ``KeyboardInterrupt`` raised by the reward is a reason
   (:class:`~harness.tasks.base.RewardError`), never the end of the harness;
 * its stdout and stderr go through a pipe the parent drains: the first :data:`OUTPUT_CAP` bytes
@@ -15,7 +19,7 @@ megabytes to the terminal, or scribbles over the caller's strings through ``ctyp
 * it sees copies of the prompt, completion and answer, so nothing it does to them reaches the
   run's own data;
 * it runs in its own session, so Ctrl-C at the terminal interrupts the harness (which closes its
-  run) rather than the reward, and it is killed if the harness dies (Linux parent-death signal).
+  run) rather than the reward, and it ends if the harness dies (Linux parent-death signal).
 
 The child is a fresh interpreter (not a fork of this one: forking a process that holds a model,
 CUDA state and a progress-bar thread is unsafe), started on the first call.  It imports the
@@ -41,6 +45,7 @@ anything it names (a reward can write to the pipe itself: what it writes must no
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import io
 import math
@@ -48,6 +53,7 @@ import numbers
 import os
 import pickle
 import random
+import resource
 import signal
 import struct
 import subprocess
@@ -61,6 +67,7 @@ from typing import Any
 
 import harness
 from harness.tasks.base import RewardError, import_module
+from harness.tasks.process_tree import become_subreaper, kill_below
 
 # Rewards are trained in float32: a float64 beyond this range becomes inf there.
 FLOAT32_MAX = 3.4028234663852886e38
@@ -196,7 +203,7 @@ class RewardProcess:
         out_r, out_w = os.pipe()
         code = (
             f"import sys; sys.path.insert(0, {root!r}); "
-            f"from harness.tasks.reward_process import serve; serve({req_r}, {rep_w})"
+            f"from harness.tasks.reward_process import keep; keep({req_r}, {rep_w})"
         )
         try:
             proc = subprocess.Popen(
@@ -298,7 +305,13 @@ def _well_formed(reply: Any) -> bool:
 def _kill_group(
     proc: subprocess.Popen[bytes], drainer: threading.Thread, *conns: Connection
 ) -> None:
-    # The child leads its own session: killing the group ends what the reward forked, too.
+    # Everything below the keeper (the reward's server and whatever it started, in any session:
+    # the keeper is their subreaper), then the keeper's own group.
+    kill_below(proc.pid)
+    try:
+        proc.wait(timeout=1)  # the keeper ends by itself once the server is gone
+    except subprocess.TimeoutExpired:
+        pass
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -310,7 +323,8 @@ def _kill_group(
     for conn in conns:
         conn.close()
     # Its output so far reaches the console before whatever the caller prints next; bounded,
-    # since a process that left the group (setsid) may still hold the pipe open.
+    # since a process the kill could not reach (one that was already gone from below the
+    # keeper, see harness.tasks.process_tree) may still hold the pipe open.
     drainer.join(timeout=5)
 
 
@@ -365,19 +379,68 @@ class _CappedText:
         return self._fd
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (elsewhere: a closed pipe ends
-    it between calls, which is the best the platform allows).  Linux ties this to the thread
-    that started the child, which is the thread that scores: the main thread of a run."""
+def _die_with_parent(signum: int = signal.SIGKILL) -> None:
+    """Ask Linux to send ``signum`` to this process when its parent dies (elsewhere: a closed
+    pipe ends it between calls, which is the best the platform allows).  Linux ties this to the
+    thread that started the process; for the keeper that is the thread that scores: the main
+    thread of a run."""
     if not sys.platform.startswith("linux"):
         return
 
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+        libc.prctl(pr_set_pdeathsig, signum)
     except (OSError, AttributeError):
         return
+
+
+def keep(req_fd: int, rep_fd: int) -> None:
+    """The reward process's first process, the keeper: the subreaper of everything below it.
+
+    It forks the server (:func:`serve`, which imports and calls the reward) and only waits:
+    no user code runs in it, so it outlives whatever the reward does, and every process the
+    reward starts, in whatever session, stays below it (:mod:`harness.tasks.process_tree`).
+    The harness kills all of them before the keeper when the run ends; when the server ends
+    by itself (``os._exit``, a crash) the keeper kills what is left below it and then ends as
+    the server ended, so the harness reads the server's exit status as the keeper's; when the
+    harness dies (even by SIGKILL) the keeper is sent SIGTERM and kills everything below it."""
+    parent = os.getppid()
+    become_subreaper()
+    server = os.fork()
+    if server == 0:
+        serve(req_fd, rep_fd)
+        return
+    os.close(req_fd)  # only the server talks to the harness: its death closes the pipes
+    os.close(rep_fd)
+
+    def harness_died(signum: int, frame: object) -> None:
+        kill_below(os.getpid())
+        os._exit(1)
+
+    signal.signal(signal.SIGTERM, harness_died)
+    _die_with_parent(signal.SIGTERM)
+    if os.getppid() != parent:  # the harness died before the death signal was set
+        harness_died(signal.SIGTERM, None)
+    _, status = os.waitpid(server, 0)
+    kill_below(os.getpid(), timeout_s=3.0)  # within the 5 s the harness waits for this exit
+    with contextlib.suppress(ChildProcessError):  # reap what it adopted: init may not
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    _end_as(status)
+
+
+def _end_as(status: int) -> None:
+    """End this process as the wait status ``status`` says its child ended."""
+    if os.WIFSIGNALED(status):
+        signum = os.WTERMSIG(status)
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the server's crash is reported
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP take no handler
+            signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        os._exit(128 + signum)  # a signal this process could not die of
+    os._exit(os.waitstatus_to_exitcode(status))
 
 
 def _run_seed() -> int | None:
