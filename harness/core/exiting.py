@@ -5,10 +5,11 @@ bound.  A ``python:`` task module that starts such a thread (a metrics uploader,
 pool it never shuts down) would keep ``harness run`` alive after its run was recorded, and keep
 a sweep's worker alive after its last trial, so the sweep would never write its report.  The
 harness itself leaves none, so a non-daemon thread still running when a command or a worker is
-done is the user's: it gets :data:`GRACE_S` seconds to end, then one line names it and the
-process ends without it (``os._exit``), after what a normal exit would do first: the caller's
-own flushing (``before_exit``), the ``atexit`` handlers (logging, multiprocessing's queues and
-finalizers, the reward process's cleanup) and the standard streams.
+done is the user's (or a library's): it gets :data:`GRACE_S` seconds to end, then one line
+names it and the process ends without it (``os._exit``), after what a normal exit would do
+first: the caller's own flushing (``before_exit``), the ``atexit`` handlers (logging,
+multiprocessing's queues and finalizers, the reward process's cleanup) and the standard
+streams.
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ def exit_despite_threads(
     names = ", ".join(t.name for t in left[:5]) + (", ..." if len(left) > 5 else "")
     try:
         sys.stderr.write(
-            f"note: {len(left)} thread(s) started by user code (a task module) still run "
-            f"({names}) {grace_s:g} s after the harness finished; exiting without them\n"
+            f"note: {len(left)} thread(s) not started by the harness (a task module's, a "
+            f"library's) still run ({names}) {grace_s:g} s after it finished; exiting without "
+            "them\n"
         )
     except Exception:
         pass

@@ -43,8 +43,9 @@ def _noted(stderr: str) -> bool:
     """The one line naming the thread(s) left (a module imported twice started two)."""
     return any(
         line.startswith("note: ")
-        and "started by user code (a task module) still run (never-ends" in line
-        and line.endswith("2 s after the harness finished; exiting without them")
+        and "not started by the harness (a task module's, a library's) still run (never-ends"
+        in line
+        and line.endswith("2 s after it finished; exiting without them")
         for line in stderr.splitlines()
     )
 
@@ -101,8 +102,8 @@ def test_a_thread_that_never_ends_is_left_after_the_grace_with_the_status(tmp_pa
     assert done.returncode == 3, done.stderr
     assert done.stdout == "output before the exit" + "atexit ran\n"
     assert done.stderr.strip() == (
-        "note: 1 thread(s) started by user code (a task module) still run (lingering) 2 s after "
-        "the harness finished; exiting without them"
+        "note: 1 thread(s) not started by the harness (a task module's, a library's) still run "
+        "(lingering) 2 s after it finished; exiting without them"
     )
 
 
