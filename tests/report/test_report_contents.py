@@ -143,7 +143,7 @@ def test_fit_section_shows_the_reason_not_a_ceiling(steps: int, tmp_path: Path) 
 
 
 def test_largest_ratios_by_hand() -> None:
-    from harness.report.prose import largest_ratios
+    from harness.report.verdicts import largest_ratios
 
     winner = {"final KL": 0.05, "clip": 0.0, "entropy": 0.9, "spikes": 0.0, "nan": float("nan")}
     base = {"final KL": 0.01, "clip": 0.07, "entropy": 0.6, "spikes": 0.0, "nan": 1.0}
