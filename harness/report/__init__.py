@@ -23,7 +23,8 @@ table, the Markdown/HTML writer), :mod:`~harness.report.header`,
 :mod:`~harness.report.sections` and :mod:`~harness.report.tables` (the report's sections and
 their tables), :mod:`~harness.report.configview` (what the report reads from the
 configuration) and :mod:`~harness.report.build` (``build_report``), with
-:mod:`~harness.report.stats` and :mod:`~harness.report.plots` below them.
+:mod:`~harness.report.stats`, :mod:`~harness.report.plots` and :mod:`~harness.report.series`
+(per-step arrays, numpy only) below them.
 """
 
 from __future__ import annotations

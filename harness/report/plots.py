@@ -8,14 +8,14 @@ global backend and leaks no open figures in a long-lived process (the sweep).
 Every ``plot_*`` function returns a :class:`PlotFile` (path, title, caption) or ``None`` when the
 study has nothing to draw (for example no run logged ``policy/behave_ess``), so the report can
 say "not logged" instead of showing empty axes.  Figures are small (about 8 x 3.5 in at 90 dpi):
-readable at a glance, cheap to render in tests.
+readable at a glance, cheap to render in tests.  The per-step arrays they draw come from
+:mod:`~harness.report.series` (``step_matrix`` and ``smooth`` are importable from here too).
 """
 
 from __future__ import annotations
 
 import io
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +29,8 @@ from matplotlib.lines import Line2D
 
 from harness.core.fsutil import atomic_write
 from harness.report import stats
-from harness.report.studydata import CellRow, RunData, StudyData
+from harness.report.series import default_window, nanstat, smooth, step_matrix
+from harness.report.studydata import CellRow, StudyData
 
 __all__ = [
     "DPI",
@@ -60,66 +61,6 @@ class PlotFile:
     path: Path
     title: str
     caption: str
-
-
-# --------------------------------------------------------------------------------------------
-# Data helpers
-# --------------------------------------------------------------------------------------------
-
-
-def step_matrix(runs: Sequence[RunData], key: str, length: int = 0) -> np.ndarray:
-    """Per-step values of ``key`` as an ``(n_runs, T)`` float matrix, NaN-padded.
-
-    T is the longest history (at least ``length``).  Runs that never logged the key are all NaN,
-    so a diverged run simply stops contributing after its last step.
-    """
-    rows: list[np.ndarray] = []
-    for r in runs:
-        try:
-            a = np.asarray(r.history.get(key, []), dtype=float).ravel()
-        except (TypeError, ValueError):
-            a = np.empty(0)
-        a[~np.isfinite(a)] = np.nan
-        rows.append(a)
-    width = max([length, *(a.size for a in rows)]) if rows else length
-    out = np.full((len(rows), width), np.nan)
-    for i, a in enumerate(rows):
-        out[i, : a.size] = a
-    return out
-
-
-def smooth(y: np.ndarray, window: int) -> np.ndarray:
-    """NaN-aware centered moving average over ``window`` steps (1 = no smoothing).
-
-    NaN steps are skipped in each window rather than poisoning it, and a step whose own value is
-    NaN stays NaN, so smoothing never invents values past a diverged run's last step.
-    """
-    y = np.asarray(y, dtype=float)
-    if window <= 1 or y.size == 0:
-        return y
-    ok = np.isfinite(y)
-    kernel = np.ones(window)
-    num = np.convolve(np.where(ok, y, 0.0), kernel, mode="same")
-    den = np.convolve(ok.astype(float), kernel, mode="same")
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out = num / den
-    out[~ok] = np.nan
-    return out
-
-
-def default_window(n_steps: int) -> int:
-    """Light smoothing: about 1/40 of the run, odd, at least 1 (no smoothing below 40 steps)."""
-    w = max(1, int(round(n_steps / 40)))
-    return w if w % 2 == 1 else w + 1
-
-
-def _nanstat(fn: Any, m: np.ndarray) -> np.ndarray:
-    """``np.nanmean``/``nanmin``/``nanmax`` over runs without the all-NaN-column warning."""
-    if m.shape[0] == 0:
-        return np.full(m.shape[1], np.nan)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return fn(m, axis=0)
 
 
 def cell_colors(labels: Sequence[str]) -> dict[str, Any]:
@@ -204,8 +145,8 @@ def plot_metric_curves(
         if not np.isfinite(m).any():
             continue
         x = np.arange(m.shape[1])
-        mean = _nanstat(np.nanmean, m)
-        lo, hi = _nanstat(np.nanmin, m), _nanstat(np.nanmax, m)
+        mean = nanstat(np.nanmean, m)
+        lo, hi = nanstat(np.nanmin, m), nanstat(np.nanmax, m)
         everything.append(m[np.isfinite(m)])
         if markers:
             ok = np.isfinite(mean)
@@ -277,7 +218,7 @@ def plot_clip_fractions(
         for c in labels:
             m = mats[(c, k)]
             if np.isfinite(m).any():
-                ax.plot(smooth(_nanstat(np.nanmean, m), window), lw=1.3, color=colors[c])
+                ax.plot(smooth(nanstat(np.nanmean, m), window), lw=1.3, color=colors[c])
         _finish_axes(ax, f"clip fraction {name}", "step", "fraction of tokens")
     handles = [Line2D([], [], color=colors[c], lw=2, label=_legend_label(c, data)) for c in labels]
     fig.legend(handles=handles, loc="outside lower center", ncol=min(4, len(labels)), fontsize=7)

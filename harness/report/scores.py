@@ -12,9 +12,7 @@ import numpy as np
 
 from harness.metrics.stability import RUN_SMOOTH
 from harness.report import stats
-from harness.report.plots import (
-    step_matrix,
-)
+from harness.report.series import step_matrix
 from harness.report.studydata import CellRow, RunData, StudyData
 
 DivergedPolicy = Literal["worst", "exclude"]

@@ -14,8 +14,8 @@ import numpy as np
 from harness.report.configview import cell_config, study_has_mismatch
 from harness.report.factors import cell_choices
 from harness.report.format import fmt, value_str
-from harness.report.plots import step_matrix
 from harness.report.scores import _mean_finite
+from harness.report.series import step_matrix
 from harness.report.studydata import CellRow, StudyData
 
 SUMMARY_COLUMNS = (
