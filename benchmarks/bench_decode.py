@@ -34,7 +34,8 @@ from transformers import (  # noqa: E402
 )
 
 from harness.model.build import disable_dropout  # noqa: E402
-from harness.run.rollout import _fast_path_ok, sample  # noqa: E402
+from harness.sampling.decoders import _fast_path_ok  # noqa: E402
+from harness.sampling.local import sample  # noqa: E402
 
 CMD = ".venv/bin/python benchmarks/bench_decode.py"
 NEW, REPEATS = 32, 7

@@ -48,8 +48,10 @@ from harness.model.build import (  # noqa: E402
     eos_ids,
     max_positions,
 )
-from harness.run.engine import EngineSampler  # noqa: E402
-from harness.run.sampler import LocalSampler  # noqa: E402
+from harness.sampling import SamplingParams  # noqa: E402
+from harness.sampling.local import LocalSampler  # noqa: E402
+from harness.sampling.vllm import EngineSampler  # noqa: E402
+from harness.sampling.vllm_host import reload_weights  # noqa: E402
 from harness.tasks import get_task  # noqa: E402
 
 CMD = ".venv/bin/python benchmarks/bench_engine.py"
@@ -74,28 +76,19 @@ SHAPES: dict[str, dict[str, Any]] = {
 def rollout(
     sampler: Any, model: Any, tok: Any, prompts: list[str], s: dict[str, Any]
 ) -> tuple[float, int]:
-    """Seconds for one rollout (the engine's sync excluded: it is popped and subtracted) and
+    """Seconds for one rollout of the loaded weights (no sync: the version is unchanged) and
     the tokens it generated."""
     dev = sampler.device
     gen = torch.Generator(device=dev).manual_seed(0)
     if dev.type == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
-    rb = sampler.sample(
-        model,
-        tok,
-        prompts,
-        n_samples=s["samples"],
-        max_new_tokens=s["new"],
-        generator=gen,
-        temperature=1.0,
-        top_p=1.0,
-    )
+    sampler.load(model, 0)
+    params = SamplingParams(n_samples=s["samples"], max_new_tokens=s["new"])
+    rb = sampler.generate(tok, prompts, params, gen)
     if dev.type == "cuda":
         torch.cuda.synchronize()
     dt = time.perf_counter() - t0
-    if isinstance(sampler, EngineSampler):
-        dt -= sampler.pop_sync_seconds()
     return dt, int(rb.loss_mask.sum())
 
 
@@ -106,14 +99,13 @@ def bench_shape(name: str, device: torch.device, repeats: int) -> dict[str, Any]
     kw = {"eos_token_ids": eos_ids(model, tok), "max_positions": max_positions(model.config)}
     prompts = [e.prompt for e in get_task("reverse").sample(random.Random(0), s["prompts"])]
     samplers: dict[str, Any] = {
-        "fast": LocalSampler(device, None, "fast", sample_kw=kw),
-        "hf": LocalSampler(device, None, "hf", sample_kw=kw),
+        "fast": LocalSampler(device, None, decoder="fast", sample_kw=kw),
+        "hf": LocalSampler(device, None, decoder="hf", sample_kw=kw),
     }
     engine = EngineSampler(device, dtype="float32", sample_kw=kw)
     t0 = time.perf_counter()
-    engine.sync(model)  # starts it
+    engine.load(model, 0)  # starts it
     start = time.perf_counter() - t0
-    engine.pop_sync_seconds()
     samplers["engine"] = engine
     times: dict[str, list[float]] = {k: [] for k in samplers}
     tokens: dict[str, int] = {}
@@ -125,7 +117,7 @@ def bench_shape(name: str, device: torch.device, repeats: int) -> dict[str, Any]
             for k, smp in samplers.items():
                 dt, tokens[k] = rollout(smp, model, tok, prompts, s)
                 times[k].append(dt)
-            syncs.append(engine.sync(model))
+            syncs.append(reload_weights(engine._llm, model))
     finally:
         engine.close()
     n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())

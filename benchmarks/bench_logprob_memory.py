@@ -35,8 +35,7 @@ def child(variant: str, dtype: str) -> dict[str, float]:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from harness.model.build import precision
-    from harness.model.logprobs import naive_selected_logprobs
-    from harness.run.rollout import forward_logprobs, position_ids
+    from harness.model.logprobs import forward_logprobs, naive_selected_logprobs, position_ids
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

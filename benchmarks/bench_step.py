@@ -8,7 +8,7 @@ optimizer step per batch, temperature 1 with no top-k/top-p, on one torch thread
 Contenders (ms per step = median of the measured steps, after warm-up steps):
 
 * **harness**: the loop body of ``harness.run.loop.run`` with the same functions, in the same order:
-  ``task.sample`` -> ``harness.run.rollout.sample`` -> scoring -> ``PPOActor.compute_advantages`` ->
+  ``task.sample`` -> ``harness.sampling.local.sample`` -> scoring -> ``PPOActor.compute_advantages`` ->
   ``PPOActor.ppo_update`` (``ppo_n_minibatches=1``, one epoch, grad clip 1.0, group reward
   normalisation as GRPO does) -> the loop's finiteness checks and per-step metrics dict.
   Evaluation is excluded (``train.run`` times its steps before evaluating, too).
@@ -59,7 +59,7 @@ from harness.config import PPOActorConfig, build_run_config  # noqa: E402
 from harness.model.build import TinyModelConfig, build_model, build_tokenizer  # noqa: E402
 from harness.ppo.actor import PPOActor  # noqa: E402
 from harness.ppo.normalization import NormConfig  # noqa: E402
-from harness.run.rollout import sample  # noqa: E402
+from harness.sampling.local import sample  # noqa: E402
 from harness.tasks import get_task  # noqa: E402
 
 LR = 3e-4

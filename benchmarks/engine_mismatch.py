@@ -44,8 +44,10 @@ from harness.model.build import (  # noqa: E402
     max_positions,
 )
 from harness.model.logprobs import forward_logprobs  # noqa: E402
-from harness.run.engine import EngineError, EngineSampler  # noqa: E402
-from harness.run.sampler import LocalSampler  # noqa: E402
+from harness.sampling import SamplingParams  # noqa: E402
+from harness.sampling.local import LocalSampler  # noqa: E402
+from harness.sampling.vllm import EngineSampler  # noqa: E402
+from harness.sampling.vllm_host import EngineError  # noqa: E402
 from harness.tasks import get_task  # noqa: E402
 
 CMD = ".venv/bin/python benchmarks/engine_mismatch.py"
@@ -90,16 +92,9 @@ def stats(model: Any, rb: Any) -> dict[str, float]:
 
 
 def draw(sampler: Any, model: Any, tok: Any, prompts: list[str], args: Any) -> Any:
-    return sampler.sample(
-        model,
-        tok,
-        prompts,
-        n_samples=args.samples,
-        max_new_tokens=args.new,
-        generator=torch.Generator().manual_seed(args.seed),
-        temperature=1.0,
-        top_p=1.0,
-    )
+    sampler.load(model, 0)
+    params = SamplingParams(n_samples=args.samples, max_new_tokens=args.new)
+    return sampler.generate(tok, prompts, params, torch.Generator().manual_seed(args.seed))
 
 
 def measure(name: str, model: Any, tok: Any, args: Any) -> list[tuple[str, ...]]:
@@ -110,7 +105,7 @@ def measure(name: str, model: Any, tok: Any, args: Any) -> list[tuple[str, ...]]
         emu = stats(
             model,
             draw(
-                LocalSampler(torch.device("cpu"), TORCH[dtype], "fast", sample_kw=kw),
+                LocalSampler(torch.device("cpu"), TORCH[dtype], decoder="fast", sample_kw=kw),
                 model,
                 tok,
                 prompts,

@@ -23,6 +23,7 @@ RANKS = {
     "tracking": 1,
     "model": 2,
     "ppo": 3,
+    "sampling": 3,
     "peers": 4,
     "config": 5,
     "run": 6,

@@ -231,6 +231,15 @@ class EvalConfig:
         default=1,
         metadata=_h("The k of eval/pass_at_k (at most eval.samples).", ge=1, le=1024),
     )
+    sampler: Literal["local", "run"] = field(
+        default="local",
+        metadata=_h(
+            "What samples the evaluations during training: local = the local decoder (the same "
+            "answers whatever the rollout sampler); run = the run's rollout sampler (the vLLM "
+            "engine under rollout.sampler_backend: vllm, where a GPU run's time goes). The "
+            "evaluation before training is always local."
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.samples and self.k > self.samples:

@@ -7,7 +7,7 @@ character-level vocabulary trains on the digit tasks in minutes.
 Why Llama (RoPE) rather than GPT-2: PPO compares log-probs recorded while sampling (KV cache,
 left-padded prompts) with log-probs recomputed by a full forward pass. With learned absolute
 positions the two disagree under left padding unless position ids are threaded everywhere; with
-RoPE and explicit ``position_ids`` (see :func:`harness.run.rollout.position_ids`) they agree to float
+RoPE and explicit ``position_ids`` (see :func:`harness.model.logprobs.position_ids`) they agree to float
 precision.
 
 Why untied embeddings: the tiny vocabulary makes tying save almost nothing, and untied weights
@@ -46,7 +46,7 @@ SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 CHARS = tuple(chr(c) for c in range(32, 127)) + ("\n",)
 # Attention kernel for the tiny model's HF forward (the training pass). "eager" and "sdpa" are
 # both deterministic on CPU and measured equally fast at this size (fwd+bwd of 128x42 tokens:
-# ~190 ms either way); sampling bypasses it through harness.run.rollout's functional decoder.
+# ~190 ms either way); sampling bypasses it through harness.sampling.decoders.
 TINY_ATTN_IMPLEMENTATION = "sdpa"
 
 
@@ -135,9 +135,13 @@ def precision(device: torch.device | str, dtype: torch.dtype | None) -> Iterator
         yield
 
 
+# The config fields that state a model's position limit: GPT-2's name, most models', two others.
+POSITION_KEYS = ("n_positions", "max_position_embeddings", "max_sequence_length", "seq_length")
+
+
 def max_positions(config: Any) -> int | None:
     """The longest sequence a model config supports (prompt + completion), None if unstated."""
-    for name in ("n_positions", "max_position_embeddings", "max_sequence_length", "seq_length"):
+    for name in POSITION_KEYS:
         value = getattr(config, name, None)
         if isinstance(value, int) and value > 0:
             return value
@@ -375,6 +379,7 @@ __all__ = [
     "base_model",
     "disable_dropout",
     "eos_ids",
+    "POSITION_KEYS",
     "max_positions",
     "precision",
     "SPECIAL_TOKENS",

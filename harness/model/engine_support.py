@@ -1,7 +1,7 @@
 """What the optional inference engine (vLLM) can do here, asked without starting it: whether
 it is installed, which dtypes and model architectures it serves.  Below the config layer, so
 that preflight checks can refuse a run the engine cannot serve before anything starts; the
-engine sampler itself is ``harness.run.engine``."""
+engine sampler itself is ``harness.sampling.vllm``."""
 
 from __future__ import annotations
 

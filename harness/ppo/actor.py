@@ -1,7 +1,7 @@
 """``PPOActor``: batch dict → advantages → loss → minibatch updates (AReaL's actor, one process).
 
 The batch is a dict of padded tensors in *token layout* (position j describes token j), as
-produced by ``harness.run.rollout.sample``:
+produced by ``harness.sampling.local.sample``:
 
     input_ids       [B, L] long   prompt (left-padded) + response (right-padded)
     attention_mask  [B, L]        1 on real tokens

@@ -17,9 +17,8 @@ import torch
 from harness.run.dynamic_sampling import Refill, Round, refill, score_round
 from harness.run.mismatch import mismatch_probe
 from harness.run.policies import Policies
-from harness.run.rollout import NonFiniteLogits
-from harness.run.sampler import Sampler
 from harness.run.scaffold import Diverged, Run
+from harness.sampling import NonFiniteLogits, Sampler, SamplingParams
 from harness.tasks import score_parts
 
 
@@ -63,20 +62,29 @@ class Rollouts:
         self.gen = torch.Generator(device=run.device).manual_seed(run.cfg.seed)
         pad = run.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else 0
+        r = run.cfg.rollout
+        self.params = SamplingParams(
+            n_samples=r.n_samples,
+            max_new_tokens=r.max_new_tokens,
+            temperature=run.cfg.ppo.temperature,
+            top_p=r.top_p,
+        )
 
     def collect(self, policies: Policies, step: int) -> Collected:
         """Sample this step's prompts under the behaviour snapshot, score them, refill
         zero-variance groups (``rollout.zero_variance_filter``) and take ℓsnap while the
-        sampling weights are still loaded."""
+        sampling weights are still loaded.  The sampler loads the behaviour weights once: the
+        refill rounds sample the same version."""
         r = self.cfg.rollout
         examples = self.task.sample(self.rng, r.prompts_per_step)
         # The sampler runs at its own precision (rollout.sampler_dtype; run/sampler.py).
         with policies.behaviour() as b:
-            first = self.draw(b.module, step, examples)
+            self.sampler.load(b.module, b.version)
+            first = self.draw(step, examples)
             dyn = None
             if r.zero_variance_filter:
                 # Each extra round draws new prompts with the same behaviour weights.
-                more = functools.partial(self.draw, b.module, step)
+                more = functools.partial(self.draw, step)
                 dyn = refill(first, more, r.prompts_per_step, r.max_resample_rounds, self.pad_id)
             train = dyn.train if dyn is not None else first
             snapshot = (
@@ -86,21 +94,15 @@ class Rollouts:
             )
         return Collected(first, dyn, snapshot, b.version)
 
-    def draw(self, policy: Any, step: int, examples: list[Any] | None = None) -> Round:
-        """One sampling round of ``policy``, scored (new prompts unless ``examples`` given)."""
+    def draw(self, step: int, examples: list[Any] | None = None) -> Round:
+        """One sampling round of the loaded weights, scored (new prompts unless ``examples``
+        given)."""
         cfg = self.cfg
         if examples is None:
             examples = self.task.sample(self.rng, cfg.rollout.prompts_per_step)
         try:
-            rb = self.sampler.sample(
-                policy,
-                self.tokenizer,
-                [e.prompt for e in examples],
-                n_samples=cfg.rollout.n_samples,
-                max_new_tokens=cfg.rollout.max_new_tokens,
-                temperature=cfg.ppo.temperature,
-                top_p=cfg.rollout.top_p,
-                generator=self.gen,
+            rb = self.sampler.generate(
+                self.tokenizer, [e.prompt for e in examples], self.params, self.gen
             )
         except NonFiniteLogits as err:  # anything else sampling raises is an error
             raise Diverged(step, f"non-finite probabilities while sampling ({err})") from None

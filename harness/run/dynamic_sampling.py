@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from harness.ppo.shaping import overlong_penalty, zero_variance_groups
-from harness.run.rollout import RolloutBatch
+from harness.sampling.base import RolloutBatch
 
 
 @dataclass
@@ -69,14 +69,17 @@ def concat_rollouts(rbs: list[RolloutBatch], pad_id: int) -> RolloutBatch:
     P = max(rb.prompt_width for rb in rbs)
     T = max(rb.input_ids.shape[1] - rb.prompt_width for rb in rbs)
     parts: dict[str, list[torch.Tensor]] = {}
+    columns: list[tuple[str, Any]] = [
+        ("input_ids", pad_id),
+        ("attention_mask", 0),
+        ("loss_mask", 0),
+        ("logprobs", 0.0),
+    ]
+    if all(rb.versions is not None for rb in rbs):
+        columns.append(("versions", -1))
     for rb in rbs:
         w = rb.prompt_width
-        for name, value in (
-            ("input_ids", pad_id),
-            ("attention_mask", 0),
-            ("loss_mask", 0),
-            ("logprobs", 0.0),
-        ):
+        for name, value in columns:
             x = getattr(rb, name)
             prompt = _pad_cols(x[:, :w], P, value, left=True)
             resp = _pad_cols(x[:, w:], T, value, left=False)
@@ -111,6 +114,7 @@ def select_groups(r: Round, groups: list[int]) -> Round:
         completions=[rb.completions[i] for i in rows],
         group_sizes=[rb.group_sizes[g] for g in groups],
         prompt_width=rb.prompt_width,
+        versions=rb.versions[idx] if rb.versions is not None else None,
     )
     ridx = idx.to(r.rewards.device)
     return Round(

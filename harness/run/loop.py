@@ -36,8 +36,9 @@ from harness.run.dynamic_sampling import option_metrics, round_metrics
 from harness.run.dynamic_sampling import skipped_step_metrics as _skipped
 from harness.run.learner import Learner, Update
 from harness.run.policies import Policies
-from harness.run.sampler import Sampler, build_sampler
+from harness.run.sampler import make_sampler
 from harness.run.scaffold import Hooks, Run, RunResult, execute
+from harness.sampling import Sampler
 
 
 def run(cfg: RunConfig, **hooks: Unpack[Hooks]) -> RunResult:
@@ -51,14 +52,9 @@ def ppo_steps(run: Run) -> None:
     # One precision for recompute, reference, update and critic (models.ModelOptions); the
     # sampler's is rollout.sampler_dtype (default: the same), a mismatch source (docs/mismatch.md).
     amp = precision_dtype(run.cfg.model_options.dtype)
-    sampler = build_sampler(run.cfg, run.device, amp, run.sample_kw)
-    try:
+    # An inference engine lives as long as the run, whatever ends it.
+    with make_sampler(run.cfg, run.device, amp, run.sample_kw) as sampler:
         _train(run, sampler, amp)
-    finally:
-        # An inference engine lives as long as the run, whatever ends it.
-        close = getattr(sampler, "close", None)
-        if callable(close):
-            close()
 
 
 def _train(run: Run, sampler: Sampler, amp: torch.dtype | None) -> None:
@@ -70,6 +66,7 @@ def _train(run: Run, sampler: Sampler, amp: torch.dtype | None) -> None:
     rollouts = Rollouts(run, sampler, amp)
 
     skipped = 0  # steps whose update dynamic sampling skipped (no group left)
+    synced = 0.0  # the sampler's weight-sync seconds already reported
     for step in range(cfg.steps):
         if run.stop_requested(step):
             break
@@ -99,16 +96,22 @@ def _train(run: Run, sampler: Sampler, amp: torch.dtype | None) -> None:
                 first=learner.actor.first_logprobs,
             )
             policies.push()
-            # 5. Metrics.
+            # 5. Metrics (the weight copies since the last reported step, for a backend that
+            # copies weights: perf/weight_sync_s).
+            total = sampler.stats()["sync_seconds"]
+            sync_s = total - synced if sampler.copies_weights else None
+            synced = total
             metrics = step_metrics(
-                cfg, col, update, policies, learner, sampler, mismatch, t0=t0, t_rollout=t_rollout
+                cfg, col, update, policies, learner, sync_s, mismatch, t0=t0, t_rollout=t_rollout
             )
             # No optimizer step taken: every update's loss or gradient norm was non-finite.
             no_optimizer_step = update.stats["stability/optimizer_steps"] == 0
 
         if run.eval_due(step):
+            # eval.sampler: run = the rollout sampler, loaded with the live weights.
+            on = sampler if cfg.eval.sampler == "run" else None
             with precision(device, amp):
-                metrics.update(run.evaluate(run.model))
+                metrics.update(run.evaluate(run.model, sampler=on, version=policies.version))
         run.record(step, metrics, all_updates_nonfinite=no_optimizer_step)
 
 
@@ -118,14 +121,15 @@ def step_metrics(
     update: Update,
     policies: Policies,
     learner: Learner,
-    sampler: Sampler,
+    sync_s: float | None,
     mismatch: dict[str, float],
     *,
     t0: float,
     t_rollout: float,
 ) -> dict[str, float]:
     """One updating step's metrics (names: ``harness/metrics/__init__.py``); ``t0`` is the
-    step's start, so ``perf/step_time`` covers everything up to this call."""
+    step's start, so ``perf/step_time`` covers everything up to this call; ``sync_s`` the
+    weight-sync seconds to report (None: the sampler copies no weights)."""
     batch = update.batch
     m = batch["mask"]
     adv = batch["advantages"][m]
@@ -146,7 +150,7 @@ def step_metrics(
         "perf/update_time": update.seconds,
         "perf/prox_logp_time": learner.actor.prox_seconds,
         "perf/tokens_per_sec": n_gen / step_time if step_time > 0 else 0.0,
-        **_sync_metrics(sampler),
+        **({"perf/weight_sync_s": sync_s} if sync_s is not None else {}),
         **update.stats,
         **option_metrics(cfg, col.first, col.dyn, batch),
         **mismatch,
@@ -161,9 +165,3 @@ def _warn_if_clip_inert(cfg: RunConfig) -> None:
             UserWarning,
             stacklevel=3,  # the warning points at the trainer's call, as when it was inline
         )
-
-
-def _sync_metrics(sampler: Sampler) -> dict[str, float]:
-    """``perf/weight_sync_s`` of a sampler that syncs weights (the inference engine)."""
-    pop = getattr(sampler, "pop_sync_seconds", None)
-    return {"perf/weight_sync_s": pop()} if callable(pop) else {}

@@ -30,7 +30,7 @@ from harness.metrics.mismatch import mismatch_decomposition, mismatch_stats
 from harness.model.build import precision
 from harness.model.logprobs import forward_logprobs
 from harness.ppo.actor import roll_left  # token layout → the actor's predicting layout
-from harness.run.rollout import RolloutBatch
+from harness.sampling.base import RolloutBatch
 
 
 @dataclass

@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
+from harness.model.logprobs import forward_logprobs
 from harness.model.lora import is_lora, reference_off, swapped_in
-from harness.run.rollout import StalenessRing, forward_logprobs
+from harness.run.staleness import StalenessRing
 
 
 @dataclass(frozen=True)

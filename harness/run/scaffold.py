@@ -37,8 +37,9 @@ from harness.metrics.stability import RUN_SMOOTH, START_WINDOW, summarize_run
 from harness.model.build import eos_ids, load_model_and_tokenizer, max_positions, resolve_device
 from harness.model.lora import prepare_for_training
 from harness.model.prompting import resolve_chat_template
-from harness.run.rollout import sample
 from harness.run.warmstart import cached_warm_start
+from harness.sampling import RolloutBatch, Sampler, SamplingParams
+from harness.sampling.local import sample
 from harness.tasks import Example, Task, get_task
 
 
@@ -102,41 +103,40 @@ def evaluate(
     samples: int = 0,
     k: int = 1,
     temperature: float = 1.0,
+    sampler: Sampler | None = None,
+    version: int = 0,
     **sample_kw: Any,
 ) -> dict[str, float]:
     """Held-out evaluation: greedy completions (mean reward; accuracy = share with reward ≥
     ``threshold``) and, with ``samples`` = n > 0, n completions per prompt at ``temperature``
     (pass@1, pass@k, mean@n; harness.metrics.passk).  ``sample_kw`` (EOS ids, prompt
-    truncation, position limit) go to :func:`sample`."""
+    truncation, position limit) go to :func:`sample`; with a ``sampler`` (the run's, open)
+    ``model`` is loaded into it as ``version`` and it samples instead."""
+
+    def draw(n: int, gen: torch.Generator, **kw: Any) -> RolloutBatch:
+        if sampler is None:
+            return sample(
+                model, tokenizer, prompts, n_samples=n, max_new_tokens=max_new_tokens,
+                generator=gen, **kw, **sample_kw,
+            )  # fmt: skip
+        params = SamplingParams(n_samples=n, max_new_tokens=max_new_tokens, **kw)
+        return sampler.generate(tokenizer, prompts, params, gen)
+
     gen = torch.Generator(device=device).manual_seed(0)
     was_training = model.training
     model.eval()
     prompts = [e.prompt for e in examples]
-    batch = sample(
-        model,
-        tokenizer,
-        prompts,
-        n_samples=1,
-        max_new_tokens=max_new_tokens,
-        generator=gen,
-        greedy=True,
-        **sample_kw,
-    )
+    if sampler is not None:
+        sampler.load(model, version)
+    batch = draw(1, gen, greedy=True)
     scores = [task.score(e, c) for e, c in zip(examples, batch.completions, strict=True)]
     out = {
         "eval/reward": sum(scores) / len(scores),
         "eval/accuracy": sum(s >= threshold for s in scores) / len(scores),
     }
     if samples:
-        drawn = sample(
-            model,
-            tokenizer,
-            prompts,
-            n_samples=samples,
-            max_new_tokens=max_new_tokens,
-            generator=torch.Generator(device=device).manual_seed(1),
-            temperature=temperature,
-            **sample_kw,
+        drawn = draw(
+            samples, torch.Generator(device=device).manual_seed(1), temperature=temperature
         )
         per_row = [e for e in examples for _ in range(samples)]
         rewards = [task.score(e, c) for e, c in zip(per_row, drawn.completions, strict=True)]
@@ -172,8 +172,15 @@ class Run:
     bad_steps: int = 0  # consecutive steps whose every update was non-finite
     diverged_step: int | None = None
 
-    def evaluate(self, model: torch.nn.Module | None = None) -> dict[str, float]:
-        """The greedy eval on the held-out prompts (of ``model``, default the policy)."""
+    def evaluate(
+        self,
+        model: torch.nn.Module | None = None,
+        *,
+        sampler: Sampler | None = None,
+        version: int = 0,
+    ) -> dict[str, float]:
+        """The greedy eval on the held-out prompts (of ``model``, default the policy; through
+        ``sampler`` loaded at ``version`` when given, else the local decoder)."""
         return evaluate(
             self.model if model is None else model,
             self.tokenizer,
@@ -185,6 +192,8 @@ class Run:
             samples=self.cfg.eval.samples,
             k=self.cfg.eval.k,
             temperature=self.cfg.ppo.temperature,
+            sampler=sampler,
+            version=version,
             **self.sample_kw,
         )
 

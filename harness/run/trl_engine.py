@@ -23,12 +23,13 @@ and what this module provides around the trainer's lifetime (docs/engine.md, "tr
   CPU build cannot take after its start (it repacks linear weights and drops their loaders:
   ``'Parameter' object has no attribute 'weight_loader'``).  It is replaced by vLLM's in-place
   ``reload_weights``, the call the harness's own engine sampler uses
-  (:mod:`harness.run.engine`), followed by the prefix-cache reset TRL does.
+  (:func:`harness.sampling.vllm_host.reload_weights`), followed by the prefix-cache reset TRL
+  does.
 * CPU specifics shared with the engine sampler: the engine pins no cores, keeps torch's
   ``set_num_threads`` (its CPU worker replaces it with a no-op), and its few ``torch.compile``d
   helpers run eagerly.
 * The process around TRL's ``LLM(...)`` call is the engine sampler's
-  (:func:`harness.run.engine_process.engine_start`): the ``transformers`` model classes vLLM's
+  (:mod:`harness.sampling.vllm_host`: environment, checkpoint directory, ``engine_start``): the ``transformers`` model classes vLLM's
   Transformers backend decorates (Phi, GPT-NeoX) are put back, so the learner TRL trains, an
   instance of the same class, keeps its forward; the start's console noise is dropped.
 """
@@ -37,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import os
 import shutil
 import time
@@ -48,14 +48,15 @@ from typing import Any
 import torch
 
 from harness.core.scratch import owned_temp_dir
-from harness.model.engine_support import (
-    engine_dtype,
-    engine_env,
-    quiet_engine_logs,
-    served_architecture,
+from harness.model.engine_support import engine_dtype, engine_env, quiet_engine_logs
+from harness.sampling.vllm_host import (
+    engine_eager,
+    engine_process_env,
+    engine_start,
+    reload_weights,
+    write_checkpoint,
 )
-from harness.run.engine import EngineError, engine_weights
-from harness.run.engine_process import engine_start
+from harness.sampling.vllm_host import shutdown as shutdown_engine
 
 # Set by TRL's colocate start (and by torch.distributed); restored when the run ends.
 _DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -79,51 +80,13 @@ class ColocatedEngine:
         vLLM's in-place reload (module docstring)."""
 
         def sync_weights() -> None:
+            dt = reload_weights(generation.llm, generation.model)
             t0 = time.perf_counter()
-            weights = list(engine_weights(generation.model).items())
-            try:
-                generation.llm.collective_rpc(
-                    "reload_weights", kwargs={"weights_iterator": weights}
-                )
-            except Exception as err:
-                raise EngineError(
-                    f"engine weight sync failed: {type(err).__name__}: {err}"
-                ) from err
             generation.llm.reset_prefix_cache()
-            self.sync_seconds += time.perf_counter() - t0
+            self.sync_seconds += dt + time.perf_counter() - t0
             self.syncs += 1
 
         generation.sync_weights = sync_weights
-
-
-def _save_model(model: Any, tokenizer: Any, workdir: str, dtype: str) -> None:
-    """The policy as a checkpoint directory the engine loads (merged weights under LoRA)."""
-    from safetensors.torch import save_file  # noqa: PLC0415 - only when the engine starts
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    arch = served_architecture(base.config, type(base).__name__)
-    if arch is None:
-        raise EngineError(
-            f"rollout.sampler_backend: vllm cannot serve {type(base).__name__} "
-            "(not in the engine's model registry)"
-        )
-    base.config.save_pretrained(workdir)
-    path = os.path.join(workdir, "config.json")
-    with open(path) as f:
-        data = json.load(f)
-    data["architectures"] = [arch]
-    # TRL passes the engine no dtype: it takes the checkpoint's.
-    data["torch_dtype"] = data["dtype"] = dtype
-    with open(path, "w") as f:
-        json.dump(data, f)
-    gen = getattr(base, "generation_config", None)
-    if gen is not None:
-        gen.save_pretrained(workdir)
-    tokenizer.save_pretrained(workdir)
-    weights = {
-        n: t.detach().to("cpu").contiguous().clone() for n, t in engine_weights(model).items()
-    }
-    save_file(weights, os.path.join(workdir, "model.safetensors"))
 
 
 @contextlib.contextmanager
@@ -171,24 +134,14 @@ def colocated_engine(run: Any) -> Iterator[ColocatedEngine]:
     workdir = owned_temp_dir("harness-trl-engine-")  # swept by a later run if this one is killed
     base = run.model.get_base_model() if hasattr(run.model, "get_base_model") else run.model
     saved_name = (base.config._name_or_path, getattr(base, "name_or_path", None))
-    env = {
-        # The engine core in this process (no subprocess, no spawn of __main__).
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_CPU_KVCACHE_SPACE": str(cfg.rollout.engine_kv_cache_gib),
-        **quiet_engine_logs(),
-    }
-    if run.device.type == "cpu":
-        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+    env = {**engine_process_env(run.device, cfg.rollout.engine_kv_cache_gib), **quiet_engine_logs()}
     set_threads = torch.set_num_threads
     handle = ColocatedEngine(workdir=workdir, dtype=dtype)
-    eager = (
-        torch._dynamo.config.patch(disable=True)
-        if run.device.type == "cpu"
-        else contextlib.nullcontext()
-    )
+    eager = engine_eager(run.device)
     dist_saved = {k: os.environ.get(k) for k in _DIST_ENV}
     try:
-        _save_model(run.model, run.tokenizer, workdir, dtype)
+        # TRL passes the engine no dtype: it takes the checkpoint's.
+        write_checkpoint(run.model, workdir, dtype=dtype, tokenizer=run.tokenizer)
         base.config._name_or_path = base.name_or_path = workdir
         with engine_env(env), eager, _engine_args(dtype, cfg.seed):
             yield handle
@@ -209,6 +162,5 @@ def shutdown(generation: Any) -> None:
     """End the engine TRL started (idempotent; the trainer object may outlive the run)."""
     llm = getattr(generation, "llm", None)
     if llm is not None:
-        with contextlib.suppress(Exception):
-            llm.llm_engine.engine_core.shutdown()
         generation.llm = None
+        shutdown_engine(llm)

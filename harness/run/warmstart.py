@@ -59,7 +59,7 @@ def _encode_batch(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Left-padded ``prompt + completion + EOS`` ids, attention mask and completion mask.
 
-    The prompt is tokenized exactly as :func:`harness.run.rollout.sample` does (default special
+    The prompt is tokenized exactly as :func:`harness.sampling.local.sample` does (default special
     tokens), the completion without special tokens, so the model learns the very token sequence
     it will later be asked to generate.
     """

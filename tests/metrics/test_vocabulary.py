@@ -34,8 +34,8 @@ from harness.ppo.objectives import lookup
 from harness.ppo.objectives.clip_cov import ClipCovOptions
 from harness.ppo.objectives.kl_cov import KLCovOptions
 from harness.run.loop import RunResult
-from harness.run.rollout import sample
 from harness.run.tracked import finish_tracked_run
+from harness.sampling.local import sample
 from harness.tracking import MemoryTracker
 from tests.support.tiny import TINY
 

@@ -12,8 +12,9 @@ import torch
 from harness.config import ConfigError, build_run_config, load_run_config
 from harness.model.build import disable_dropout, eos_ids, load_model_and_tokenizer
 from harness.model.critic import ValueModel
+from harness.model.logprobs import forward_logprobs
 from harness.run.loop import run
-from harness.run.rollout import forward_logprobs, sample
+from harness.sampling.local import sample
 from tests.support.hf_archs import ARCHS, POSITIONS
 
 WITH_DROPOUT = ("gpt2", "opt", "qwen2", "gpt_neox", "phi")

@@ -8,10 +8,12 @@ import torch
 
 from harness.config import ConfigError, PPOActorConfig, build_run_config
 from harness.model.build import LoraOptions, ModelOptions, load_model_and_tokenizer
+from harness.model.logprobs import forward_logprobs
 from harness.model.lora import prepare_for_training, reference_off, swapped_in, trainable_state
 from harness.ppo.actor import PPOActor
 from harness.run.loop import run
-from harness.run.rollout import StalenessRing, forward_logprobs, sample
+from harness.run.staleness import StalenessRing
+from harness.sampling.local import sample
 
 pytest.importorskip("peft")
 

@@ -11,10 +11,12 @@ import torch
 
 from harness.config import ConfigError, build_run_config, load_run_config
 from harness.model.build import ModelOptions, load_model_and_tokenizer
+from harness.model.logprobs import forward_logprobs
 from harness.model.lora import prepare_for_training
 from harness.model.prompting import apply_chat_template, resolve_chat_template
 from harness.run.loop import run
-from harness.run.rollout import encode_prompts, forward_logprobs, sample
+from harness.sampling.base import encode_prompts
+from harness.sampling.local import sample
 
 TEMPLATE = (
     "{% for m in messages %}<bos>[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"

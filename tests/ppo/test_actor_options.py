@@ -10,7 +10,7 @@ from harness.config import PPOActorConfig
 from harness.model.build import TinyModelConfig, build_model, build_tokenizer
 from harness.ppo import NormConfig, RejectionSampling
 from harness.ppo.actor import PPOActor
-from harness.run.rollout import sample
+from harness.sampling.local import sample
 from tests.support.tiny import TINY
 
 

@@ -23,7 +23,7 @@ from harness.ppo.actor import PPOActor
 from harness.ppo.corrections import PRESETS, Correction, Filter
 from harness.ppo.corrections.docs import markdown
 from harness.ppo.objectives import OBJECTIVES, lookup, ppo_actor_loss
-from harness.run.rollout import sample
+from harness.sampling.local import sample
 from tests.support.objective_cli import SMALL
 from tests.support.tiny import TINY
 

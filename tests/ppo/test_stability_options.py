@@ -30,7 +30,7 @@ from harness.ppo.normalization import NormConfig
 from harness.ppo.objectives import OBJECTIVES, lookup, ppo_actor_loss
 from harness.ppo.shaping import overlong_penalty, zero_variance_groups
 from harness.run.dynamic_sampling import Round, concat_rollouts, refill, select_groups
-from harness.run.rollout import RolloutBatch
+from harness.sampling.base import RolloutBatch
 from tests.support.objective_cli import SMALL, assert_trains_through_the_cli
 from tests.support.tiny import TINY
 

@@ -1,5 +1,5 @@
 """The vLLM inference engine as the rollout sampler (``rollout.sampler_backend: vllm``,
-harness/run/engine.py).
+harness/sampling/vllm.py).
 
 The engine tests share one engine per module (its start costs seconds) and skip with a reason
 where the engine is not installed (``python tools/install_engine.py``; ``make test`` does it).
@@ -19,8 +19,11 @@ from typer.testing import CliRunner
 from harness.cli import app
 from harness.config import build_run_config
 from harness.model.build import TinyModelConfig, build_model, build_tokenizer
+from harness.model.engine_support import engine_dtype, engine_installed
 from harness.model.logprobs import forward_logprobs
-from harness.run.engine import EngineSampler, engine_dtype, engine_installed, engine_weights
+from harness.sampling.vllm import EngineSampler
+from harness.sampling.vllm_host import engine_weights
+from tests.support.sampling import draw
 
 CPU = torch.device("cpu")
 PROMPTS = ["rev 1234=", "rev 98=", "rev 55501=", "rev 7="]
@@ -46,11 +49,23 @@ def _learner_gap(model, rb, temperature: float = 1.0) -> torch.Tensor:
     return (rb.logprobs - lp)[mask].abs()
 
 
-def _draw(sampler, model, tok, seed: int, *, temperature: float = 1.0, n: int = 4, new: int = 10):
-    return sampler.sample(
+def _draw(
+    sampler,
+    model,
+    tok,
+    seed: int,
+    *,
+    temperature: float = 1.0,
+    n: int = 4,
+    new: int = 10,
+    version: int = 0,
+):
+    return draw(
+        sampler,
         model,
         tok,
         PROMPTS,
+        version=version,
         n_samples=n,
         max_new_tokens=new,
         generator=torch.Generator().manual_seed(seed),
@@ -177,10 +192,11 @@ def test_engine_logprobs_match_the_learner_and_follow_a_weight_sync(engine, tiny
     assert float(_learner_gap(model, hot, temperature=0.7).max()) < 1e-5
     # After a weight update the engine samples from the new weights.
     updated = build_model(tok, TinyModelConfig(), seed=1).eval()
-    moved = _draw(engine, updated, tok, seed=0)
+    moved = _draw(engine, updated, tok, seed=0, version=1)
     assert not torch.equal(rb.input_ids, moved.input_ids)
     assert float(_learner_gap(updated, moved).max()) < 1e-5
-    assert engine.pop_sync_seconds() > 0 and engine.pop_sync_seconds() == 0.0
+    # One copy per version: the draws at version 0 shared the first.
+    assert engine.stats()["syncs"] == 2 and engine.stats()["sync_seconds"] > 0
 
 
 @needs_engine
@@ -288,7 +304,7 @@ def test_cli_run_with_a_bf16_engine(tmp_path):
 def test_the_engine_logs_errors_only_unless_the_user_asks(monkeypatch):
     import logging
 
-    from harness.run.engine import quiet_engine_logs
+    from harness.model.engine_support import quiet_engine_logs
 
     logger = logging.getLogger("vllm")
     monkeypatch.setattr(logger, "level", logging.NOTSET)
@@ -374,7 +390,8 @@ def test_engine_on_cuda_matches_the_learner():
         },
     )
     try:
-        rb = s.sample(
+        rb = draw(
+            s,
             model,
             tok,
             PROMPTS,

@@ -1,5 +1,5 @@
 """Every architecture docs/models.md lists, on the engine (``rollout.sampler_backend: vllm``), and
-the process the engine ran in left as the next run expects it (harness/run/engine_process.py).
+the process the engine ran in left as the next run expects it (harness/sampling/vllm_host.py).
 
 vLLM 0.32 serves Phi and GPT-NeoX only through its Transformers backend, which decorates the
 ``transformers`` model class itself for ``torch.compile``; in-process, the learner's model is an
@@ -23,8 +23,8 @@ from transformers import AutoModelForCausalLM
 from harness.config import build_run_config
 from harness.model.engine_support import engine_installed
 from harness.model.logprobs import forward_logprobs
-from harness.run.engine import EngineSampler, engine_weights
-from harness.run.engine_process import model_classes_kept, stderr_filtered
+from harness.sampling.vllm import EngineSampler
+from harness.sampling.vllm_host import engine_weights, model_classes_kept, stderr_filtered
 from tests.support.hf_archs import (
     ARCHS,
     arch_configs,
@@ -32,6 +32,7 @@ from tests.support.hf_archs import (
     engine_arch_config,
     save_engine_arch,
 )
+from tests.support.sampling import draw
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
@@ -137,7 +138,8 @@ def test_the_engine_serves_the_architecture_and_the_learner_still_runs(name):
     rb = None
     sampler = EngineSampler(CPU, sample_kw={"eos_token_ids": [2], "max_positions": 64})
     try:
-        rb = sampler.sample(
+        rb = draw(
+            sampler,
             model,
             tok,
             ["rev 1234=", "rev 98="],
@@ -167,6 +169,7 @@ FRESH = """
 import json, sys
 from harness.config import build_run_config
 from harness.run.trainers import train
+from tests.support.sampling import draw
 res = train(build_run_config(json.loads(sys.argv[1])), results_dir=sys.argv[2])
 assert res.status == "completed", res.reason
 print(json.dumps({k: res.history[k] for k in json.loads(sys.argv[3])}))

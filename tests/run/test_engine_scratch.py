@@ -24,7 +24,8 @@ KILLED_RUN = """
 import sys, time, types
 sys.path.insert(0, {root!r})
 import torch
-import harness.run.engine as engine
+import harness.sampling.vllm as engine
+import harness.sampling.vllm_host as host
 from harness.model.build import TinyModelConfig, build_model, build_tokenizer
 
 class LLM:  # the engine starting: it has the checkpoint directory; it never returns
@@ -34,10 +35,10 @@ class LLM:  # the engine starting: it has the checkpoint directory; it never ret
         time.sleep(600)
 
 sys.modules["vllm"] = types.SimpleNamespace(LLM=LLM)
-engine.served_architecture = lambda config, name=None: "LlamaForCausalLM"
+host.served_architecture = lambda config, name=None: "LlamaForCausalLM"
 tok = build_tokenizer()
 model = build_model(tok, TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=16))
-engine.EngineSampler(torch.device("cpu")).sync(model)
+engine.EngineSampler(torch.device("cpu")).load(model, 0)
 """
 
 
@@ -45,7 +46,8 @@ engine.EngineSampler(torch.device("cpu")).sync(model)
 def test_the_model_copy_a_killed_engine_run_left_is_removed_by_the_next_start(
     tmp_path, monkeypatch
 ):
-    import harness.run.engine as engine
+    import harness.sampling.vllm as engine
+    import harness.sampling.vllm_host as host
     from harness.model.build import TinyModelConfig, build_model, build_tokenizer
 
     tmp = tmp_path / "tmp"
@@ -78,11 +80,11 @@ def test_the_model_copy_a_killed_engine_run_left_is_removed_by_the_next_start(
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=fails))
-    monkeypatch.setattr(engine, "served_architecture", lambda config, name=None: "LlamaForCausalLM")
+    monkeypatch.setattr(host, "served_architecture", lambda config, name=None: "LlamaForCausalLM")
     tok = build_tokenizer()
     cfg = TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=16)
     sampler = engine.EngineSampler(torch.device("cpu"))
     with pytest.raises(engine.EngineError, match="no engine here"):
-        sampler.sync(build_model(tok, cfg))
+        sampler.load(build_model(tok, cfg), 0)
     assert not left.exists()
     assert list(tmp.iterdir()) == []  # the failed start removed its own directory too

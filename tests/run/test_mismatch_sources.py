@@ -17,6 +17,7 @@ from harness.model.build import TinyModelConfig, build_model, build_tokenizer
 from harness.run.loop import run
 from harness.run.mismatch import MismatchProbe
 from harness.run.sampler import LocalSampler, local_sampler, sampler_autocast
+from tests.support.sampling import draw
 from tests.support.tiny import TINY
 
 PROMPTS = ["rev 1234=", "rev 98=", "rev 55501=", "rev 7="]
@@ -41,7 +42,8 @@ def tiny():
 
 def _kl_k3(model, tok, sampler: LocalSampler, seed: int = 0, learner=None) -> float:
     """k3 KL of ``sampler``'s behaviour log-probs against the learner at ``learner`` precision."""
-    rb = sampler.sample(
+    rb = draw(
+        sampler,
         model,
         tok,
         PROMPTS,
@@ -87,10 +89,11 @@ def test_logit_noise_is_a_dose_response_knob_and_reproducible(tiny):
     assert kls[0] < 1e-11
     assert kls == sorted(kls) and kls[1] > 1e-5 and kls[3] > 10 * kls[1], kls
 
-    def draw():
+    def noisy():
         s = LocalSampler(CPU, logit_noise=0.3, noise_generator=torch.Generator().manual_seed(7))
         g = torch.Generator().manual_seed(1)
-        return s.sample(
+        return draw(
+            s,
             model,
             tok,
             PROMPTS,
@@ -101,7 +104,7 @@ def test_logit_noise_is_a_dose_response_knob_and_reproducible(tiny):
             top_p=1.0,
         )
 
-    a, b = draw(), draw()
+    a, b = noisy(), noisy()
     assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.logprobs, b.logprobs)
 
 
@@ -117,7 +120,7 @@ def test_local_sampler_from_the_config_seeds_its_noise_from_the_run_seed():
         }
     )
     s = local_sampler(cfg, CPU, None, {"eos_token_ids": [2]})
-    assert s.dtype is torch.float16 and s.backend == "hf" and s.logit_noise == 0.1
+    assert s.dtype is torch.float16 and s.decoder == "hf" and s.logit_noise == 0.1
     assert s.noise_generator is not None and s.sample_kw == {"eos_token_ids": [2]}
     again = local_sampler(cfg, CPU, None, {})
     assert torch.equal(
@@ -130,7 +133,8 @@ def test_the_backends_sample_the_same_tokens(tiny):
     model, tok = tiny
     out = {}
     for backend in ("fast", "hf"):
-        rb = LocalSampler(CPU, backend=backend).sample(
+        rb = draw(
+            LocalSampler(CPU, decoder=backend),
             model,
             tok,
             PROMPTS,
@@ -216,7 +220,8 @@ def test_float32_run_has_no_mismatch_and_measure_off_logs_none(tmp_path):
 
 def _bf16_rollout(model, tok):
     """A bfloat16-sampled rollout of PROMPTS and the actor batch built from it (seeded)."""
-    rb = LocalSampler(CPU, dtype=torch.bfloat16).sample(
+    rb = draw(
+        LocalSampler(CPU, dtype=torch.bfloat16),
         model,
         tok,
         PROMPTS,

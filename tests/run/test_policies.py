@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from harness.model.build import LoraOptions, ModelOptions, load_model_and_tokenizer
+from harness.model.logprobs import forward_logprobs
 from harness.model.lora import prepare_for_training
 from harness.run.policies import Policies
-from harness.run.rollout import forward_logprobs, sample
+from harness.sampling.local import sample
 
 pytest.importorskip("peft")
 

@@ -9,13 +9,10 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from harness.model.build import build_model, build_tokenizer
-from harness.run.rollout import (
-    RolloutBatch,
-    StalenessRing,
-    forward_logprobs,
-    position_ids,
-    sample,
-)
+from harness.model.logprobs import forward_logprobs, position_ids
+from harness.run.staleness import StalenessRing
+from harness.sampling.base import RolloutBatch
+from harness.sampling.local import sample
 
 PROMPTS = ["rev 1=", "rev 123456789=", "12+3="]  # different lengths: real left padding
 

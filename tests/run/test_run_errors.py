@@ -19,13 +19,13 @@ import yaml
 from rich.console import Console
 
 import harness.run.loop as train_mod
-import harness.run.sampler as sampler_mod  # the rollout function the loop's sampler calls
+import harness.sampling.local as sampler_mod  # the rollout function the loop's sampler calls
 from harness.config import build_run_config
-from harness.run.rollout import NonFiniteLogits
-from harness.run.rollout import sample as real_sample
 from harness.run.scaffold import is_numeric_overflow
 from harness.run.tracked import tracked_run
 from harness.run.trainers import train
+from harness.sampling.base import NonFiniteLogits
+from harness.sampling.local import sample as real_sample
 from harness.tracking import MemoryTracker
 from tests.support.tiny import TINY
 
@@ -62,7 +62,7 @@ def cfg(trainer: str = "harness", **over: Any) -> Any:
 
 
 def _fail_sampling_at(step: int, make_error: Any) -> Any:
-    """``harness.run.sampler.sample`` that raises ``make_error()`` on training step ``step``'s rollout
+    """``harness.sampling.local.sample`` that raises ``make_error()`` on training step ``step``'s rollout
     (greedy evaluations pass through untouched)."""
     calls = {"n": 0}
 

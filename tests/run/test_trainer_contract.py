@@ -19,7 +19,7 @@ import torch
 from harness.config import RunConfig, build_run_config
 from harness.metrics import STEP_METRICS
 from harness.metrics.stability import OBJECTIVE_KEYS
-from harness.run.engine import engine_installed
+from harness.model.engine_support import engine_installed
 from harness.run.scaffold import RunResult
 from harness.run.tracked import tracked_run
 from harness.run.trainers import train

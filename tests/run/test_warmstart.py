@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from harness.model.build import build_model, build_tokenizer
-from harness.run.rollout import sample
 from harness.run.warmstart import _encode_batch, cached_warm_start, warm_start, weights_digest
+from harness.sampling.local import sample
 from harness.tasks import get_task
 
 

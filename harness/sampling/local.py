@@ -1,5 +1,5 @@
-"""Sampling for PPO: a lean KV-cache loop that records behaviour log-probs, and the matching
-training-time forward pass.
+"""The local sampler: the policy module itself, sampled in the run's process by a lean KV-cache
+loop that records behaviour log-probs (backend ``local``; its ``decoder`` option picks the step).
 
 Why not ``model.generate``: for a 2-layer model the per-token cost is Python overhead, and
 ``generate`` adds a logits-processor pipeline, stopping criteria, cache bookkeeping and output
@@ -7,19 +7,12 @@ objects on every step. The loop below does one forward for the prompts and one p
 samples with an explicit ``torch.Generator`` (so a run's sampling stream is reproducible and
 independent of the global RNG), and stops as soon as every row has emitted EOS. For a plain
 ``LlamaForCausalLM`` (the tiny model), ``Qwen2ForCausalLM`` or ``MistralForCausalLM`` (no sliding
-window) each step goes through :class:`~harness.run.decoders._LlamaDecoder`, a
+window) each step goes through :class:`~harness.sampling.decoders._LlamaDecoder`, a
 functional replay of the same weights over preallocated KV buffers (about 2x faster per token
 than calling the HF module); any other causal LM goes through its own ``forward`` with a
 ``DynamicCache``. Both paths sample identical tokens for the same generator (tested).
 
-Layout ("token layout", shared by everything downstream): a batch is ``[B, L]`` with
-``L = P + T``: each row is its left-padded prompt (width ``P``, the longest prompt), then its
-response, then right padding (pad id) up to ``T`` (the longest response). Per-token quantities
-live at the position of the token they describe: ``logprobs[b, j]`` is
-log pi(input_ids[b, j] | prefix), ``loss_mask[b, j]`` is 1 exactly on generated tokens (EOS
-included when produced); ``attention_mask`` is the prompt mask followed by ``loss_mask``. Rows
-come in groups: the ``n_samples`` samples of prompt i are rows ``i*n .. i*n+n-1``.
-``completions`` are decoded up to EOS (exclusive) with ``skip_special_tokens=True``.
+Layout: :mod:`harness.sampling.base` (token layout).
 
 Positions: left padding shifts where each row's text starts, so both the sampler and
 :func:`forward_logprobs` pass explicit ``position_ids = clamp(cumsum(attention_mask) - 1, 0)``:
@@ -38,50 +31,23 @@ tensors are ordinary tensors that the training pass can use under autograd.
 
 from __future__ import annotations
 
-import collections
-from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from harness.model.build import eos_ids
-from harness.model.logprobs import forward_logprobs, position_ids
-from harness.model.prompting import apply_chat_template
-from harness.run.decoders import _fast_path_ok, _HFDecoder, _LlamaDecoder
-
-
-class NonFiniteLogits(FloatingPointError):
-    """The policy's logits stopped being finite while sampling (a diverged policy)."""
-
-
-@dataclass
-class RolloutBatch:
-    """Sampled sequences in token layout (see the module docstring); all tensors are ``[B, L]``
-    unless noted, ``B = len(prompts) * n_samples``."""
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    loss_mask: torch.Tensor
-    logprobs: torch.Tensor
-    prompt_lens: torch.Tensor  # [B] real (unpadded) prompt tokens
-    response_lens: torch.Tensor  # [B] generated tokens, EOS included
-    truncated: torch.Tensor  # [B] bool: hit max_new_tokens without EOS
-    completions: list[str] = field(default_factory=list)  # decoded, up to EOS (exclusive)
-    group_sizes: list[int] = field(default_factory=list)  # n_samples per prompt, in row order
-    prompt_width: int = 0  # P: the column where responses start
-
-    def to(self, device: torch.device | str) -> RolloutBatch:
-        """A copy with every tensor on ``device`` (lists and ints are shared)."""
-        moved: dict[str, Any] = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            moved[f.name] = v.to(device) if isinstance(v, torch.Tensor) else v
-        return RolloutBatch(**moved)
-
-    @property
-    def batch_size(self) -> int:
-        return int(self.input_ids.shape[0])
+from harness.model.build import eos_ids, precision
+from harness.model.logprobs import position_ids
+from harness.sampling.base import (
+    NonFiniteLogits,
+    RolloutBatch,
+    Sampler,
+    SamplingParams,
+    assemble_batch,
+    encode_prompts,
+)
+from harness.sampling.decoders import _fast_path_ok, _HFDecoder, _LlamaDecoder
+from harness.sampling.registry import register
 
 
 def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -260,120 +226,71 @@ def sample(
     )
 
 
-def assemble_batch(
-    tokenizer: PreTrainedTokenizerBase,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    tokens: torch.Tensor,
-    logps: torch.Tensor,
-    eos: torch.Tensor,
-    *,
-    group_sizes: list[int],
-) -> RolloutBatch:
-    """The :class:`RolloutBatch` of sampled ``tokens`` ``[N, T]`` (pad after EOS) and their
-    behaviour log-probs ``logps`` behind left-padded prompts ``[N, P]``: the one place the
-    token layout is built, whichever sampler produced the tokens."""
-    n_rows, width = prompt_ids.shape
-    # A generated slot is real up to and including the first EOS.
-    is_eos = torch.isin(tokens, eos)
-    after_eos = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
-    gen_mask = (~after_eos).to(prompt_mask.dtype)
-    response_lens = gen_mask.sum(-1)
-    truncated = ~is_eos.any(-1)
-    return RolloutBatch(
-        input_ids=torch.cat([prompt_ids, tokens], dim=1),
-        attention_mask=torch.cat([prompt_mask, gen_mask], dim=1),
-        loss_mask=torch.cat([torch.zeros_like(prompt_mask), gen_mask], dim=1),
-        logprobs=torch.cat([logps.new_zeros(n_rows, width), logps * gen_mask], dim=1),
-        prompt_lens=prompt_mask.sum(-1),
-        response_lens=response_lens,
-        truncated=truncated,
-        completions=_decode(tokenizer, tokens, response_lens, truncated),
-        group_sizes=group_sizes,
-        prompt_width=width,
-    )
+DECODERS = ("auto", "fast", "hf")
 
 
-def encode_prompts(
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: list[str],
-    max_prompt_tokens: int | None = None,
-    chat_template: str | None = None,
-) -> dict[str, torch.Tensor]:
-    """Left-padded prompt ids and mask; with ``max_prompt_tokens`` each prompt keeps only its
-    last that many tokens (the end of a prompt is the question being asked). With a
-    ``chat_template`` the prompts are rendered first and tokenized without added specials."""
-    texts = apply_chat_template(tokenizer, prompts, chat_template)
-    special = chat_template is None
-    if max_prompt_tokens is None:
-        return dict(tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=special))
-    ids = [
-        row[-max_prompt_tokens:]
-        for row in tokenizer(texts, add_special_tokens=special)["input_ids"]
-    ]
-    return dict(tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt"))
+@register(
+    "local",
+    options={
+        "decoder": "auto = the functional Llama/Qwen2/Mistral decoder when it applies, else the "
+        "model's own forward; fast = insist on the former; hf = always the latter",
+        "dtype": "autocast dtype of the sampler's forward (None = float32: autocast off)",
+        "logit_noise": "σ of seeded Gaussian noise on the logits (0 = off)",
+        "noise_seed": "seed of the noise stream (logit_noise > 0)",
+    },
+)
+class LocalSampler(Sampler):
+    """The in-process sampler: :func:`sample` of the loaded policy module under
+    ``torch.autocast(dtype)`` (None = float32), stepped by ``decoder``, with ``logit_noise`` σ
+    from its own seeded stream (``noise_seed``, or ``noise_generator`` given directly).
+    Loading weights copies nothing: the module itself is sampled."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        dtype: torch.dtype | None = None,
+        decoder: str = "auto",
+        logit_noise: float = 0.0,
+        noise_seed: int | None = None,
+        noise_generator: torch.Generator | None = None,
+        sample_kw: dict[str, Any] | None = None,  # EOS ids, truncation, positions, template
+    ) -> None:
+        super().__init__()
+        self.device = device
+        self.dtype = dtype
+        self.decoder = decoder
+        self.logit_noise = logit_noise
+        if noise_generator is None and logit_noise > 0 and noise_seed is not None:
+            noise_generator = torch.Generator(device=device).manual_seed(noise_seed)
+        self.noise_generator = noise_generator
+        self.sample_kw = dict(sample_kw or {})
+
+    def _sync(self, weights: Any) -> float:
+        return 0.0
+
+    def _generate(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        prompts: list[str],
+        params: SamplingParams,
+        generator: torch.Generator,
+    ) -> RolloutBatch:
+        with precision(self.device, self.dtype):
+            return sample(
+                self.model,
+                tokenizer,
+                prompts,
+                n_samples=params.n_samples,
+                max_new_tokens=params.max_new_tokens,
+                generator=generator,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                greedy=params.greedy,
+                backend=self.decoder,
+                logit_noise=self.logit_noise,
+                noise_generator=self.noise_generator,
+                **self.sample_kw,
+            )
 
 
-def _decode(
-    tokenizer: PreTrainedTokenizerBase,
-    tokens: torch.Tensor,
-    response_lens: torch.Tensor,
-    truncated: torch.Tensor,
-) -> list[str]:
-    """Decode each response up to EOS (exclusive)."""
-    text_lens = (response_lens - (~truncated).long()).tolist()
-    rows = tokens.tolist()
-    return tokenizer.batch_decode(
-        [row[:n] for row, n in zip(rows, text_lens, strict=True)], skip_special_tokens=True
-    )
-
-
-class StalenessRing:
-    """Past policy weights, so rollouts can be sampled by the policy as it was k updates ago.
-
-    Emulates AReaL's asynchronous off-policy setting (``max_head_offpolicyness``) on one
-    machine: ``push(model)`` after every update keeps the newest ``k + 1`` snapshots;
-    ``behaviour_state()`` is the oldest kept (k updates behind once the ring has filled, fewer
-    before). With ``k = 0`` nothing is copied and the live model is the behaviour policy.
-    Snapshots are detached clones on the model's device.
-    """
-
-    def __init__(self, k: int, *, trainable_only: bool = False) -> None:
-        if k < 0:
-            raise ValueError(f"staleness must be >= 0; got {k}")
-        self.k = k
-        # Under LoRA only the adapters change: snapshot those, not the frozen base.
-        self.trainable_only = trainable_only
-        self._ring: collections.deque[dict[str, torch.Tensor]] = collections.deque(maxlen=k + 1)
-
-    def push(self, model: torch.nn.Module) -> None:
-        if self.k == 0:
-            return
-        with torch.no_grad():
-            if self.trainable_only:
-                snap = {
-                    n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad
-                }
-            else:
-                snap = {n: t.detach().clone() for n, t in model.state_dict().items()}
-            self._ring.append(snap)
-
-    def behaviour_state(self) -> dict[str, torch.Tensor] | None:
-        """The oldest kept snapshot, or None when k == 0 or nothing was pushed yet."""
-        return self._ring[0] if self._ring else None
-
-    @property
-    def lag(self) -> int:
-        """How many updates the behaviour snapshot is behind the newest pushed weights."""
-        return max(len(self._ring) - 1, 0)
-
-
-__all__ = [
-    "RolloutBatch",
-    "StalenessRing",
-    "assemble_batch",
-    "encode_prompts",
-    "forward_logprobs",
-    "position_ids",
-    "sample",
-]
+__all__ = ["DECODERS", "LocalSampler", "sample"]

@@ -1,4 +1,4 @@
-"""The two decoders :func:`harness.run.rollout.sample` steps: :class:`_LlamaDecoder`, a
+"""The two decoders :func:`harness.sampling.local.sample` steps: :class:`_LlamaDecoder`, a
 functional replay of a Llama-shaped model's weights over preallocated KV buffers (about 2x faster
 per token than calling the HF module), and :class:`_HFDecoder`, any causal LM through its own
 ``forward`` and a ``DynamicCache``. Both take one token per row and a position per row and return

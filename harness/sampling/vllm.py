@@ -1,0 +1,285 @@
+"""An inference engine (vLLM) as the rollout sampler: backend ``vllm``
+(``rollout.sampler_backend: vllm``).
+
+The engine is what every peer samples with (TRL, verl, AReaL, SkyRL, OpenRLHF, prime-rl); with it
+the behaviour log-probs ℓb come from the engine's own kernels, not from the learner's torch code,
+so the mismatch the harness measures is a real one. The contract is the local sampler's
+(:class:`harness.sampling.base.Sampler`): same prompts in (chat template, truncation), same
+:class:`~harness.sampling.base.RolloutBatch` out, same meaning of ℓb (docs/mismatch.md, "The
+engine").
+
+How it runs (docs/engine.md):
+
+* one engine per run process, started at the first weight load and kept across steps,
+  in-process (its process setup: :mod:`harness.sampling.vllm_host`); :meth:`EngineSampler.close`
+  ends it with the run;
+* the model's config is written once to a run-local directory and the engine starts on dummy
+  weights; before every rollout the sampling policy's weights (under LoRA: merged into the
+  base weights) are copied in with vLLM's in-place ``reload_weights`` when their version
+  changed (:meth:`~harness.sampling.base.Sampler.load`). So staleness emulation needs nothing
+  special: the engine is synced from whatever policy the loop samples with (the snapshot k
+  updates back);
+* one request per row with its own seed drawn from the run's sampling generator, so a run is
+  reproducible and each row's stream is independent of batching;
+* log-probs in ``processed_logprobs`` mode: log_softmax of the logits after temperature, i.e.
+  ``log_softmax(logits / T)`` — what the local sampler records and what the learner
+  recomputes. ``top_p < 1`` is refused (vLLM's processed log-probs are then renormalised over
+  the nucleus, a different quantity from the learner's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from harness.core.scratch import owned_temp_dir
+from harness.model.build import eos_ids
+from harness.model.engine_support import INSTALL_HINT, engine_env, engine_installed
+from harness.sampling.base import (
+    RolloutBatch,
+    Sampler,
+    SamplingParams,
+    assemble_batch,
+    encode_prompts,
+)
+from harness.sampling.registry import register
+from harness.sampling.vllm_host import (
+    EngineError,
+    engine_eager,
+    engine_process_env,
+    engine_start,
+    reload_weights,
+    shutdown,
+    write_checkpoint,
+)
+
+
+def _refuse(settings: Mapping[str, Any]) -> str | None:
+    """vLLM's processed log-probs under ``top_p < 1`` are renormalised over the nucleus, a
+    different quantity from the learner's."""
+    if settings.get("top_p", 1.0) < 1.0:
+        return "rollout.top_p: must be 1 with sampler_backend vllm"
+    return None
+
+
+def _preflight() -> str | None:
+    return None if engine_installed() else f"vllm is not installed ({INSTALL_HINT})"
+
+
+@register(
+    "vllm",
+    options={
+        "dtype": "the engine's weight dtype (float32, bfloat16, float16)",
+        "kv_cache_gib": "on CPU: GiB reserved for the engine's KV cache (VLLM_CPU_KVCACHE_SPACE)",
+        "gpu_memory_utilization": "on CUDA: the share of the GPU's memory the engine may take",
+        "seed": "the engine's seed",
+    },
+    refuse=_refuse,
+    preflight=_preflight,
+)
+class EngineSampler(Sampler):
+    """The engine as a :class:`~harness.sampling.base.Sampler` (module docstring)."""
+
+    copies_weights = True
+
+    def __init__(
+        self,
+        device: torch.device,
+        dtype: str = "float32",
+        kv_cache_gib: int = 1,
+        gpu_memory_utilization: float = 0.3,
+        seed: int = 0,
+        sample_kw: dict[str, Any] | None = None,  # EOS ids, truncation, positions, template
+    ) -> None:
+        super().__init__()
+        self.device = device
+        self.dtype = dtype
+        self.kv_cache_gib = kv_cache_gib
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.seed = seed
+        self.sample_kw = dict(sample_kw or {})
+        self._llm: Any = None
+        self._workdir: str | None = None
+
+    # ---- lifecycle
+    def _start(self, model: Any) -> None:
+        # Named after this process: a later run sweeps it if this one is killed (core.scratch).
+        self._workdir = owned_temp_dir("harness-engine-")
+        # The policy as a checkpoint the engine loads (merged under LoRA). Starting on dummy
+        # weights and syncing afterwards was measured to leave the engine's log-probs ~0.9 off
+        # the learner's on the tiny Llama; loading real weights first, then syncing, matches.
+        write_checkpoint(model, self._workdir)
+        limit = self.sample_kw.get("max_positions") or 2048
+        kwargs: dict[str, Any] = {
+            "model": self._workdir,
+            "skip_tokenizer_init": True,
+            "dtype": self.dtype,
+            "enforce_eager": True,
+            "max_model_len": int(limit),
+            "seed": self.seed,
+            "logprobs_mode": "processed_logprobs",
+            "enable_prefix_caching": False,
+            "use_tqdm_on_load": False,  # a progress bar per run start on the sweep's console
+        }
+        if self.device.type == "cuda":
+            kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
+        try:
+            # Quiet, and the process left as the run and later runs in it expect
+            # (harness/sampling/vllm_host.py: the model classes, torch.set_num_threads).
+            with engine_env(engine_process_env(self.device, self.kv_cache_gib)), engine_start():
+                from vllm import LLM
+
+                self._llm = LLM(**kwargs)
+        except Exception as err:  # any start failure ends the run with its reason
+            self._close()
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            raise EngineError(
+                f"inference engine failed to start: {type(err).__name__}: {first}"
+            ) from err
+
+    def _close(self) -> None:
+        """End the engine and remove its run-local directory (idempotent)."""
+        llm, self._llm = self._llm, None
+        shutdown(llm)
+        del llm
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+    def _eager(self) -> contextlib.AbstractContextManager[Any]:
+        return engine_eager(self.device)
+
+    # ---- weights
+    def _sync(self, weights: Any) -> float:
+        """Copy ``weights`` (the policy module) into the engine, started on first use; the
+        seconds the copy took (the start not counted)."""
+        if self._llm is None:
+            self._start(weights)
+        return reload_weights(self._llm, weights)
+
+    # ---- sampling
+    def generate_ids(
+        self,
+        prompt_ids: list[list[int]],
+        seeds: list[int],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        eos_token_ids: list[int],
+    ) -> list[tuple[list[int], list[float]]]:
+        """One request per row: its sampled token ids and their engine log-probs."""
+        from vllm import SamplingParams
+
+        params = [
+            SamplingParams(
+                n=1,
+                max_tokens=max_new_tokens,
+                temperature=temperature,
+                top_p=1.0,
+                top_k=-1 if _top_k_minus_one() else 0,
+                logprobs=0,
+                seed=int(s),
+                detokenize=False,
+                # Stop exactly on the harness's EOS set (the engine's own EOS is not known
+                # without a tokenizer); the stop token stays in the output, as locally.
+                ignore_eos=True,
+                stop_token_ids=list(eos_token_ids),
+            )
+            for s in seeds
+        ]
+        try:
+            with self._eager():
+                outs = self._llm.generate(
+                    [{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False
+                )
+        except Exception as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            raise EngineError(f"engine generation failed: {type(err).__name__}: {first}") from err
+        rows = []
+        for out in outs:
+            comp = out.outputs[0]
+            toks = list(comp.token_ids)
+            lps = [float(d[t].logprob) for t, d in zip(toks, comp.logprobs or [], strict=True)]
+            rows.append((toks, lps))
+        return rows
+
+    def _generate(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        prompts: list[str],
+        params: SamplingParams,
+        generator: torch.Generator,
+    ) -> RolloutBatch:
+        refused = _refuse({"top_p": params.top_p})
+        if refused:  # RolloutConfig refuses it; a direct caller gets the same answer
+            raise ValueError(refused)
+        kw = self.sample_kw
+        eos_token_ids = kw.get("eos_token_ids")
+        if not eos_token_ids:
+            eos_token_ids = eos_ids(self.model, tokenizer)
+        enc = encode_prompts(
+            tokenizer, prompts, kw.get("max_prompt_tokens"), kw.get("chat_template")
+        )
+        device = self.device
+        prompt_ids = enc["input_ids"].repeat_interleave(params.n_samples, dim=0)
+        prompt_mask = enc["attention_mask"].repeat_interleave(params.n_samples, dim=0)
+        longest = int(prompt_mask.sum(-1).max())
+        limit = kw.get("max_positions")
+        if limit is not None and longest + params.max_new_tokens > limit:
+            raise ValueError(
+                f"rollout: a prompt of {longest} tokens + max_new_tokens {params.max_new_tokens} exceeds "
+                f"the model's {limit} positions (set rollout.max_prompt_tokens)"
+            )
+        rows = [
+            [int(t) for t, m in zip(ids, mask, strict=True) if m]
+            for ids, mask in zip(prompt_ids.tolist(), prompt_mask.tolist(), strict=True)
+        ]
+        # Per-row seeds from the run's sampling generator: reproducible, batch-independent.
+        seeds = torch.randint(
+            0, 2**31 - 1, (len(rows),), generator=generator, device=generator.device
+        ).tolist()
+        results = self.generate_ids(
+            rows,
+            seeds,
+            max_new_tokens=params.max_new_tokens,
+            # vLLM decodes greedily at temperature 0 (evaluation's argmax).
+            temperature=0.0 if params.greedy else params.temperature,
+            eos_token_ids=list(eos_token_ids),
+        )
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_token_ids[0]
+        width = max(1, max(len(t) for t, _ in results))
+        tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        logps = torch.zeros(len(rows), width, dtype=torch.float32)
+        for i, (toks, lps) in enumerate(results):
+            tokens[i, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+            logps[i, : len(lps)] = torch.tensor(lps, dtype=torch.float32)
+        eos = torch.tensor(eos_token_ids, dtype=torch.long)
+        rb = assemble_batch(
+            tokenizer,
+            prompt_ids,
+            prompt_mask,
+            tokens,
+            logps,
+            eos,
+            group_sizes=[params.n_samples] * len(prompts),
+        )
+        return rb.to(device) if device.type != "cpu" else rb
+
+
+def _top_k_minus_one() -> bool:
+    """vLLM's "top-k off" value: 0 in recent releases, -1 in older ones."""
+    try:
+        from vllm import SamplingParams
+
+        SamplingParams(top_k=0)
+        return False
+    except Exception:
+        return True
+
+
+__all__ = ["EngineError", "EngineSampler"]

@@ -1,0 +1,253 @@
+"""One contract, every sampler backend: the suite below runs over each backend the registry lists
+(:mod:`harness.sampling.registry`); the engine is skipped only where vLLM is not installed.
+
+A new backend is one file in ``harness/sampling/`` plus its entry in ``MAKE`` (how to build it on
+the tiny model's CPU).  What is held to one behaviour: the ``RolloutBatch`` layout and its groups,
+EOS and stop ids, prompt truncation and chat templates, log-probs equal to the learner's at fp32
+(T = 1 and T ≠ 1), seeded reproducibility and a sync changing the tokens, per-token versions,
+one copy per version, ``close`` twice, and a backend's failure ending a run as FAILED with its
+reason."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from harness.config import build_run_config
+from harness.model.build import (
+    TinyModelConfig,
+    build_model,
+    build_tokenizer,
+    eos_ids,
+    max_positions,
+)
+from harness.model.engine_support import engine_installed
+from harness.model.logprobs import forward_logprobs
+from harness.run.tracked import tracked_run
+from harness.sampling import BACKENDS, Sampler, SamplingParams, encode_prompts
+from harness.sampling.local import LocalSampler
+from harness.sampling.vllm import EngineSampler
+from harness.tracking import MemoryTracker
+
+CPU = torch.device("cpu")
+PROMPTS = ["rev 1=", "rev 123456789=", "12+3="]  # different lengths: real left padding
+MAKE: dict[str, Callable[[dict[str, Any]], Sampler]] = {
+    "local": lambda kw: LocalSampler(CPU, sample_kw=kw),
+    "vllm": lambda kw: EngineSampler(CPU, dtype="float32", sample_kw=kw),
+}
+AVAILABLE = {"local": True, "vllm": engine_installed()}
+
+
+def _param(name: str) -> Any:
+    skip = pytest.mark.skipif(not AVAILABLE[name], reason=f"{name}: not installed here")
+    return pytest.param(name, marks=[skip], id=name)
+
+
+NAMES = [_param(n) for n in sorted(BACKENDS)]
+
+
+def test_every_registered_backend_has_an_entry_in_this_suite() -> None:
+    assert set(BACKENDS) == set(MAKE) == set(AVAILABLE)
+    for b in BACKENDS.values():
+        assert issubclass(b.cls, Sampler) and b.options
+
+
+@pytest.fixture(scope="module")
+def tiny() -> tuple[Any, Any]:
+    tok = build_tokenizer()
+    return build_model(tok, TinyModelConfig(), seed=0).eval(), tok
+
+
+@pytest.fixture(scope="module")
+def samplers(tiny) -> Iterator[dict[str, Sampler]]:
+    """One sampler per backend for the module (an engine start is a minute on CPU)."""
+    model, tok = tiny
+    made: dict[str, Sampler] = {}
+    kw = {"eos_token_ids": eos_ids(model, tok), "max_positions": max_positions(model.config)}
+
+    def get(name: str) -> Sampler:
+        if name not in made:
+            made[name] = MAKE[name](dict(kw))
+        return made[name]
+
+    yield _Lazy(get)
+    for s in made.values():
+        s.close()
+
+
+class _Lazy(dict):
+    def __init__(self, get: Callable[[str], Sampler]) -> None:
+        super().__init__()
+        self._get = get
+
+    def __missing__(self, name: str) -> Sampler:
+        return self._get(name)
+
+
+def _gen(s: Sampler, tok: Any, seed: int = 0, prompts: list[str] = PROMPTS, **p: Any) -> Any:
+    params = SamplingParams(**{"n_samples": 3, "max_new_tokens": 10, **p})
+    return s.generate(tok, prompts, params, torch.Generator().manual_seed(seed))
+
+
+def _gap(model: Any, rb: Any, temperature: float = 1.0) -> torch.Tensor:
+    with torch.no_grad():
+        lp = forward_logprobs(model, rb.input_ids, rb.attention_mask, temperature=temperature)[0]
+    return (rb.logprobs - lp)[rb.loss_mask.bool()].abs()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_layout_groups_and_eos(name, tiny, samplers) -> None:
+    model, tok = tiny
+    s = samplers[name]
+    s.load(model, 0)
+    rb = _gen(s, tok, seed=3, max_new_tokens=24)
+    n_rows = len(PROMPTS) * 3
+    assert rb.input_ids.shape[0] == n_rows and rb.group_sizes == [3, 3, 3]
+    assert len(rb.completions) == n_rows
+    enc = encode_prompts(tok, PROMPTS)
+    assert rb.prompt_width == enc["input_ids"].shape[1]
+    # The prompts of a group are its prompt's, in row order.
+    assert torch.equal(
+        rb.input_ids[:, : rb.prompt_width], enc["input_ids"].repeat_interleave(3, dim=0)
+    )
+    assert torch.equal(rb.prompt_lens, enc["attention_mask"].sum(-1).repeat_interleave(3))
+    eos = set(s.sample_kw["eos_token_ids"])
+    for i in range(n_rows):
+        n = int(rb.response_lens[i])
+        body = rb.input_ids[i, rb.prompt_width : rb.prompt_width + n].tolist()
+        assert all(t not in eos for t in body[:-1])  # nothing generated past the first EOS
+        assert bool(rb.truncated[i]) == (body[-1] not in eos)
+        assert not rb.truncated[i] or n == 24
+        # masks: the response exactly; nothing recorded past it
+        assert int(rb.loss_mask[i].sum()) == n
+        assert torch.equal(
+            rb.attention_mask[i, rb.prompt_width :], rb.loss_mask[i, rb.prompt_width :]
+        )
+        assert float(rb.logprobs[i, rb.prompt_width + n :].abs().sum()) == 0.0
+    assert not bool(rb.truncated.all())  # some row did stop on EOS in 24 tokens
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_stop_id_ends_a_row_and_prompts_are_truncated_and_templated(name, tiny, samplers) -> None:
+    model, tok = tiny
+    s = samplers[name]
+    s.load(model, 0)
+    saved = dict(s.sample_kw)
+    try:
+        # Every id a stop id: each row is one token, the stop.
+        s.sample_kw = {**saved, "eos_token_ids": list(range(len(tok)))}
+        rb = _gen(s, tok)
+        assert rb.response_lens.tolist() == [1] * 9 and not bool(rb.truncated.any())
+        s.sample_kw = {**saved, "max_prompt_tokens": 4}
+        rb = _gen(s, tok)
+        assert int(rb.prompt_lens.max()) == 4 and rb.prompt_width == 4
+        want = encode_prompts(tok, PROMPTS, 4)["input_ids"].repeat_interleave(3, dim=0)
+        assert torch.equal(rb.input_ids[:, :4], want)
+        template = "{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
+        s.sample_kw = {**saved, "chat_template": template}
+        rb = _gen(s, tok)
+        want = encode_prompts(tok, PROMPTS, None, template)["input_ids"].repeat_interleave(3, dim=0)
+        assert torch.equal(rb.input_ids[:, : rb.prompt_width], want)
+        assert tok.decode(want[0][want[0] != tok.pad_token_id]) == "[rev 1=]"
+    finally:
+        s.sample_kw = saved
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("name", NAMES)
+def test_logprobs_are_the_learners_at_fp32(name, temperature, tiny, samplers) -> None:
+    model, tok = tiny
+    s = samplers[name]
+    s.load(model, 0)
+    rb = _gen(s, tok, temperature=temperature)
+    gap = _gap(model, rb, temperature)
+    assert gap.numel() > 20 and float(gap.max()) < 1e-4, float(gap.max())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_seeded_reproducible_a_sync_changes_tokens_versions_per_token(name, tiny, samplers) -> None:
+    model, tok = tiny
+    s = samplers[name]
+    s.load(model, 0)
+    a, b = _gen(s, tok, seed=5), _gen(s, tok, seed=5)
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.logprobs, b.logprobs)
+    assert not torch.equal(a.input_ids, _gen(s, tok, seed=6).input_ids)
+    gen_pos = a.loss_mask.bool()
+    assert (a.versions[gen_pos] == 0).all() and (a.versions[~gen_pos] == -1).all()
+    # Other weights under a new version: copied in, sampled from, stamped with the version.
+    other = build_model(tok, TinyModelConfig(), seed=1).eval()
+    before = s.stats()["syncs"]
+    s.load(other, 7)
+    c = _gen(s, tok, seed=5)
+    assert s.stats()["syncs"] == before + 1
+    assert not torch.equal(a.input_ids, c.input_ids)
+    assert float(_gap(other, c).max()) < 1e-4
+    assert (c.versions[c.loss_mask.bool()] == 7).all()
+    assert (c.versions[~c.loss_mask.bool()] == -1).all()
+    s.load(model, 0)  # back for the other tests
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_one_copy_per_version_and_close_twice(name, tiny, samplers) -> None:
+    model, tok = tiny
+    s = samplers[name]
+    s.load(model, 11)
+    n = s.stats()["syncs"]
+    for _ in range(3):  # refill rounds: the same version, no copy
+        s.load(model, 11)
+        _gen(s, tok, max_new_tokens=2)
+    assert s.stats()["syncs"] == n
+    s.load(model, 12)
+    assert s.stats()["syncs"] == n + 1
+    if s.copies_weights:
+        assert s.stats()["sync_seconds"] > 0
+    else:
+        assert s.stats()["sync_seconds"] == 0.0
+    s.load(model, 0)
+    # A fresh sampler, closed twice, and refusing to load once closed.
+    with MAKE[name](dict(s.sample_kw)) as fresh:
+        pass
+    fresh.close()
+    with pytest.raises(RuntimeError, match="after close"):
+        fresh.load(model, 0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_backend_failure_is_a_failed_run_with_its_reason(
+    name, tmp_path: Path, monkeypatch
+) -> None:
+    cls = BACKENDS[name].cls
+
+    def fails(self: Sampler, *args: Any, **kw: Any) -> Any:
+        raise RuntimeError(f"{name} backend broke")
+
+    # The weight copy as nothing (no engine start), the generation failing.
+    monkeypatch.setattr(cls, "_sync", lambda self, weights: 0.0)
+    monkeypatch.setattr(cls, "_generate", fails)
+    backend = "vllm" if name == "vllm" else "auto"
+    c = build_run_config(
+        {
+            "steps": 2,
+            "task": "reverse",
+            "tiny": {"hidden_size": 64, "num_layers": 1, "num_heads": 2, "intermediate_size": 128},
+            "rollout": {
+                "prompts_per_step": 2,
+                "n_samples": 2,
+                "max_new_tokens": 4,
+                "sampler_backend": backend,
+            },
+            "eval": {"every": 0, "n_prompts": 2},
+            "threads": 1,
+        },
+        {},
+    )
+    tracker = MemoryTracker()
+    with pytest.raises(RuntimeError, match="backend broke"):
+        tracked_run(c, tracker, experiment="e", run_name="r", results_dir=tmp_path)
+    (run,) = tracker.runs.values()
+    assert run.status == "FAILED"
+    assert run.tags["run.reason"] == f"RuntimeError: {name} backend broke"
