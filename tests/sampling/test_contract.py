@@ -251,3 +251,38 @@ def test_a_backend_failure_is_a_failed_run_with_its_reason(
     (run,) = tracker.runs.values()
     assert run.status == "FAILED"
     assert run.tags["run.reason"] == f"RuntimeError: {name} backend broke"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_greedy_evaluation_through_the_backend_gives_the_local_decoders_answers(
+    name, tiny, samplers
+) -> None:
+    """eval.sampler: run: the held-out evaluation sampled by the run's sampler scores what the
+    local decoder's greedy answers score (fp32, the tiny model)."""
+    import random
+
+    from harness.run.scaffold import evaluate
+    from harness.tasks import get_task
+
+    model, tok = tiny
+    task = get_task("reverse")
+    examples = task.sample(random.Random(0), 8)
+    s = samplers[name]
+    kw = dict(s.sample_kw)
+    common = {"max_new_tokens": 12, "device": CPU}
+    local = evaluate(model, tok, task, examples, **common, **kw)
+    through = evaluate(model, tok, task, examples, **common, sampler=s, version=21, **kw)
+    assert through == local
+    assert s.version == 21  # the evaluated weights were loaded
+    # The answers themselves, not only their scores: greedy rows are the local decoder's.
+    s.load(model, 21)
+    params = SamplingParams(n_samples=1, max_new_tokens=12, greedy=True)
+    prompts = [e.prompt for e in examples]
+    rb = s.generate(tok, prompts, params, torch.Generator().manual_seed(0))
+    from harness.sampling.local import sample
+
+    ref = sample(model, tok, prompts, n_samples=1, max_new_tokens=12,
+                 generator=torch.Generator(), greedy=True, **kw)  # fmt: skip
+    assert rb.completions == ref.completions
+    assert torch.equal(rb.input_ids, ref.input_ids)
+    s.load(model, 0)
