@@ -40,8 +40,11 @@ class Example:
 
 class RewardError(ValueError):
     """User reward code failed while a run was scoring completions (it raised, or returned
-    something that is not a finite number).  The run ends FAILED with this message as its
-    reason; it is not bad input (the config was valid), so it is not exit code 2."""
+    something that is not a finite number), or its module's code misbehaved while the run built
+    the task (:func:`import_module`: it raised, exited or broke ``sys.modules`` on this import).
+    The run ends FAILED with this message as its reason; it is not bad input (the config was
+    valid), so it is not exit code 2.  Met while a config is validated, it is a ``ValueError``
+    as any other: the one line of bad input."""
 
 
 @runtime_checkable
@@ -145,32 +148,98 @@ def import_module(spec: str, module: str, timeout_s: float | None = None) -> Any
 
 
 def _import_module(spec: str, module: str) -> Any:
+    """:func:`_load_module`, with the modules already loaded kept as they were.
+
+    The harness imports the task module into its own process, so module-level code that deletes
+    entries of ``sys.modules`` or replaces them (``sys.modules['os'] = None``) would break the
+    harness's next import or leave it with a second copy of its own classes: a traceback far
+    from the cause.  Whatever the import did to the entries that existed before it is undone,
+    and the task is refused with one line saying what was done; entries the import added (the
+    modules it imported) stay.  What the module's code does wrong is a :class:`RewardError`:
+    one line, exit 2 when a config is validated, a FAILED run when a run builds the task."""
+    modules = sys.modules
+    before = dict(modules)
     try:
-        if module.endswith(".py"):
-            path = Path(module).expanduser()
-            if not path.is_file():
-                raise ValueError(f"task '{spec}': file '{module}' does not exist")
-            mod_name = f"harness_user_task_{stable_hash(str(path.resolve())):x}"
-            loader_spec = importlib.util.spec_from_file_location(mod_name, path)
-            if loader_spec is None or loader_spec.loader is None:
-                raise ValueError(f"task '{spec}': cannot load '{module}' as a Python module")
-            mod = importlib.util.module_from_spec(loader_spec)
-            loader_spec.loader.exec_module(mod)
-            return mod
-        added = os.getcwd() not in sys.path
-        if added:
-            sys.path.insert(0, os.getcwd())
-        try:
-            return importlib.import_module(module)
-        finally:
-            if added:
-                sys.path.remove(os.getcwd())
-    except ValueError:
+        mod = _load_module(spec, module)
+    except SystemExit as exc:  # module-level sys.exit(): the harness must not exit with it
+        _put_back(modules, before)
+        raise RewardError(
+            f"task '{spec}': importing '{module}' called sys.exit({exc.code!r:.100})"
+        ) from None
+    except BaseException:
+        _put_back(modules, before)
         raise
+    changed = _put_back(modules, before)
+    if changed:
+        raise RewardError(
+            f"task '{spec}': importing '{module}' {changed}; a task module must leave the modules "
+            "already loaded in place (the harness runs on them)"
+        )
+    return mod
+
+
+_MISSING = object()
+
+
+def _put_back(modules: dict[str, Any], before: dict[str, Any]) -> str:
+    """Make ``sys.modules`` the dict ``modules`` again with every entry of ``before`` as it was;
+    what had been done to them ("" for nothing), the first change and a count of the rest."""
+    changes = []
+    if sys.modules is not modules:
+        sys.modules = modules
+        changes.append("replaced sys.modules itself")
+    for name, old in before.items():
+        now = modules.get(name, _MISSING)
+        if now is old:
+            continue
+        if now is _MISSING:
+            changes.append(f"deleted sys.modules[{name!r}]")
+        elif now is None:
+            changes.append(f"set sys.modules[{name!r}] to None")
+        else:
+            changes.append(f"replaced sys.modules[{name!r}]")
+        modules[name] = old
+    if len(changes) > 1:
+        return f"{changes[0]} (and {len(changes) - 1} more such changes)"
+    return changes[0] if changes else ""
+
+
+def _load_module(spec: str, module: str) -> Any:
+    if module.endswith(".py"):
+        path = Path(module).expanduser()
+        if not path.is_file():
+            raise ValueError(f"task '{spec}': file '{module}' does not exist")
+        mod_name = f"harness_user_task_{stable_hash(str(path.resolve())):x}"
+        loader_spec = importlib.util.spec_from_file_location(mod_name, path)
+        if loader_spec is None or loader_spec.loader is None:
+            raise ValueError(f"task '{spec}': cannot load '{module}' as a Python module")
+        mod = importlib.util.module_from_spec(loader_spec)
+        try:
+            loader_spec.loader.exec_module(mod)
+        except Exception as exc:
+            raise _import_failed(spec, module, exc) from exc
+        return mod
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(module)
     except Exception as exc:
-        raise ValueError(
-            f"task '{spec}': cannot import module '{module}' ({type(exc).__name__}: {exc})"
-        ) from exc
+        raise _import_failed(spec, module, exc) from exc
+    finally:
+        if added and cwd in sys.path:  # the module may have changed both
+            sys.path.remove(cwd)
+
+
+def _import_failed(spec: str, module: str, exc: Exception) -> RewardError:
+    """The one line of a module whose import raised ``exc`` (a ``ValueError`` it raised, too:
+    its message alone would not name the task)."""
+    lines = str(exc)[:301].splitlines()  # one line, however long the message
+    return RewardError(
+        f"task '{spec}': cannot import module '{module}' ({type(exc).__name__}: "
+        f"{lines[0] if lines else ''})"
+    )
 
 
 __all__ = [
