@@ -243,12 +243,40 @@ def summarize_run(
         raise ValueError("last_k, spike_window and smooth must be >= 1")
     out = dict.fromkeys(RUN_SUMMARY_KEYS, _NAN)
     out.update(_reward_summaries(history, last_k, reward_threshold, collapse_fraction, smooth))
+    out.update(_eval_summaries(history))
+    out.update(
+        _kl_and_grad_summaries(
+            history, kl_spike_factor, kl_spike_floor, kl_threshold, grad_spike_factor, spike_window
+        )
+    )
+    out.update(_policy_summaries(history, last_k, clipfrac_threshold))
+    out.update(_count_summaries(history))
+    out["stability/diverged"] = 0.0 if diverged_step is None else 1.0
+    out["stability/diverged_step"] = _NAN if diverged_step is None else float(diverged_step)
+    return out
 
+
+def _eval_summaries(history: Mapping[str, ArrayLike]) -> dict[str, float]:
+    """The last logged value of each eval metric, as ``final/eval_*`` (absent when none)."""
+    out: dict[str, float] = {}
     for key in (EVAL_ACCURACY, *EVAL_SAMPLED):
         _, logged = _logged(history, key)
         if logged.size:
             out["final/eval_" + key.split("/", 1)[1]] = float(logged[-1])
+    return out
 
+
+def _kl_and_grad_summaries(
+    history: Mapping[str, ArrayLike],
+    kl_spike_factor: float,
+    kl_spike_floor: float,
+    kl_threshold: float,
+    grad_spike_factor: float,
+    spike_window: int,
+) -> dict[str, float]:
+    """Max and mean of |approx_kl|, its spikes against the running median and its steps over
+    the absolute threshold, and the grad-norm spikes (each absent when not logged)."""
+    out: dict[str, float] = {}
     _, kl = _logged(history, APPROX_KL)
     if kl.size:
         mag = np.abs(kl)
@@ -257,23 +285,35 @@ def summarize_run(
         spikes = _running_median_spikes(mag, kl_spike_factor, spike_window, kl_spike_floor)
         out["stability/kl_spikes"] = float(np.count_nonzero(spikes))
         out["stability/kl_over_threshold"] = float(np.count_nonzero(mag > kl_threshold))
-
     _, g = _logged(history, GRAD_NORM)
     if g.size:
         spikes = _running_median_spikes(g, grad_spike_factor, spike_window)
         out["stability/grad_norm_spikes"] = float(np.count_nonzero(spikes))
+    return out
 
+
+def _policy_summaries(
+    history: Mapping[str, ArrayLike], last_k: int, clipfrac_threshold: float
+) -> dict[str, float]:
+    """The mean clip fraction and the share of steps above ``clipfrac_threshold``, and the
+    entropy's end/start ratio (each absent when not logged or undefined)."""
+    out: dict[str, float] = {}
     _, c = _logged(history, CLIPFRAC)
     if c.size:
         out["stability/mean_clipfrac"] = float(np.mean(c))
         out["stability/frac_high_clip"] = float(np.mean(c > clipfrac_threshold))
-
     _, h = _logged(history, ENTROPY)
     if h.size:
         start = float(np.mean(h[:last_k]))
         if start != 0.0:
             out["stability/entropy_ratio"] = float(np.mean(h[-last_k:])) / start
+    return out
 
+
+def _count_summaries(history: Mapping[str, ArrayLike]) -> dict[str, float]:
+    """The sums of the per-step non-finite and skipped-update counts, and the mean and max of
+    the sampler-vs-learner mismatch KL (each absent when not logged)."""
+    out: dict[str, float] = {}
     for src, dst in (
         (NONFINITE_COUNT, "stability/nonfinite_events"),
         (SKIPPED_STEPS, "stability/skipped_steps"),
@@ -281,12 +321,8 @@ def summarize_run(
         _, v = _logged(history, src)
         if v.size:
             out[dst] = float(np.sum(v))
-
     _, mm = _logged(history, MISMATCH_KL)
     if mm.size:
         out["stability/mismatch_kl_k3_mean"] = float(np.mean(mm))
         out["stability/mismatch_kl_k3_max"] = float(np.max(mm))
-
-    out["stability/diverged"] = 0.0 if diverged_step is None else 1.0
-    out["stability/diverged_step"] = _NAN if diverged_step is None else float(diverged_step)
     return out

@@ -82,6 +82,48 @@ def fit_saturating_curve(
     """
     if form not in ("sigmoid", "exponential"):
         raise ValueError(f"form must be 'sigmoid' or 'exponential', got {form!r}")
+    points = _points(steps, rewards, form)
+    if isinstance(points, CurveFit):
+        return points
+    t, r = points
+    space = _search_space(t, r, form, value_range, max_half_step)
+    if isinstance(space, CurveFit):
+        return space
+    best, best_sse, last_err = _best_fit(space, t, r)
+    if best is None:
+        return CurveFit(form, False, last_err)
+    r0, a, half = float(best[0]), float(best[1]), float(best[2])
+    if max_half_step is not None and half >= 0.999 * space.top_half:
+        return CurveFit(
+            form,
+            False,
+            f"no saturation within {max_half_step:g} steps: the ceiling is not identified",
+        )
+    b = float(best[3]) if form == "sigmoid" else math.nan
+    span = float(r.max() - r.min())
+    lo_r, hi_r = space.lower[0], space.upper[0]
+    return CurveFit(
+        form=form,
+        ok=True,
+        reason="",
+        asymptote=a,
+        r0=r0,
+        half_step=half,
+        exponent=b,
+        rmse=math.sqrt(best_sse / t.size),
+        extrapolated=half > float(t.max()),
+        # Noisy rewards around a plateau reach past it, so a ceiling pinned to the edge of the
+        # allowed range is a curve still moving, whose real ceiling may lie beyond.
+        at_bound=value_range is not None and not lo_r + 1e-3 * span < a < hi_r - 1e-3 * span,
+    )
+
+
+def _points(
+    steps: ArrayLike, rewards: ArrayLike, form: str
+) -> tuple[np.ndarray, np.ndarray] | CurveFit:
+    """The finite (step, reward) points as float arrays, or the unfit ``CurveFit`` saying why
+    they cannot be fitted (unreadable, of different lengths, too few for the form's
+    parameters, a negative step, or no variation)."""
     n_params = 4 if form == "sigmoid" else 3
     try:
         t = np.asarray(steps, dtype=float).ravel()
@@ -96,9 +138,34 @@ def fit_saturating_curve(
         return CurveFit(form, False, f"{t.size} finite points; need at least {n_params + 1}")
     if (t < 0).any():
         return CurveFit(form, False, "steps must be >= 0")
-    span = float(r.max() - r.min())
-    if span == 0.0 or float(t.max() - t.min()) == 0.0:
+    if float(r.max() - r.min()) == 0.0 or float(t.max() - t.min()) == 0.0:
         return CurveFit(form, False, "no variation in the rewards or the steps")
+    return t, r
+
+
+@dataclass(frozen=True)
+class _Space:
+    """The fit's model, its parameter bounds (r0, A, half-step[, B]), its starting points and
+    the largest half-step allowed."""
+
+    model: Callable[..., np.ndarray]
+    lower: list[float]
+    upper: list[float]
+    starts: list[list[float]]
+    top_half: float
+
+
+def _search_space(
+    t: np.ndarray,
+    r: np.ndarray,
+    form: str,
+    value_range: tuple[float, float] | None,
+    max_half_step: float | None,
+) -> _Space | CurveFit:
+    """Bounds and starts: A and r0 within ten spans of the rewards (and ``value_range``), the
+    half-step in (0, 100 t_max] (and at most ``max_half_step``), B in [0.05, 20]; starts from
+    the mean of the first and last tenth of the points at a few half-steps (and exponents)."""
+    span = float(r.max() - r.min())
     t_max = float(t.max())
     order = np.argsort(t)
     head = float(np.mean(r[order][: max(1, t.size // 10)]))
@@ -110,49 +177,45 @@ def fit_saturating_curve(
             return CurveFit(form, False, f"empty value range {value_range}")
     top_half = 100 * t_max if max_half_step is None else min(100 * t_max, float(max_half_step))
     if form == "sigmoid":
-        model: Callable[..., np.ndarray] = _sigmoid
-        lower, upper = [lo_r, lo_r, 1e-9 * t_max, 0.05], [hi_r, hi_r, top_half, 20.0]
-        starts = [[head, tail, c * t_max, b] for c in (0.1, 0.3, 1.0) for b in (1.0, 2.5)]
-    else:
-        model = _exponential
-        lower, upper = [lo_r, lo_r, 1e-9 * t_max], [hi_r, hi_r, top_half]
-        starts = [[head, tail, c * t_max] for c in (0.05, 0.2, 1.0)]
+        return _Space(
+            _sigmoid,
+            [lo_r, lo_r, 1e-9 * t_max, 0.05],
+            [hi_r, hi_r, top_half, 20.0],
+            [[head, tail, c * t_max, b] for c in (0.1, 0.3, 1.0) for b in (1.0, 2.5)],
+            top_half,
+        )
+    return _Space(
+        _exponential,
+        [lo_r, lo_r, 1e-9 * t_max],
+        [hi_r, hi_r, top_half],
+        [[head, tail, c * t_max] for c in (0.05, 0.2, 1.0)],
+        top_half,
+    )
+
+
+def _best_fit(space: _Space, t: np.ndarray, r: np.ndarray) -> tuple[np.ndarray | None, float, str]:
+    """``scipy.optimize.curve_fit`` (bounded trust-region) from each start: the parameters with
+    the least sum of squared residuals, that sum, and the last optimizer error (for when no
+    start gives a finite fit)."""
     best, best_sse, last_err = None, math.inf, "optimizer did not converge"
-    for start in starts:
-        p0 = np.clip(start, lower, upper)
+    for start in space.starts:
+        p0 = np.clip(start, space.lower, space.upper)
         try:
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore", optimize.OptimizeWarning)
                 p, _ = optimize.curve_fit(
-                    model, t, r, p0=p0, bounds=(lower, upper), method="trf", maxfev=5000
+                    space.model,
+                    t,
+                    r,
+                    p0=p0,
+                    bounds=(space.lower, space.upper),
+                    method="trf",
+                    maxfev=5000,
                 )
-                sse = float(np.sum((model(t, *p) - r) ** 2))
+                sse = float(np.sum((space.model(t, *p) - r) ** 2))
         except (RuntimeError, ValueError, optimize.OptimizeWarning, FloatingPointError) as e:
             last_err = f"curve_fit failed: {e}"
             continue
         if np.all(np.isfinite(p)) and np.isfinite(sse) and sse < best_sse:
             best, best_sse = p, sse
-    if best is None:
-        return CurveFit(form, False, last_err)
-    r0, a, half = float(best[0]), float(best[1]), float(best[2])
-    if max_half_step is not None and half >= 0.999 * top_half:
-        return CurveFit(
-            form,
-            False,
-            f"no saturation within {max_half_step:g} steps: the ceiling is not identified",
-        )
-    b = float(best[3]) if form == "sigmoid" else math.nan
-    return CurveFit(
-        form=form,
-        ok=True,
-        reason="",
-        asymptote=a,
-        r0=r0,
-        half_step=half,
-        exponent=b,
-        rmse=math.sqrt(best_sse / t.size),
-        extrapolated=half > t_max,
-        # Noisy rewards around a plateau reach past it, so a ceiling pinned to the edge of the
-        # allowed range is a curve still moving, whose real ceiling may lie beyond.
-        at_bound=value_range is not None and not lo_r + 1e-3 * span < a < hi_r - 1e-3 * span,
-    )
+    return best, best_sse, last_err

@@ -170,94 +170,148 @@ def ranking(
     bootstrap uses the same ``seed``: the same call gives the same numbers.  Cells whose IQM is
     NaN (no usable run) sort last; ties keep grid order.
     """
+    ctx = _study_scores(data, diverged)
+    rows = [
+        _cell_row(data, label, overrides, ctx, n_boot=n_boot, seed=seed)
+        for label, overrides in data.cells.items()
+    ]
+    order = {label: i for i, label in enumerate(data.cells)}
+
+    def key(r: CellRow) -> tuple[bool, float, int]:
+        if ctx.by_paired:
+            v = 0.0 if r.is_baseline else r.paired_diff
+            bad = math.isnan(v)
+            return bad, 0.0 if bad else -v, order[r.label]
+        bad = math.isnan(r.iqm.point)
+        return bad, 0.0 if bad else -ctx.sign * r.iqm.point, order[r.label]
+
+    return sorted(rows, key=key)
+
+
+@dataclass(frozen=True)
+class _StudyScores:
+    """What each cell's row is computed against: every run's score (keyed by ``id`` of the run),
+    the study's tasks, the sign that makes larger better, the baseline's runs and their scores
+    (``base_vals`` None without a baseline cell) and whether cells are compared with the
+    baseline on the seeds both ran (:func:`paired_ranking`)."""
+
+    score_of: dict[int, float]
+    tasks: list[str]
+    sign: float
+    base_runs: list[RunData]
+    base_vals: Any
+    by_paired: bool
+
+
+def _study_scores(data: StudyData, diverged: DivergedPolicy) -> _StudyScores:
+    """The run scores of :func:`run_scores` and the baseline's, as every cell's row needs them."""
     scores = run_scores(data, diverged=diverged)
     score_of = {id(r): s for r, s in zip(data.runs, scores, strict=True)}
     tasks = _tasks_of(data.runs)
-    sign = 1.0 if data.direction == "maximize" else -1.0
     base_vals = None
     base_runs: list[RunData] = []
     if data.baseline is not None and data.baseline in data.cells:
         base_runs = data.runs_of(data.baseline)
         base_vals = _by_task(base_runs, [score_of[id(r)] for r in base_runs], tasks)
-    by_paired = paired_ranking(data)
-    rows: list[CellRow] = []
-    for label, overrides in data.cells.items():
-        runs = data.runs_of(label)
-        vals_list = [score_of[id(r)] for r in runs]
-        vals = _by_task(runs, vals_list, tasks)
-        collapsed = [collapse_flag(r, data.steps) for r in runs]
-        div_flags = [1.0 if r.status == "diverged" else 0.0 for r in runs]
-        summary = stats.summarize_cell(
-            vals,
-            collapsed=np.asarray(collapsed, dtype=float),
-            diverged=np.asarray(div_flags, dtype=float),
-            seed=seed,
+    sign = 1.0 if data.direction == "maximize" else -1.0
+    return _StudyScores(score_of, tasks, sign, base_runs, base_vals, paired_ranking(data))
+
+
+def _cell_row(
+    data: StudyData,
+    label: str,
+    overrides: Mapping[str, Any],
+    ctx: _StudyScores,
+    *,
+    n_boot: int,
+    seed: int,
+) -> CellRow:
+    """One cell's :class:`CellRow`: its interval statistics, its comparison with the baseline,
+    its run counts and its diagnostics (collapses, final KL, clip fractions, reasons)."""
+    runs = data.runs_of(label)
+    vals_list = [ctx.score_of[id(r)] for r in runs]
+    vals = _by_task(runs, vals_list, ctx.tasks)
+    collapsed = [collapse_flag(r, data.steps) for r in runs]
+    div_flags = [1.0 if r.status == "diverged" else 0.0 for r in runs]
+    summary = stats.summarize_cell(
+        vals,
+        collapsed=np.asarray(collapsed, dtype=float),
+        diverged=np.asarray(div_flags, dtype=float),
+        seed=seed,
+        n_boot=n_boot,
+    )
+    is_base = label == data.baseline
+    p_iv, paired_diff, n_paired = _against_baseline(
+        runs, vals_list, vals, ctx, is_base=is_base, n_boot=n_boot, seed=seed
+    )
+    flags = np.asarray(collapsed, dtype=float)
+    return CellRow(
+        label=label,
+        overrides=dict(overrides),
+        is_baseline=is_base,
+        n_seeds=len(runs),
+        n_completed=sum(r.status == "completed" for r in runs),
+        n_diverged=summary.n_diverged,
+        n_failed=sum(r.status == "failed" for r in runs),
+        n_unfinished=sum(r.status in ("running", "waiting") for r in runs),
+        n_used=summary.n_used,
+        iqm=summary.iqm,
+        mean=summary.mean,
+        median=summary.median,
+        p_improve=p_iv,
+        collapse_rate=summary.collapse_rate,
+        n_collapsed=int(np.sum(flags[np.isfinite(flags)] > 0)),
+        final_kl=_mean_finite(_last_finite(r, APPROX_KL) for r in runs),
+        clipfrac_low=_mean_finite(_tail_mean(r, CLIP_LOW) for r in runs),
+        clipfrac_high=_mean_finite(_tail_mean(r, CLIP_HIGH) for r in runs),
+        dual_clipfrac=_mean_finite(_tail_mean(r, CLIP_DUAL) for r in runs),
+        inert_clip=any(r.inert_clip for r in runs),
+        scores=tuple(vals_list),
+        diverged_reasons=tuple(_run_note(r) for r in runs if r.status == "diverged"),
+        failed_reasons=tuple(
+            _run_note(r) for r in runs if r.status in ("failed", "running", "waiting")
+        ),
+        n_missing_metric=sum(
+            r.status == "completed" and math.isnan(_metric_value(r, data.metric)) for r in runs
+        ),
+        paired_diff=paired_diff,
+        n_paired=n_paired,
+    )
+
+
+def _against_baseline(
+    runs: Sequence[RunData],
+    vals_list: Sequence[float],
+    vals: Any,
+    ctx: _StudyScores,
+    *,
+    is_base: bool,
+    n_boot: int,
+    seed: int,
+) -> tuple[stats.Interval | None, float, int]:
+    """A cell against the baseline: P(improve) with its CI (None for the baseline itself or
+    without one), and the mean paired difference (> 0 better; NaN for the baseline) with the
+    number of (task, seed) pairs both scored (0 for the baseline)."""
+    pr, mine, theirs = _paired_scores(runs, vals_list, ctx.base_runs, ctx.score_of)
+    paired_diff = ctx.sign * float(np.mean(np.subtract(mine, theirs))) if mine else math.nan
+    p_iv = None
+    if ctx.base_vals is not None and not is_base:
+        if ctx.by_paired:
+            # Cells of an adaptive study ran different seed counts: compare on the seeds
+            # both ran (the pairs the sequential decision used), not 3 seeds against 8.
+            cell_p = _by_task(pr, mine, ctx.tasks)
+            base_p = _by_task(pr, theirs, ctx.tasks)
+        else:
+            cell_p, base_p = _finite_only(vals), _finite_only(ctx.base_vals)
+        p_iv = stats.probability_of_improvement_ci(
+            _flip(cell_p, ctx.sign),
+            _flip(base_p, ctx.sign),
             n_boot=n_boot,
+            seed=seed,
         )
-        p_iv = None
-        pr, mine, theirs = _paired_scores(runs, vals_list, base_runs, score_of)
-        paired_diff = sign * float(np.mean(np.subtract(mine, theirs))) if mine else math.nan
-        if base_vals is not None and label != data.baseline:
-            if by_paired:
-                # Cells of an adaptive study ran different seed counts: compare on the seeds
-                # both ran (the pairs the sequential decision used), not 3 seeds against 8.
-                cell_p = _by_task(pr, mine, tasks)
-                base_p = _by_task(pr, theirs, tasks)
-            else:
-                cell_p, base_p = _finite_only(vals), _finite_only(base_vals)
-            p_iv = stats.probability_of_improvement_ci(
-                _flip(cell_p, sign),
-                _flip(base_p, sign),
-                n_boot=n_boot,
-                seed=seed,
-            )
-        flags = np.asarray(collapsed, dtype=float)
-        rows.append(
-            CellRow(
-                label=label,
-                overrides=dict(overrides),
-                is_baseline=label == data.baseline,
-                n_seeds=len(runs),
-                n_completed=sum(r.status == "completed" for r in runs),
-                n_diverged=summary.n_diverged,
-                n_failed=sum(r.status == "failed" for r in runs),
-                n_unfinished=sum(r.status in ("running", "waiting") for r in runs),
-                n_used=summary.n_used,
-                iqm=summary.iqm,
-                mean=summary.mean,
-                median=summary.median,
-                p_improve=p_iv,
-                collapse_rate=summary.collapse_rate,
-                n_collapsed=int(np.sum(flags[np.isfinite(flags)] > 0)),
-                final_kl=_mean_finite(_last_finite(r, APPROX_KL) for r in runs),
-                clipfrac_low=_mean_finite(_tail_mean(r, CLIP_LOW) for r in runs),
-                clipfrac_high=_mean_finite(_tail_mean(r, CLIP_HIGH) for r in runs),
-                dual_clipfrac=_mean_finite(_tail_mean(r, CLIP_DUAL) for r in runs),
-                inert_clip=any(r.inert_clip for r in runs),
-                scores=tuple(vals_list),
-                diverged_reasons=tuple(_run_note(r) for r in runs if r.status == "diverged"),
-                failed_reasons=tuple(
-                    _run_note(r) for r in runs if r.status in ("failed", "running", "waiting")
-                ),
-                n_missing_metric=sum(
-                    r.status == "completed" and math.isnan(_metric_value(r, data.metric))
-                    for r in runs
-                ),
-                paired_diff=math.nan if label == data.baseline else paired_diff,
-                n_paired=0 if label == data.baseline else len(mine),
-            )
-        )
-    order = {label: i for i, label in enumerate(data.cells)}
-
-    def key(r: CellRow) -> tuple[bool, float, int]:
-        if by_paired:
-            v = 0.0 if r.is_baseline else r.paired_diff
-            bad = math.isnan(v)
-            return bad, 0.0 if bad else -v, order[r.label]
-        bad = math.isnan(r.iqm.point)
-        return bad, 0.0 if bad else -sign * r.iqm.point, order[r.label]
-
-    return sorted(rows, key=key)
+    if is_base:
+        return p_iv, math.nan, 0
+    return p_iv, paired_diff, len(mine)
 
 
 def paired_ranking(data: StudyData) -> bool:
