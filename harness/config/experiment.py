@@ -37,6 +37,7 @@ from harness.config import (
     apply_overrides,
     build_run_config,
     expand_aliases,
+    is_sampler_path,
     load_yaml,
     resolve_alias,
     validate_task,
@@ -136,7 +137,7 @@ def _check_overrides(
     with the reward_norm another axis sets), so the cells decide."""
     for path in overrides:
         full = resolve_alias(path)
-        if not is_config_path(RunConfig, full):
+        if not (is_config_path(RunConfig, full) or is_sampler_path(full)):
             raise _err(
                 file,
                 where,

@@ -32,6 +32,83 @@ def resolve_alias(path: str) -> str:
     return path
 
 
+# ``rollout.sampler``: the sampler as one block, its backend and that backend's options
+# (harness/sampling/: ``local`` with its ``decoder``, ``vllm`` with its memory settings).  Each
+# key is folded into the flat ``rollout`` field it stands for (those keep working as they are, in
+# files, ``--set`` and grid axes); given both ways, the block's value wins.
+SAMPLER_BLOCK = "rollout.sampler"
+SAMPLER_KEYS: dict[str, str] = {
+    "backend": "rollout.sampler_backend",
+    "decoder": "rollout.sampler_backend",
+    "dtype": "rollout.sampler_dtype",
+    "logit_noise": "rollout.sampler_logit_noise",
+    "kv_cache_gib": "rollout.engine_kv_cache_gib",
+    "gpu_memory_utilization": "rollout.engine_gpu_memory_utilization",
+}
+# The keys only one backend reads: given with the other, a setting that would do nothing.
+_BACKEND_ONLY = {
+    "decoder": "local",
+    "logit_noise": "local",
+    "kv_cache_gib": "vllm",
+    "gpu_memory_utilization": "vllm",
+}
+SAMPLER_BACKENDS = ("local", "vllm")
+DECODERS = ("auto", "fast", "hf")
+
+
+def is_sampler_path(path: str) -> bool:
+    """Whether ``path`` is ``rollout.sampler`` or one of its keys."""
+    return path == SAMPLER_BLOCK or (
+        path.startswith(SAMPLER_BLOCK + ".") and path[len(SAMPLER_BLOCK) + 1 :] in SAMPLER_KEYS
+    )
+
+
+def fold_sampler_block(data: dict[str, Any]) -> dict[str, Any]:
+    """``rollout.sampler`` (a block, or a backend's name) → the flat ``rollout`` fields it
+    stands for (in a deep copy; module comment at :data:`SAMPLER_KEYS`)."""
+    out = copy.deepcopy(data)
+    rollout = out.get("rollout")
+    if not isinstance(rollout, dict) or "sampler" not in rollout:
+        return out
+    block = rollout.pop("sampler")
+    if isinstance(block, str):
+        block = {"backend": block}
+    if not isinstance(block, dict):
+        raise ConfigError(
+            f"{SAMPLER_BLOCK}: must be a backend name or a mapping (backend and its options); "
+            f"got {block!r}"
+        )
+    unknown = sorted(set(block) - set(SAMPLER_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"{SAMPLER_BLOCK}.{unknown[0]}: unknown key (allowed: {', '.join(SAMPLER_KEYS)})"
+        )
+    flat_backend = rollout.get("sampler_backend", "auto")
+    backend = block.get("backend", "vllm" if flat_backend == "vllm" else "local")
+    if backend not in SAMPLER_BACKENDS:
+        raise ConfigError(
+            f"{SAMPLER_BLOCK}.backend: must be one of {', '.join(SAMPLER_BACKENDS)}; got {backend!r}"
+        )
+    for key, owner in _BACKEND_ONLY.items():
+        if key in block and owner != backend:
+            raise ConfigError(
+                f"{SAMPLER_BLOCK}.{key}: an option of backend {owner}, not of {backend}"
+            )
+    if backend == "vllm":
+        decoder = "vllm"
+    else:
+        decoder = block.get("decoder", flat_backend if flat_backend != "vllm" else "auto")
+        if decoder not in DECODERS:
+            raise ConfigError(
+                f"{SAMPLER_BLOCK}.decoder: must be one of {', '.join(DECODERS)}; got {decoder!r}"
+            )
+    rollout["sampler_backend"] = decoder
+    for key, value in block.items():
+        if key not in ("backend", "decoder"):
+            rollout[SAMPLER_KEYS[key].split(".", 1)[1]] = value
+    return out
+
+
 class _StrictLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last
     one silently, so ``steps:`` written twice would quietly change a run)."""
@@ -186,7 +263,7 @@ def build_run_config(
     merged = expand_aliases(data or {})
     if isinstance(overrides, list):
         overrides = dict(parse_override(o) for o in overrides)
-    merged = expand_presets(apply_overrides(merged, overrides or {}))
+    merged = fold_sampler_block(expand_presets(apply_overrides(merged, overrides or {})))
     # A config's warning says a setting will not do what it reads as: never silenced, it is
     # the one-line error instead (the CLI's exit 2), found before anything runs.
     with warnings.catch_warnings(record=True) as caught:

@@ -107,8 +107,8 @@ class RolloutConfig:
         metadata=_h(
             "Decode path of the sampler: auto = the functional Llama/Qwen2/Mistral decoder when "
             "it applies, else the model's own forward; fast = insist on the former; hf = always "
-            "the latter; vllm = the vLLM inference engine (optional; weights synced before "
-            "every rollout; docs/engine.md)."
+            "the latter; vllm = the vLLM inference engine (optional; weights synced once per "
+            "step; docs/engine.md). Also written as the rollout.sampler block."
         ),
     )
     engine_kv_cache_gib: int = field(

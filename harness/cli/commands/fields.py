@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.config import RunConfig
+from harness.config.loading import SAMPLER_BLOCK, SAMPLER_KEYS
 from harness.core.configtools import field_defaults, field_help
 from harness.tasks import option_table
 
@@ -38,12 +39,40 @@ def field_rows() -> list[tuple[str, str, str]]:
     defaults = field_defaults(RunConfig)
     rows = []
     for path, text in field_help(RunConfig).items():
+        if path == "rollout.sampler_dtype":  # the block form of the sampler's fields first
+            rows.extend(sampler_block_rows())
         if path != "task_options":
             rows.append((path, repr(defaults.get(path)), text))
             continue
         for source, name, default, help_text in option_table():
             rows.append((name, default, f"[{source}] {help_text}"))
     return rows
+
+
+# What each key of the ``rollout.sampler`` block is (harness.config.loading.SAMPLER_KEYS).
+_SAMPLER_HELP = {
+    "backend": (
+        "'local'",
+        "The rollout sampler's backend (harness/sampling/): local = the "
+        "policy module sampled in the run's process, vllm = the vLLM inference engine.",
+    ),
+    "decoder": ("'auto'", "backend local: its decoder, auto, fast or hf."),
+    "dtype": ("None", "Precision of the sampler's forward."),
+    "logit_noise": ("0.0", "backend local: σ of seeded Gaussian noise on its logits."),
+    "kv_cache_gib": ("1", "backend vllm on CPU: GiB of KV cache."),
+    "gpu_memory_utilization": ("0.3", "backend vllm on CUDA: the share of GPU memory it may take."),
+}
+
+
+def sampler_block_rows() -> list[tuple[str, str, str]]:
+    """The ``rollout.sampler`` block's keys, each the other spelling of a flat ``rollout`` field
+    (both are accepted in files, ``--set`` and grid axes; the block's value wins)."""
+    same = {k: f"Same as {path}." for k, path in SAMPLER_KEYS.items()}
+    same["backend"] = "vllm is rollout.sampler_backend: vllm; local, any of its decoders."
+    return [
+        (f"{SAMPLER_BLOCK}.{key}", default, f"{text} {same[key]}")
+        for key, (default, text) in _SAMPLER_HELP.items()
+    ]
 
 
 def fields_markdown() -> str:
