@@ -94,9 +94,8 @@ def fold_sampler_block(data: dict[str, Any]) -> dict[str, Any]:
             raise ConfigError(
                 f"{SAMPLER_BLOCK}.{key}: an option of backend {owner}, not of {backend}"
             )
-    if backend == "vllm":
-        decoder = "vllm"
-    else:
+    decoder: Any = "vllm"
+    if backend != "vllm":
         decoder = block.get("decoder", flat_backend if flat_backend != "vllm" else "auto")
         if decoder not in DECODERS:
             raise ConfigError(
