@@ -26,7 +26,13 @@ import torch
 from transformers import AutoConfig
 
 from harness.config.probe_scope import shared_probe_cache
-from harness.config.resources import check_model_memory, check_weights
+from harness.config.resources import (
+    available_memory,
+    check_model_memory,
+    check_weights,
+    memory_check_off,
+    tiny_model_config,
+)
 from harness.core import limits
 from harness.core.limits import (
     MAX_MODEL_CONFIG_BYTES,
@@ -36,9 +42,16 @@ from harness.core.limits import (
     time_bound,
 )
 from harness.model.build import load_tokenizer, max_positions
+from harness.model.checkpoint import (
+    declared_architecture_problem,
+    position_problem,
+    weights_problem,
+)
+from harness.model.engine_memory import kv_bytes_per_token
 from harness.model.engine_support import (
     INSTALL_HINT,
     cpu_head_size_problem,
+    engine_dtype,
     engine_installed,
     head_size,
     served_architecture,
@@ -79,7 +92,7 @@ def model_config(cfg: RunConfig) -> Any:
     if too_big:
         raise ValueError(f"model: {too_big}")
     try:
-        return AutoConfig.from_pretrained(
+        config = AutoConfig.from_pretrained(
             cfg.model,
             local_files_only=True,
             trust_remote_code=cfg.model_options.trust_remote_code,
@@ -92,6 +105,12 @@ def model_config(cfg: RunConfig) -> Any:
         if "trust_remote_code" in str(err):
             first = "the directory ships its own modeling code; set model_options.trust_remote_code=true to run it"
         raise ValueError(f"model: cannot read {cfg.model!r}: {first}") from None
+    # Checked on every read, so that a grid's memory check and the engine's see the same model
+    # the learner loads: a limit that is no limit, an architecture that is not the model_type's.
+    why = position_problem(config) or declared_architecture_problem(config)
+    if why is not None:
+        raise ValueError(f"model: {cfg.model!r}: {why}")
+    return config
 
 
 def model_limit(cfg: RunConfig, config: Any | None = None) -> tuple[int | None, str]:
@@ -319,6 +338,7 @@ def check_engine(cfg: RunConfig, config: Any | None) -> None:
         if why is not None:
             where = "tiny.num_heads / tiny.hidden_size" if config is None else "model"
             raise ValueError(f"rollout.sampler_backend: vllm on {where}: {why}; use auto")
+        check_engine_kv_cache(cfg, config)
     if config is None:  # the built-in model is a plain Llama, which the engine serves
         return
     if served_architecture(config) is None:
@@ -327,6 +347,38 @@ def check_engine(cfg: RunConfig, config: Any | None) -> None:
             f"rollout.sampler_backend: vllm cannot serve this model's architecture {archs} "
             "(not in the engine's model registry); use auto"
         )
+
+
+GIB = 1 << 30
+
+
+def check_engine_kv_cache(cfg: RunConfig, config: Any | None) -> None:
+    """``rollout.engine_kv_cache_gib`` (the CPU engine's KV cache space) must fit this machine's
+    memory, and must hold one sequence of the model's full length: the engine is started with
+    the model's position limit as its longest sequence and refuses to start otherwise
+    (harness.model.engine_memory)."""
+    gib = cfg.rollout.engine_kv_cache_gib
+    if not memory_check_off():
+        ram, bound = available_memory()
+        if ram is not None and gib * GIB > ram:
+            raise ValueError(
+                f"rollout.engine_kv_cache_gib: {gib:,} GiB is more than this machine's memory "
+                f"({ram / GIB:,.1f} GiB {bound}); lower it, or set HARNESS_MEMORY_CHECK=off to "
+                "skip the comparison"
+            )
+    model = config if config is not None else tiny_model_config(cfg)
+    dtype = engine_dtype(cfg.rollout.sampler_dtype, cfg.model_options.dtype)
+    limit, per_token = max_positions(model), kv_bytes_per_token(model, dtype)
+    if limit is None or not per_token or limit * per_token <= gib * GIB:
+        return
+    need = limit * per_token
+    where = "tiny.max_position_embeddings" if config is None else "config.json"
+    raise ValueError(
+        f"rollout.engine_kv_cache_gib: the engine starts only if the KV cache of one sequence "
+        f"of the model's {limit:,} positions ({where}) fits: {need / GIB:,.2f} GiB "
+        f"({per_token:,} bytes a token in {dtype}), more than the {gib} GiB reserved; set it "
+        f"to {need // GIB + 1} or lower the model's position limit"
+    )
 
 
 def check_lengths(cfg: RunConfig, task: Task) -> None:
@@ -339,6 +391,12 @@ def check_lengths(cfg: RunConfig, task: Task) -> None:
             "model_options.lora: needs the optional peft package (pip install -e '.[lora]')"
         )
     config = None if cfg.model == "tiny" else model_config(cfg)
+    if config is not None:  # before the samplers' checks: they trust the config's architecture
+        why = weights_problem(
+            cfg.model, config, trust_remote_code=cfg.model_options.trust_remote_code
+        )
+        if why is not None:
+            raise ValueError(f"model: {why}")
     check_sampler_backend(cfg, config)
     check_engine(cfg, config)
     limit, where = model_limit(cfg, config)
@@ -391,6 +449,7 @@ def check_lengths(cfg: RunConfig, task: Task) -> None:
 __all__ = [
     "Probe",
     "check_engine",
+    "check_engine_kv_cache",
     "check_lengths",
     "check_memory",
     "check_sampler_backend",

@@ -26,7 +26,6 @@ validates), never the layer bound.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import resource
@@ -37,6 +36,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from harness.model.build import build_tokenizer, tiny_llama_config
+from harness.model.checkpoint import with_layers
 
 if TYPE_CHECKING:
     from harness.config import RunConfig
@@ -52,16 +52,6 @@ def layer_count(config: Any) -> int | None:
     """``num_hidden_layers`` (HF aliases it as ``n_layer``, ``num_layers``, ...), if stated."""
     value = getattr(config, "num_hidden_layers", None)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _with_layers(config: Any, n: int) -> Any:
-    out = copy.deepcopy(config)
-    out.num_hidden_layers = n
-    for name in ("layer_types", "sliding_window_pattern_list"):  # per-layer lists, if any
-        value = getattr(out, name, None)
-        if isinstance(value, list) and len(value) > n:
-            setattr(out, name, value[:n])
-    return out
 
 
 def _meta_count(config: Any, trust_remote_code: bool) -> int:
@@ -96,8 +86,8 @@ def count_params(config: Any, *, trust_remote_code: bool = False) -> int:
             if layers is None or layers <= 2:
                 _COUNTS[key] = _meta_count(config, trust_remote_code)
             else:  # layers are alike: count one and two, extrapolate (O(1) in the depth)
-                one = _meta_count(_with_layers(config, 1), trust_remote_code)
-                two = _meta_count(_with_layers(config, 2), trust_remote_code)
+                one = _meta_count(with_layers(config, 1), trust_remote_code)
+                two = _meta_count(with_layers(config, 2), trust_remote_code)
                 _COUNTS[key] = one + (layers - 1) * (two - one)
         except Exception as err:  # the config cannot make a model: loading it would fail too
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""
@@ -222,6 +212,11 @@ def check_weights(model_dir: str) -> None:
         )
 
 
+def memory_check_off() -> bool:
+    """``HARNESS_MEMORY_CHECK=off``: skip comparing what a run needs with this machine's memory."""
+    return os.environ.get("HARNESS_MEMORY_CHECK", "").strip().lower() in ("off", "0", "false", "no")
+
+
 def _gb(n: float) -> str:
     return f"{n / GB:,.1f} GB" if n >= GB / 10 else f"{n / 1e6:,.1f} MB"
 
@@ -249,7 +244,7 @@ def check_model_memory(cfg: RunConfig, config: Any | None = None) -> int:
     except ValueError as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ValueError(f"{where}: {first}") from None
-    if os.environ.get("HARNESS_MEMORY_CHECK", "").strip().lower() in ("off", "0", "false", "no"):
+    if memory_check_off():
         return params
     copies, parts = training_copies(cfg)
     need = params * BYTES_PER_PARAM * copies
@@ -285,5 +280,6 @@ __all__ = [
     "check_weights",
     "count_params",
     "layer_count",
+    "memory_check_off",
     "training_copies",
 ]

@@ -115,7 +115,9 @@ class RolloutConfig:
         default=1,
         metadata=_h(
             "sampler_backend vllm on CPU: GiB reserved for the engine's KV cache "
-            "(VLLM_CPU_KVCACHE_SPACE; whole GiB).",
+            "(VLLM_CPU_KVCACHE_SPACE; whole GiB). Checked before the run against the machine's "
+            "available memory, and against one sequence of the model's full length (the engine "
+            "does not start without room for it).",
             ge=1,
             le=4096,
         ),
