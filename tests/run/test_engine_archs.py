@@ -169,7 +169,6 @@ FRESH = """
 import json, sys
 from harness.config import build_run_config
 from harness.run.trainers import train
-from tests.support.sampling import draw
 res = train(build_run_config(json.loads(sys.argv[1])), results_dir=sys.argv[2])
 assert res.status == "completed", res.reason
 print(json.dumps({k: res.history[k] for k in json.loads(sys.argv[3])}))
