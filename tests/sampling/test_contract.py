@@ -5,8 +5,9 @@ A new backend is one file in ``harness/sampling/`` plus its entry in ``MAKE`` (h
 the tiny model's CPU).  What is held to one behaviour: the ``RolloutBatch`` layout and its groups,
 EOS and stop ids, prompt truncation and chat templates, log-probs equal to the learner's at fp32
 (T = 1 and T ≠ 1), seeded reproducibility and a sync changing the tokens, per-token versions,
-one copy per version, ``close`` twice, and a backend's failure ending a run as FAILED with its
-reason."""
+one copy per version, ``close`` twice, greedy evaluation through the backend giving the local
+decoder's answers, a local run after a run of the backend in the same process logging a fresh
+process's numbers, and a backend's failure ending a run as FAILED with its reason."""
 
 from __future__ import annotations
 
@@ -286,3 +287,49 @@ def test_greedy_evaluation_through_the_backend_gives_the_local_decoders_answers(
     assert rb.completions == ref.completions
     assert torch.equal(rb.input_ids, ref.input_ids)
     s.load(model, 0)
+
+
+FRESH = """
+import json, sys
+from harness.config import build_run_config
+from harness.run.trainers import train
+res = train(build_run_config(json.loads(sys.argv[1])), results_dir=sys.argv[2])
+assert res.status == "completed", res.reason
+print(json.dumps({k: v for k, v in res.history.items() if not k.startswith("perf/")}))
+"""
+
+
+@pytest.mark.slow  # a fresh process, and a run of every backend
+@pytest.mark.parametrize("name", NAMES)
+def test_a_local_run_after_a_run_of_the_backend_gets_a_fresh_processs_numbers(
+    name, tmp_path: Path
+) -> None:
+    """A sweep worker runs cells one after another in its process: whatever the backend of the
+    cell before, a local run logs what it logs in a fresh process."""
+    import json
+    import subprocess
+    import sys
+
+    from harness.run.trainers import train
+
+    local = {
+        "steps": 2,
+        "task": "reverse",
+        "tiny": {"hidden_size": 64, "num_layers": 1, "num_heads": 2, "intermediate_size": 128},
+        "rollout": {"prompts_per_step": 2, "n_samples": 2, "max_new_tokens": 5},
+        "eval": {"every": 0, "n_prompts": 2},
+        "threads": 1,
+    }
+    first = {**local, "rollout": {**local["rollout"], "sampler": name}}
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", FRESH, json.dumps(local), str(tmp_path / "fresh")],
+        capture_output=True, text=True, timeout=900, cwd=root,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    fresh = json.loads(out.stdout.strip().splitlines()[-1])
+    res = train(build_run_config(first), results_dir=tmp_path / "first")
+    assert res.status == "completed", res.reason
+    after = train(build_run_config(local), results_dir=tmp_path / "after")
+    got = {k: v for k, v in after.history.items() if not k.startswith("perf/")}
+    assert json.dumps(got, sort_keys=True) == json.dumps(fresh, sort_keys=True)
