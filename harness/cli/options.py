@@ -1,5 +1,6 @@
 """What the commands share: their common options, and how a command turns bad input into one
-line on stderr with exit code 2 (a full disk or a store outage: one line, exit code 1)."""
+line on stderr with exit code 2 (a full disk, a store outage or a store removed: one line, exit
+code 1)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import typer
 
 from harness.core.configtools import ConfigError
 from harness.core.db import StorageUnavailable
-from harness.core.fsutil import disk_full_message, is_disk_full
+from harness.core.fsutil import disk_full_message, is_disk_full, store_removed_reason
 from harness.core.redact import redact_text
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -56,7 +57,9 @@ def say(message: str) -> None:
 
 def user_errors(fn: F) -> F:
     """Bad input → ``error: <one line>`` on stderr, exit code 2, no traceback.  A full disk
-    (any write of any store) → ``error: disk full (...)`` and how to go on, exit code 1."""
+    (any write of any store) → ``error: disk full (...)`` and how to go on, exit code 1; a store
+    removed while the command ran → ``error: the directory ... was removed during the run ...``,
+    exit code 1."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -69,6 +72,9 @@ def user_errors(fn: F) -> F:
         except typer.Exit:
             raise  # already said what it had to (even while handling a full disk)
         except Exception as err:
+            removed = store_removed_reason(err)
+            if removed is not None:  # nothing more can be recorded: no hint to resume
+                fail(removed, code=1)
             if not is_disk_full(err):
                 raise
             fail(f"{disk_full_message(err)}; {RESUME_HINT}", code=1)

@@ -163,6 +163,77 @@ def disk_full_message(error: BaseException) -> str:
     return "disk full"
 
 
+# --------------------------------------------------------------------------------------------
+# A store removed while a command runs (``rm -rf results`` in another shell, or user code such as
+# a reward doing it).  SQLite then refuses every write to the unlinked file ("attempt to write a
+# readonly database") and the Optuna journal's next open is FileNotFoundError: each write failed
+# with a traceback of its own (hundreds of lines).  The store that meets it raises
+# :class:`StoreRemovedError`, and everything above treats it as a full disk is treated: one line,
+# the sweep stops, nothing is retried.
+
+
+class StoreRemovedError(OSError):
+    """A store the harness writes (the MLflow SQLite database, the Optuna journal) is gone: it, or
+    a directory above it, was removed while the command ran, so nothing more can be recorded
+    there and no retry can help.  ``str()`` is its one-line reason (:func:`removed_reason`)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(errno.ENOENT, reason)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+def file_identity(path: Path | str) -> tuple[int, int] | None:
+    """``(device, inode)`` of ``path``, None when there is no such file."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def removed_reason(path: Path | str, what: str) -> str:
+    """One line saying that store ``path`` (``what``: "the MLflow store") was removed, naming
+    the outermost directory removed with it, if any."""
+    p = Path(path).absolute()
+    gone = p
+    while not gone.parent.exists() and gone.parent != gone.parent.parent:
+        gone = gone.parent
+    if gone == p:
+        return f"{what} {p} was removed during the run"
+    return f"the directory {gone} was removed during the run, and {what} {p.name} with it"
+
+
+def store_removed_reason(error: BaseException) -> str | None:
+    """The reason of a :class:`StoreRemovedError` that ``error`` is or wraps, else None."""
+    for e in _error_chain(error):
+        if isinstance(e, StoreRemovedError):
+            return e.reason
+    return None
+
+
+def fatal_store_error(error: BaseException) -> OSError | None:
+    """The condition that stops a sweep which ``error`` is or wraps, as the error it stops with:
+    a full disk (a :class:`DiskFullError`) or a removed store (a :class:`StoreRemovedError`),
+    each with its one line; None for any other error.  Every write would meet either again, so
+    the sweep stops instead of failing trial after trial."""
+    removed = store_removed_reason(error)
+    if removed is not None:
+        return StoreRemovedError(removed)
+    if is_disk_full(error):
+        return DiskFullError(disk_full_message(error))
+    return None
+
+
+def fatal_event_error(event: dict[str, object]) -> OSError:
+    """The error of a worker's ``fatal`` event (its ``reason``; ``removed`` for a store that
+    was removed rather than a full disk)."""
+    reason = str(event.get("reason") or "disk full")
+    return StoreRemovedError(reason) if event.get("removed") else DiskFullError(reason)
+
+
 ORPHAN_TEMP_AGE_S = 3600.0  # a temp file of another host's writer is left this long
 
 

@@ -20,7 +20,12 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from harness.core.db import is_transient_db_error, sqlalchemy_url, with_retries
-from harness.core.fsutil import is_disk_full
+from harness.core.fsutil import (
+    StoreRemovedError,
+    file_identity,
+    is_disk_full,
+    removed_reason,
+)
 from harness.core.locks import NO_FLOCK, wait_flock
 from harness.core.redact import redact_text, redact_url
 from harness.tracking.base import (
@@ -115,10 +120,15 @@ class MlflowTracker(Tracker):
         self._last_write: dict[str, float] = {}
         self._experiment_ids: dict[str, str] = {}
         _quiet_disk_full_tracebacks()
+        self._db = _sqlite_path(tracking_uri)
+        self._db_identity: tuple[int, int] | None = None
         with _sqlite_init_lock(tracking_uri):
             # Building the client opens the store, which creates or migrates the schema.
             self._client = MlflowClient(tracking_uri=tracking_uri)
             self._call(self._client.search_experiments, max_results=1)
+        if self._db is not None:
+            self._db_identity = file_identity(self._db)
+            _OPEN_DATABASES[self._db] = self._db_identity
 
     def __repr__(self) -> str:
         return f"MlflowTracker({redact_url(self.tracking_uri)!r})"
@@ -304,24 +314,56 @@ class MlflowTracker(Tracker):
         def counted(error: BaseException) -> None:
             self.retried_calls += 1
 
-        return with_retries(
-            lambda: fn(*args, **kwargs),
-            attempts=self.retries,
-            base_delay=0.1,
-            max_delay=5.0,
-            retry_on=lambda error: _is_transient(error, self.client_uri),
-            on_retry=counted,
-        )
+        try:
+            return with_retries(
+                lambda: fn(*args, **kwargs),
+                attempts=self.retries,
+                base_delay=0.1,
+                max_delay=5.0,
+                retry_on=lambda error: _is_transient(error, self.client_uri),
+                on_retry=counted,
+            )
+        except Exception as error:
+            # SQLite keeps writing to the file it opened; once that file is unlinked every write
+            # is "attempt to write a readonly database": say what happened instead.
+            if self._db is not None and _replaced(self._db, self._db_identity):
+                raise StoreRemovedError(removed_reason(self._db, "the MLflow store")) from error
+            raise
+
+
+# The SQLite databases this process opened, by path: the file each was when it was opened.
+_OPEN_DATABASES: dict[Path, tuple[int, int] | None] = {}
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///PATH`` URI (None for any other store)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri.removeprefix("sqlite:///").split("?", 1)[0]
+    return None if path in ("", ":memory:") else Path(path).absolute()
+
+
+def _replaced(db: Path, identity: tuple[int, int] | None) -> bool:
+    """Whether the file ``db`` was when opened is no longer there under its name."""
+    return identity is not None and file_identity(db) != identity
 
 
 class _DropDiskFull(logging.Filter):
-    """Drop MLflow's ERROR-with-traceback for a full disk: the error propagates to the harness,
-    which stops the sweep with one line saying so (a traceback per write was hundreds of lines)."""
+    """Drop MLflow's ERROR-with-traceback for a full disk or a removed database: the error
+    propagates to the harness, which says so in one line (and stops a sweep); a traceback per
+    write was hundreds of lines."""
 
     def filter(self, record: logging.LogRecord) -> bool:
 
         error = record.exc_info[1] if record.exc_info else None
-        return error is None or not is_disk_full(error)
+        if error is None:
+            return True
+        if is_disk_full(error):
+            return False
+        # What SQLite says of a write to an unlinked file (SQLITE_READONLY_DBMOVED), once one
+        # of this process's databases is indeed gone.
+        readonly = "readonly database" in str(error).lower()
+        return not (readonly and any(_replaced(db, i) for db, i in _OPEN_DATABASES.items()))
 
 
 def _quiet_disk_full_tracebacks() -> None:

@@ -16,7 +16,7 @@ from harness import tracking
 from harness.cli.options import command_line, say
 from harness.config.experiment import ExperimentSpec, load_experiment
 from harness.core.configtools import ConfigError, check_name
-from harness.core.fsutil import DiskFullError
+from harness.core.fsutil import fatal_event_error
 from harness.sweep.launching.launch import stop_grace_s
 from harness.sweep.launching.launch_checks import (
     check_devices,
@@ -143,11 +143,11 @@ def join_study(
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
-    fatal: list[str] = []
+    fatal: list[OSError] = []
 
     def emit(e: dict[str, Any]) -> None:
         if e["event"] == "fatal":
-            fatal.append(str(e.get("reason") or "disk full"))
+            fatal.append(fatal_event_error(e))
         if events == "jsonl":  # for a launcher that reads this worker's progress
             sys.stdout.write(json.dumps(e, default=str) + "\n")
             sys.stdout.flush()
@@ -169,7 +169,7 @@ def join_study(
         should_stop=stop.is_set,
     )
     if fatal:
-        raise DiskFullError(fatal[0])  # one line and exit 1 (user_errors)
+        raise fatal[0]  # one line and exit 1 (user_errors)
     say(f"worker done: {counts}")
 
 

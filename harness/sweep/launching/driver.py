@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 
 from harness.config.experiment import ExperimentSpec
 from harness.core.db import with_retries
-from harness.core.fsutil import DiskFullError, disk_full_message, is_disk_full
+from harness.core.fsutil import fatal_event_error, fatal_store_error
 from harness.sweep.launching.coordinator import coordinator_lock
 from harness.sweep.launching.launch import Resources, make_launcher, run_workers
 from harness.sweep.launching.launch_checks import LaunchChoice
@@ -137,12 +137,12 @@ def _run_and_finish(
         tracking_uri=sweep_opts.tracking_uri,
         threads=1,  # one torch thread per run: results must not depend on the worker count
     )
-    fatal: list[str] = []
+    fatal: list[OSError] = []
     killed: dict[int, str] = {}  # trial number -> why its worker was killed
 
     def on_event(e: dict[str, Any]) -> None:
         if e["event"] == "fatal":
-            fatal.append(str(e.get("reason") or "disk full"))
+            fatal.append(fatal_event_error(e))
         elif e["event"] == "killed" and e.get("trial") is not None:
             killed[int(e["trial"])] = f"worker killed: {e['reason']}"
 
@@ -161,8 +161,8 @@ def _run_and_finish(
     )
     if killed:  # recorded interrupted now, not left to the heartbeat: the next run resumes them
         close_killed_trials(study, spec, tracker, killed)
-    if fatal:  # a worker found the disk full: no report from a store that cannot take it
-        raise DiskFullError(fatal[0])
+    if fatal:  # a worker found the disk full or a store gone: no report from a store that
+        raise fatal[0]  # cannot take it
 
     def stop(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt  # SIGTERM while finishing: close the parent run, as on Ctrl-C
@@ -231,16 +231,17 @@ def progress_total(study: optuna.Study, spec: StudySpec) -> int:
 
 @contextlib.contextmanager
 def _parent_closed_on_abort(tracker: Tracker, spec: StudySpec) -> Iterator[None]:
-    """Ctrl-C/SIGTERM or a full disk after the parent MLflow run was opened: end that run KILLED
-    (where the store still takes it).  An interrupt becomes :class:`_Interrupted` (the command
-    ends with exit 130 and the resume hint, no traceback); a full disk propagates."""
+    """Ctrl-C/SIGTERM, a full disk or a removed store after the parent MLflow run was opened:
+    end that run KILLED (where the store still takes it).  An interrupt becomes
+    :class:`_Interrupted` (the command ends with exit 130 and the resume hint, no traceback); a
+    full disk or a removed store propagates."""
     try:
         yield
     except (KeyboardInterrupt, Exception) as err:
         if isinstance(err, KeyboardInterrupt):
             reason = "interrupted"
-        elif is_disk_full(err):
-            reason = disk_full_message(err)
+        elif (fatal := fatal_store_error(err)) is not None:
+            reason = str(fatal)
         else:
             raise
         old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this

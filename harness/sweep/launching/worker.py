@@ -22,10 +22,12 @@ the dead worker's MLflow child run as KILLED, so no run is ever left RUNNING.  O
 RUNNING whose trial has ended are closed that way: an attempt that failed with an error keeps
 its FAILED run and its reason.
 
-A full disk (any write: the journal, MLflow's database or artifacts, a cache) stops the worker:
-its trial is recorded as interrupted where the stores still take it (or, where they do not, is
-recovered by the heartbeat like a dead worker's), its MLflow run is ended KILLED where possible,
-and the worker emits one ``fatal`` event with the reason instead of failing trial after trial.
+A full disk (any write: the journal, MLflow's database or artifacts, a cache) or a store removed
+while it runs (the results directory deleted, by hand or by a trial's own reward code) stops the
+worker: its trial is recorded as interrupted where the stores still take it (or, where they do
+not, is recovered by the heartbeat like a dead worker's), its MLflow run is ended KILLED where
+possible, and the worker emits one ``fatal`` event with the reason instead of failing trial
+after trial.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from optuna.trial import TrialState
 
 from harness.core.configtools import ConfigError
 from harness.core.db import with_retries
-from harness.core.fsutil import disk_full_message, is_disk_full
+from harness.core.fsutil import StoreRemovedError, fatal_store_error
 from harness.core.provenance import machine_text
 from harness.report.allocation import race
 from harness.sweep.scheduler.adaptive import incumbent
@@ -103,17 +105,19 @@ class _Trial:
         self.study, self.trial, self.spec, self.tracker = study, trial, spec, tracker
         self.opts, self.emit, self._should_stop = opts, emit, should_stop
         self.run_id: str | None = None  # the last child run this trial trained
-        self.disk_full: str | None = None  # set by a heartbeat refused for lack of space
+        self.fatal: OSError | None = None  # set by a heartbeat: a full disk, a removed store
         self.reported = False  # its "done" event was sent
 
     def should_stop(self) -> bool:
-        return self.disk_full is not None or self._should_stop()
+        return self.fatal is not None or self._should_stop()
 
     def beat_failed(self, error: BaseException) -> bool:
-        """A heartbeat write failed: a full disk stops the trial (handled, no warning)."""
-        if not is_disk_full(error):
+        """A heartbeat write failed: a full disk or a removed store stops the trial (handled, no
+        warning)."""
+        fatal = fatal_store_error(error)
+        if fatal is None:
             return False
-        self.disk_full = self.disk_full or disk_full_message(error)
+        self.fatal = self.fatal or fatal
         return True
 
     def interrupt(self, reason: str, label: str, seed: int | None) -> None:
@@ -232,7 +236,7 @@ def run_grid_trial(t: _Trial) -> str:
             cfg = t.spec.cell_config(cell, seed, device=t.opts.device, threads=t.opts.threads)
             result, rid = t.train(cfg, cell, seed)
         except Exception as err:  # a bug or a broken store: record it, let the sweep go on
-            if is_disk_full(err):
+            if fatal_store_error(err) is not None:
                 raise  # not this trial's fault: the worker stops (worker_loop)
             outcome = t.fail_with_error(err, cell, seed)
             attempt = int(attrs.get("attempt", 0))
@@ -329,7 +333,7 @@ def run_search_trial(t: _Trial) -> str:
                         t.event("done", cell=label, seed=seed, outcome="pruned", values=[mean0])
                         return "pruned"
         except Exception as err:
-            if is_disk_full(err):
+            if fatal_store_error(err) is not None:
                 raise  # not this point's fault: the worker stops (worker_loop)
             return t.fail_with_error(err, label, seed)
     out = [nanmean(v) for v in values]
@@ -388,19 +392,21 @@ def worker_loop(
     should_stop: Callable[[], bool] = lambda: False,
 ) -> dict[str, int]:
     """Take and run trials until none is left (none waiting, none running elsewhere, or a
-    search's ``n_trials`` reached), a stop is asked, or the disk is full; returns outcome
-    counts (``disk_full`` is 1 when a full disk stopped the worker, after its ``fatal`` event).
+    search's ``n_trials`` reached), a stop is asked, or the disk is full or a store was
+    removed; returns outcome counts (``disk_full`` is 1 when either stopped the worker, after
+    its ``fatal`` event, whose ``removed`` says which).
     """
     counts = dict.fromkeys(OUTCOMES, 0)
     try:
         fatal = _work(opts, counts, emit, should_stop)
     except Exception as err:
-        if not is_disk_full(err):
+        fatal = fatal_store_error(err)
+        if fatal is None:
             raise
-        fatal = disk_full_message(err)
     if fatal is not None:
         counts["disk_full"] = 1
-        emit({"event": "fatal", "worker": opts.worker_id, "reason": fatal})
+        removed = isinstance(fatal, StoreRemovedError)
+        emit({"event": "fatal", "worker": opts.worker_id, "reason": str(fatal), "removed": removed})
     emit({"event": "exit", "worker": opts.worker_id, "pid": os.getpid()})
     return counts
 
@@ -410,8 +416,9 @@ def _work(
     counts: dict[str, int],
     emit: Callable[[Event], None],
     should_stop: Callable[[], bool],
-) -> str | None:
-    """The loop of ``worker_loop``; returns why a full disk stopped it, or None."""
+) -> OSError | None:
+    """The loop of ``worker_loop``; returns the full disk or removed store that stopped it (as
+    :func:`~harness.core.fsutil.fatal_store_error` gives it), or None."""
     import torch  # noqa: PLC0415 - loads torch: only in a running worker
 
     from harness.run.tracked import tracked_run  # noqa: F401, PLC0415 - loads torch before a trial is claimed
@@ -436,7 +443,7 @@ def _work(
     )
     tracker = make_tracker(opts.tracking_uri or spec.tracking_uri, opts.results_dir)
     run = run_search_trial if spec.kind == "search" else run_grid_trial
-    fatal: str | None = None
+    fatal: OSError | None = None
 
     def on_cancelled(n: int) -> None:  # held seeds this worker's allocation cancelled
         emit({"event": "cancelled", "worker": opts.worker_id, "n": n})
@@ -460,17 +467,17 @@ def _work(
             try:
                 outcome = run(t)
             except Exception as err:
-                if not is_disk_full(err):
+                fatal = fatal_store_error(err)
+                if fatal is None:
                     raise
-                fatal = disk_full_message(err)
             else:
-                fatal = t.disk_full  # a heartbeat found the disk full and stopped the run
+                fatal = t.fatal  # a heartbeat found the disk full or the store gone
                 if fatal is None:
                     counts[outcome] += 1
                     if outcome == "error" and spec.kind == "search":
                         break  # a search point has no retry budget: stop, do not spin on a bug
             if fatal is not None:
-                t.interrupt(fatal, *_label(t))
+                t.interrupt(str(fatal), *_label(t))
     except BaseException:
         _flush_quietly(tracker)  # the error on its way out says more than a failed flush
         raise

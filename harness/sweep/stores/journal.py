@@ -16,6 +16,10 @@ study sharing the journal, fails with ``JSONDecodeError``.  :class:`SafeJournalF
   fragment plus a whole record keeps the record, a line with no whole record is dropped — and
   carries on, with a warning.
 
+A journal removed while a command runs (the results directory deleted) is
+:class:`~harness.core.fsutil.StoreRemovedError` naming it, one line, not the ``FileNotFoundError``
+of whichever read or write met it first.
+
 Why dropping is right: a fragment is a write whose caller saw it fail, so its operation never
 happened as far as anyone knows; no reader has applied it (Optuna reads only complete lines),
 and every line before it is untouched, so the offsets other processes have cached stay valid.
@@ -33,6 +37,7 @@ from typing import Any
 from optuna.storages.journal import JournalFileBackend
 from optuna.storages.journal._file import BaseJournalFileLock
 
+from harness.core.fsutil import StoreRemovedError, removed_reason
 from harness.sweep.stores.journal_lock import journal_lock
 
 _logger = logging.getLogger(__name__)
@@ -59,18 +64,31 @@ class SafeJournalFileBackend(JournalFileBackend):
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        self._file_lock.acquire()
+        with self._removed_as_such():
+            self._file_lock.acquire()
         try:
             yield
         finally:
             self._file_lock.release()
+
+    @contextmanager
+    def _removed_as_such(self) -> Iterator[None]:
+        """A ``FileNotFoundError`` met while the journal itself is gone is that: the journal
+        (or a directory above it) was removed."""
+        try:
+            yield
+        except FileNotFoundError as err:
+            if os.path.exists(self._path):
+                raise
+            raise StoreRemovedError(removed_reason(self._path, "the Optuna journal")) from err
 
     # -- writing -------------------------------------------------------------------------------
 
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
         data = ("\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n").encode()
         with self._locked():
-            fd = os.open(self._path, os.O_WRONLY | os.O_APPEND)
+            with self._removed_as_such():
+                fd = os.open(self._path, os.O_WRONLY | os.O_APPEND)
             try:
                 start = os.fstat(fd).st_size
                 written = 0
@@ -165,9 +183,10 @@ class SafeJournalFileBackend(JournalFileBackend):
         repaired = False
         while True:
             try:
-                for log in super().read_logs(number):
-                    yield log
-                    number += 1
+                with self._removed_as_such():
+                    for log in super().read_logs(number):
+                        yield log
+                        number += 1
                 return
             except ValueError as err:  # JSONDecodeError, or Optuna's "Invalid log format."
                 if repaired:
