@@ -113,6 +113,8 @@ def print_summary(result: RunResult, run_id: str) -> None:
     ):
         if math.isfinite(result.summary.get(key, math.nan)):
             table.add_row(key, _fmt(result.summary[key]))
+    if result.tags.get("sampler"):
+        table.add_row("sampler", escape(result.tags["sampler"]))
     table.add_row("steps", str(result.steps_done))
     table.add_row("wall time (s)", f"{result.wall_time:.1f}")
     if result.inert_clip:

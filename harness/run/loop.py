@@ -36,7 +36,7 @@ from harness.run.dynamic_sampling import option_metrics, round_metrics
 from harness.run.dynamic_sampling import skipped_step_metrics as _skipped
 from harness.run.learner import Learner, Update
 from harness.run.policies import Policies
-from harness.run.sampler import make_sampler
+from harness.run.sampler import make_sampler, sampler_text
 from harness.run.scaffold import Hooks, Run, RunResult, execute
 from harness.sampling import Sampler
 
@@ -53,6 +53,7 @@ def ppo_steps(run: Run) -> None:
     # sampler's is rollout.sampler_dtype (default: the same), a mismatch source (docs/mismatch.md).
     amp = precision_dtype(run.cfg.model_options.dtype)
     # An inference engine lives as long as the run, whatever ends it.
+    run.tags["sampler"] = sampler_text(run.cfg, run.model)
     with make_sampler(run.cfg, run.device, amp, run.sample_kw) as sampler:
         _train(run, sampler, amp)
 

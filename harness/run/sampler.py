@@ -18,6 +18,7 @@ import torch
 from harness.core.configtools import check_value
 from harness.model.engine_support import SamplerDtype, engine_dtype
 from harness.sampling import Sampler, make_backend
+from harness.sampling.decoders import _fast_path_ok
 from harness.sampling.local import LocalSampler
 
 if TYPE_CHECKING:
@@ -85,3 +86,19 @@ def make_sampler(
 
 
 __all__ = ["NOISE_SEED_OFFSET", "local_sampler", "make_sampler", "sampler_autocast"]
+
+
+def sampler_text(cfg: RunConfig, model: torch.nn.Module) -> str:
+    """Which sampler the run's rollouts came from, resolved, for the run's summary and tags:
+    ``vLLM engine (float32)``, ``local, fast decoder``, ``local, HF generate decoder (bfloat16)``."""
+    r = cfg.rollout
+    learner = cfg.model_options.dtype or "float32"
+    if r.sampler_backend == "vllm":
+        return f"vLLM engine ({engine_dtype(r.sampler_dtype, cfg.model_options.dtype)})"
+    fast = r.sampler_backend != "hf" and _fast_path_ok(model)  # type: ignore[arg-type]
+    text = f"local, {'fast' if fast else 'HF generate'} decoder"
+    if r.sampler_dtype is not None and r.sampler_dtype != learner:
+        text += f" ({r.sampler_dtype}; learner {learner})"
+    if r.sampler_logit_noise:
+        text += f", logit noise {r.sampler_logit_noise:g}"
+    return text

@@ -193,6 +193,11 @@ def grpo_steps(run: Run, grpo_config: dict[str, Any]) -> None:
         out_dir = stack.enter_context(tempfile.TemporaryDirectory())
         stack.enter_context(warnings.catch_warnings())
         warnings.simplefilter("ignore")
+        run.tags["sampler"] = (
+            "TRL's colocated vLLM engine"
+            if cfg.rollout.sampler_backend == "vllm"
+            else "TRL's generate (transformers)"
+        )
         if cfg.rollout.sampler_backend == "vllm":
             # TRL's own colocated engine (harness/run/trl_engine.py): the process set up for
             # it while the trainer lives, undone whatever ends the run.

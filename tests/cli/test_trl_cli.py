@@ -96,6 +96,7 @@ def test_harness_run_with_trainer_trl(minibatches, epochs, every, tmp_path, monk
     evals = [s for s, _ in run.metrics["eval/accuracy"]]
     assert evals == ([0, 1] if every == 1 else [1])  # every N steps and always at the end
     assert run.params["trainer"] == "trl"
+    assert run.tags["sampler"] == "TRL's generate (transformers)" and "sampler" in r.output
 
 
 @pytest.mark.slow  # the reported command as typed, MLflow's SQLite store included (~20 s)
