@@ -27,6 +27,12 @@ from harness.sweep.launching.worker import Event, WorkerOptions, worker_loop
 
 # How often a Ray worker asks the channel whether to stop (a cheap actor call).
 STOP_POLL_S = 0.5
+# How long one ask waits for the channel's answer, and how long the channel may go without
+# answering before the worker stops as if asked. A late answer is a loaded machine (the actor
+# process waits for a core), not a gone coordinator: a gone one's channel is killed with it,
+# and asking a dead actor raises at once. So one late answer only keeps the last one.
+STOP_ASK_TIMEOUT_S = 10.0
+CHANNEL_SILENCE_S = 300.0
 
 
 LOOPBACK = ("127.0.0.1", "::1")
@@ -122,17 +128,21 @@ def _ray_worker(opts: WorkerOptions, channel: Any) -> dict[str, int]:
     import ray
 
     tune_malloc()
-    last = [0.0, False]
+    asked_at, answered_at, stop = 0.0, time.monotonic(), False
 
     def should_stop() -> bool:
+        nonlocal asked_at, answered_at, stop
         now = time.monotonic()
-        if now - float(last[0]) >= STOP_POLL_S:
+        if not stop and now - asked_at >= STOP_POLL_S:
             try:
-                last[1] = bool(ray.get(channel.stopped.remote(), timeout=10))
-            except Exception:  # the coordinator is gone: stop as if asked
-                last[1] = True
-            last[0] = now
-        return bool(last[1])
+                stop = bool(ray.get(channel.stopped.remote(), timeout=STOP_ASK_TIMEOUT_S))
+                answered_at = time.monotonic()
+            except ray.exceptions.GetTimeoutError:  # late, not gone: see CHANNEL_SILENCE_S
+                stop = time.monotonic() - answered_at > CHANNEL_SILENCE_S
+            except Exception:  # the channel died with the coordinator: stop as if asked
+                stop = True
+            asked_at = time.monotonic()
+        return stop
 
     def emit(e: Event) -> None:
         channel.put.remote(e)  # fire and forget: a slow coordinator never blocks training
