@@ -23,11 +23,13 @@ Answer formats (``answer_format``):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import re
+import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -132,6 +134,46 @@ def _parse_math(text: str, timeout: int | None, *, as_math: bool) -> Any:
     return parse(text, parsing_timeout=timeout)
 
 
+# Seconds of CPU time for each of math-verify's steps on one completion (each parse, then the
+# comparison). CPU time, not wall time: beside other busy processes a parse spends most of its
+# wall time waiting for a core (0.1 s of CPU took 1.1 s of wall beside six of them), and a
+# 5 s wall bound then scored right answers 0; a runaway expression still uses up its seconds.
+MATH_VERIFY_CPU_S = 5.0
+# math-verify's own wall-clock alarm, kept as a backstop against a hang only.
+_MATH_VERIFY_WALL_S = 300
+
+
+class _OverBudget(BaseException):
+    """A math-verify step used up its CPU time (a BaseException: math-verify and sympy catch
+    ``Exception`` around their own steps, and would swallow it)."""
+
+
+@contextlib.contextmanager
+def _cpu_bound(seconds: float) -> Iterator[None]:
+    """Raise :class:`_OverBudget` once this process has spent ``seconds`` of CPU time in the
+    block (``ITIMER_PROF``: every thread's time counts, which in the main thread's scoring is
+    that thread's). Only in the main thread, where Python runs signal handlers; unbounded
+    where a profiler's timer is armed already."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or not hasattr(signal, "setitimer")
+        or signal.getitimer(signal.ITIMER_PROF)[0] > 0
+    ):
+        yield
+        return
+
+    def over(signum: int, frame: Any) -> None:
+        raise _OverBudget
+
+    previous = signal.signal(signal.SIGPROF, over)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
+
+
 @functools.lru_cache(maxsize=65_536)
 def _parsed_gold(answer: str, timeout: int | None) -> Any:
     # The reference answer is parsed once per distinct answer, not once per completion.
@@ -144,16 +186,23 @@ def math_verify_match(answer: str, got: str, *, answer_only: bool = True) -> flo
     is an extracted answer (``tag``/``last_line``); otherwise a whole completion, from which
     math-verify extracts the last boxed or final expression itself.
 
-    Why the timeout only in the main thread: math-verify bounds sympy with ``signal.alarm``,
-    which raises off the main thread; elsewhere (a thread pool) it runs unbounded."""
+    Each parse and the comparison get :data:`MATH_VERIFY_CPU_S` of CPU time (a runaway sympy
+    computation scores 0), in the main thread only: the bound is a signal timer, and signals
+    reach the main thread alone; elsewhere (a thread pool) it runs unbounded."""
     mv = _math_verify()
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None
-    gold = _parsed_gold(answer, timeout)
-    pred = _parse_math(got, timeout, as_math=answer_only)
-    if not gold or not pred:
-        return 0.0
+    main = threading.current_thread() is threading.main_thread()
+    backstop = _MATH_VERIFY_WALL_S if main else None
     try:
-        ok = mv.verify(gold, pred, timeout_seconds=timeout)
+        with _cpu_bound(MATH_VERIFY_CPU_S):
+            gold = _parsed_gold(answer, backstop)
+        with _cpu_bound(MATH_VERIFY_CPU_S):
+            pred = _parse_math(got, backstop, as_math=answer_only)
+        if not gold or not pred:
+            return 0.0
+        with _cpu_bound(MATH_VERIFY_CPU_S):
+            ok = mv.verify(gold, pred, timeout_seconds=backstop)
+    except _OverBudget:
+        return 0.0
     except Exception:  # model output is arbitrary text: a comparison that fails is no match
         return 0.0
     return 1.0 if ok else 0.0

@@ -168,6 +168,40 @@ def test_math_verify_rejects_wrong_answers(gold, pred):
     assert math_verify_match(gold, pred) == 0.0
 
 
+def test_math_verify_bounds_cpu_time_not_the_wait_for_a_core(monkeypatch):
+    """A parse that waits (as one does for a core on a loaded machine: 0.1 s of CPU took 1.1 s
+    of wall beside six busy processes) still scores; one that computes past the bound scores 0
+    at the bound, and leaves no timer or handler behind."""
+    import signal
+    import time
+
+    mv = pytest.importorskip("math_verify")
+    from harness.tasks import answers
+
+    real = mv.parse
+    monkeypatch.setattr(answers, "MATH_VERIFY_CPU_S", 0.3)
+
+    def waits(text, **kw):
+        time.sleep(0.6)  # twice the bound, in wall time only
+        return real(text, **kw)
+
+    monkeypatch.setattr(mv, "parse", waits)
+    assert math_verify_match("7/2", "3.5") == 1.0
+
+    def spins(text, **kw):
+        end = time.process_time() + 60
+        while time.process_time() < end:  # a runaway expression: cut at 0.3 s of CPU
+            pass
+        raise AssertionError("not cut")
+
+    monkeypatch.setattr(mv, "parse", spins)
+    start = time.process_time()
+    assert math_verify_match("9/2", "4.5") == 0.0
+    assert time.process_time() - start < 30
+    assert signal.getitimer(signal.ITIMER_PROF) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGPROF) == signal.SIG_DFL
+
+
 def test_math_verify_reads_a_whole_completion_as_free_text():
     pytest.importorskip("math_verify")
     assert math_verify_match("42", "so 42", answer_only=False) == 1.0
