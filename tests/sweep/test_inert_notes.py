@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from harness.cli import app
 from harness.config.experiment import load_experiment
 from harness.sweep.present.display import inert_clip_lines
-from harness.sweep.scheduler.estimate import probe_step_seconds
+from harness.sweep.scheduler.estimate import probe_run
 from harness.sweep.scheduler.spec import StudySpec
 
 GRID = """
@@ -80,7 +80,7 @@ def test_the_probe_run_raises_no_warning_of_its_own(tmp_path):
     cfg = StudySpec.from_experiment(spec).cell_config(spec.cells[0].label, 0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert probe_step_seconds(cfg) > 0
+        assert probe_run(cfg).step_s > 0
     assert not [w for w in caught if "clipping is inert" in str(w.message)]
 
 

@@ -59,7 +59,7 @@ def test_a_trial_failed_as_stale_while_it_trained_is_superseded_not_fatal(tmp_pa
         if ends == "error":
             raise RuntimeError("the run failed after its trial was retried elsewhere")
         result = SimpleNamespace(
-            status="completed", reason="", summary={spec.metric: 0.5}, inert_clip=False
+            status="completed", reason="", summary={spec.metric: 0.5}, inert_clip=False, tags={}
         )
         return result, rid
 
