@@ -7,6 +7,7 @@ import inspect
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.storages import BaseStorage, RetryHeartbeatStaleTrialCallback
@@ -68,15 +69,35 @@ def test_stale_trial_is_failed_and_retried_once(tmp_path: Path) -> None:
     assert retry.user_attrs == {"cell": "a", "seed": 0}
 
 
+def _beat_time(study: optuna.Study, trial: optuna.Trial) -> float | None:
+    beat = A.frozen_trial(study, trial).system_attrs.get(A.HEARTBEAT_ATTR)
+    return None if beat is None else float(beat["time"])
+
+
+def _poll(value: Any, done: Any, what: str, bound: float = 120) -> Any:
+    """``value()`` once ``done(value())`` holds, polled; a loaded machine may delay the beat
+    thread by seconds, so the bound is a safety net, not the interval under test."""
+    deadline = time.monotonic() + bound
+    while not done(got := value()):
+        assert time.monotonic() < deadline, f"no {what} within {bound} s"
+        time.sleep(0.05)
+    return got
+
+
 def test_heartbeat_context_beats_while_the_block_runs(tmp_path: Path) -> None:
     storage = make_storage(None, tmp_path, heartbeat_interval=1, grace_period=2)
     study = optuna.create_study(study_name="beat", storage=storage)
     trial = study.ask()
+    assert _beat_time(study, trial) is None  # ask() does not beat: every beat is the thread's
     with A.heartbeat(study, trial):
-        first = A.frozen_trial(study, trial).system_attrs[A.HEARTBEAT_ATTR]["time"]
-        time.sleep(1.6)
-        later = A.frozen_trial(study, trial).system_attrs[A.HEARTBEAT_ATTR]["time"]
-    assert later > first
+        first = _poll(lambda: _beat_time(study, trial), lambda t: t is not None, "first beat")
+        later = _poll(lambda: _beat_time(study, trial), lambda t: t > first, "second beat")
+        beat = A.frozen_trial(study, trial).system_attrs[A.HEARTBEAT_ATTR]
+    assert later > first and beat["trial_id"] == A.trial_id(trial)
+    # Leaving the block joins the thread: no beat lands after it (a sure wait, not a race).
+    last = _beat_time(study, trial)
+    time.sleep(1.5)
+    assert _beat_time(study, trial) == last
 
 
 PRIVATE = re.compile(r"\._storage\b|\._trial_id\b|\._study_id\b|optuna\.storages\._\w+")
