@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import queue as queues
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -129,7 +131,7 @@ def _race_worker(cache_dir: str, barrier, queue) -> None:
     torch.set_num_threads(1)
     tok = build_tokenizer()
     model = build_model(tok, seed=0)
-    barrier.wait(timeout=60)
+    barrier.wait(timeout=600)  # a safety net: the other racer may start minutes later under load
     model, info = cached_warm_start(
         model,
         tok,
@@ -145,6 +147,22 @@ def _race_worker(cache_dir: str, barrier, queue) -> None:
     queue.put((info["trained"], info["key"], weights_digest(model)))
 
 
+def _gather(queue, procs, bound: float = 900) -> list:
+    """One result per racer, as each arrives; fails at once when a racer dies without one. The
+    bound only stops a hang: each racer imports torch and transformers and trains 30 steps,
+    which takes minutes on a loaded 2-core machine."""
+    deadline = time.monotonic() + bound
+    results = []
+    while len(results) < len(procs):
+        try:
+            results.append(queue.get(timeout=0.5))
+        except queues.Empty:
+            died = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            assert not died, f"a racer exited with {died} before its result"
+            assert time.monotonic() < deadline, f"no result from every racer within {bound} s"
+    return results
+
+
 def test_concurrent_processes_train_once_and_share(tmp_path):
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(N_RACERS), ctx.Queue()
@@ -154,9 +172,9 @@ def test_concurrent_processes_train_once_and_share(tmp_path):
     ]
     for p in procs:
         p.start()
-    results = [queue.get(timeout=120) for _ in procs]
+    results = _gather(queue, procs)
     for p in procs:
-        p.join(timeout=60)
+        p.join(timeout=300)
         assert p.exitcode == 0
     assert sorted(r[0] for r in results) == [False] * (N_RACERS - 1) + [True]  # one trained
     assert len({r[1] for r in results}) == 1 and len({r[2] for r in results}) == 1
