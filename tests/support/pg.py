@@ -108,7 +108,9 @@ class PrivatePostgres:
         """Stop the server immediately and delete the cluster; safe to call twice."""
         if (self.data_dir / "postmaster.pid").exists():
             with contextlib.suppress(subprocess.CalledProcessError):
-                self._run("pg_ctl", "-D", str(self.data_dir), "-m", "immediate", "-w", "stop")
+                self._run(
+                    "pg_ctl", "-D", str(self.data_dir), "-m", "immediate", "-w", "-t", "300", "stop"
+                )
         shutil.rmtree(self.root, ignore_errors=True)
 
     def restart(self, down_seconds: float = 0.0) -> None:
@@ -118,7 +120,7 @@ class PrivatePostgres:
         self.start_server()
 
     def stop_server(self) -> None:
-        self._run("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop")
+        self._run("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "-t", "300", "stop")
 
     def start_server(self) -> None:
         self._pg_ctl("start")
@@ -137,7 +139,8 @@ class PrivatePostgres:
         """Create database ``name`` and return its URL (a fresh database isolates a test)."""
         import psycopg2
 
-        conn = psycopg2.connect(self.url_for("postgres"), connect_timeout=5)
+        # A safety net, not a latency check: a loaded machine can take seconds to fork a backend.
+        conn = psycopg2.connect(self.url_for("postgres"), connect_timeout=60)
         try:
             conn.autocommit = True
             with conn.cursor() as cur:
@@ -162,11 +165,13 @@ class PrivatePostgres:
         )
         self._run(
             "pg_ctl", "-D", str(self.data_dir), "-l", str(self.log_file),
-            "-o", options, "-w", "-t", "30", action,
+            "-o", options, "-w", "-t", "300", action,
         )  # fmt: skip
 
     def _run(self, binary: str, *args: str) -> None:
         command = [str(self.bin_dir / binary), *args]
         if self._as_postgres:
             command = ["runuser", "-u", "postgres", "--", *command]
-        subprocess.run(command, check=True, capture_output=True, timeout=60)
+        # pg_ctl -w returns as soon as the server is up (or down); the bounds only stop a hang:
+        # initdb and a start take seconds idle, minutes on a loaded 2-core machine.
+        subprocess.run(command, check=True, capture_output=True, timeout=600)

@@ -57,6 +57,9 @@ class PrivateRayHead:
             f"--metrics-export-port={free_port()}",
             f"--node-manager-port={free_port()}",
             f"--object-manager-port={free_port()}",
+            # Its default, 10001, is shared by every head on the machine: with two pytest
+            # workers (or another session's head) the second one's client server cannot bind.
+            f"--ray-client-server-port={free_port()}",
         ]
         # Loopback only, so no token: Ray 2.5x's token auth keeps one token per user in
         # ~/.ray, which concurrent heads of other sessions would overwrite under us.

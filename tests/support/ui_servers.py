@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def get(url: str, body: dict | None = None) -> dict:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
+    # A bound against a hang only: MLflow's first answers take seconds under load.
+    with urllib.request.urlopen(req, timeout=120) as r:
         return json.loads(r.read())
 
 
@@ -74,9 +75,12 @@ class Served:
 
 
 def start_ui(
-    results: Path, *extra: str, env: dict[str, str] | None = None, timeout: float = 150
+    results: Path, *extra: str, env: dict[str, str] | None = None, timeout: float = 900
 ) -> Served:
-    """`harness ui --start` in the background; returns once both servers answer."""
+    """`harness ui --start` in the background; returns once both servers answer.
+
+    ``timeout`` only stops a hang: `harness ui` itself waits up to its START_TIMEOUT_S for each
+    server in turn, and on a loaded 2-core machine MLflow's start alone can take minutes."""
     port, dash = free_port(), free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness", "ui", "--start", "--port", str(port)]

@@ -53,6 +53,7 @@ MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 # "Model training" one, where runs, grouping and charts live.
 ML_VIEW = "workflowType=machine_learning"
 START_TIMEOUT_S = 180
+LANDING_TIMEOUT_S = 180
 
 
 @dataclass
@@ -166,7 +167,10 @@ def _landing_urls(server: Server) -> list[str]:
             data=json.dumps({"max_results": 100}).encode(),
             headers={"Content-Type": "application/json"},
         )
-        with urllib.request.urlopen(req, timeout=10) as r:
+        # The server answered /health already: this bound only stops a hang. Its first API
+        # answer opens the store and can take tens of seconds on a loaded machine, and a
+        # timeout here would print the generic page instead of each experiment's.
+        with urllib.request.urlopen(req, timeout=LANDING_TIMEOUT_S) as r:
             experiments = json.loads(r.read()).get("experiments", [])
     except (OSError, ValueError):
         experiments = []
