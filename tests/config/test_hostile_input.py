@@ -439,7 +439,9 @@ def test_available_memory_sees_the_address_space_limit():
         preexec_fn=cap,
         capture_output=True,
         text=True,
-        timeout=60,
+        # Against a hang only: the child imports torch (9 s idle, past 60 s beside six busy
+        # processes); run() returns as soon as it has printed.
+        timeout=600,
         check=True,
     ).stdout.strip()
     n, r, why = out.split("|")

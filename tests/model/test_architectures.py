@@ -121,7 +121,7 @@ def test_too_long_cli_exits_2_with_one_line_and_writes_nothing(hf_dirs, tmp_path
         + ["--set", f"model={hf_dirs['gpt2']}", "--set", "rollout.max_new_tokens=140"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,  # against a hang only: a harness start takes 9 s idle, 30 s and more loaded
     )
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]

@@ -200,7 +200,7 @@ def test_two_coordinators_reporting_at_once_both_succeed(tmp_path: Path) -> None
     for p in procs:
         p.start()
     for p in procs:
-        p.join(300)
+        p.join(900)  # against a hang only: 12 s idle, 100 s beside other busy processes
     assert [p.exitcode for p in procs] == [0, 0]
     found = []
     while not errors.empty():
