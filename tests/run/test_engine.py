@@ -260,7 +260,9 @@ def test_harness_run_with_the_engine_logs_real_mismatch(tmp_path):
     res = run(cfg, results_dir=tmp_path)
     assert res.status == "completed", res.reason
     h = res.history
-    assert all(v > 0 for v in h["perf/weight_sync_s"])
+    # One copy per weight version: a step sampled from a snapshot already loaded copies nothing.
+    syncs = h["perf/weight_sync_s"]
+    assert all(v >= 0 for v in syncs) and sum(v > 0 for v in syncs) >= 1
     for step in range(3):
         assert math.isfinite(h["mismatch/kl_k3"][step])
         total = h["mismatch/kl_k1"][step]
