@@ -193,15 +193,20 @@ READY = {ready!r}
 def examples():
     return [{{"prompt": f"{{i}}=", "answer": str(i)}} for i in range(40)]
 
+def _worker_pid():
+    # A reward runs in the reward process's runner, a child of its keeper, which is a child of
+    # the sweep worker: the worker is the parent's parent.
+    with open(f"/proc/{{os.getppid()}}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
 def first_waits(prompt, completion, answer):
-    # The first call of the whole sweep claims READY (with its worker's pid: a reward runs in a
-    # child process of the worker) and waits there for ever: the test acts on a worker known to
-    # be mid-trial. Every other call returns at once.
+    # The first call of the whole sweep claims READY (with its worker's pid) and waits there for
+    # ever: the test acts on a worker known to be mid-trial. Every other call returns at once.
     try:
         fd = os.open(READY, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     except FileExistsError:
         return float(completion == answer)
-    os.write(fd, str(os.getppid()).encode())
+    os.write(fd, str(_worker_pid()).encode())
     os.close(fd)
     while True:
         time.sleep(0.05)
