@@ -50,7 +50,7 @@ from harness.config.experiment_schema import (
     SearchSpec,
 )
 from harness.config.probe_scope import shared_probes
-from harness.core.configtools import ConfigError, from_dict, is_config_path, to_dict
+from harness.core.configtools import ConfigError, from_dict, is_config_path, level_str, to_dict
 
 __all__ = ["Cell", "ExperimentSpec", "SearchParam", "SearchSpec", "cell_label", "load_experiment"]
 
@@ -100,16 +100,6 @@ class ExperimentSpec:
         return hashlib.sha256(blob).hexdigest()[:12]
 
 
-def _fmt_value(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:g}"
-    if v is None:
-        return "none"
-    if isinstance(v, dict):
-        return "{" + ",".join(f"{k}:{_fmt_value(x)}" for k, x in v.items()) + "}"
-    return str(v)
-
-
 def _short(axis: str, axes: list[str]) -> str:
     """Shortest dotted suffix of ``axis`` that is unique among the axes."""
     parts = axis.split(".")
@@ -121,7 +111,7 @@ def _short(axis: str, axes: list[str]) -> str:
 
 
 def cell_label(choice: dict[str, Any], axes: list[str]) -> str:
-    return " ".join(f"{_short(a, axes)}={_fmt_value(v)}" for a, v in choice.items())
+    return " ".join(f"{_short(a, axes)}={level_str(v)}" for a, v in choice.items())
 
 
 def _err(file: str, key: str, msg: str) -> ConfigError:

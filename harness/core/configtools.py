@@ -526,3 +526,16 @@ def declared_fields(cls: type) -> dict[str, tuple[Any, Any]]:
 def field_help(cls: type) -> dict[str, str]:
     """Flattened dotted path → help string for every field of a config tree."""
     return {path: f.metadata.get("help", "") for path, _, f, _ in _leaves(cls)}
+
+
+def level_str(v: object) -> str:
+    """A grid level as the cell labels spell it: floats in ``%g``, None as ``none``, a mapping
+    as ``{key:value,...}``, anything else ``str()`` (``kl_coef=0``, not JSON's ``0.0``).  The
+    labels, the search's parameter names and the report's factor effects all spell levels so."""
+    if isinstance(v, float):
+        return f"{v:g}"
+    if v is None:
+        return "none"
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k}:{level_str(x)}" for k, x in v.items()) + "}"
+    return str(v)

@@ -58,19 +58,6 @@ def _fmt_duration(seconds: float) -> str:
     return f"{seconds:.1f} s"
 
 
-def level_str(v: object) -> str:
-    """A grid level spelled as the cell labels spell it (``harness.config.experiment``): floats
-    in ``%g``, None as ``none``, a mapping as ``{key:value,...}``, anything else ``str()``, so
-    a factor effect reads ``kl_coef=0`` where the cells say ``kl_coef=0``, not JSON's ``0.0``."""
-    if isinstance(v, float):
-        return f"{v:g}"
-    if v is None:
-        return "none"
-    if isinstance(v, dict):
-        return "{" + ",".join(f"{k}:{level_str(x)}" for k, x in v.items()) + "}"
-    return str(v)
-
-
 def value_str(v: Any) -> str:
     """A configuration value or a grid level as exact text: a string as it is, anything else in
     JSON (``str()`` where JSON cannot write it).  Hashable, so it also keys a level (lists and

@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from harness.core.configtools import level_str
 from harness.report.configview import held_fixed, study_has_mismatch, varied_keys
 from harness.report.factors import study_effects
-from harness.report.format import _code, fmt, level_str, value_str
+from harness.report.format import _code, fmt, value_str
 from harness.report.render import RANKING_HEADER, _Doc, _ranking_cells
 from harness.report.scores import (
     MIN_COLLAPSE_PEAK,

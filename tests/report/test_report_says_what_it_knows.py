@@ -17,10 +17,10 @@ from markdown_it import MarkdownIt
 from matplotlib.text import Text
 
 from harness.config.experiment import cell_label
+from harness.core.configtools import level_str
 from harness.metrics.stability import summarize_run
 from harness.report import build_report, conclusion, ranking, warnings_for
 from harness.report import progress as rp
-from harness.report.format import level_str
 from harness.report.header import seeds_text
 from harness.report.plots import plain
 from harness.report.render import _Doc, md_safe

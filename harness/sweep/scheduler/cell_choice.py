@@ -10,8 +10,8 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from harness.config.experiment import ExperimentSpec, _fmt_value
-from harness.core.configtools import ConfigError, parse_override
+from harness.config.experiment import ExperimentSpec
+from harness.core.configtools import ConfigError, level_str, parse_override
 from harness.sweep.scheduler.results import load_study_data
 from harness.sweep.scheduler.spec import StudySpec
 from harness.sweep.scheduler.study import best_point
@@ -23,7 +23,7 @@ def _tokens(text: str) -> dict[str, str]:
     out = {}
     for tok in text.split():
         key, value = parse_override(tok)
-        out[key] = _fmt_value(value)
+        out[key] = level_str(value)
     return out
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import optuna
 from optuna.distributions import CategoricalDistribution
 
-from harness.config.experiment import _fmt_value
+from harness.core.configtools import level_str
 from harness.core.db import with_retries
 from harness.sweep.scheduler.spec import StudySpec
 from harness.sweep.stores.optuna_adapter import frozen_trial, storage_of, trial_id
@@ -31,7 +31,7 @@ from harness.sweep.stores.optuna_adapter import frozen_trial, storage_of, trial_
 def param_value(value: Any) -> str | int | float:
     """An axis value as an Optuna categorical choice: numbers stay numbers, the rest text."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        return _fmt_value(value)
+        return level_str(value)
     return value
 
 
