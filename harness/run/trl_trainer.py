@@ -23,6 +23,7 @@ import random
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any, Unpack
 
 import torch
@@ -70,7 +71,7 @@ def run_trl(cfg: RunConfig, **hooks: Unpack[Hooks]) -> RunResult:
 def grpo_steps(run: Run, grpo_config: dict[str, Any]) -> None:
     """``GRPOTrainer.train()`` on the scaffold's warm-started policy, one generation cycle per
     harness step; ``grpo_config`` is :func:`harness.peers.trl.grpo_kwargs` of ``run.cfg``."""
-    cfg, task = run.cfg, run.task
+    cfg = run.cfg
     run.tags["trainer"] = "trl"
     approx = approximations(cfg)
     if approx:
@@ -78,14 +79,66 @@ def grpo_steps(run: Run, grpo_config: dict[str, Any]) -> None:
 
     # The harness loop's prompts, step by step, in order.
     rng = random.Random(cfg.seed)
-    examples = [e for _ in range(cfg.steps) for e in task.sample(rng, cfg.rollout.prompts_per_step)]
+    examples = [
+        e for _ in range(cfg.steps) for e in run.task.sample(rng, cfg.rollout.prompts_per_step)
+    ]
     data = Dataset.from_dict(
         {"prompt": [e.prompt for e in examples], "idx": list(range(len(examples)))}
     )
+    cycles = _Cycles(run)
+    reward = _reward_function(run, examples, cycles.raw_rewards)
+
+    hf_logging.set_verbosity_error()
+    logging.getLogger("trl").setLevel(logging.ERROR)
+    with contextlib.ExitStack() as stack:
+        out_dir = stack.enter_context(tempfile.TemporaryDirectory())
+        stack.enter_context(warnings.catch_warnings())
+        warnings.simplefilter("ignore")
+        run.tags["sampler"] = (
+            "TRL's colocated vLLM engine"
+            if cfg.rollout.sampler_backend == "vllm"
+            else "TRL's generate (transformers)"
+        )
+        if cfg.rollout.sampler_backend == "vllm":
+            # TRL's own colocated engine (harness/run/trl_engine.py): the process set up for
+            # it while the trainer lives, undone whatever ends the run.
+            cycles.engine = stack.enter_context(colocated_engine(run))
+        args = GRPOConfig(
+            output_dir=out_dir,
+            use_cpu=run.device.type == "cpu",
+            report_to="none",
+            logging_steps=1,
+            save_strategy="no",
+            shuffle_dataset=False,
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+            **grpo_config,
+        )
+        trainer = _Trainer(
+            model=run.model,
+            reward_funcs=reward,
+            args=args,
+            train_dataset=data,
+            processing_class=run.tokenizer,
+            callbacks=[_Bridge(cycles)],
+        )
+        trainer.cycles = cycles
+        # With tqdm off, HF prints every log dict to stdout; the harness reports through callbacks.
+        trainer.remove_callback(PrinterCallback)
+        if cycles.engine is not None:
+            stack.callback(shutdown, trainer.vllm_generation)
+            cycles.engine.install_sync(trainer.vllm_generation)
+        trainer.train()  # a Diverged raised in a callback ends it: the scaffold records it
+
+
+def _reward_function(
+    run: Run, examples: list[Any], raw_rewards: list[list[float]]
+) -> Callable[..., list[float | None]]:
+    """The reward function handed to TRL: the task's scores of ``examples[idx]`` (appended to
+    ``raw_rewards``, one list per generation cycle), with AReaL's overlong penalty and the
+    reward shaping of ``run.cfg``."""
+    cfg, task = run.cfg, run.task
     p = cfg.ppo
-    per_cycle = p.ppo_n_minibatches * p.ppo_epochs
-    n_samples = cfg.rollout.n_samples
-    raw_rewards: list[list[float]] = []  # per generation cycle, the task's unshaped scores
 
     def reward(
         prompts: list[str],
@@ -117,116 +170,96 @@ def grpo_steps(run: Run, grpo_config: dict[str, Any]) -> None:
         return shaped.tolist()
 
     reward.__name__ = f"task_{cfg.task.split(':')[0]}"
+    return reward
 
-    gen_stats: list[dict[str, float]] = []
-    engine: ColocatedEngine | None = None  # TRL's engine, with rollout.sampler_backend: vllm
 
-    class _Trainer(GRPOTrainer):  # type: ignore[misc]
-        def _generate_and_score_completions(self, inputs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                out = super()._generate_and_score_completions(inputs)
-            except RuntimeError as err:
-                what = _sampling_divergence(err, self.model)
-                if what is None:  # out of memory, a device or library error: an error
-                    raise
-                raise Diverged(run.steps_done, what) from None
-            m = out["completion_mask"].bool()
-            adv = out["advantages"].unsqueeze(1).expand_as(m)[m].float()
-            gen_stats.append(
-                {
-                    "time": time.perf_counter() - t0,
-                    "tokens": float(m.sum()),
-                    "advantages/mean": float(adv.mean()) if adv.numel() else 0.0,
-                    "advantages/std": float(adv.std()) if adv.numel() > 1 else 0.0,
-                    "advantages/abs_max": float(adv.abs().max()) if adv.numel() else 0.0,
-                }
-            )
-            return out
+class _Cycles:
+    """The bookkeeping of TRL's generation cycles: each one's generation statistics, raw
+    rewards and optimizer-step logs, recorded as one harness step when the cycle ends."""
 
-    cycle_logs: list[dict[str, float]] = []  # TRL's logs of the current generation cycle
-    t_cycle = [0.0]  # when the current cycle began (the previous one's bookkeeping excluded)
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.per_cycle = run.cfg.ppo.ppo_n_minibatches * run.cfg.ppo.ppo_epochs
+        self.raw_rewards: list[list[float]] = []  # per generation cycle, the task's raw scores
+        self.gen_stats: list[dict[str, float]] = []
+        self.logs: list[dict[str, float]] = []  # TRL's logs of the current generation cycle
+        self.started = 0.0  # when the current cycle began (the previous one's bookkeeping excluded)
+        self.engine: ColocatedEngine | None = None  # TRL's engine, with sampler_backend: vllm
 
-    def end_of_cycle(trainer_model: torch.nn.Module) -> bool:
+    def end(self, trainer_model: torch.nn.Module) -> bool:
         """Record one harness step; True when training must stop."""
+        run = self.run
         step = run.steps_done
         if not params_finite(trainer_model):
             raise Diverged(step, "non-finite policy parameters after the update")
         # The step's time runs from the end of the previous cycle's bookkeeping (evaluation
         # excluded, as in the harness loop) to TRL's log of its last optimizer step.
-        step_time = time.perf_counter() - t_cycle[0]
-        g = gen_stats[-1] if gen_stats else {}
-        metrics = _cycle_metrics(cycle_logs, raw_rewards[-1] if raw_rewards else [], g, n_samples)
+        step_time = time.perf_counter() - self.started
+        g = self.gen_stats[-1] if self.gen_stats else {}
+        scores = self.raw_rewards[-1] if self.raw_rewards else []
+        metrics = _cycle_metrics(self.logs, scores, g, run.cfg.rollout.n_samples)
         metrics["perf/step_time"] = step_time
         metrics["perf/rollout_time"] = g.get("time", math.nan)
         metrics["perf/update_time"] = step_time - g.get("time", 0.0)
         metrics["perf/tokens_per_sec"] = g.get("tokens", 0.0) / step_time if step_time > 0 else 0.0
-        if engine is not None:
-            metrics["perf/weight_sync_s"] = engine.pop_sync_seconds()
-        n_updates, n_bad = len(cycle_logs), metrics["stability/nonfinite_count"]
-        cycle_logs.clear()
+        if self.engine is not None:
+            metrics["perf/weight_sync_s"] = self.engine.pop_sync_seconds()
+        n_updates, n_bad = len(self.logs), metrics["stability/nonfinite_count"]
+        self.logs.clear()
         if run.eval_due(step):
             metrics.update(run.evaluate(trainer_model))
         run.record(step, metrics, all_updates_nonfinite=bool(n_updates) and n_bad == n_updates)
-        t_cycle[0] = time.perf_counter()
-        return run.steps_done < cfg.steps and run.stop_requested(run.steps_done)
+        self.started = time.perf_counter()
+        return run.steps_done < run.cfg.steps and run.stop_requested(run.steps_done)
 
-    class _Bridge(TrainerCallback):  # type: ignore[misc]
-        """Collects TRL's per-optimizer-step logs; the last one of a cycle closes the step."""
 
-        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-            t_cycle[0] = time.perf_counter()
-            if run.stop_requested(0):
-                control.should_training_stop = True
+class _Trainer(GRPOTrainer):  # type: ignore[misc]
+    """TRL's trainer with each generation timed and its advantages summarised into
+    ``cycles.gen_stats``; a sampling failure of a diverged policy ends the run as diverged."""
 
-        def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-            logs = kwargs.get("logs")
-            if not logs or "train_runtime" in logs:  # the end-of-training summary
-                return
-            cycle_logs.append(dict(logs))
-            if state.global_step % per_cycle == 0 and end_of_cycle(kwargs["model"]):
-                control.should_training_stop = True
+    cycles: _Cycles  # set right after construction, before training starts
 
-    hf_logging.set_verbosity_error()
-    logging.getLogger("trl").setLevel(logging.ERROR)
-    with contextlib.ExitStack() as stack:
-        out_dir = stack.enter_context(tempfile.TemporaryDirectory())
-        stack.enter_context(warnings.catch_warnings())
-        warnings.simplefilter("ignore")
-        run.tags["sampler"] = (
-            "TRL's colocated vLLM engine"
-            if cfg.rollout.sampler_backend == "vllm"
-            else "TRL's generate (transformers)"
+    def _generate_and_score_completions(self, inputs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            out = super()._generate_and_score_completions(inputs)
+        except RuntimeError as err:
+            what = _sampling_divergence(err, self.model)
+            if what is None:  # out of memory, a device or library error: an error
+                raise
+            raise Diverged(self.cycles.run.steps_done, what) from None
+        m = out["completion_mask"].bool()
+        adv = out["advantages"].unsqueeze(1).expand_as(m)[m].float()
+        self.cycles.gen_stats.append(
+            {
+                "time": time.perf_counter() - t0,
+                "tokens": float(m.sum()),
+                "advantages/mean": float(adv.mean()) if adv.numel() else 0.0,
+                "advantages/std": float(adv.std()) if adv.numel() > 1 else 0.0,
+                "advantages/abs_max": float(adv.abs().max()) if adv.numel() else 0.0,
+            }
         )
-        if cfg.rollout.sampler_backend == "vllm":
-            # TRL's own colocated engine (harness/run/trl_engine.py): the process set up for
-            # it while the trainer lives, undone whatever ends the run.
-            engine = stack.enter_context(colocated_engine(run))
-        args = GRPOConfig(
-            output_dir=out_dir,
-            use_cpu=run.device.type == "cpu",
-            report_to="none",
-            logging_steps=1,
-            save_strategy="no",
-            shuffle_dataset=False,
-            disable_tqdm=True,
-            dataloader_num_workers=0,
-            **grpo_config,
-        )
-        trainer = _Trainer(
-            model=run.model,
-            reward_funcs=reward,
-            args=args,
-            train_dataset=data,
-            processing_class=run.tokenizer,
-            callbacks=[_Bridge()],
-        )
-        # With tqdm off, HF prints every log dict to stdout; the harness reports through callbacks.
-        trainer.remove_callback(PrinterCallback)
-        if engine is not None:
-            stack.callback(shutdown, trainer.vllm_generation)
-            engine.install_sync(trainer.vllm_generation)
-        trainer.train()  # a Diverged raised in a callback ends it: the scaffold records it
+        return out
+
+
+class _Bridge(TrainerCallback):  # type: ignore[misc]
+    """Collects TRL's per-optimizer-step logs; the last one of a cycle closes the step."""
+
+    def __init__(self, cycles: _Cycles) -> None:
+        self.cycles = cycles
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self.cycles.started = time.perf_counter()
+        if self.cycles.run.stop_requested(0):
+            control.should_training_stop = True
+
+    def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        logs = kwargs.get("logs")
+        if not logs or "train_runtime" in logs:  # the end-of-training summary
+            return
+        self.cycles.logs.append(dict(logs))
+        if state.global_step % self.cycles.per_cycle == 0 and self.cycles.end(kwargs["model"]):
+            control.should_training_stop = True
 
 
 def _cycle_metrics(
