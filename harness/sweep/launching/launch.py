@@ -130,36 +130,79 @@ def run_workers(
     which the heartbeat then finds stale and retries.  A worker's ``fatal`` event (a full disk)
     asks all workers to stop; ``counts["fatal"]`` says how many sent one.
     """
-    counts = {
-        "completed": 0,
-        "diverged": 0,
-        "pruned": 0,
-        "error": 0,
-        "interrupted": 0,
-        "fatal": 0,
-        "died": 0,
-        "killed": 0,
-    }
     grace = stop_grace_s()
     progress = SweepProgress(n_workers, total=total, done=done_before)
+    c = _Coordinator(launcher, progress, fail_fast, on_event, show_progress, say)
     signals = StopSignals(launcher)
-    held: dict[int, dict[str, Any]] = {}  # worker -> the trial it is running
-    pids: dict[int, int] = {}
-    stop_asked: list[float] = []  # when a stop was first asked (not by a signal)
-    killed = False
+    try:
+        with signals, progress if show_progress else nullcontext():
+            launcher.start(n_workers, opts, resources)
+            first_signal: float | None = None
+            killed = False
+            while True:
+                batch = launcher.events(0.25)
+                for e in batch:
+                    c.handle(e)
+                if signals.count and first_signal is None:
+                    first_signal = time.monotonic()
+                    c.line(
+                        f"{signals.names[0]}: stopping the workers (waiting at most {grace:g} s "
+                        "for them to finish their step; a second signal kills them now)"
+                    )
+                asked = [t for t in (first_signal, *c.stop_asked) if t is not None]
+                if not killed and launcher.running():
+                    if signals.count >= 2:
+                        c.kill_stragglers(f"second {signals.names[1]}")
+                        killed = True
+                    elif asked and time.monotonic() - min(asked) > grace:
+                        c.kill_stragglers(f"still running {grace:g} s after the stop was asked")
+                        killed = True
+                if not batch and not launcher.running():
+                    for e in launcher.events(0.05):  # anything sent just before the exit
+                        c.handle(e)
+                    break
+    finally:
+        launcher.close()
+    c.counts["interrupted_by_user"] = int(signals.interrupted)
+    return c.counts
 
-    def line(text: str) -> None:
-        if show_progress:
-            progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
-        elif say is not None:
-            say(text)
 
-    def ask_stop() -> None:
-        if not stop_asked:
-            stop_asked.append(time.monotonic())
-        launcher.request_stop()
+class _Coordinator:
+    """What ``run_workers`` knows of its workers while they run: the outcome counts, the trial
+    each worker holds and its process, and when a stop was first asked (not by a signal)."""
 
-    def handle(e: Event) -> None:
+    def __init__(
+        self,
+        launcher: Launcher,
+        progress: SweepProgress,
+        fail_fast: bool,
+        on_event: Callable[[Event], None] | None,
+        show_progress: bool,
+        say: Callable[[str], None] | None,
+    ) -> None:
+        self.launcher, self.progress, self.fail_fast = launcher, progress, fail_fast
+        self.on_event, self.show_progress, self.say = on_event, show_progress, say
+        self.counts = dict.fromkeys(
+            ("completed", "diverged", "pruned", "error", "interrupted", "fatal", "died", "killed"),
+            0,
+        )
+        self.held: dict[int, dict[str, Any]] = {}  # worker -> the trial it is running
+        self.pids: dict[int, int] = {}
+        self.stop_asked: list[float] = []  # when a stop was first asked (not by a signal)
+
+    def line(self, text: str) -> None:
+        if self.show_progress:
+            self.progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        elif self.say is not None:
+            self.say(text)
+
+    def ask_stop(self) -> None:
+        if not self.stop_asked:
+            self.stop_asked.append(time.monotonic())
+        self.launcher.request_stop()
+
+    def handle(self, e: Event) -> None:
+        counts, held, pids = self.counts, self.held, self.pids
         w = e.get("worker", 0)
         old, new = pids.get(w), e.get("pid")
         if e["event"] in ("start", "exit") and w in held and old and new and new != old:
@@ -167,7 +210,7 @@ def run_workers(
             # us: a new process of that worker (taking a trial, or finding none left) while the
             # old one held a trial is the old one's death.
             counts["died"] += 1
-            line(
+            self.line(
                 f"worker {w} (pid {old}) died while running {_held(held.pop(w))} and was "
                 f"restarted as pid {new}; the trial is retried once its heartbeat goes stale"
             )
@@ -183,66 +226,36 @@ def run_workers(
                 "once its heartbeat goes stale (by another worker, or by running the same "
                 "command again)"
             )
-            line(e["line"])
-        if show_progress:
-            progress.handle(e)
-        if on_event is not None:
-            on_event(e)
+            self.line(e["line"])
+        if self.show_progress:
+            self.progress.handle(e)
+        if self.on_event is not None:
+            self.on_event(e)
         if e["event"] == "done":
             held.pop(w, None)
             counts[e["outcome"]] = counts.get(e["outcome"], 0) + 1
-            if fail_fast and e["outcome"] == "error":
-                ask_stop()
+            if self.fail_fast and e["outcome"] == "error":
+                self.ask_stop()
         elif e["event"] == "crash":
             counts["error"] += 1
             held.pop(w, None)  # dead: its trial is the heartbeat's to recover, not ours to kill
         elif e["event"] == "fatal":  # a full disk: every other worker would hit it too
             counts["fatal"] += 1
-            ask_stop()
+            self.ask_stop()
         elif e["event"] == "exit":
             held.pop(w, None)
 
-    def kill_stragglers(why: str) -> None:
-        alive = launcher.running()
-        launcher.terminate()
-        for w in sorted(held):
-            counts["killed"] += 1
-            e = {"event": "killed", "worker": w, **held[w], "reason": why}
-            line(
-                f"worker {w} (pid {pids.get(w, '?')}) killed: {why}; it was running {_held(held[w])}"
+    def kill_stragglers(self, why: str) -> None:
+        alive = self.launcher.running()
+        self.launcher.terminate()
+        for w in sorted(self.held):
+            self.counts["killed"] += 1
+            e = {"event": "killed", "worker": w, **self.held[w], "reason": why}
+            self.line(
+                f"worker {w} (pid {self.pids.get(w, '?')}) killed: {why}; "
+                f"it was running {_held(self.held[w])}"
             )
-            if on_event is not None:
-                on_event(e)
-        if alive and not held:
-            line(f"{alive} worker(s) killed: {why}")
-
-    try:
-        with signals, progress if show_progress else nullcontext():
-            launcher.start(n_workers, opts, resources)
-            first_signal: float | None = None
-            while True:
-                batch = launcher.events(0.25)
-                for e in batch:
-                    handle(e)
-                if signals.count and first_signal is None:
-                    first_signal = time.monotonic()
-                    line(
-                        f"{signals.names[0]}: stopping the workers (waiting at most {grace:g} s "
-                        "for them to finish their step; a second signal kills them now)"
-                    )
-                asked = [t for t in (first_signal, *stop_asked) if t is not None]
-                if not killed and launcher.running():
-                    if signals.count >= 2:
-                        kill_stragglers(f"second {signals.names[1]}")
-                        killed = True
-                    elif asked and time.monotonic() - min(asked) > grace:
-                        kill_stragglers(f"still running {grace:g} s after the stop was asked")
-                        killed = True
-                if not batch and not launcher.running():
-                    for e in launcher.events(0.05):  # anything sent just before the exit
-                        handle(e)
-                    break
-    finally:
-        launcher.close()
-    counts["interrupted_by_user"] = int(signals.interrupted)
-    return counts
+            if self.on_event is not None:
+                self.on_event(e)
+        if alive and not self.held:
+            self.line(f"{alive} worker(s) killed: {why}")
