@@ -190,10 +190,37 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+_NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+_RESOLVER = yaml.resolver.Resolver()
+
+
+def _quoted_number(value: Any, tp: Any) -> str:
+    """'a number' / 'an integer' when ``value`` is text that YAML reads, unquoted, as a number and
+    ``tp`` takes a number but not that text; '' otherwise.
+
+    The one rule for every number field (run config, experiment file, ``--set``, task options):
+    a number is written as a number.  ``"10"`` is a string in a file and in ``--set k='"10"'``,
+    and refused; ``--set k=10`` is parsed as YAML and is the number.  Text YAML itself leaves a
+    string goes on to ``float()``: PyYAML (YAML 1.1) reads ``1e-3`` (an exponent without a dot)
+    as text, and it is the number YAML 1.2 reads."""
+    if not isinstance(value, str):
+        return ""
+    args = set(get_args(tp)) if get_origin(tp) in (Union, types.UnionType) else {tp}
+    if str in args or any(get_origin(a) is Literal and value in get_args(a) for a in args):
+        return ""
+    kind = "a number" if float in args else "an integer" if int in args else ""
+    tag = _RESOLVER.resolve(yaml.ScalarNode, value, (True, False)) if kind else ""  # type: ignore[no-untyped-call]
+    return kind if tag in _NUMBER_TAGS else ""
+
+
 def _convert(value: Any, tp: Any, path: str) -> Any:
     origin = get_origin(tp)
     if tp is Any:
         return value
+    if number := _quoted_number(value, tp):
+        raise BadValue(
+            f"{path}: must be {number}, not a string; got {value!r} (write it without quotes)"
+        )
     if origin is Annotated:  # Annotated[int, meta(...)]: a declared range for a list item
         inner, md = get_args(tp)[:2]
         return check_value(value, inner, md, path)
@@ -240,7 +267,8 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         if isinstance(value, str):
-            # YAML 1.1 reads "1e-3" (no dot) as a string; accept what Python reads as a number.
+            # YAML 1.1 reads "1e-3" (no dot) as a string; accept what Python reads as a number
+            # (text YAML reads as a number was refused above: it was quoted).
             try:
                 return float(value)
             except ValueError:

@@ -40,7 +40,6 @@ from harness.core import limits
 from harness.core.configtools import ConfigError, check_value, meta
 from harness.tasks.answers import TASKS_EXTRA, AnswerSpec
 from harness.tasks.base import Example, draw_keys
-from harness.tasks.registry import check_option
 
 # Options the harness reads itself (beside the generator's config fields).
 HARNESS_OPTIONS = ("answer_format", "eval_size", "format_weight", "think")
@@ -113,7 +112,7 @@ def _check_field(value: Any, tp: Any, path: str) -> Any:
     if tp is int:
         return check_value(value, int, meta("", ge=-_INT_BOUND, le=_INT_BOUND), path)
     if tp in (float, bool, str) or origin is typing.Literal:
-        return check_option(value, tp, {}, path)
+        return check_value(value, tp, {}, path)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in get_args(tp) if a is not type(None)]
         if value is None and len(args) < len(get_args(tp)):

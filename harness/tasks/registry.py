@@ -19,15 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
-from harness.core.configtools import ConfigError, check_value
+from harness.core.configtools import check_value
 from harness.tasks.base import Task
 
 
@@ -39,7 +36,7 @@ class TaskOptions:
     def __post_init__(self) -> None:
         hints = declared_types(type(self))
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            value = check_option(getattr(self, f.name), hints[f.name], f.metadata, _path(f.name))
+            value = check_value(getattr(self, f.name), hints[f.name], f.metadata, _path(f.name))
             object.__setattr__(self, f.name, value)  # frozen blocks too: the converted value
 
     def values(self) -> dict[str, Any]:
@@ -49,39 +46,6 @@ class TaskOptions:
 
 def _path(name: str) -> str:
     return f"task_options.{name}"
-
-
-_NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
-_RESOLVER = yaml.resolver.Resolver()
-
-
-def check_option(value: Any, tp: Any, md: Any, path: str) -> Any:
-    """``check_value`` for one task option, with one rule more: a number field refuses a number
-    written as a string (``reward_timeout_s: "10"``), as an integer field always did.
-
-    A string is still read as a number where YAML itself leaves the unquoted text a string: YAML
-    1.1 reads ``1e-3`` (an exponent without a dot) as text, and the harness's other number
-    fields accept it for that reason."""
-    number = _number_kind(tp)
-    if isinstance(value, str) and number and _yaml_number(value):
-        raise ConfigError(
-            f"{path}: must be {number}, not a string; got {value!r} (write it without quotes)"
-        )
-    return check_value(value, tp, md, path)
-
-
-def _number_kind(tp: Any) -> str:
-    """'a number' for a field that takes a float, 'an integer' for one that takes only an int,
-    '' for any other."""
-    union = typing.get_origin(tp) in (typing.Union, types.UnionType)
-    args = set(typing.get_args(tp)) if union else {tp}
-    return "a number" if float in args else "an integer" if int in args else ""
-
-
-def _yaml_number(text: str) -> bool:
-    """Whether YAML reads ``text``, unquoted, as an integer or a float."""
-    tag = _RESOLVER.resolve(yaml.ScalarNode, text, (True, False))  # type: ignore[no-untyped-call]
-    return tag in _NUMBER_TAGS
 
 
 _TYPES: dict[type, dict[str, Any]] = {}
@@ -154,7 +118,7 @@ class TaskSource:
         for name, value in options.items():  # the user's order: the first bad one is named
             if name in declared:
                 md = self.options.__dataclass_fields__[name].metadata  # type: ignore[attr-defined]
-                checked[name] = check_option(value, hints[name], md, _path(name))
+                checked[name] = check_value(value, hints[name], md, _path(name))
         block = self.options(**checked)
         if self.further:
             rest = {k: v for k, v in options.items() if k not in declared}
@@ -265,7 +229,6 @@ __all__ = [
     "TaskSource",
     "allowed_forms",
     "build_task",
-    "check_option",
     "declared_types",
     "field_help",
     "lookup",

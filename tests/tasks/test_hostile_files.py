@@ -445,10 +445,10 @@ def test_a_number_option_given_as_a_string_is_one_line(setting, expect, tmp_path
 def test_an_exponent_yaml_leaves_as_text_is_still_a_number(tmp_path):
     """YAML 1.1 reads ``1e1`` (no dot) as a string; every number field accepts it as the number,
     and a task option does too."""
+    from harness.core.configtools import check_value
     from harness.tasks import get_task
-    from harness.tasks.registry import check_option
 
-    assert check_option("1e1", float, {}, "task_options.reward_timeout_s") == 10.0
+    assert check_value("1e1", float, {}, "task_options.reward_timeout_s") == 10.0
     mod = tmp_path / "m.py"
     mod.write_text(
         "def score(prompt, completion, answer):\n    return 0.0\n\n\n"
