@@ -185,33 +185,13 @@ def cached_warm_start(
     root = Path(cache_dir)
     root.mkdir(parents=True, exist_ok=True)
     weights = root / f"{key}.safetensors"
-    meta_path = root / f"{key}.json"
-    device = str(next(model.parameters()).device)
-
-    def from_cache() -> dict[str, Any]:
-        st.load_model(model, weights, strict=True, device=device)
-        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-        return {**meta.get("result", {}), "key": key, "path": str(weights), "trained": False}
 
     if weights.exists():  # published files are complete: os.replace is atomic
-        return model, from_cache()
+        return model, _load_cached(model, root, key)
     with open(root / f"{key}.lock", "a+") as lock:
-        # Released when the file closes, or by the kernel if this process dies; a live holder is
-        # training the same warm start, which takes minutes, so the bound is generous.
-        wait_flock(
-            lock.fileno(),
-            timeout_s=WARM_START_LOCK_S,
-            what=f"warm-start cache {root / key}",
-            logger=_logger,
-            hint="another run is training the same warm start and has not finished",
-        )
-        try:
-            os.ftruncate(lock.fileno(), 0)
-            os.pwrite(lock.fileno(), (holder_record() + "\n").encode(), 0)
-        except OSError:
-            pass  # the record only names the holder in a waiter's message
+        _hold_lock(lock.fileno(), root / key)
         if weights.exists():
-            return model, from_cache()
+            return model, _load_cached(model, root, key)
         result = warm_start(
             model,
             tokenizer,
@@ -222,19 +202,51 @@ def cached_warm_start(
             seed=seed,
             chat_template=chat_template,
         )
-        tmp = root / f".{key}.{os.getpid()}.tmp"
-        meta_tmp = root / f".{key}.{os.getpid()}.json.tmp"
-        record = {"key_parts": parts, "result": result}
-        try:
-            meta_tmp.write_text(json.dumps(record, indent=2, default=str))
-            st.save_model(model, str(tmp), metadata={"key": key})
-            os.replace(meta_tmp, meta_path)  # metadata first: whoever sees weights sees it too
-            os.replace(tmp, weights)
-        except BaseException:  # a full disk: leave no half-written file taking up the space
-            tmp.unlink(missing_ok=True)
-            meta_tmp.unlink(missing_ok=True)
-            raise
+        _publish(model, root, key, {"key_parts": parts, "result": result})
     return model, {**result, "key": key, "path": str(weights), "trained": True}
+
+
+def _load_cached(model: PreTrainedModel, root: Path, key: str) -> dict[str, Any]:
+    """Load the published weights of ``key`` into ``model``; the info of the run that trained
+    them, marked as not trained here."""
+    weights, meta_path = root / f"{key}.safetensors", root / f"{key}.json"
+    st.load_model(model, weights, strict=True, device=str(next(model.parameters()).device))
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    return {**meta.get("result", {}), "key": key, "path": str(weights), "trained": False}
+
+
+def _hold_lock(fd: int, what: Path) -> None:
+    """Take the cache key's exclusive lock on ``fd``, and name this process in the lock file."""
+    # Released when the file closes, or by the kernel if this process dies; a live holder is
+    # training the same warm start, which takes minutes, so the bound is generous.
+    wait_flock(
+        fd,
+        timeout_s=WARM_START_LOCK_S,
+        what=f"warm-start cache {what}",
+        logger=_logger,
+        hint="another run is training the same warm start and has not finished",
+    )
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (holder_record() + "\n").encode(), 0)
+    except OSError:
+        pass  # the record only names the holder in a waiter's message
+
+
+def _publish(model: PreTrainedModel, root: Path, key: str, record: dict[str, Any]) -> None:
+    """Write ``key``'s metadata and weights, each through a temporary file and an atomic
+    ``os.replace``; on any failure nothing half-written is left behind."""
+    tmp = root / f".{key}.{os.getpid()}.tmp"
+    meta_tmp = root / f".{key}.{os.getpid()}.json.tmp"
+    try:
+        meta_tmp.write_text(json.dumps(record, indent=2, default=str))
+        st.save_model(model, str(tmp), metadata={"key": key})
+        os.replace(meta_tmp, root / f"{key}.json")  # metadata first: whoever sees weights sees it
+        os.replace(tmp, root / f"{key}.safetensors")
+    except BaseException:  # a full disk: leave no half-written file taking up the space
+        tmp.unlink(missing_ok=True)
+        meta_tmp.unlink(missing_ok=True)
+        raise
 
 
 __all__ = ["cache_key", "cached_warm_start", "harness_version", "warm_start", "weights_digest"]
