@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from harness.config.asynchrony import ASYNC_ALIAS, ASYNC_PATH
 from harness.config.schema import RunConfig
 from harness.core import limits
 from harness.core.configtools import ConfigError, from_dict, parse_override, set_path
@@ -29,7 +30,24 @@ def resolve_alias(path: str) -> str:
     head, _, rest = path.partition(".")
     if head in ALIASES:
         return ALIASES[head] + ("." + rest if rest else "")
+    if path == ASYNC_ALIAS or path.startswith(ASYNC_ALIAS + "."):
+        return ASYNC_PATH + path[len(ASYNC_ALIAS) :]
     return path
+
+
+def fold_async_block(data: dict[str, Any]) -> dict[str, Any]:
+    """``rollout.async`` → ``rollout.asynchronous`` (in a deep copy; ``async`` is a Python
+    keyword, so the field has the longer name); given both ways, ``async``'s keys win."""
+    out = copy.deepcopy(data)
+    rollout = out.get("rollout")
+    if not isinstance(rollout, dict) or "async" not in rollout:
+        return out
+    block = rollout.pop("async")
+    have = rollout.get("asynchronous")
+    if isinstance(block, dict) and isinstance(have, dict):
+        block = {**have, **block}
+    rollout["asynchronous"] = block
+    return out
 
 
 # ``rollout.sampler``: the sampler as one block, its backend and that backend's options
@@ -246,8 +264,9 @@ def expand_presets(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def expand_aliases(data: dict[str, Any]) -> dict[str, Any]:
-    """Top-level ``adv_norm:``/``reward_norm:`` blocks move under ``ppo`` (in a deep copy)."""
-    out = copy.deepcopy(data)
+    """Top-level ``adv_norm:``/``reward_norm:`` blocks move under ``ppo``, and
+    ``rollout.async`` becomes ``rollout.asynchronous`` (in a deep copy)."""
+    out = fold_async_block(data)
     for short, full in ALIASES.items():
         if short in out:
             value = out.pop(short)

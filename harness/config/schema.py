@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from harness.config.asynchrony import AsyncConfig
 from harness.core.configtools import is_device_name, meta
 from harness.model.engine_support import SamplerDtype
 from harness.model.options import ModelOptions, TinyModelConfig
@@ -131,6 +132,14 @@ class RolloutConfig:
             lt=1,
         ),
     )
+    asynchronous: AsyncConfig = field(
+        default_factory=AsyncConfig,
+        metadata=_h(
+            "Asynchronous sampling (also written rollout.async): bounded staleness, in-flight "
+            "weight updates, partial rollouts, and the clock that interleaves sampler and "
+            "learner (docs/async.md)."
+        ),
+    )
     measure_mismatch: bool = field(
         default=True,
         metadata=_h(
@@ -152,6 +161,8 @@ class RolloutConfig:
                     "rollout.sampler_logit_noise: must be 0 with sampler_backend vllm (the "
                     "engine's logits cannot be perturbed)"
                 )
+        if self.asynchronous.enabled:
+            _check_async(self)
         if self.max_resample_rounds and not self.zero_variance_filter:
             raise ValueError(
                 "rollout.max_resample_rounds means nothing with rollout.zero_variance_filter "
@@ -164,6 +175,25 @@ class RolloutConfig:
             raise ValueError(
                 f"chat_template: file {self.chat_template!r} not found (use auto, none or a path)"
             )
+
+
+def _check_async(r: RolloutConfig) -> None:
+    """What asynchronous sampling cannot be combined with, refused in one line."""
+    if r.staleness:
+        raise ValueError(
+            "rollout.staleness: the strict fixed-lag mode, exclusive with rollout.async "
+            "(bounded staleness, in-flight or partial); set one of the two"
+        )
+    if r.sampler_backend == "vllm":
+        raise ValueError(
+            "rollout.sampler_backend: the vLLM engine does not sample asynchronously yet; use "
+            "the local sampler (auto, fast or hf) with rollout.async"
+        )
+    if r.zero_variance_filter:
+        raise ValueError(
+            "rollout.zero_variance_filter: not with rollout.async (dynamic sampling's refill "
+            "rounds re-sample under one version; the asynchronous sampler has no rounds)"
+        )
 
 
 @dataclass
@@ -347,6 +377,11 @@ class RunConfig:
                 f"model: directory {self.model!r} does not exist "
                 "(use 'tiny' or a local Hugging Face model directory)"
             )
+        if self.trainer == "trl" and self.rollout.asynchronous.enabled:
+            raise ValueError(
+                "rollout.async: not with trainer: trl (TRL's GRPOTrainer samples synchronously; "
+                "use trainer: harness)"
+            )
         if self.trainer == "trl":
             problems = trl_problems(self)
             if problems:
@@ -356,14 +391,14 @@ class RunConfig:
                 more = "".join(f"; also {w}: {y}" for w, y in problems[1:])
                 raise ValueError(f"{where}: not expressible with trainer: trl ({why}){more}")
         check_segment_filters(self.ppo.correction)
-        if self.ppo.prox_logp_method == "loglinear" and self.rollout.staleness < 2:
+        if self.ppo.prox_logp_method == "loglinear" and max_lag(self) < 2:
             # α = (k−1)/k is 0 for a batch sampled k <= 1 updates ago: π_prox would be π_behave
             # on every token, which is use_decoupled_loss=false under another name.
             raise ValueError(
-                "ppo.prox_logp_method: 'loglinear' acts only with rollout.staleness >= 2 "
-                f"(got {self.rollout.staleness}: the interpolation weight (k-1)/k is 0 for a "
-                "lag k <= 1, so π_prox would be π_behave); raise rollout.staleness or use "
-                "prox_logp_method: recompute"
+                "ppo.prox_logp_method: 'loglinear' acts only with rollout.staleness >= 2 or "
+                f"rollout.async.max_staleness >= 2 (the largest lag here is {max_lag(self)}: the "
+                "interpolation weight (k-1)/k is 0 for a lag k <= 1, so π_prox would be "
+                "π_behave); raise one of them or use prox_logp_method: recompute"
             )
         if (
             self.ppo.overlong_tokens is not None
@@ -400,4 +435,14 @@ def clip_is_inert(cfg: RunConfig) -> bool:
     when rollouts are fresh, or the recomputed proximal policy in decoupled mode."""
     p = cfg.ppo
     single_step = p.ppo_n_minibatches * p.ppo_epochs == 1
-    return single_step and (cfg.rollout.staleness == 0 or p.recomputes_proximal)
+    return single_step and (max_lag(cfg) == 0 or p.recomputes_proximal)
+
+
+def max_lag(cfg: RunConfig) -> int:
+    """The largest lag (updates between a token's version and the learner's) the rollout
+    settings allow: rollout.staleness, or the asynchronous η (a partial rollout's continued
+    sequences can lag further: counted as η + 2, enough for every check that asks for 2)."""
+    a = cfg.rollout.asynchronous
+    if not a.enabled:
+        return cfg.rollout.staleness
+    return a.max_staleness + (2 if a.partial else 0)

@@ -93,6 +93,12 @@ STEP_METRICS: dict[str, str] = {
     "rollout/train_groups": "rollout.zero_variance_filter only: groups in the update batch (prompts_per_step when the refill succeeded, fewer when the rounds ran out).",
     "rollout/update_skipped": "rollout.zero_variance_filter only: 1 when no group with a learning signal was left and the step made no update (the run's skipped_updates tag counts them), else 0.",
     "rollout/staleness": "How many updates the behaviour policy lagged the current policy.",
+    # asynchronous rollouts (rollout.async; docs/async.md): only logged when it is on
+    "async/token_lag_mean": "Mean over the step's generated tokens of the lag: the learner's version when the step took its batch minus the version of the weights that sampled the token (0 synchronous; at most rollout.async.max_staleness without partial rollouts).",
+    "async/token_lag_max": "Largest token lag of the step's batch.",
+    "async/mixed_version_fraction": "Share of the batch's sequences whose tokens were sampled by two versions or more (in-flight weight updates, or partial rollouts continued under new weights).",
+    "async/sampler_idle_s": "Seconds since the previous step's batch the sampler had nothing to run (waiting for the learner's weights or for admission room). Virtual clock: idle decode steps × the run's measured seconds per decode step.",
+    "async/learner_idle_s": "Seconds the learner waited for this step's batch. Virtual clock: decode steps the learner was free and the batch not ready × the measured seconds per decode step.",
     # stability
     "stability/grad_norm": "Mean gradient norm before clipping over the step's optimizer steps.",
     "stability/grad_norm_max": "Largest gradient norm before clipping in the step.",
@@ -160,6 +166,10 @@ OPTION_METRICS = frozenset(
         "perf/weight_sync_s",  # only with rollout.sampler_backend: vllm
     }
 )
+
+
+# Logged only by asynchronous runs (rollout.async): tests/run/test_async.py asserts them.
+ASYNC_METRICS = frozenset(k for k in STEP_METRICS if k.startswith("async/"))
 
 
 def check_names(metrics: dict[str, float]) -> None:

@@ -94,6 +94,16 @@ class Rollouts:
             )
         return Collected(first, dyn, snapshot, b.version)
 
+    def updated(self, model: Any, version: int) -> None:
+        """After an update: nothing to hand over (the behaviour weights come from ``policies``)."""
+
+    def step_metrics(self) -> dict[str, float]:
+        """No metrics of its own (the asynchronous rollouts log ``async/*``)."""
+        return {}
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
     def draw(self, step: int, examples: list[Any] | None = None) -> Round:
         """One sampling round of the loaded weights, scored (new prompts unless ``examples``
         given)."""

@@ -92,9 +92,13 @@ class Learner:
             "truncated": train.rb.truncated,
         }
         if cfg.ppo.interpolates_proximal:
-            # AReaL's per-token versions (every token of a step comes from one snapshot here).
+            # AReaL's per-token versions: one snapshot's under rollout.staleness, several under
+            # rollout.async (a sequence can span versions).
             lm = train.rb.loss_mask.bool()
-            batch["versions"] = torch.where(lm, version, -1).long()
+            versions = train.rb.versions
+            if versions is None:
+                versions = torch.where(lm, version, -1)
+            batch["versions"] = versions.long()
             batch["current_version"] = policies.version
         with torch.no_grad(), precision(self.device, self.amp):
             if policies.kl:

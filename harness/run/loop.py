@@ -31,6 +31,7 @@ from harness.config import RunConfig
 from harness.config.schema import INERT_CLIP_FIX, INERT_CLIP_WHY, clip_is_inert
 from harness.model.build import autocast_dtype as precision_dtype
 from harness.model.build import precision
+from harness.run.async_rollouts import AsyncRollouts, open_rollouts
 from harness.run.collect import Collected, Rollouts
 from harness.run.dynamic_sampling import option_metrics, round_metrics
 from harness.run.dynamic_sampling import skipped_step_metrics as _skipped
@@ -59,12 +60,28 @@ def ppo_steps(run: Run) -> None:
 
 
 def _train(run: Run, sampler: Sampler, amp: torch.dtype | None) -> None:
-    """The step loop: collect a rollout, update, push the new weights, record the metrics."""
-    cfg, device = run.cfg, run.device
+    """The step loop (:func:`_steps`) with its rollouts, closed whatever ends it (the
+    asynchronous sampler's thread stops with the run)."""
+    cfg = run.cfg
     policies = Policies(run.model, kl=cfg.ppo.kl_ctl > 0, staleness=cfg.rollout.staleness)
-    learner = Learner(cfg, run.model, device, amp)
+    learner = Learner(cfg, run.model, run.device, amp)
     _warn_if_clip_inert(cfg)
-    rollouts = Rollouts(run, sampler, amp)
+    rollouts = open_rollouts(run, sampler, amp)
+    try:
+        _steps(run, sampler, policies, learner, rollouts)
+    finally:
+        rollouts.close()
+
+
+def _steps(
+    run: Run,
+    sampler: Sampler,
+    policies: Policies,
+    learner: Learner,
+    rollouts: Rollouts | AsyncRollouts,
+) -> None:
+    """Collect a rollout, update, hand the new weights over, record the metrics."""
+    cfg, device = run.cfg, run.device
 
     skipped = 0  # steps whose update dynamic sampling skipped (no group left)
     synced = 0.0  # the sampler's weight-sync seconds already reported
@@ -73,7 +90,8 @@ def _train(run: Run, sampler: Sampler, amp: torch.dtype | None) -> None:
             break
         t0 = time.perf_counter()
 
-        # 1-2. Rollout under the behaviour snapshot (`staleness` updates old), scored.
+        # 1-2. Rollout under the behaviour snapshot (`staleness` updates old), or the batch
+        # the asynchronous sampler has ready (rollout.async), scored.
         col = rollouts.collect(policies, step)
         t_rollout = time.perf_counter() - t0
         run.scored(step, col.prompts)
@@ -97,6 +115,7 @@ def _train(run: Run, sampler: Sampler, amp: torch.dtype | None) -> None:
                 first=learner.actor.first_logprobs,
             )
             policies.push()
+            rollouts.updated(run.model, policies.version)
             # 5. Metrics (the weight copies since the last reported step, for a backend that
             # copies weights: perf/weight_sync_s).
             total = sampler.stats()["sync_seconds"]
@@ -105,13 +124,14 @@ def _train(run: Run, sampler: Sampler, amp: torch.dtype | None) -> None:
             metrics = step_metrics(
                 cfg, col, update, policies, learner, sync_s, mismatch, t0=t0, t_rollout=t_rollout
             )
+            metrics.update(rollouts.step_metrics())
             # No optimizer step taken: every update's loss or gradient norm was non-finite.
             no_optimizer_step = update.stats["stability/optimizer_steps"] == 0
 
         if run.eval_due(step):
             # eval.sampler: run = the rollout sampler, loaded with the live weights.
             on = sampler if cfg.eval.sampler == "run" else None
-            with precision(device, amp):
+            with precision(device, learner.amp):
                 metrics.update(run.evaluate(run.model, sampler=on, version=policies.version))
         run.record(step, metrics, all_updates_nonfinite=no_optimizer_step)
 

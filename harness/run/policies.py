@@ -57,9 +57,9 @@ class Policies:
         # which gradient checkpointing needs). Every dropout is zeroed at load time, so the mode
         # changes nothing else; LoRA's own dropout, if configured, is live in the update only.
         model.eval()
-        self._reference = _frozen_copy(model) if kl and not self.lora else None
+        self._reference = frozen_copy(model) if kl and not self.lora else None
         self.ring = StalenessRing(staleness, trainable_only=self.lora)
-        self._behaviour = _frozen_copy(model) if staleness and not self.lora else None
+        self._behaviour = frozen_copy(model) if staleness and not self.lora else None
         self.ring.push(model)
         self.version = 0
 
@@ -107,9 +107,9 @@ class Policies:
         return self.ring.lag
 
 
-def _frozen_copy(model: Any) -> Any:
+def frozen_copy(model: Any) -> Any:
     """A copy no optimizer holds and no backward reaches (the reference, the behaviour copy)."""
     return copy.deepcopy(model).eval().requires_grad_(False)
 
 
-__all__ = ["Behaviour", "Policies"]
+__all__ = ["Behaviour", "Policies", "frozen_copy"]

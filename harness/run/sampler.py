@@ -17,9 +17,11 @@ import torch
 
 from harness.core.configtools import check_value
 from harness.model.engine_support import SamplerDtype, engine_dtype
-from harness.sampling import Sampler, make_backend
+from harness.run.policies import frozen_copy
+from harness.sampling import Sampler, SamplingParams, make_backend
 from harness.sampling.decoders import _fast_path_ok
 from harness.sampling.local import LocalSampler
+from harness.sampling.local_steps import LocalStepSampler
 
 if TYPE_CHECKING:
     from harness.config import RunConfig
@@ -85,7 +87,44 @@ def make_sampler(
     return local_sampler(cfg, device, learner, sample_kw)
 
 
-__all__ = ["NOISE_SEED_OFFSET", "local_sampler", "make_sampler", "sampler_autocast"]
+def local_step_sampler(run: Any, learner: torch.dtype | None) -> LocalStepSampler:
+    """The step-level local sampler of an asynchronous run (``rollout.async``): its own copy of
+    the policy, the run's sampling settings and seeds (the same generator and noise streams as
+    :func:`local_sampler`'s, so a synchronous schedule samples the same tokens)."""
+    cfg = run.cfg
+    r = cfg.rollout
+    params = SamplingParams(
+        n_samples=r.n_samples,
+        max_new_tokens=r.max_new_tokens,
+        temperature=cfg.ppo.temperature,
+        top_p=r.top_p,
+    )
+    noise = None
+    if r.sampler_logit_noise > 0:
+        noise = torch.Generator(device=run.device).manual_seed(
+            (cfg.seed + NOISE_SEED_OFFSET) % 2**63
+        )
+    return LocalStepSampler(
+        frozen_copy(run.model),
+        run.tokenizer,
+        params,
+        torch.Generator(device=run.device).manual_seed(cfg.seed),
+        device=run.device,
+        dtype=sampler_autocast(r.sampler_dtype, learner),
+        decoder=r.sampler_backend,
+        logit_noise=r.sampler_logit_noise,
+        noise_generator=noise,
+        sample_kw=run.sample_kw,
+    )
+
+
+__all__ = [
+    "NOISE_SEED_OFFSET",
+    "local_sampler",
+    "local_step_sampler",
+    "make_sampler",
+    "sampler_autocast",
+]
 
 
 def sampler_text(cfg: RunConfig, model: torch.nn.Module) -> str:

@@ -53,6 +53,9 @@ class _HFDecoder:
         )
         return out.logits[:, -1, :]
 
+    def refresh(self) -> None:
+        """Nothing to re-read: every step calls the module, whose weights are the current ones."""
+
     def step(self, tok: torch.Tensor, pos: torch.Tensor, t: int) -> torch.Tensor:
         out = self.model(
             input_ids=tok,
@@ -149,16 +152,21 @@ class _LlamaDecoder:
         self.prompt_bias = emb.new_zeros(n_rows, 1, self.width, self.width).masked_fill_(
             ~allowed, neg
         )
-        # One matmul for q/k/v and one for gate/up per layer (weights joined once per call).
-        self.qkv = []
-        self.gate_up = []
-        for layer in base.layers:
-            a, m = layer.self_attn, layer.mlp
-            self.qkv.append(_joined(a.q_proj, a.k_proj, a.v_proj))
-            self.gate_up.append(_joined(m.gate_proj, m.up_proj))
+        self.refresh()
         self.q_dim = self.n_heads * self.head_dim
         self.kv_dim = self.n_kv * self.head_dim
         self.ff_dim = int(base.layers[0].mlp.gate_proj.weight.shape[0])
+
+    def refresh(self) -> None:
+        """Re-read the weights this decoder joined: after the module's weights changed in
+        place (an in-flight update that keeps the KV cache), the next step uses the new ones.
+        One matmul for q/k/v and one for gate/up per layer (weights joined once per call)."""
+        self.qkv = []
+        self.gate_up = []
+        for layer in self.model.model.layers:
+            a, m = layer.self_attn, layer.mlp
+            self.qkv.append(_joined(a.q_proj, a.k_proj, a.v_proj))
+            self.gate_up.append(_joined(m.gate_proj, m.up_proj))
 
     @staticmethod
     def _rms(x: torch.Tensor, norm: Any) -> torch.Tensor:

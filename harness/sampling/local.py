@@ -59,6 +59,43 @@ def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.zeros_like(probs).scatter_(-1, idx, sorted_p)
 
 
+def draw_token(
+    logits: torch.Tensor,
+    t: int,
+    *,
+    generator: torch.Generator,
+    inv_t: float,
+    top_p: float,
+    greedy: bool,
+    logit_noise: float = 0.0,
+    noise_generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row from ``logits`` ``[N, V]`` (new token ``t``) and its behaviour
+    log-prob under ``log_softmax(logits · inv_t)``: the one sampling step of every local decode
+    loop (whole batches here, step-level cohorts in :mod:`harness.sampling.local_steps`)."""
+    if logit_noise > 0:
+        noise = torch.randn(
+            logits.shape, generator=noise_generator, device=logits.device, dtype=torch.float32
+        )
+        logits = logits.float() + logit_noise * noise
+    logp = torch.log_softmax(logits.float() * inv_t, dim=-1)
+    if greedy:
+        tok = logp.argmax(dim=-1, keepdim=True)
+    else:
+        probs = logp.exp()
+        if top_p < 1.0:
+            probs = _top_p_filter(probs, top_p)
+        try:
+            tok = torch.multinomial(probs, 1, generator=generator)
+        except RuntimeError:
+            # Divergence only when the numbers are: any other failure (out of memory, a
+            # device or library error) is the caller's error, not a result of the run.
+            if not bool(torch.isfinite(logits).all()):
+                raise NonFiniteLogits(f"non-finite logits at new token {t}") from None
+            raise
+    return tok.squeeze(-1), logp.gather(-1, tok).squeeze_(-1)
+
+
 @torch.inference_mode()
 def _generate(
     model: PreTrainedModel,
@@ -99,28 +136,16 @@ def _generate(
     next_pos = pos[:, -1:] + 1
     steps = 0
     for t in range(max_new_tokens):
-        if logit_noise > 0:
-            noise = torch.randn(
-                logits.shape, generator=noise_generator, device=device, dtype=torch.float32
-            )
-            logits = logits.float() + logit_noise * noise
-        logp = torch.log_softmax(logits.float() * inv_t, dim=-1)
-        if greedy:
-            tok = logp.argmax(dim=-1, keepdim=True)
-        else:
-            probs = logp.exp()
-            if top_p < 1.0:
-                probs = _top_p_filter(probs, top_p)
-            try:
-                tok = torch.multinomial(probs, 1, generator=generator)
-            except RuntimeError:
-                # Divergence only when the numbers are: any other failure (out of memory, a
-                # device or library error) is the caller's error, not a result of the run.
-                if not bool(torch.isfinite(logits).all()):
-                    raise NonFiniteLogits(f"non-finite logits at new token {t}") from None
-                raise
-        lp = logp.gather(-1, tok).squeeze_(-1)
-        tok = tok.squeeze_(-1)
+        tok, lp = draw_token(
+            logits,
+            t,
+            generator=generator,
+            inv_t=inv_t,
+            top_p=top_p,
+            greedy=greedy,
+            logit_noise=logit_noise,
+            noise_generator=noise_generator,
+        )
         tokens[:, t] = torch.where(alive, tok, pad_id)
         logps[:, t] = torch.where(alive, lp, 0.0)
         alive &= ~torch.isin(tok, eos)
@@ -182,22 +207,17 @@ def sample(
     fast = backend != "hf" and _fast_path_ok(model)
     if backend == "fast" and not fast:
         raise ValueError(f"sample: no fast decoder for {type(model).__name__}; use backend='auto'")
-    device = next(model.parameters()).device
-    if eos_token_ids is None:
-        eos_token_ids = eos_ids(model, tokenizer)
-    eos_id = eos_token_ids[0]
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
-    enc = encode_prompts(tokenizer, prompts, max_prompt_tokens, chat_template)
-    prompt_ids = enc["input_ids"].to(device).repeat_interleave(n_samples, dim=0)
-    prompt_mask = enc["attention_mask"].to(device).repeat_interleave(n_samples, dim=0)
-    longest = int(prompt_mask.sum(-1).max())
-    if max_positions is not None and longest + max_new_tokens > max_positions:
-        raise ValueError(
-            f"rollout: a prompt of {longest} tokens + max_new_tokens {max_new_tokens} exceeds "
-            f"the model's {max_positions} positions (set rollout.max_prompt_tokens)"
-        )
-    eos = torch.tensor(eos_token_ids, dtype=torch.long, device=device)
-
+    prompt_ids, prompt_mask, eos, pad_id = prepare_prompts(
+        model,
+        tokenizer,
+        prompts,
+        n_samples,
+        max_new_tokens,
+        eos_token_ids=eos_token_ids,
+        max_prompt_tokens=max_prompt_tokens,
+        max_positions=max_positions,
+        chat_template=chat_template,
+    )
     tokens, logps = _generate(
         model,
         fast,
@@ -224,6 +244,39 @@ def sample(
         eos,
         group_sizes=[n_samples] * len(prompts),
     )
+
+
+def prepare_prompts(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    n_samples: int,
+    max_new_tokens: int,
+    *,
+    eos_token_ids: list[int] | None = None,
+    max_prompt_tokens: int | None = None,
+    max_positions: int | None = None,
+    chat_template: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """The left-padded prompt ids and mask of ``prompts``, each repeated ``n_samples`` times
+    (rows ``i*n .. i*n+n-1``), on the model's device; the EOS ids as a tensor; the pad id. The
+    options are :func:`sample`'s."""
+    device = next(model.parameters()).device
+    if eos_token_ids is None:
+        eos_token_ids = eos_ids(model, tokenizer)
+    eos_id = eos_token_ids[0]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
+    enc = encode_prompts(tokenizer, prompts, max_prompt_tokens, chat_template)
+    prompt_ids = enc["input_ids"].to(device).repeat_interleave(n_samples, dim=0)
+    prompt_mask = enc["attention_mask"].to(device).repeat_interleave(n_samples, dim=0)
+    longest = int(prompt_mask.sum(-1).max())
+    if max_positions is not None and longest + max_new_tokens > max_positions:
+        raise ValueError(
+            f"rollout: a prompt of {longest} tokens + max_new_tokens {max_new_tokens} exceeds "
+            f"the model's {max_positions} positions (set rollout.max_prompt_tokens)"
+        )
+    eos = torch.tensor(eos_token_ids, dtype=torch.long, device=device)
+    return prompt_ids, prompt_mask, eos, pad_id
 
 
 DECODERS = ("auto", "fast", "hf")
@@ -293,4 +346,4 @@ class LocalSampler(Sampler):
             )
 
 
-__all__ = ["DECODERS", "LocalSampler", "sample"]
+__all__ = ["DECODERS", "LocalSampler", "draw_token", "prepare_prompts", "sample"]
