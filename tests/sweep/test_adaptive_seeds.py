@@ -359,6 +359,7 @@ def test_a_racing_search_stops_losing_points_at_min_seeds(
     from harness.config.experiment import load_experiment
     from harness.run.scaffold import RunResult
     from harness.sweep.launching import worker
+    from harness.sweep.launching.trial import ClaimedTrial
     from harness.sweep.scheduler.study import open_study
     from harness.sweep.stores.storage import make_storage
     from harness.tracking import MemoryTracker
@@ -369,7 +370,7 @@ def test_a_racing_search_stops_losing_points_at_min_seeds(
         summary = {"final/reward": value}
         return RunResult("completed", "", cfg.steps, {}, summary, 0.0, False), "rid"
 
-    monkeypatch.setattr(worker._Trial, "train", train)
+    monkeypatch.setattr(ClaimedTrial, "train", train)
     tracker = MemoryTracker()
     monkeypatch.setattr("harness.sweep.launching.worker.make_tracker", lambda *a, **k: tracker)
     doc = yaml.safe_load(ROOT_SMOKE.read_text())

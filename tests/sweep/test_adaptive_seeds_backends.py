@@ -196,6 +196,7 @@ def test_workers_report_each_cancelled_seed_once_and_a_resume_starts_below_cells
     from harness.run.scaffold import RunResult
     from harness.sweep.launching import worker
     from harness.sweep.launching.driver import progress_total
+    from harness.sweep.launching.trial import ClaimedTrial
     from harness.tracking import MemoryTracker
     from tests.support.adaptive_study import open_adaptive, score
 
@@ -203,7 +204,7 @@ def test_workers_report_each_cancelled_seed_once_and_a_resume_starts_below_cells
         summary = {"final/reward": score(label, seed)}
         return RunResult("completed", "", cfg.steps, {}, summary, 0.0, False), "rid"
 
-    monkeypatch.setattr(worker._Trial, "train", train)
+    monkeypatch.setattr(ClaimedTrial, "train", train)
     tracker = MemoryTracker()
     monkeypatch.setattr("harness.sweep.launching.worker.make_tracker", lambda *a, **k: tracker)
     results = tmp_path / "results"

@@ -46,7 +46,7 @@ def test_progress_to_a_log_file_is_not_cut_at_80_columns():
 
 
 def test_the_worker_forwards_each_warning_of_a_run_as_an_event(monkeypatch):
-    from harness.sweep.launching import worker
+    from harness.sweep.launching import trial as claimed
 
     events: list[dict] = []
 
@@ -56,8 +56,8 @@ def test_the_worker_forwards_each_warning_of_a_run_as_an_event(monkeypatch):
     study = type("Study", (), {"study_name": "s"})()
     trial = type("Trial", (), {"number": 7})()
     spec = type("Spec", (), {"experiment": "e", "parent_run_id": None})()
-    t = worker._Trial(study, trial, spec, None, _Opts(), events.append, lambda: False)
-    monkeypatch.setattr(worker, "child_run_tags", lambda *a: {})
+    t = claimed.ClaimedTrial(study, trial, spec, None, _Opts(), events.append, lambda: False)
+    monkeypatch.setattr(claimed, "child_run_tags", lambda *a: {})
 
     def fake_run(cfg, tracker, **kw):
         warnings.warn(INERT, UserWarning, stacklevel=1)

@@ -15,6 +15,7 @@ from optuna.trial import TrialState
 
 from harness.config.experiment import load_experiment
 from harness.sweep.launching import worker
+from harness.sweep.launching.trial import ClaimedTrial, run_grid_trial
 from harness.sweep.scheduler.study import enqueue_missing, open_study
 from harness.sweep.scheduler.trials import next_trial
 from harness.sweep.stores.storage import make_storage
@@ -50,7 +51,7 @@ def test_a_trial_failed_as_stale_while_it_trained_is_superseded_not_fatal(tmp_pa
     study, spec, trial, tracker = _claimed(tmp_path)
     events: list[dict[str, Any]] = []
     opts = worker.WorkerOptions(study=study.study_name, storage=None, results_dir=tmp_path)
-    t = worker._Trial(study, trial, spec, tracker, opts, events.append, lambda: False)
+    t = ClaimedTrial(study, trial, spec, tracker, opts, events.append, lambda: False)
 
     def train(cfg: Any, label: str, seed: int) -> tuple[Any, str]:
         rid = tracker.start_run(experiment=spec.experiment, run_name=f"{label} seed={seed}")
@@ -65,7 +66,7 @@ def test_a_trial_failed_as_stale_while_it_trained_is_superseded_not_fatal(tmp_pa
 
     t.train = train  # type: ignore[method-assign]
     n_before = len(study.get_trials(deepcopy=False))
-    assert worker.run_grid_trial(t) == "interrupted"
+    assert run_grid_trial(t) == "interrupted"
     run = tracker.runs[t.run_id]
     assert run.tags["run.superseded"] == "trial was judged stale and retried elsewhere"
     done = [e for e in events if e["event"] == "done"]

@@ -28,46 +28,30 @@ worker: its trial is recorded as interrupted where the stores still take it (or,
 not, is recovered by the heartbeat like a dead worker's), its MLflow run is ended KILLED where
 possible, and the worker emits one ``fatal`` event with the reason instead of failing trial
 after trial.
+
+How one claimed trial trains, reports and ends is :mod:`harness.sweep.launching.trial`.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import time
-import traceback
-import warnings
 from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.exceptions import UpdateFinishedTrialError
-from optuna.storages import RetryHeartbeatStaleTrialCallback
-from optuna.trial import TrialState
 
-from harness.core.configtools import ConfigError
 from harness.core.db import with_retries
 from harness.core.fsutil import StoreRemovedError, fatal_store_error
-from harness.core.provenance import machine_text
-from harness.report.allocation import race
-from harness.sweep.scheduler.adaptive import incumbent
-from harness.sweep.scheduler.labels import label_trial, summary_attrs
-from harness.sweep.scheduler.spec import StudySpec, load_study_spec
-from harness.sweep.scheduler.study import trial_key
+from harness.sweep.launching.trial import ClaimedTrial, run_grid_trial, run_search_trial
+from harness.sweep.scheduler.spec import load_study_spec
 from harness.sweep.scheduler.trials import (
-    child_run_tags,
-    end_orphaned_runs,
-    ended_attempts,
-    failure_reason,
-    nanmean,
     next_trial,
     search_pruner,
     search_sampler,
 )
-from harness.sweep.stores.optuna_adapter import frozen_trial, heartbeat
 from harness.sweep.stores.storage import make_storage
 from harness.tracking import Tracker, make_tracker
 
@@ -87,302 +71,6 @@ class WorkerOptions:
     threads: int = 1  # torch threads of each run unless its config sets them
     worker_id: int = 0
     exit_when_idle: bool = True
-
-
-class _Trial:
-    """One claimed trial and how to report on it (shared by grid and search trials)."""
-
-    def __init__(
-        self,
-        study: optuna.Study,
-        trial: optuna.Trial,
-        spec: StudySpec,
-        tracker: Tracker,
-        opts: WorkerOptions,
-        emit: Callable[[Event], None],
-        should_stop: Callable[[], bool],
-    ) -> None:
-        self.study, self.trial, self.spec, self.tracker = study, trial, spec, tracker
-        self.opts, self.emit, self._should_stop = opts, emit, should_stop
-        self.run_id: str | None = None  # the last child run this trial trained
-        self.fatal: OSError | None = None  # set by a heartbeat: a full disk, a removed store
-        self.reported = False  # its "done" event was sent
-
-    def should_stop(self) -> bool:
-        return self.fatal is not None or self._should_stop()
-
-    def beat_failed(self, error: BaseException) -> bool:
-        """A heartbeat write failed: a full disk or a removed store stops the trial (handled, no
-        warning)."""
-        fatal = fatal_store_error(error)
-        if fatal is None:
-            return False
-        self.fatal = self.fatal or fatal
-        return True
-
-    def interrupt(self, reason: str, label: str, seed: int | None) -> None:
-        """Record this trial as interrupted (resumable) and close its run, as far as the stores
-        still accept writes; what they refuse is recovered on resume (stale trial, open run)."""
-        if self.run_id is not None:
-            with suppress(Exception):
-                self.tracker.set_tags(
-                    self.run_id, {"run.status": "interrupted", "run.reason": reason}
-                )
-            with suppress(Exception):
-                self.tracker.end_run(self.run_id, "KILLED")
-        with suppress(Exception):
-            self.trial.set_user_attr("outcome", "interrupted")
-            self.trial.set_user_attr("reason", reason)
-        with suppress(Exception):
-            self.tell(state="FAIL")
-        if not self.reported:
-            self.event("done", cell=label, seed=seed, outcome="interrupted", reason=reason)
-
-    def event(self, kind: str, **fields: Any) -> None:
-        self.reported = self.reported or kind == "done"
-        self.emit(
-            {"event": kind, "worker": self.opts.worker_id, "trial": self.trial.number, **fields}
-        )
-
-    def train(self, cfg: Any, label: str, seed: int) -> tuple[Any, str]:
-        from harness.run.tracked import tracked_run  # noqa: PLC0415 - loads torch: only in a running worker
-
-        self.event("start", cell=label, seed=seed, steps=cfg.steps, pid=os.getpid())
-
-        def on_step(step: int, m: dict[str, float]) -> None:
-            self.event("step", step=step + 1, reward=m.get("objective/reward", math.nan))
-
-        # The run's warnings go to the driver as events, which prints each once per cell (not
-        # once per seed from every worker, with a source path): none is dropped.
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("default")
-            try:
-                result, rid = tracked_run(
-                    cfg,
-                    self.tracker,
-                    experiment=self.spec.experiment,
-                    run_name=f"{label} seed={seed}",
-                    parent_run_id=self.spec.parent_run_id,
-                    tags=child_run_tags(
-                        self.spec, self.study.study_name, label, seed, self.trial.number
-                    ),
-                    on_step=on_step,
-                    should_stop=self.should_stop,
-                    results_dir=self.opts.results_dir,
-                )
-            finally:
-                for w in caught:
-                    self.event("warning", cell=label, seed=seed, message=str(w.message))
-        self.run_id = rid
-        return result, rid
-
-    def tell(self, *values: float, state: str | None = None) -> bool:
-        """Finish the trial; False if another worker already retried it (ours is superseded)."""
-        try:
-            if state is None:
-                v = values[0] if len(values) == 1 else list(values)
-                with_retries(lambda: self.study.tell(self.trial, v))
-            else:
-                with_retries(lambda: self.study.tell(self.trial, state=TrialState[state]))
-        except UpdateFinishedTrialError:
-            return False
-        return True
-
-    def set_attrs(self, attrs: dict[str, Any]) -> bool:
-        """Write the trial's user attributes; False if the trial has already ended: another
-        worker judged it stale (its heartbeats were delayed past the grace period) and failed
-        it, so a retry copy is the one that counts. Optuna refuses any write to an ended trial
-        (``UpdateFinishedTrialError``); raised here it would end this worker, not the trial."""
-        try:
-            for k, v in attrs.items():
-                self.trial.set_user_attr(k, v)
-        except UpdateFinishedTrialError:
-            return False
-        return True
-
-    def superseded(self, rid: str | None, label: str, seed: int | None) -> str:
-        """This attempt was judged stale and retried elsewhere: mark its run, report it."""
-        if rid is not None:
-            self.tracker.set_tags(
-                rid, {"run.superseded": "trial was judged stale and retried elsewhere"}
-            )
-        self.event("done", cell=label, seed=seed, outcome="interrupted", reason="superseded")
-        return "interrupted"
-
-    def fail_with_error(self, err: BaseException, label: str, seed: int | None) -> str:
-        reason = failure_reason(err)
-        attrs = {
-            "outcome": "error",
-            "reason": reason,
-            "traceback": traceback.format_exc()[-2000:],
-        }
-        if not self.set_attrs(attrs) or not self.tell(state="FAIL"):
-            return self.superseded(self.run_id, label, seed)
-        self.event("done", cell=label, seed=seed, outcome="error", reason=reason)
-        return "error"
-
-
-def run_grid_trial(t: _Trial) -> str:
-    """Train one claimed (cell, seed) trial and tell Optuna how it ended; returns the outcome."""
-    attrs = with_retries(lambda: frozen_trial(t.study, t.trial)).user_attrs
-    cell, seed = attrs["cell"], int(attrs["seed"])
-
-    label_trial(t.study, t.trial, t.spec, cell, seed)  # params for optuna-dashboard
-    with heartbeat(t.study, t.trial, on_error=t.beat_failed):
-        earlier = ended_attempts(t.study, t.trial, lambda o: trial_key(o) == (cell, seed))
-        end_orphaned_runs(t.tracker, t.spec, t.study.study_name, earlier)
-        t0 = time.time()
-        try:
-            cfg = t.spec.cell_config(cell, seed, device=t.opts.device, threads=t.opts.threads)
-            result, rid = t.train(cfg, cell, seed)
-        except Exception as err:  # a bug or a broken store: record it, let the sweep go on
-            if fatal_store_error(err) is not None:
-                raise  # not this trial's fault: the worker stops (worker_loop)
-            outcome = t.fail_with_error(err, cell, seed)
-            attempt = int(attrs.get("attempt", 0))
-            # A superseded attempt has its retry copy already (the stale-trial callback's).
-            if outcome == "error" and attempt < t.spec.max_retries:
-                retry = {"cell": cell, "seed": seed, "attempt": attempt + 1}
-                with_retries(lambda: t.study.enqueue_trial({}, user_attrs=retry))
-            return outcome
-    summary = {k: v for k, v in result.summary.items() if isinstance(v, float) and math.isfinite(v)}
-    value = result.summary.get(t.spec.metric, math.nan)
-    outcome = result.status  # completed | diverged | interrupted
-    reason = result.reason
-    if outcome == "completed" and not math.isfinite(value):
-        # Told FAIL below: the run trained to the end but has no value to rank by; say so,
-        # or the report can only write "no reason recorded".
-        reason = f"{t.spec.metric} is {value} in this run's summary (nothing to rank by)"
-    written = t.set_attrs(
-        {
-            "outcome": outcome,
-            "reason": reason,
-            "run_id": rid,
-            **summary_attrs(summary),  # one attribute each, not a JSON blob (optuna-dashboard)
-            "inert_clip": result.inert_clip,
-            "wall_time": time.time() - t0,
-            "machine": machine_text(result.tags),
-        }
-    )
-    if written:
-        done = outcome == "completed" and math.isfinite(value)
-        ok = t.tell(value) if done else t.tell(state="FAIL")
-    if not written or not ok:
-        # Another worker judged this trial stale (e.g. its heartbeats were delayed) and a retry
-        # copy exists: that copy is the one that counts. Mark this run so nobody mistakes it.
-        return t.superseded(rid, cell, seed)
-    t.event("done", cell=cell, seed=seed, outcome=outcome, value=value, reason=reason)
-    return outcome
-
-
-def run_search_trial(t: _Trial) -> str:
-    """Sample a point, train every seed at it (pruning between seeds), tell the mean objectives."""
-    assert t.spec.search is not None
-    plan = t.spec.search
-    label = f"trial {t.trial.number}"
-    with heartbeat(t.study, t.trial, on_error=t.beat_failed):
-        retried = RetryHeartbeatStaleTrialCallback.retried_trial_number(
-            with_retries(lambda: frozen_trial(t.study, t.trial))
-        )
-        if retried is not None:  # a dead worker's point, run again: end its runs KILLED
-            earlier = ended_attempts(t.study, t.trial, lambda o: o.number == retried)
-            end_orphaned_runs(t.tracker, t.spec, t.study.study_name, earlier)
-        point = plan.suggest(t.trial)
-        values: list[list[float]] = [[] for _ in plan.objectives]
-        diverged = 0
-        t0 = time.time()
-        seed: int | None = None
-        try:
-            for i, seed in enumerate(t.spec.seeds):
-                try:
-                    cfg = t.spec.run_config(
-                        point, seed, device=t.opts.device, threads=t.opts.threads
-                    )
-                except ConfigError as err:  # a sampled point the config rejects (c_clip <= 1)
-                    t.trial.set_user_attr("outcome", "pruned")
-                    t.trial.set_user_attr("reason", f"invalid point: {err}")
-                    t.tell(state="PRUNED")
-                    t.event("done", cell=label, seed=seed, outcome="pruned", reason=str(err))
-                    return "pruned"
-                result, _ = t.train(cfg, label, seed)
-                if result.status == "interrupted":
-                    t.trial.set_user_attr("outcome", "interrupted")
-                    t.trial.set_user_attr("reason", result.reason)
-                    t.tell(state="FAIL")
-                    t.event("done", cell=label, seed=seed, outcome="interrupted")
-                    return "interrupted"
-                diverged += result.status == "diverged"
-                for j, (metric, _) in enumerate(plan.objectives):
-                    values[j].append(result.summary.get(metric, math.nan))
-                raced = race_out(t, values[0]) if len(plan.objectives) == 1 else None
-                if raced is not None:
-                    t.trial.set_user_attr("outcome", "pruned")
-                    t.trial.set_user_attr("reason", raced)
-                    t.trial.set_user_attr("seeds_run", i + 1)
-                    t.trial.set_user_attr("seed_values", [[_finite(v) for v in values[0]]])
-                    t.tell(state="PRUNED")
-                    t.event("done", cell=label, seed=seed, outcome="pruned", reason=raced)
-                    return "pruned"
-                if len(plan.objectives) == 1:
-                    mean0 = nanmean(values[0])
-                    t.trial.report(mean0, step=i)
-                    if t.trial.should_prune():
-                        t.trial.set_user_attr("outcome", "pruned")
-                        t.trial.set_user_attr("seeds_run", i + 1)
-                        t.tell(state="PRUNED")
-                        t.event("done", cell=label, seed=seed, outcome="pruned", values=[mean0])
-                        return "pruned"
-        except Exception as err:
-            if fatal_store_error(err) is not None:
-                raise  # not this point's fault: the worker stops (worker_loop)
-            return t.fail_with_error(err, label, seed)
-    out = [nanmean(v) for v in values]
-    t.trial.set_user_attr("diverged_seeds", diverged)
-    t.trial.set_user_attr("seeds_run", len(t.spec.seeds))
-    # Each seed's value of each objective (None = not finite): the spread the report and
-    # `export --best` show next to the mean.
-    t.trial.set_user_attr(
-        "seed_values", [[v if math.isfinite(v) else None for v in vs] for vs in values]
-    )
-    t.trial.set_user_attr("wall_time", time.time() - t0)
-    if all(math.isfinite(v) for v in out):
-        t.trial.set_user_attr("outcome", "completed")
-        ok = t.tell(*out)
-        outcome = "completed"
-    else:
-        t.trial.set_user_attr("outcome", "diverged")
-        bad = [m for (m, _), v in zip(plan.objectives, out, strict=True) if not math.isfinite(v)]
-        t.trial.set_user_attr(
-            "reason", f"{', '.join(bad)}: no finite value in any seed (nothing to optimize)"
-        )
-        ok = t.tell(state="FAIL")
-        outcome = "diverged"
-    if not ok:
-        t.event("done", cell=label, seed=None, outcome="interrupted", reason="superseded")
-        return "interrupted"
-    t.event("done", cell=label, seed=None, outcome=outcome, values=out, point=point)
-    return outcome
-
-
-def _finite(v: float) -> float | None:
-    return v if math.isfinite(v) else None
-
-
-def race_out(t: _Trial, values: list[float]) -> str | None:
-    """A search with ``seeds: {min, max, ...}``: at a planned look, the point's seeds against
-    the incumbent's same seeds; the reason to stop it (decided worse or equivalent), or None."""
-    adaptive = t.spec.adaptive_plan()
-    if adaptive is None or len(values) >= adaptive.plan.max:
-        return None
-    best = with_retries(lambda: incumbent(t.study, t.spec))
-    if best is None:
-        return None
-    number, theirs = best
-    maximize = t.spec.direction == "maximize"
-    decision = race(values, theirs, adaptive.plan, maximize=maximize)
-    if decision is None or decision.verdict not in ("worse", "equivalent"):
-        return None
-    return f"raced out against trial {number}: {decision.line()}"
 
 
 def worker_loop(
@@ -463,7 +151,7 @@ def _work(
                         break
                     time.sleep(0.5)
                 continue
-            t = _Trial(study, trial, spec, tracker, opts, emit, should_stop)
+            t = ClaimedTrial(study, trial, spec, tracker, opts, emit, should_stop)
             try:
                 outcome = run(t)
             except Exception as err:
@@ -495,7 +183,7 @@ def _flush_quietly(tracker: Tracker) -> None:
         pass
 
 
-def _label(t: _Trial) -> tuple[str, int | None]:
+def _label(t: ClaimedTrial) -> tuple[str, int | None]:
     """(cell or "trial N", seed) of a trial, for its ``done`` event."""
     try:
         attrs = t.trial.user_attrs
