@@ -120,53 +120,78 @@ def verl_settings(
 ) -> tuple[list[tuple[str, Any]], Problems]:
     """``algorithm.rollout_correction.*`` overrides for ``c`` (verl's rollout_is thresholds and
     rollout_rs lists are strings: they are returned as ``str``)."""
-    A = "algorithm.rollout_correction"
     kv: list[tuple[str, Any]] = []
     problems: Problems = []
     if c is None:
         return kv, problems
     if c.bypass:
-        kv.append((f"{A}.bypass_mode", True))
-        # verl's bypass_mode loss dispatches on rollout_correction.loss_type: PPO-clip (no IS
-        # weight) or REINFORCE −A·sg(ρ)·ℓθ; no other objective runs there.
-        if policy_loss == "reinforce":
-            kv.append((f"{A}.loss_type", "reinforce"))
-        elif policy_loss == "ppo":
-            kv.append((f"{A}.loss_type", "ppo_clip"))
-            if c.weight != "none":
-                problems.append(
-                    (f"{F}.weight", "verl's bypass ppo_clip applies no IS weight (use weight none)")
-                )
-        else:
+        _verl_bypass(c, policy_loss, kv, problems)
+    _verl_weight(c, kv, problems)
+    _verl_filters(c, kv, problems)
+    if not c.narrow_mask:
+        problems.append((f"{F}.narrow_mask", "verl always narrows the mask"))
+    return kv, problems
+
+
+_A = "algorithm.rollout_correction"
+
+
+def _verl_bypass(
+    c: Correction, policy_loss: str, kv: list[tuple[str, Any]], problems: Problems
+) -> None:
+    """verl's bypass mode and its loss, appended to ``kv`` and ``problems``."""
+    kv.append((f"{_A}.bypass_mode", True))
+    # verl's bypass_mode loss dispatches on rollout_correction.loss_type: PPO-clip (no IS
+    # weight) or REINFORCE −A·sg(ρ)·ℓθ; no other objective runs there.
+    if policy_loss == "reinforce":
+        kv.append((f"{_A}.loss_type", "reinforce"))
+    elif policy_loss == "ppo":
+        kv.append((f"{_A}.loss_type", "ppo_clip"))
+        if c.weight != "none":
             problems.append(
-                (
-                    f"{F}.bypass",
-                    f"verl's bypass_mode loss is ppo_clip or reinforce, not {policy_loss} (cispo "
-                    "with ratio_max C and no weight is policy_loss reinforce with {weight: token, "
-                    "clip_max: C, log_clamp: 20})",
-                )
+                (f"{F}.weight", "verl's bypass ppo_clip applies no IS weight (use weight none)")
             )
+    else:
+        problems.append(
+            (
+                f"{F}.bypass",
+                f"verl's bypass_mode loss is ppo_clip or reinforce, not {policy_loss} (cispo "
+                "with ratio_max C and no weight is policy_loss reinforce with {weight: token, "
+                "clip_max: C, log_clamp: 20})",
+            )
+        )
+
+
+def _verl_weight(c: Correction, kv: list[tuple[str, Any]], problems: Problems) -> None:
+    """verl's rollout_is (the IS weight and its threshold), appended to ``kv`` and ``problems``."""
     if c.weight == "sequence_geometric":
         problems.append(
             (f"{F}.weight", "verl's rollout_is is per token or the row's product (not the mean)")
         )
-    elif c.weight != "none":
-        kv.append((f"{A}.rollout_is", "token" if c.weight == "token" else "sequence"))
-        if c.zero_outside:
-            if c.clip_min is None or c.clip_max is None or c.clip_min <= 0:
-                problems.append((f"{F}.clip_min", "verl's IcePop needs both bounds, 0 < lo <= hi"))
-            else:
-                kv.append((f"{A}.rollout_is_threshold", f"{_num(c.clip_min)}_{_num(c.clip_max)}"))
-        elif c.clip_min is not None:
-            problems.append((f"{F}.clip_min", "verl's TIS has no lower bound"))
-        elif c.clip_max is None:
-            problems.append((f"{F}.clip_max", "verl's rollout_is always truncates at a threshold"))
+        return
+    if c.weight == "none":
+        return
+    kv.append((f"{_A}.rollout_is", "token" if c.weight == "token" else "sequence"))
+    if c.zero_outside:
+        if c.clip_min is None or c.clip_max is None or c.clip_min <= 0:
+            problems.append((f"{F}.clip_min", "verl's IcePop needs both bounds, 0 < lo <= hi"))
         else:
-            kv.append((f"{A}.rollout_is_threshold", c.clip_max))
-        if c.log_clamp != 20.0:
-            problems.append((f"{F}.log_clamp", "verl always clamps log ρ to ±20; set 20"))
-        if c.batch_normalize:
-            kv.append((f"{A}.rollout_is_batch_normalize", True))
+            kv.append((f"{_A}.rollout_is_threshold", f"{_num(c.clip_min)}_{_num(c.clip_max)}"))
+    elif c.clip_min is not None:
+        problems.append((f"{F}.clip_min", "verl's TIS has no lower bound"))
+    elif c.clip_max is None:
+        problems.append((f"{F}.clip_max", "verl's rollout_is always truncates at a threshold"))
+    else:
+        kv.append((f"{_A}.rollout_is_threshold", c.clip_max))
+    if c.log_clamp != 20.0:
+        problems.append((f"{F}.log_clamp", "verl always clamps log ρ to ±20; set 20"))
+    if c.batch_normalize:
+        kv.append((f"{_A}.rollout_is_batch_normalize", True))
+
+
+def _verl_filters(c: Correction, kv: list[tuple[str, Any]], problems: Problems) -> None:
+    """verl's rollout_rs (the filters and their thresholds), appended to ``kv`` and
+    ``problems``."""
     options: list[str] = []
     thresholds: list[Any] = []
     for i, f in enumerate(c.filters):
@@ -176,26 +201,24 @@ def verl_settings(
             continue
         options.append(got[0])
         thresholds.append(got[1])
-    if options:
-        kv.append((f"{A}.rollout_rs", ",".join(options)))
-        same = all(t == thresholds[0] for t in thresholds)
-        kv.append(
+    if not options:
+        return
+    kv.append((f"{_A}.rollout_rs", ",".join(options)))
+    same = all(t == thresholds[0] for t in thresholds)
+    kv.append(
+        (
+            f"{_A}.rollout_rs_threshold",
+            thresholds[0] if same else ",".join(str(t) for t in thresholds),
+        )
+    )
+    if c.sequential and len(options) > 1:
+        problems.append((f"{F}.sequential", "verl evaluates every filter on the caller's mask"))
+    verl_denominator = "pre" if c.bypass else "post"
+    if c.denominator != verl_denominator:
+        problems.append(
             (
-                f"{A}.rollout_rs_threshold",
-                thresholds[0] if same else ",".join(str(t) for t in thresholds),
+                f"{F}.denominator",
+                f"verl's rollout_rs denominators are {verl_denominator}-filter "
+                f"{'in bypass mode' if c.bypass else 'in decoupled mode'}",
             )
         )
-        if c.sequential and len(options) > 1:
-            problems.append((f"{F}.sequential", "verl evaluates every filter on the caller's mask"))
-        verl_denominator = "pre" if c.bypass else "post"
-        if c.denominator != verl_denominator:
-            problems.append(
-                (
-                    f"{F}.denominator",
-                    f"verl's rollout_rs denominators are {verl_denominator}-filter "
-                    f"{'in bypass mode' if c.bypass else 'in decoupled mode'}",
-                )
-            )
-    if not c.narrow_mask:
-        problems.append((f"{F}.narrow_mask", "verl always narrows the mask"))
-    return kv, problems
