@@ -1,6 +1,6 @@
 """``harness export``: one cell's settings in another framework's own names and format.
 
-    trl     a Python snippet: ``args = GRPOConfig(...)`` (TRL 1.16; ``harness/peers/trl.py``)
+    trl     a Python snippet: ``args = GRPOConfig(...)`` (TRL 1.16; ``harness/peers/trl/``)
             and, with LoRA, ``peft_config = LoraConfig(...)`` for ``GRPOTrainer``
     verl    Hydra overrides (``actor_rollout_ref.actor.clip_ratio_low=...``, one per line,
             shell-quoted where the shell would otherwise read them)
