@@ -23,10 +23,12 @@ sampled; the step's ``async/*`` metrics come from :meth:`step_metrics`.
 
 from __future__ import annotations
 
+import contextlib
 import random
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -38,7 +40,7 @@ from harness.run.collect import Collected, Rollouts
 from harness.run.dynamic_sampling import Round, concat_rollouts, score_round
 from harness.run.mismatch import MismatchProbe, mismatch_probe
 from harness.run.policies import frozen_copy
-from harness.run.sampler import local_step_sampler
+from harness.run.sampler import engine_step_sampler, local_step_sampler
 from harness.run.scaffold import Diverged
 from harness.sampling import NonFiniteLogits
 from harness.sampling.stepping import Finished, StepSampler
@@ -196,6 +198,7 @@ class AsyncRollouts:
         self.sampler_idle_s = 0.0
         self.learner_idle_s = 0.0
         self.last_lags: dict[str, float] = {}
+        self.lag_counts: dict[int, int] = {}
 
     def start(self, model: Any) -> None:
         """Load the start weights (version 0) into the sampler."""
@@ -232,6 +235,15 @@ class AsyncRollouts:
         gen = rb.loss_mask.bool()
         oldest = int(rb.versions[gen].min()) if bool(gen.any()) else learner_version
         self.last_lags = lag_stats(rb.versions, rb.loss_mask, learner_version)
+        lags = (learner_version - rb.versions[gen]).tolist()
+        for lag in lags:
+            self.lag_counts[lag] = self.lag_counts.get(lag, 0) + 1
+        # The lag distribution the run actually got (on the threads clock, whatever the
+        # timing gave): the share of generated tokens at each lag, in the run's tags.
+        total = sum(self.lag_counts.values())
+        self.run.tags["async.token_lags"] = ", ".join(
+            f"{k}: {100 * n / total:.1f}%" for k, n in sorted(self.lag_counts.items())
+        )
         snapshot = self._snapshot(rb, learner_version)
         return Collected(first, None, snapshot, oldest)
 
@@ -344,7 +356,19 @@ class VirtualRollouts(AsyncRollouts):
 
 
 class ThreadedRollouts(AsyncRollouts):
-    """The threads clock (module docstring): the sampler side in its own thread."""
+    """The threads clock (module docstring): the sampler side in its own thread.
+
+    The learner (the run's thread) and the sampler share one lock and hold it only to bookkeep:
+    the sampler to plan a decode step (load, admit, draw the prompts) and queue what finished,
+    the learner to take a batch, publish weights and forget old ones; the decode step and the
+    training step run outside it. Every wait of the learner is bounded and its message names
+    what it waited for: the lock, the step's batch (``BATCH_WAIT_S``) and the thread's end
+    (``STOP_WAIT_S``). The sampler waits only while it has nothing to run, in 1 s slices that
+    look at the stop flag, which :meth:`close` sets whatever ends the run (the loop closes its
+    rollouts in a ``finally``). A sampler error ends the run at the learner's next batch:
+    non-finite logits as a divergence, anything else as an error naming the sampler thread."""
+
+    THREAD_NAME = "harness-async-sampler"
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
@@ -356,7 +380,7 @@ class ThreadedRollouts(AsyncRollouts):
 
     def start(self, model: Any) -> None:
         super().start(model)
-        self.thread = threading.Thread(target=self._loop, name="harness-async-sampler", daemon=True)
+        self.thread = threading.Thread(target=self._loop, name=self.THREAD_NAME, daemon=True)
         self.thread.start()
 
     def _loop(self) -> None:
@@ -368,8 +392,10 @@ class ThreadedRollouts(AsyncRollouts):
                         return
                     load, examples, gids = side.plan()
                     if load is None and not examples and side.stepper.running == 0:
+                        # Idle until a take, a publish or the stop; no bound of its own: the
+                        # learner's waits are bounded and every end of the run sets the stop.
                         t0 = time.perf_counter()
-                        self.cond.wait(timeout=1.0)  # for a publish, a take or the stop
+                        self.cond.wait(timeout=1.0)
                         self._sampler_idle += time.perf_counter() - t0
                         continue
                 done, _ = side.advance(load, examples, gids)  # outside the lock
@@ -381,60 +407,111 @@ class ThreadedRollouts(AsyncRollouts):
                 self.error = err
                 self.cond.notify_all()
 
+    @contextlib.contextmanager
+    def _locked(self, purpose: str, timeout_s: float) -> Iterator[None]:
+        """The shared lock, waited for ``timeout_s`` at most (the sampler holds it while it
+        plans a decode step and while it queues the groups a step finished)."""
+        if not self.cond.acquire(timeout=timeout_s):
+            raise RuntimeError(
+                f"asynchronous rollouts: waited {timeout_s:.0f} s for the sampler thread's lock "
+                f"to {purpose} (the sampler holds it while it plans a decode step: loading "
+                "weights, admitting groups, drawing their prompts)"
+            )
+        try:
+            yield
+        finally:
+            self.cond.release()
+
+    def _failure(self, step: int, err: BaseException) -> BaseException:
+        """What the run raises for the sampler thread's ``err``: a divergence for non-finite
+        logits (as the synchronous loop), else a RuntimeError naming the sampler thread with
+        ``err`` as its cause (a one-line reason on the console and in the tracker, whatever
+        ``err``'s type); an exit (``SystemExit``) stays itself."""
+        failure = _sampling_error(step, err)
+        if failure is not err or not isinstance(err, Exception):
+            return failure
+        lines = str(err).strip().splitlines()
+        wrapped = RuntimeError(
+            f"asynchronous rollouts: the sampler thread failed (step {step} was waiting for its "
+            f"batch): {type(err).__name__}: {lines[0] if lines else ''}"
+        )
+        wrapped.__cause__ = err
+        return wrapped
+
     def _collect(self, step: int, learner_version: int) -> Collected:
         side = self.side
         t0 = time.perf_counter()
         deadline = t0 + BATCH_WAIT_S
-        with self.cond:
-            while not side.ready():
-                if self.error is not None:
-                    raise _sampling_error(step, self.error)
+        with self._locked(f"take step {step}'s batch", BATCH_WAIT_S):
+            # A failed sampler ends the run at once, even with batches it queued before.
+            while self.error is None and not side.ready():
                 left = deadline - time.perf_counter()
                 if left <= 0:
-                    raise TimeoutError(
-                        f"asynchronous rollouts: waited {BATCH_WAIT_S:.0f} s for the sampler to "
-                        f"finish {side.batch} groups (have {len(side.queue)}, running "
-                        f"{side.stepper.running})"
+                    raise RuntimeError(
+                        f"asynchronous rollouts: waited {BATCH_WAIT_S:.0f} s for the sampler "
+                        f"thread to finish step {step}'s {side.batch} groups (have "
+                        f"{len(side.queue)} finished, {side.stepper.running} running)"
                     )
                 self.cond.wait(timeout=min(left, 1.0))
+            if self.error is not None:
+                raise self._failure(step, self.error)
             groups, examples = side.take()
             self.learner_idle_s = time.perf_counter() - t0
             self.sampler_idle_s, self._sampler_idle = self._sampler_idle, 0.0
         out = self._collected(step, groups, examples, learner_version)
-        with self.cond:
+        with self._locked(f"forget the weights step {step} no longer needs", BATCH_WAIT_S):
             side.prune(learner_version)
         return out
 
     def updated(self, model: Any, version: int) -> None:
         state = weights_state(model, trainable_only=self.trainable_only)
-        with self.cond:
+        with self._locked(f"hand version {version} over", BATCH_WAIT_S):
             self.side.publish(state, version)
             self.cond.notify_all()
 
     def close(self) -> None:
-        with self.cond:
-            self.stop = True
-            self.cond.notify_all()
-        if self.thread is not None:
-            self.thread.join(timeout=STOP_WAIT_S)
-            if self.thread.is_alive():
-                raise RuntimeError(
+        """Stop the sampler thread and wait for it to end (``STOP_WAIT_S`` at most, the decode
+        step it is in), then release the stepper. A thread still running then fails the run
+        naming the wait; where the run is already ending in an error (this is the loop's
+        ``finally``), that error stays the run's reason and the wait is noted on it."""
+        self.stop = True  # read by the sampler before each decode step
+        thread = self.thread
+        if thread is not None:
+            deadline = time.perf_counter() + STOP_WAIT_S
+            if self.cond.acquire(timeout=STOP_WAIT_S):
+                try:
+                    self.cond.notify_all()  # an idle sampler ends now, not after its 1 s slice
+                finally:
+                    self.cond.release()
+            thread.join(timeout=max(deadline - time.perf_counter(), 0.0))
+            if thread.is_alive():
+                msg = (
                     f"asynchronous rollouts: the sampler thread did not stop within "
                     f"{STOP_WAIT_S:.0f} s of the end of the run"
                 )
+                ending = sys.exc_info()[1]
+                if ending is not None:
+                    ending.add_note(msg)
+                    return  # the stepper stays the thread's
+                raise RuntimeError(msg)
+            self.thread = None
         super().close()
 
 
 def open_rollouts(run: Any, sampler: Any, amp: torch.dtype | None) -> Any:
     """The run's rollouts: :class:`~harness.run.collect.Rollouts` (synchronous, or the strict
     fixed lag of ``rollout.staleness``) or, under ``rollout.async``, the clock's asynchronous
-    rollouts over a step-level copy of the local sampler."""
+    rollouts over a step-level sampler: the engine's for ``rollout.sampler_backend: vllm``, else
+    a step-level copy of the local sampler."""
     cfg = run.cfg
     a = cfg.rollout.asynchronous
     if not a.enabled:
         return Rollouts(run, sampler, amp)
     lora = is_lora(run.model)
-    stepper = local_step_sampler(run, amp)
+    if cfg.rollout.sampler_backend == "vllm":
+        stepper: StepSampler = engine_step_sampler(run, amp)
+    else:
+        stepper = local_step_sampler(run, amp)
     copies: list[Any] = []
 
     def probe_model() -> Any:

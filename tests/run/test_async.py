@@ -74,6 +74,10 @@ def test_token_lags_stay_within_eta_over_a_long_run(clock, tmp_path):
     assert all(0 <= x <= 2 for x in res.history["async/token_lag_max"])
     assert all(0 <= x <= 2 for x in res.history["async/token_lag_mean"])
     assert all(x >= 0 for x in res.history["async/learner_idle_s"])
+    # the distribution the run got, in its tags: every share at a lag 0..2, summing to 100 %
+    shares = dict(part.split(": ") for part in res.tags["async.token_lags"].split(", "))
+    assert set(shares) <= {"0", "1", "2"}
+    assert sum(float(v.rstrip("%")) for v in shares.values()) == pytest.approx(100, abs=0.2)
 
 
 def test_keep_and_recompute_differ_and_recompute_has_no_numerics_gap(tmp_path):
@@ -170,3 +174,20 @@ def test_recompute_records_the_new_weights_log_probs_and_keep_does_not(decoder):
         results[mode] = float((lp - rb.logprobs)[after].abs().max())
     assert results["recompute"] < 1e-4
     assert results["keep"] > 1e-3
+
+
+def test_lora_runs_asynchronously_on_both_clocks(tmp_path):
+    for clock in ("virtual", "threads"):
+        res = run(
+            cfg(
+                *IN_FLIGHT,
+                f"rollout.async.clock={clock}",
+                "ppo.use_decoupled_loss=true",
+                "model_options.lora.r=4",
+            ),
+            results_dir=tmp_path,
+        )
+        assert res.status == "completed" and res.steps_done == 6
+        assert max(res.history["async/token_lag_max"]) == 2
+        # the lag part of the mismatch is measured at each token's version (adapters swapped in)
+        assert any(abs(x) > 0 for x in res.history["mismatch/lag_kl_k1"])
