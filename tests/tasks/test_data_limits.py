@@ -265,7 +265,8 @@ def test_pages_with_more_values_than_their_row_group_are_refused(tmp_path):
 def test_a_large_string_column_stays_a_dictionary(tmp_path, monkeypatch):
     """A dictionary-encoded large_string column is measured through its indices, as a string
     column is: 100 rows of one 64 KiB value are never expanded to 6.4 MB."""
-    from harness.tasks import get_task, local_data
+    from harness.tasks import get_task
+    from harness.tasks.local_data import checks
 
     value = pa.array(["7" * 65_536], pa.large_string())
     table = pa.table({"q": value.take(pa.array([0] * 100)), "a": pa.array(["1"] * 100)})
@@ -273,8 +274,8 @@ def test_a_large_string_column_stays_a_dictionary(tmp_path, monkeypatch):
     pq.write_table(table, path)
     assert pq.ParquetFile(path).schema_arrow.field("q").type == pa.large_string()
     seen: list[Any] = []
-    real = local_data.text_bytes
-    monkeypatch.setattr(local_data, "text_bytes", lambda col: seen.append(col.type) or real(col))
+    real = checks.text_bytes
+    monkeypatch.setattr(checks, "text_bytes", lambda col: seen.append(col.type) or real(col))
     with pytest.raises(ValueError) as err:
         get_task(f"hf:{path}", **OPTS, max_data_mib=1)
     assert str(err.value) == (
