@@ -184,11 +184,6 @@ def _check_async(r: RolloutConfig) -> None:
             "rollout.staleness: the strict fixed-lag mode, exclusive with rollout.async "
             "(bounded staleness, in-flight or partial); set one of the two"
         )
-    if r.sampler_backend == "vllm":
-        raise ValueError(
-            "rollout.sampler_backend: the vLLM engine does not sample asynchronously yet; use "
-            "the local sampler (auto, fast or hf) with rollout.async"
-        )
     if r.zero_variance_filter:
         raise ValueError(
             "rollout.zero_variance_filter: not with rollout.async (dynamic sampling's refill "

@@ -22,6 +22,8 @@ from harness.sampling import Sampler, SamplingParams, make_backend
 from harness.sampling.decoders import _fast_path_ok
 from harness.sampling.local import LocalSampler
 from harness.sampling.local_steps import LocalStepSampler
+from harness.sampling.vllm import EngineHost
+from harness.sampling.vllm_steps import EngineStepSampler
 
 if TYPE_CHECKING:
     from harness.config import RunConfig
@@ -118,8 +120,42 @@ def local_step_sampler(run: Any, learner: torch.dtype | None) -> LocalStepSample
     )
 
 
+def engine_step_sampler(run: Any, learner: torch.dtype | None) -> EngineStepSampler:
+    """The step-level engine sampler of an asynchronous run under ``rollout.sampler_backend:
+    vllm``: its own copy of the policy (merged into the engine under LoRA), an engine set up as
+    :func:`make_sampler`'s (started at the first load), the run's sampling settings, and row
+    seeds from the same generator as the batch engine sampler's. ``learner`` is unused: the
+    engine's precision is its weight dtype (``rollout.sampler_dtype``, else the learner's)."""
+    del learner
+    cfg = run.cfg
+    r = cfg.rollout
+    params = SamplingParams(
+        n_samples=r.n_samples,
+        max_new_tokens=r.max_new_tokens,
+        temperature=cfg.ppo.temperature,
+        top_p=r.top_p,
+    )
+    host = EngineHost(
+        run.device,
+        dtype=engine_dtype(r.sampler_dtype, cfg.model_options.dtype),
+        kv_cache_gib=r.engine_kv_cache_gib,
+        gpu_memory_utilization=r.engine_gpu_memory_utilization,
+        seed=cfg.seed,
+        max_positions=run.sample_kw.get("max_positions"),
+    )
+    return EngineStepSampler(
+        frozen_copy(run.model),
+        run.tokenizer,
+        params,
+        torch.Generator(device=run.device).manual_seed(cfg.seed),
+        host=host,
+        sample_kw=run.sample_kw,
+    )
+
+
 __all__ = [
     "NOISE_SEED_OFFSET",
+    "engine_step_sampler",
     "local_sampler",
     "local_step_sampler",
     "make_sampler",

@@ -30,6 +30,7 @@ How it runs (docs/engine.md):
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 from collections.abc import Mapping
 from typing import Any
@@ -71,6 +72,86 @@ def _preflight() -> str | None:
     return None if engine_installed() else f"vllm is not installed ({INSTALL_HINT})"
 
 
+class EngineHost:
+    """One in-process engine over a policy: started on the policy's weights
+    (:meth:`start`), synced in place (:meth:`sync`), ended (:meth:`close`, idempotent). What the
+    batch sampler (:class:`EngineSampler`) and the step-level one
+    (:class:`harness.sampling.vllm_steps.EngineStepSampler`) share."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        dtype: str = "float32",
+        kv_cache_gib: int = 1,
+        gpu_memory_utilization: float = 0.3,
+        seed: int = 0,
+        max_positions: int | None = None,
+    ) -> None:
+        self.device = device
+        self.dtype = dtype
+        self.kv_cache_gib = kv_cache_gib
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.seed = seed
+        self.max_positions = max_positions
+        self.llm: Any = None
+        self.workdir: str | None = None
+
+    def start(self, model: Any) -> None:
+        """Start the engine on ``model``'s weights (merged under LoRA); :class:`EngineError`
+        with the reason when it cannot."""
+        # Named after this process: a later run sweeps it if this one is killed (core.scratch).
+        self.workdir = owned_temp_dir("harness-engine-")
+        # The policy as a checkpoint the engine loads (merged under LoRA). Starting on dummy
+        # weights and syncing afterwards was measured to leave the engine's log-probs ~0.9 off
+        # the learner's on the tiny Llama; loading real weights first, then syncing, matches.
+        write_checkpoint(model, self.workdir)
+        kwargs: dict[str, Any] = {
+            "model": self.workdir,
+            "skip_tokenizer_init": True,
+            "dtype": self.dtype,
+            "enforce_eager": True,
+            "max_model_len": int(self.max_positions or 2048),
+            "seed": self.seed,
+            "logprobs_mode": "processed_logprobs",
+            "enable_prefix_caching": False,
+            "use_tqdm_on_load": False,  # a progress bar per run start on the sweep's console
+        }
+        if self.device.type == "cuda":
+            kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
+        try:
+            # Quiet, and the process left as the run and later runs in it expect
+            # (harness/sampling/vllm_host.py: the model classes, torch.set_num_threads).
+            with engine_env(engine_process_env(self.device, self.kv_cache_gib)), engine_start():
+                from vllm import LLM
+
+                self.llm = LLM(**kwargs)
+        except Exception as err:  # any start failure ends the run with its reason
+            self.close()
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            raise EngineError(
+                f"inference engine failed to start: {type(err).__name__}: {first}"
+            ) from err
+
+    def sync(self, model: Any) -> float:
+        """Copy ``model``'s weights into the engine, started on first use; the seconds the copy
+        took (the start not counted)."""
+        if self.llm is None:
+            self.start(model)
+        return reload_weights(self.llm, model)
+
+    def close(self) -> None:
+        """End the engine and remove its run-local directory (idempotent)."""
+        llm, self.llm = self.llm, None
+        shutdown(llm)
+        del llm
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+    def eager(self) -> contextlib.AbstractContextManager[Any]:
+        return engine_eager(self.device)
+
+
 @register(
     "vllm",
     options={
@@ -98,69 +179,32 @@ class EngineSampler(Sampler):
     ) -> None:
         super().__init__()
         self.device = device
-        self.dtype = dtype
-        self.kv_cache_gib = kv_cache_gib
-        self.gpu_memory_utilization = gpu_memory_utilization
-        self.seed = seed
         self.sample_kw = dict(sample_kw or {})
-        self._llm: Any = None
-        self._workdir: str | None = None
+        self.host = EngineHost(
+            device,
+            dtype,
+            kv_cache_gib,
+            gpu_memory_utilization,
+            seed,
+            max_positions=self.sample_kw.get("max_positions"),
+        )
 
-    # ---- lifecycle
-    def _start(self, model: Any) -> None:
-        # Named after this process: a later run sweeps it if this one is killed (core.scratch).
-        self._workdir = owned_temp_dir("harness-engine-")
-        # The policy as a checkpoint the engine loads (merged under LoRA). Starting on dummy
-        # weights and syncing afterwards was measured to leave the engine's log-probs ~0.9 off
-        # the learner's on the tiny Llama; loading real weights first, then syncing, matches.
-        write_checkpoint(model, self._workdir)
-        limit = self.sample_kw.get("max_positions") or 2048
-        kwargs: dict[str, Any] = {
-            "model": self._workdir,
-            "skip_tokenizer_init": True,
-            "dtype": self.dtype,
-            "enforce_eager": True,
-            "max_model_len": int(limit),
-            "seed": self.seed,
-            "logprobs_mode": "processed_logprobs",
-            "enable_prefix_caching": False,
-            "use_tqdm_on_load": False,  # a progress bar per run start on the sweep's console
-        }
-        if self.device.type == "cuda":
-            kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
-        try:
-            # Quiet, and the process left as the run and later runs in it expect
-            # (harness/sampling/vllm_host.py: the model classes, torch.set_num_threads).
-            with engine_env(engine_process_env(self.device, self.kv_cache_gib)), engine_start():
-                from vllm import LLM
-
-                self._llm = LLM(**kwargs)
-        except Exception as err:  # any start failure ends the run with its reason
-            self._close()
-            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-            raise EngineError(
-                f"inference engine failed to start: {type(err).__name__}: {first}"
-            ) from err
+    @property
+    def _llm(self) -> Any:
+        """The running ``vllm.LLM`` (None before the first load and after close)."""
+        return self.host.llm
 
     def _close(self) -> None:
-        """End the engine and remove its run-local directory (idempotent)."""
-        llm, self._llm = self._llm, None
-        shutdown(llm)
-        del llm
-        if self._workdir is not None:
-            shutil.rmtree(self._workdir, ignore_errors=True)
-            self._workdir = None
+        self.host.close()
 
     def _eager(self) -> contextlib.AbstractContextManager[Any]:
-        return engine_eager(self.device)
+        return self.host.eager()
 
     # ---- weights
     def _sync(self, weights: Any) -> float:
         """Copy ``weights`` (the policy module) into the engine, started on first use; the
         seconds the copy took (the start not counted)."""
-        if self._llm is None:
-            self._start(weights)
-        return reload_weights(self._llm, weights)
+        return self.host.sync(weights)
 
     # ---- sampling
     def generate_ids(
@@ -173,22 +217,12 @@ class EngineSampler(Sampler):
         eos_token_ids: list[int],
     ) -> list[tuple[list[int], list[float]]]:
         """One request per row: its sampled token ids and their engine log-probs."""
-        from vllm import SamplingParams
-
         params = [
-            SamplingParams(
-                n=1,
+            request_params(
                 max_tokens=max_new_tokens,
                 temperature=temperature,
-                top_p=1.0,
-                top_k=-1 if _top_k_minus_one() else 0,
-                logprobs=0,
                 seed=int(s),
-                detokenize=False,
-                # Stop exactly on the harness's EOS set (the engine's own EOS is not known
-                # without a tokenizer); the stop token stays in the output, as locally.
-                ignore_eos=True,
-                stop_token_ids=list(eos_token_ids),
+                eos_token_ids=eos_token_ids,
             )
             for s in seeds
         ]
@@ -271,6 +305,33 @@ class EngineSampler(Sampler):
         return rb.to(device) if device.type != "cpu" else rb
 
 
+def request_params(
+    *, max_tokens: int, temperature: float, seed: int, eos_token_ids: list[int], delta: bool = False
+) -> Any:
+    """One row's ``vllm.SamplingParams``: ``max_tokens`` at ``temperature`` (0 = greedy) from its
+    own ``seed``, the sampled token's processed log-prob, stopping on the harness's EOS set;
+    ``delta``: each output carries only the tokens new since the last one (stepping)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        n=1,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=1.0,
+        top_k=-1 if _top_k_minus_one() else 0,
+        logprobs=0,
+        seed=int(seed),
+        detokenize=False,
+        # Stop exactly on the harness's EOS set (the engine's own EOS is not known without a
+        # tokenizer); the stop token stays in the output, as locally.
+        ignore_eos=True,
+        stop_token_ids=list(eos_token_ids),
+        output_kind=RequestOutputKind.DELTA if delta else RequestOutputKind.CUMULATIVE,
+    )
+
+
+@functools.cache
 def _top_k_minus_one() -> bool:
     """vLLM's "top-k off" value: 0 in recent releases, -1 in older ones."""
     try:
@@ -282,4 +343,4 @@ def _top_k_minus_one() -> bool:
         return True
 
 
-__all__ = ["EngineError", "EngineSampler"]
+__all__ = ["EngineError", "EngineHost", "EngineSampler", "request_params"]

@@ -1,0 +1,289 @@
+"""The vLLM engine as a step-level sampler (harness/sampling/vllm_steps.py): asynchronous rollouts
+(``rollout.async``) with ``rollout.sampler_backend: vllm``.
+
+Slow: each engine start costs seconds (the sampler tests share one engine per module; each run
+starts its own). Skipped with a reason where the engine is not installed
+(``python tools/install_engine.py``; ``make test`` does it).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import threading
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from harness.config import build_run_config
+from harness.model.build import (
+    TinyModelConfig,
+    build_model,
+    build_tokenizer,
+    eos_ids,
+    max_positions,
+)
+from harness.model.engine_support import engine_installed
+from harness.model.logprobs import forward_logprobs
+from harness.run.dynamic_sampling import concat_rollouts
+from harness.run.policies import frozen_copy
+from harness.sampling import SamplingParams
+from harness.sampling.vllm import EngineHost, EngineSampler
+from harness.sampling.vllm_steps import EngineStepSampler, resubmit_seed
+from tests.support.sampling import draw
+
+CPU = torch.device("cpu")
+PROMPTS = ["rev 1234=", "rev 98=", "rev 55501=", "rev 7="]
+N, NEW = 4, 12
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not engine_installed(), reason="vllm not installed (python tools/install_engine.py)"
+    ),
+]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_resubmit_seeds_are_fixed_distinct_and_in_range():
+    seeds = [resubmit_seed(12345, k) for k in range(1, 6)]
+    assert len(set(seeds)) == 5 and 12345 not in seeds
+    assert seeds == [resubmit_seed(12345, k) for k in range(1, 6)]  # a function of the two
+    assert all(0 <= s < 2**31 - 1 for s in [*seeds, resubmit_seed(2**31 - 2, 7)])
+
+
+# ---- the sampler on one engine (shared by the module's tests)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    tok = build_tokenizer()
+    model = build_model(tok, TinyModelConfig(), seed=0).eval()
+    kw = {"eos_token_ids": eos_ids(model, tok), "max_positions": max_positions(model.config)}
+    return model, tok, kw
+
+
+@pytest.fixture(scope="module")
+def host(tiny) -> Iterator[EngineHost]:
+    h = EngineHost(CPU, dtype="float32", max_positions=tiny[2]["max_positions"])
+    yield h
+    h.close()
+
+
+def _stepper(host: EngineHost, tiny, seed: int = 0) -> EngineStepSampler:
+    model, tok, kw = tiny
+    params = SamplingParams(n_samples=N, max_new_tokens=NEW, temperature=1.0)
+    gen = torch.Generator().manual_seed(seed)
+    return EngineStepSampler(frozen_copy(model), tok, params, gen, host=host, sample_kw=kw)
+
+
+def _drain(s: EngineStepSampler, *, limit: int = 10 * NEW):
+    out = []
+    for _ in range(limit):
+        if not s.running:
+            break
+        out += s.step()
+    assert not s.running and not s.requests, "the engine did not finish its requests"
+    return out
+
+
+def _learner_lp(model, rb) -> torch.Tensor:
+    with torch.no_grad():
+        return forward_logprobs(model, rb.input_ids, rb.attention_mask, temperature=1.0)[0]
+
+
+def test_one_submit_samples_the_batch_engine_samplers_tokens_with_the_learners_logprobs(host, tiny):
+    model, tok, kw = tiny
+    s = _stepper(host, tiny)
+    s.load(model.state_dict(), 0, recompute=False)
+    s.submit(PROMPTS, [10, 11, 12, 13])
+    assert s.running == 4 and len(s.requests) == 4 * N
+    done = _drain(s)
+    assert [f.gid for f in done] == [10, 11, 12, 13] and all(f.submitted == 0 for f in done)
+    assert s.decode_steps <= NEW  # one token per running request per step
+    rb = concat_rollouts([f.rb for f in done], tok.pad_token_id)
+    assert rb.group_sizes == [N] * 4 and int(rb.response_lens.max()) <= NEW
+    # ℓb is the learner's log_softmax(logits / T) at float32 (the engine tests' tolerance).
+    mask = rb.loss_mask.bool()
+    gap = (rb.logprobs - _learner_lp(model, rb))[mask].abs()
+    assert gap.numel() > 40 and float(gap.max()) < 1e-5, float(gap.max())
+    # Every generated token is version 0, every other position −1.
+    assert rb.versions is not None
+    assert bool((rb.versions[mask] == 0).all()) and bool((rb.versions[~mask] == -1).all())
+    # The same generator seed through the batch engine sampler on the same engine: the same
+    # rows' seeds (drawn in the same order), the same tokens and log-probs.
+    batch = EngineSampler(CPU, sample_kw=kw)
+    batch.host = host
+    want = draw(
+        batch,
+        model,
+        tok,
+        PROMPTS,
+        generator=torch.Generator().manual_seed(0),
+        n_samples=N,
+        max_new_tokens=NEW,
+        temperature=1.0,
+        top_p=1.0,
+    )
+    assert torch.equal(want.input_ids, rb.input_ids)
+    assert torch.allclose(want.logprobs, rb.logprobs, atol=1e-6)
+
+
+def _with_load(host, tiny, new_model, *, recompute: bool, at: int):
+    """Sample PROMPTS, loading ``new_model`` as version 1 after ``at`` steps."""
+    model, tok, _ = tiny
+    s = _stepper(host, tiny)
+    s.load(model.state_dict(), 0, recompute=False)
+    s.submit(PROMPTS, [0, 1, 2, 3])
+    done = []
+    for _ in range(at):
+        done += s.step()
+    running = len(s.requests)
+    s.load(new_model.state_dict(), 1, recompute=recompute)
+    done += _drain(s)
+    return concat_rollouts([f.rb for f in done], tok.pad_token_id), s, running
+
+
+def test_in_flight_load_keep_and_recompute_differ_as_defined(host, tiny):
+    model, tok, _ = tiny
+    new = build_model(tok, TinyModelConfig(), seed=1).eval()
+    at = 4
+    keep, ks, k_running = _with_load(host, tiny, new, recompute=False, at=at)
+    comp, cs, c_running = _with_load(host, tiny, new, recompute=True, at=at)
+    assert k_running == c_running > 0  # rows still running at the load
+    assert ks.resubmitted == 0 and cs.resubmitted == c_running
+    w = keep.prompt_width
+    # Up to the load both sampled the same tokens (same seeds, same weights), as version 0.
+    assert torch.equal(keep.input_ids[:, : w + at], comp.input_ids[:, : w + at])
+    for rb in (keep, comp):
+        gen = rb.loss_mask.bool()
+        v = rb.versions
+        assert bool((v[:, w : w + at][gen[:, w : w + at]] == 0).all())
+        assert bool((v[:, w + at :][gen[:, w + at :]] == 1).all())
+        assert int((v == 1).sum()) > 0
+    old_tok = lambda rb: (rb.versions == 0) & rb.loss_mask.bool()  # noqa: E731
+    new_tok = lambda rb: (rb.versions == 1) & rb.loss_mask.bool()  # noqa: E731
+    # recompute: the prefix is re-prefilled, so the new tokens' ℓb are the new weights' own
+    # log-probs over the whole context; the old tokens' stay the old weights'.
+    assert float((comp.logprobs - _learner_lp(new, comp))[new_tok(comp)].abs().max()) < 1e-5
+    assert float((comp.logprobs - _learner_lp(model, comp))[old_tok(comp)].abs().max()) < 1e-5
+    # keep: the new tokens attend to the KV the old weights computed, so they are not the new
+    # weights' log-probs over the context (the stale-KV mismatch); the old tokens are untouched.
+    assert float((keep.logprobs - _learner_lp(new, keep))[new_tok(keep)].abs().max()) > 1e-3
+    assert float((keep.logprobs - _learner_lp(model, keep))[old_tok(keep)].abs().max()) < 1e-5
+    # The resubmitted rows sample from derived seeds: the continuations differ.
+    assert not torch.equal(keep.input_ids, comp.input_ids)
+
+
+# ---- harness runs (each its own engine)
+
+RUN = {
+    "steps": 6,
+    "seed": 3,
+    "rollout": {
+        "prompts_per_step": 4,
+        "n_samples": 2,
+        "max_new_tokens": 16,
+        "sampler_backend": "vllm",
+        "async": {"max_staleness": 2, "weight_updates": "in_flight"},
+    },
+    "eval": {"every": 0, "n_prompts": 4},
+    "threads": 1,
+}
+
+
+def _run(tmp_path, *, clock: str, kv: str = "keep"):
+    from harness.run.loop import run
+
+    a = {**RUN["rollout"]["async"], "clock": clock, "in_flight_kv": kv}  # type: ignore[index]
+    cfg = build_run_config({**RUN, "rollout": {**RUN["rollout"], "async": a}})
+    res = run(cfg, results_dir=tmp_path)
+    assert res.status == "completed", res.reason
+    return res
+
+
+def _leftovers(before: set[int]) -> list[str]:
+    """What the run left behind: new non-daemon or engine threads, child processes, a live
+    ``vllm.LLM``. tqdm's process-wide monitor thread (a daemon that ends with the last progress
+    bar) is not the engine's."""
+    import psutil
+
+    gc.collect()
+    left = [
+        f"thread {t.name}"
+        for t in threading.enumerate()
+        if t.ident not in before and t.name != "tqdm_monitor"
+    ]
+    left += [f"process {p.pid} {p.name()}" for p in psutil.Process().children(recursive=True)]
+    left += [f"object {type(o).__name__}" for o in gc.get_objects() if type(o).__name__ == "LLM"]
+    return left
+
+
+def _lags_ok(h: dict[str, list[float]], eta: int) -> None:
+    assert all(0 <= v <= eta for v in h["async/token_lag_max"]), h["async/token_lag_max"]
+    assert max(h["async/mixed_version_fraction"]) > 0, h["async/mixed_version_fraction"]
+
+
+def test_threads_clock_run_with_the_engine_mixes_versions_within_eta_and_leaves_nothing(
+    tmp_path,
+):
+    before = {t.ident for t in threading.enumerate()}
+    res = _run(tmp_path, clock="threads")
+    h = res.history
+    assert res.steps_done == 6 and all(math.isfinite(v) for v in h["objective/reward"])
+    _lags_ok(h, 2)
+    # The engine's ℓb against the learner's forward of the same version: fp32 numerics only.
+    assert max(h["mismatch/numerics_kl_k3"]) < 1e-6, h["mismatch/numerics_kl_k3"]
+    assert _leftovers(before) == []
+
+
+TIMED = ("perf/", "async/sampler_idle_s", "async/learner_idle_s")
+
+
+def _same(x: float, y: float) -> bool:
+    return x == y or (math.isnan(x) and math.isnan(y))
+
+
+def _untimed(h: dict[str, list[float]]) -> dict[str, list[float]]:
+    return {k: v for k, v in h.items() if not k.startswith(TIMED)}
+
+
+def test_virtual_clock_with_the_engine_reruns_bit_identically(tmp_path):
+    before = {t.ident for t in threading.enumerate()}
+    a = _run(tmp_path / "a", clock="virtual", kv="recompute")
+    b = _run(tmp_path / "b", clock="virtual", kv="recompute")
+    ha, hb = _untimed(a.history), _untimed(b.history)
+    assert ha.keys() == hb.keys() and "async/token_lag_mean" in ha
+    diff = [k for k in ha if not all(map(_same, ha[k], hb[k]))]
+    assert diff == [], {k: (ha[k], hb[k]) for k in diff[:3]}
+    _lags_ok(a.history, 2)
+    assert _leftovers(before) == []
+
+
+def test_an_engine_failure_mid_run_fails_the_run_with_its_reason_and_leaves_no_engine(
+    tmp_path, monkeypatch
+):
+    from harness.sampling.vllm_host import EngineError
+
+    real = EngineStepSampler.step
+    calls = {"n": 0}
+
+    def failing(self):
+        calls["n"] += 1
+        if calls["n"] == 20:  # mid-generation, after the engine started and sampled
+            raise EngineError("engine step failed: RuntimeError: the stand-in crash")
+        return real(self)
+
+    monkeypatch.setattr(EngineStepSampler, "step", failing)
+    before = {t.ident for t in threading.enumerate()}
+    with pytest.raises(EngineError, match="the stand-in crash"):
+        _run(tmp_path, clock="threads")
+    assert calls["n"] == 20
+    assert _leftovers(before) == []
