@@ -1,5 +1,5 @@
 """``harness export``: one cell (or a finished study's best point) as another framework's
-settings: TRL GRPOConfig code, verl Hydra overrides or AReaL YAML."""
+settings: TRL GRPOConfig code, verl Hydra overrides, AReaL YAML or prime-rl TOML."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from harness.cli.options import ResultsDir, Storage, user_errors
 @user_errors
 def export_cmd(
     file: Annotated[Path, typer.Argument(help="Experiment file.")],
-    to: Annotated[str, typer.Option("--to", help="Target framework: trl, verl or areal.")],
+    to: Annotated[
+        str, typer.Option("--to", help="Target framework: trl, verl, areal or prime-rl.")
+    ],
     cell: Annotated[
         str | None,
         typer.Option(help="The cell: its label, or KEY=VALUE pairs, e.g. 'eps_clip=0.2 c_clip=3'."),
@@ -28,7 +30,8 @@ def export_cmd(
     storage: Storage = None,
     results_dir: ResultsDir = Path("results"),
 ) -> None:
-    """Print one cell's settings as TRL GRPOConfig code, verl Hydra overrides or AReaL YAML.
+    """Print one cell's settings as TRL GRPOConfig code, verl Hydra overrides, AReaL YAML or
+    prime-rl TOML.
     --best takes a finished study's top cell (a grid) or best trial (a search), with its
     uncertainty as a comment; a study in which no run completed is refused (exit 2).
 

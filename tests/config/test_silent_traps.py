@@ -391,6 +391,18 @@ CONTEXT = {
     "ppo.dppo.ratio_cap": {"ppo.policy_loss": "dppo", "ppo.dppo.surrogate": "truncated_is"},
     "ppo.vespo.behaviour_weight": {"ppo.policy_loss": "vespo", "ppo.correction": "token_tis"},
     "ppo.prox_logp_method": {"ppo.use_decoupled_loss": True, "rollout.staleness": 2},
+    # rollout.async: each field where it acts (alone, weight_updates in_flight or a partial
+    # over_sample is refused as a setting that changes nothing)
+    "rollout.asynchronous.in_flight_kv": {
+        "rollout.asynchronous.max_staleness": 2,
+        "rollout.asynchronous.weight_updates": "in_flight",
+    },
+    "rollout.asynchronous.over_sample": {
+        "rollout.asynchronous.max_staleness": 2,
+        "rollout.asynchronous.partial": True,
+    },
+    "rollout.asynchronous.max_staleness": {},
+    "rollout.asynchronous.": {"rollout.asynchronous.max_staleness": 2},
 }
 _OBJECTIVES_WITH_OPTIONS = (
     *("cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "dppo", "vespo", "m2po"),
@@ -424,6 +436,7 @@ CHANGED = {  # a valid other value where the generic rule below cannot find one
     "optim.schedule": "cosine",
     "optim.grad_clip": 0.5,
     "rollout.top_p": 0.9,
+    "rollout.asynchronous.over_sample": 2.0,
 }
 
 

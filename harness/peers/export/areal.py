@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from harness.core.configtools import ConfigError, to_dict
+from harness.peers.export.asynchrony import areal_async
 from harness.peers.export.common import comment, sampler_notes, warm_start_note
 from harness.ppo.corrections import legacy_to_rejection_sampling
 from harness.ppo.objectives import lookup
@@ -145,6 +146,8 @@ def export_areal(cfg: RunConfig) -> str:
     r, p = cfg.rollout, cfg.ppo
     actor, notes = _areal_actor(cfg)
     notes += _areal_rest(cfg, actor)
+    rollout, async_notes = areal_async(cfg)
+    notes += async_notes
     doc: dict[str, Any] = {
         "actor": actor,
         "gconfig": {
@@ -154,7 +157,7 @@ def export_areal(cfg: RunConfig) -> str:
             "top_p": r.top_p,
         },
         "train_dataset": {"batch_size": r.prompts_per_step},
-        "rollout": {"max_head_offpolicyness": r.staleness},
+        "rollout": rollout,
     }
     body = yaml.safe_dump(doc, sort_keys=False)
     lines = [comment(n.removeprefix("# ")) for n in notes]

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from harness.peers.export.asynchrony import trl_async
 from harness.peers.export.common import (
     comment,
     lora_targets,
@@ -101,4 +102,21 @@ def export_trl(cfg: RunConfig) -> str:
     trainer = "GRPOTrainer(model=..., reward_funcs=..., args=args"
     trainer += ", peft_config=peft_config)" if lora is not None else ")"
     code.append(comment(f"then: {trainer}"))
-    return "\n".join(lines + code) + "\n"
+    return "\n".join(lines + code + _async_code(cfg, kw)) + "\n"
+
+
+def _async_code(cfg: RunConfig, kw: dict[str, object]) -> list[str]:
+    """Under ``rollout.async``: the notes and ``async_args = AsyncGRPOConfig(...)`` for TRL's
+    asynchronous trainer (nothing otherwise)."""
+    async_kw, notes = trl_async(cfg, kw)
+    if not async_kw:
+        return []
+    code = ["", *(comment(n.removeprefix("# ")) for n in notes)]
+    code += ["from trl.experimental.async_grpo import AsyncGRPOConfig", ""]
+    code.append("async_args = AsyncGRPOConfig(")
+    code += [f"    {k}={py_literal(v)}," for k, v in async_kw.items()]
+    code.append(")")
+    trainer = "AsyncGRPOTrainer(model=..., reward_funcs=..., args=async_args"
+    trainer += ", peft_config=peft_config)" if cfg.model_options.lora is not None else ")"
+    code.append(comment(f"then: {trainer}"))
+    return code

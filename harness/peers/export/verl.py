@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.core.configtools import ConfigError, to_dict
 from harness.peers.corrections import verl_settings
+from harness.peers.export.asynchrony import verl_async
 from harness.peers.export.common import comment, lora_targets, sampler_notes, warm_start_note
 from harness.ppo.corrections import resolve
 from harness.ppo.objectives import lookup
@@ -375,7 +376,8 @@ def _verl_data(cfg: RunConfig) -> tuple[list[tuple[str, Any]], list[str]]:
             kv.append(("critic.cliprange_value", cfg.critic.value_clip))
     if r.staleness:
         notes.append("# rollout.staleness: verl's main trainer is synchronous (no lagged policy)")
-    return kv, notes
+    async_kv, async_notes = verl_async(cfg)
+    return kv + async_kv, notes + async_notes
 
 
 def _verl_correction(cfg: RunConfig) -> tuple[list[tuple[str, Any]], list[str]]:

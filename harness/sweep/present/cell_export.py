@@ -10,7 +10,7 @@ import copy
 from harness.config import RunConfig
 from harness.config.loading import build_run_config
 from harness.core.configtools import ConfigError, field_defaults, flatten, set_path, to_dict
-from harness.peers.export import TARGETS, comment, export_areal, export_trl, export_verl, one_line
+from harness.peers.export import EXPORTERS, TARGETS, comment, one_line
 
 # Not carried by any export (the module docstring: the algorithm, its budget and how the model
 # is trained): a prefix ending in "." covers a block.
@@ -47,7 +47,7 @@ def unmapped_notes(cfg: RunConfig, target: str, body: str) -> list[str]:
     writes nor names: the export with that one setting back at its default is the same text.
     (A setting that cannot go back alone, such as an overlong_tokens that the penalty needs,
     is left to the target's own notes.)"""
-    exporter = {"trl": export_trl, "verl": export_verl, "areal": export_areal}[target]
+    exporter = EXPORTERS[target]
     notes = " ".join(ln for ln in body.splitlines() if ln.startswith("#"))
     data = to_dict(cfg)
     values = flatten(data)
@@ -74,13 +74,8 @@ def unmapped_notes(cfg: RunConfig, target: str, body: str) -> list[str]:
 def export_cell(cfg: RunConfig, target: str, header: list[str] | tuple[str, ...] = ()) -> str:
     """The cell in ``target``'s format, ``header`` lines first as (one-line) comments; any
     changed setting the target's text would otherwise drop is named in a comment."""
-    if target == "trl":
-        body = export_trl(cfg)
-    elif target == "verl":
-        body = export_verl(cfg)
-    elif target == "areal":
-        body = export_areal(cfg)
-    else:
+    if target not in EXPORTERS:
         raise ValueError(f"--to must be one of {', '.join(TARGETS)}; got {target!r}")
+    body = EXPORTERS[target](cfg)
     extra = "".join(comment(n.removeprefix("# ")) + "\n" for n in unmapped_notes(cfg, target, body))
     return "".join(comment(h) + "\n" for h in header) + extra + body
