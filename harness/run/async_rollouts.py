@@ -23,12 +23,11 @@ sampled; the step's ``async/*`` metrics come from :meth:`step_metrics`.
 
 from __future__ import annotations
 
-import contextlib
 import random
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -358,15 +357,19 @@ class VirtualRollouts(AsyncRollouts):
 class ThreadedRollouts(AsyncRollouts):
     """The threads clock (module docstring): the sampler side in its own thread.
 
-    The learner (the run's thread) and the sampler share one lock and hold it only to bookkeep:
-    the sampler to plan a decode step (load, admit, draw the prompts) and queue what finished,
-    the learner to take a batch, publish weights and forget old ones; the decode step and the
-    training step run outside it. Every wait of the learner is bounded and its message names
-    what it waited for: the lock, the step's batch (``BATCH_WAIT_S``) and the thread's end
-    (``STOP_WAIT_S``). The sampler waits only while it has nothing to run, in 1 s slices that
-    look at the stop flag, which :meth:`close` sets whatever ends the run (the loop closes its
-    rollouts in a ``finally``). A sampler error ends the run at the learner's next batch:
-    non-finite logits as a divergence, anything else as an error naming the sampler thread."""
+    The learner (the run's thread) and the sampler share one lock and hold it only to bookkeep,
+    never across a blocking call: the sampler to plan a decode step (load, admit, draw the
+    prompts) and queue what finished, the learner to take a batch, publish weights and forget
+    old ones; the decode step and the training step run outside it. So taking the lock is not
+    one of the waits bounded below, and it is taken with ``with``, which Ctrl-C cannot split
+    from its release (a timed acquire written out in Python can leave it held when the signal
+    lands between the acquire and its ``try``). The learner's waits for the other side are
+    bounded and each message names what it waited for: the step's batch (``BATCH_WAIT_S``) and
+    the thread's end (``STOP_WAIT_S``). The sampler waits only while it has nothing to run, in
+    1 s slices that look at the stop flag, which :meth:`close` sets whatever ends the run (the
+    loop closes its rollouts in a ``finally``). A sampler error ends the run at the learner's
+    next batch: non-finite logits as a divergence, anything else as an error naming the sampler
+    thread."""
 
     THREAD_NAME = "harness-async-sampler"
 
@@ -407,21 +410,6 @@ class ThreadedRollouts(AsyncRollouts):
                 self.error = err
                 self.cond.notify_all()
 
-    @contextlib.contextmanager
-    def _locked(self, purpose: str, timeout_s: float) -> Iterator[None]:
-        """The shared lock, waited for ``timeout_s`` at most (the sampler holds it while it
-        plans a decode step and while it queues the groups a step finished)."""
-        if not self.cond.acquire(timeout=timeout_s):
-            raise RuntimeError(
-                f"asynchronous rollouts: waited {timeout_s:.0f} s for the sampler thread's lock "
-                f"to {purpose} (the sampler holds it while it plans a decode step: loading "
-                "weights, admitting groups, drawing their prompts)"
-            )
-        try:
-            yield
-        finally:
-            self.cond.release()
-
     def _failure(self, step: int, err: BaseException) -> BaseException:
         """What the run raises for the sampler thread's ``err``: a divergence for non-finite
         logits (as the synchronous loop), else a RuntimeError naming the sampler thread with
@@ -442,7 +430,7 @@ class ThreadedRollouts(AsyncRollouts):
         side = self.side
         t0 = time.perf_counter()
         deadline = t0 + BATCH_WAIT_S
-        with self._locked(f"take step {step}'s batch", BATCH_WAIT_S):
+        with self.cond:
             # A failed sampler ends the run at once, even with batches it queued before.
             while self.error is None and not side.ready():
                 left = deadline - time.perf_counter()
@@ -459,13 +447,13 @@ class ThreadedRollouts(AsyncRollouts):
             self.learner_idle_s = time.perf_counter() - t0
             self.sampler_idle_s, self._sampler_idle = self._sampler_idle, 0.0
         out = self._collected(step, groups, examples, learner_version)
-        with self._locked(f"forget the weights step {step} no longer needs", BATCH_WAIT_S):
+        with self.cond:
             side.prune(learner_version)
         return out
 
     def updated(self, model: Any, version: int) -> None:
         state = weights_state(model, trainable_only=self.trainable_only)
-        with self._locked(f"hand version {version} over", BATCH_WAIT_S):
+        with self.cond:
             self.side.publish(state, version)
             self.cond.notify_all()
 
@@ -477,13 +465,9 @@ class ThreadedRollouts(AsyncRollouts):
         self.stop = True  # read by the sampler before each decode step
         thread = self.thread
         if thread is not None:
-            deadline = time.perf_counter() + STOP_WAIT_S
-            if self.cond.acquire(timeout=STOP_WAIT_S):
-                try:
-                    self.cond.notify_all()  # an idle sampler ends now, not after its 1 s slice
-                finally:
-                    self.cond.release()
-            thread.join(timeout=max(deadline - time.perf_counter(), 0.0))
+            with self.cond:
+                self.cond.notify_all()  # an idle sampler ends now, not after its 1 s slice
+            thread.join(timeout=STOP_WAIT_S)
             if thread.is_alive():
                 msg = (
                     f"asynchronous rollouts: the sampler thread did not stop within "
