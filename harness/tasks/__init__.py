@@ -16,12 +16,14 @@ from __future__ import annotations
 from typing import Any
 
 from harness.tasks import sources as sources  # registers every source
-from harness.tasks.answers import AnswerSpec, math_verify_match
+from harness.tasks.answers import AnswerSpec, math_verify_match, numeric_or_exact_match
 from harness.tasks.base import Example, Task, is_held_out, position_credit
 from harness.tasks.builtin import AddTask, MixedScaleTask, ReverseTask, SortTask
-from harness.tasks.pairs import PairTask, jsonl_task, numeric_or_exact_match, python_task
+from harness.tasks.pairs import PairTask
 from harness.tasks.reasoning import reasoning_task
 from harness.tasks.registry import build_task, field_help, names, option_table
+from harness.tasks.sources.jsonl import jsonl_task
+from harness.tasks.sources.python import python_task
 
 TASK_NAMES: tuple[str, ...] = names()
 

@@ -1,4 +1,5 @@
-"""Tasks over a fixed list of prompt/answer pairs: ``jsonl:PATH`` and ``python:MODULE:FUNCTION``.
+"""Tasks over a fixed list of prompt/answer pairs (``jsonl:``, ``csv:``, ``hf:``, ``python:``):
+their shared options, the task itself and the scoring of a file of pairs.
 
 Held-out split: the distinct prompts are ranked by ``stable_hash(prompt)`` and the first
 ``max(1, round(eval_fraction * n_prompts))`` form the evaluation set; every row whose prompt is
@@ -6,30 +7,18 @@ held out is evaluation-only, so a duplicated prompt can never leak into training
 single distinct prompt cannot be split: it is used for both, and the task says so in its
 ``split_note``.)
 
-``python:`` tasks run the user's own code, imported with the harness's privileges: only use
-modules you trust. Spec forms:
-
-* ``python:MODULE:FUNCTION`` -- ``MODULE`` (a dotted module importable from ``sys.path`` or the
-  current directory, or a path to a ``.py`` file) defines ``FUNCTION(prompt, completion,
-  answer) -> float`` and ``examples()`` returning a list of ``{"prompt": str, "answer": str}``
-  dicts (the answer may be ``""`` when the function needs none);
-* ``python:MODULE:FUNCTION@PATH.jsonl`` -- the examples come from a JSONL file instead.
-
-The completion handed to the function is the generated text up to EOS with surrounding
-whitespace stripped, as for every task.
+Each source builds its task in its own module (:mod:`harness.tasks.sources`); the rows are read
+by :mod:`harness.tasks.records`.  The completion handed to a scorer is the generated text up to
+EOS with surrounding whitespace stripped, as for every task.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import itertools
 import json
 import random
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, BinaryIO
 
 from harness.core import limits
 from harness.core.configtools import option
@@ -40,11 +29,9 @@ from harness.tasks.answers import (
     check_match_rule,
     extract_answer,
     math_verify_match,
-    numeric_or_exact_match,
 )
-from harness.tasks.base import Example, import_module, stable_hash
+from harness.tasks.base import Example, stable_hash
 from harness.tasks.registry import TaskOptions
-from harness.tasks.reward_process import START_TIMEOUT_S, RewardProcess
 
 
 @dataclass(frozen=True)
@@ -78,10 +65,9 @@ class DataLimitOptions(TaskOptions):
         le=limits.CEILING_TASK_DATA_MIB,
     )
 
-
-def data_bounds(max_rows: int, max_file_mib: int, max_data_mib: int) -> limits.DataBounds:
-    """The bounds a task's ``max_rows`` / ``max_file_mib`` / ``max_data_mib`` options give."""
-    return limits.DataBounds.from_options(max_rows, max_file_mib, max_data_mib)
+    def bounds(self) -> limits.DataBounds:
+        """The bounds the ``max_rows`` / ``max_file_mib`` / ``max_data_mib`` options give."""
+        return limits.DataBounds.from_options(self.max_rows, self.max_file_mib, self.max_data_mib)
 
 
 @dataclass(frozen=True)
@@ -96,172 +82,6 @@ class _Match(HeldOutOptions):
 @dataclass(frozen=True)
 class PairOptions(DataLimitOptions, AnswerOptions, _Match):
     """The options of a file of prompt/answer pairs (``jsonl:``, ``hf:``, ``csv:``)."""
-
-
-def answer_text(value: Any) -> str | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, str):
-        return value
-    if isinstance(value, int | float):
-        return str(value)
-    return None
-
-
-def pairs_from_records(
-    spec: str,
-    where: str,
-    records: Iterable[tuple[int, Any]],
-    *,
-    prompt_field: str = "prompt",
-    answer_field: str = "answer",
-    row: str = "",
-    only_fields: bool = True,
-    bounds: limits.DataBounds = limits.DEFAULT_DATA_BOUNDS,
-) -> list[Example]:
-    """``where`` names the file ("PATH", rows are "line N") or "examples()" (rows are "item N");
-    ``row`` overrides the row word ("row" for a dataset).
-
-    Every row must carry both keys: a missing answer read as ``""`` would score an empty
-    completion 1.0.  ``only_fields``: any other key is refused too (a misspelt ``anwser``); a
-    dataset whose extra columns are ordinary (``hf:``) passes False.  The prompts and answers
-    together may hold at most ``bounds.data_bytes`` of UTF-8 text (what ``hf:`` measures in its
-    columns before decoding; here, for JSONL, CSV and ``examples()``, as the rows arrive)."""
-    row = row or ("item" if where == "examples()" else "line")
-    allowed = (prompt_field, answer_field)
-    out = []
-    nbytes = 0
-    for lineno, obj in records:
-        at = f"task '{spec}': {where} {row} {lineno}"
-        if isinstance(obj, dict):
-            missing = [k for k in allowed if k not in obj]
-            extra = [k for k in obj if k not in allowed] if only_fields else []
-            if extra:
-                raise ValueError(
-                    f"{at}: unknown key {str(extra[0])!r} (allowed: '{prompt_field}', "
-                    f"'{answer_field}')"
-                )
-            if missing:
-                raise ValueError(
-                    f"{at}: missing key '{missing[0]}' (each row needs '{prompt_field}' and "
-                    f"'{answer_field}'; give \"\" for an answer the reward does not use)"
-                )
-        prompt = obj.get(prompt_field) if isinstance(obj, dict) else None
-        answer = answer_text(obj.get(answer_field)) if isinstance(obj, dict) else None
-        if not isinstance(prompt, str) or answer is None:
-            raise ValueError(
-                f"{at}: expected an object with a string '{prompt_field}' and a string or number "
-                f"'{answer_field}'"
-            )
-        if not prompt:  # no tokens to condition on: an IndexError in the first rollout
-            raise ValueError(
-                f"{at}: '{prompt_field}' is empty (a prompt needs at least one character)"
-            )
-        for key, text in ((prompt_field, prompt), (answer_field, answer)):
-            if len(text) > limits.MAX_TEXT_CHARS:
-                raise ValueError(
-                    f"{at}: '{key}' is {len(text):,} characters; at most {limits.MAX_TEXT_CHARS:,}"
-                )
-        nbytes += _utf8_size(prompt) + _utf8_size(answer)
-        if nbytes > bounds.data_bytes:
-            raise ValueError(
-                bounds.data_refusal(
-                    f"task '{spec}': the prompts and answers of {where} up to {row} {lineno} "
-                    f"hold {nbytes:,} bytes"
-                )
-            )
-        out.append(Example(prompt=prompt, answer=answer, source=f"{where} {row} {lineno}"))
-    if not out:
-        raise ValueError(f"task '{spec}': {where} holds no examples")
-    return out
-
-
-def _utf8_size(text: str) -> int:
-    # isascii() reads a flag CPython keeps on the string: only non-ASCII text is encoded.
-    return len(text) if text.isascii() else len(text.encode())
-
-
-def utf8_lines(spec: str, path: str, fh: BinaryIO) -> Iterator[tuple[int, str]]:
-    """``(line number, line)`` of a task file opened for bytes, decoded as UTF-8; a byte that is
-    not UTF-8 is one error naming its line."""
-    for lineno, raw in enumerate(fh, start=1):
-        try:
-            yield lineno, raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ValueError(
-                f"task '{spec}': {path} line {lineno}: is not valid UTF-8 (byte {exc.start} "
-                "of the line)"
-            ) from None
-
-
-def read_jsonl(
-    spec: str,
-    path: str,
-    *,
-    prompt_field: str = "prompt",
-    answer_field: str = "answer",
-    only_fields: bool = True,
-    bounds: limits.DataBounds = limits.DEFAULT_DATA_BOUNDS,
-) -> list[Example]:
-    """Parse a JSONL file of ``{"prompt": ..., "answer": ...}`` lines (blank lines skipped; the
-    two field names are configurable). ``~`` is expanded; a relative path is relative to the
-    current directory.
-
-    Bounded before parsing: at most ``bounds.file_bytes`` (by default ``MAX_TASK_FILE_BYTES``,
-    harness.core.limits) and ``bounds.rows`` rows, UTF-8 line by line (a bad byte names its
-    line)."""
-    p = Path(path).expanduser()
-    kind = limits.not_regular(p)
-    if kind is not None:  # never opened: a FIFO would block the read until a writer came
-        raise ValueError(f"task '{spec}': '{path}' is {kind}, not a regular file")
-    if not p.is_file():
-        raise ValueError(f"task '{spec}': file '{path}' does not exist")
-    records: list[tuple[int, Any]] = []
-    try:
-        fh = limits.open_bounded(
-            p, bounds.file_bytes, "a task file", shown=path, option=bounds.file_option
-        )
-    except ValueError as err:
-        raise ValueError(f"task '{spec}': {err}") from None
-    with fh:
-        for lineno, line in utf8_lines(spec, path, fh):
-            if not line.strip():
-                continue
-            if len(records) >= bounds.rows:
-                raise ValueError(
-                    bounds.rows_refusal(
-                        f"task '{spec}': {path} holds more than {bounds.rows:,} rows"
-                    )
-                )
-            try:
-                records.append((lineno, json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise ValueError(
-                    f"task '{spec}': {path} line {lineno}: invalid JSON ({exc.msg})"
-                ) from None
-            except RecursionError:  # json nests by recursion: [[[[...]]]] deeper than Python's
-                raise ValueError(
-                    f"task '{spec}': {path} line {lineno}: JSON nested too deeply to read "
-                    "(arrays or objects within each other past Python's recursion limit)"
-                ) from None
-    return pairs_from_records(
-        spec,
-        path,
-        records,
-        prompt_field=prompt_field,
-        answer_field=answer_field,
-        only_fields=only_fields,
-        bounds=bounds,
-    )
-
-
-def file_digest(path: str | Path) -> str:
-    # Read in blocks: a file a run allowed past the default bound need not be held twice.
-    h = hashlib.sha256()
-    with Path(path).expanduser().open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class PairTask:
@@ -352,17 +172,43 @@ class PairTask:
         return spec.demonstration(example.answer) if spec is not None else example.answer
 
 
-def answer_options(
-    spec: str, reward: str, answer_format: str, format_weight: float, think: bool
-) -> tuple[Callable[[Example, str], float], AnswerSpec, dict[str, object]]:
+Scoring = tuple[Callable[[Example, str], float], AnswerSpec, dict[str, object]]
+
+
+def answer_options(spec: str, o: PairOptions) -> Scoring:
     """The scorer, the answer spec and the non-default options (for the fingerprint) of a file
     task's scoring options."""
-    match = check_match_rule(spec, reward, answer_format)
-    answer_spec = AnswerSpec(answer_format, format_weight, think)
+    match = check_match_rule(spec, o.reward, o.answer_format)
+    answer_spec = AnswerSpec(o.answer_format, o.format_weight, o.think)
     defaults = {"reward": "numeric", **AnswerSpec().options()}
-    chosen = {"reward": reward, **answer_spec.options()}
+    chosen = {"reward": o.reward, **answer_spec.options()}
     changed = {k: v for k, v in chosen.items() if v != defaults[k]}
     return (lambda ex, got: match(ex.answer, got)), answer_spec, changed
+
+
+def file_task(
+    spec: str,
+    o: PairOptions,
+    examples: list[Example],
+    scoring: Scoring,
+    fingerprint: str,
+    options: Mapping[str, object] | None = None,
+) -> PairTask:
+    """The task of a file of pairs (``jsonl:``, ``csv:``, ``hf:``): ``examples`` scored as
+    ``scoring`` (:func:`answer_options` of ``o``, called before the file is read so that a bad
+    option is refused first), its reference answers checked to score as right."""
+    scorer, answer_spec, changed = scoring
+    task = PairTask(
+        spec,
+        examples,
+        scorer,
+        eval_fraction=o.eval_fraction,
+        fingerprint=fingerprint,
+        answer_spec=answer_spec,
+        options={**(options or {}), **changed},
+    )
+    check_reference_answers(task, o.reward)
+    return task
 
 
 #: Distinct reference answers the self-check scores (math-verify takes ~0.1 s an answer).
@@ -410,132 +256,13 @@ def _gold_self_score(answer: str, demonstration: str, answer_format: str) -> flo
     return math_verify_match(answer, got, answer_only=answer_format != "raw")
 
 
-def jsonl_task(
-    spec: str,
-    path: str,
-    *,
-    eval_fraction: float,
-    reward: str,
-    answer_format: str,
-    format_weight: float,
-    think: bool,
-    max_rows: int = limits.MAX_TASK_ROWS,
-    max_file_mib: int = limits.MAX_TASK_FILE_BYTES // limits.MIB,
-    max_data_mib: int = limits.MAX_TASK_DATA_BYTES // limits.MIB,
-) -> PairTask:
-    """``jsonl:PATH``: by default exact match, or numeric match within 1e-6 when both sides are
-    numbers, of the whole completion; ``reward``/``answer_format``/``format_weight``/``think``
-    as in :mod:`harness.tasks.answers`; ``max_*`` bound the data (:class:`DataLimitOptions`)."""
-    scorer, answer_spec, changed = answer_options(spec, reward, answer_format, format_weight, think)
-    bounds = data_bounds(max_rows, max_file_mib, max_data_mib)
-    examples = read_jsonl(spec, path, bounds=bounds)
-    task = PairTask(
-        spec,
-        examples,
-        scorer,
-        eval_fraction=eval_fraction,
-        fingerprint=file_digest(path),
-        answer_spec=answer_spec,
-        options=changed,
-    )
-    check_reference_answers(task, reward)
-    return task
-
-
-def python_task(
-    spec: str,
-    target: str,
-    *,
-    eval_fraction: float,
-    reward_timeout_s: float,
-    max_rows: int = limits.MAX_TASK_ROWS,
-    max_file_mib: int = limits.MAX_TASK_FILE_BYTES // limits.MIB,
-    max_data_mib: int = limits.MAX_TASK_DATA_BYTES // limits.MIB,
-) -> PairTask:
-    """``python:MODULE:FUNCTION[@PATH.jsonl]`` (see the module docstring). Runs user code: the
-    examples here, the reward in a child process with each call bounded by
-    ``reward_timeout_s`` (:mod:`harness.tasks.reward_process`).  ``max_*`` bound the examples
-    (:class:`DataLimitOptions`); ``max_file_mib`` only the ``@PATH.jsonl`` file, so it is
-    refused without one (``examples()`` reads no file it could bound)."""
-    target, _, data_path = target.partition("@")
-    bounds = data_bounds(max_rows, max_file_mib, max_data_mib)
-    if not data_path and bounds.file_bytes != limits.MAX_TASK_FILE_BYTES:
-        raise ValueError(
-            f"task '{spec}': {bounds.file_option}: bounds the file of "
-            "python:MODULE:FUNCTION@PATH.jsonl; examples() reads no file (bound it with max_rows "
-            "and max_data_mib)"
-        )
-    module, _, func_name = target.rpartition(":")
-    if not module or not func_name:
-        raise ValueError(
-            f"task '{spec}': expected python:MODULE:FUNCTION or python:MODULE:FUNCTION@PATH.jsonl"
-        )
-    # Bounded as the reward process bounds its own import of it: a module that waits at import
-    # is refused with one line, not a silent hang of every process that builds the task.
-    mod = import_module(spec, module, timeout_s=START_TIMEOUT_S)
-    func = getattr(mod, func_name, None)
-    if not callable(func):
-        raise ValueError(f"task '{spec}': module '{module}' has no function '{func_name}'")
-    if data_path:
-        examples = read_jsonl(spec, data_path, bounds=bounds)
-        data = file_digest(data_path)
-    else:
-        make = getattr(mod, "examples", None)
-        if not callable(make):
-            raise ValueError(
-                f"task '{spec}': module '{module}' defines no examples(); add one or use "
-                f"python:{target}@PATH.jsonl"
-            )
-        try:
-            records = list(itertools.islice(make(), bounds.rows + 1))
-        except Exception as exc:
-            raise ValueError(
-                f"task '{spec}': examples() raised {type(exc).__name__}: {exc}"
-            ) from exc
-        if len(records) > bounds.rows:
-            raise ValueError(
-                bounds.rows_refusal(
-                    f"task '{spec}': examples() returns more than {bounds.rows:,} examples"
-                )
-            )
-        examples = pairs_from_records(
-            spec, "examples()", enumerate(records, start=1), bounds=bounds
-        )
-        data = ""
-    source = getattr(mod, "__file__", None)
-    code = file_digest(source) if source and Path(source).is_file() else ""
-    child = RewardProcess(spec, module, func_name, reward_timeout_s)
-
-    def scorer(ex: Example, completion: str) -> float:
-        where = (
-            f"task '{spec}': {func_name}(prompt={ex.prompt[:40]!r}, completion={completion[:40]!r})"
-        )
-        return child.call(where, ex.prompt, completion, ex.answer)
-
-    return PairTask(
-        spec,
-        examples,
-        scorer,
-        eval_fraction=eval_fraction,
-        fingerprint=f"{code}:{data}",
-        on_close=child.close,
-    )
-
-
 __all__ = [
     "DataLimitOptions",
     "HeldOutOptions",
     "PairOptions",
     "PairTask",
+    "Scoring",
     "answer_options",
     "check_reference_answers",
-    "answer_text",
-    "data_bounds",
-    "file_digest",
-    "import_module",
-    "jsonl_task",
-    "numeric_or_exact_match",
-    "pairs_from_records",
-    "python_task",
-    "read_jsonl",
+    "file_task",
 ]

@@ -126,6 +126,17 @@ class TaskSource:
         return self.build(spec, argument, block)
 
 
+def nonempty_argument(form: str) -> Callable[[str, str], str]:
+    """A ``TaskSource.argument`` check that refuses an empty argument, naming ``form``."""
+
+    def check(spec: str, argument: str) -> str:
+        if not argument:
+            raise ValueError(f"task '{spec}': expected {form}")
+        return argument
+
+    return check
+
+
 SOURCES: dict[str, TaskSource] = {}
 
 # The closing words of the ``task`` field's help: how every path in a spec is read.
@@ -233,6 +244,7 @@ __all__ = [
     "field_help",
     "lookup",
     "names",
+    "nonempty_argument",
     "option_fields",
     "option_table",
     "register",

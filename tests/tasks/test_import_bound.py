@@ -9,7 +9,7 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-import harness.tasks.pairs as pairs
+import harness.tasks.sources.python as python_source
 from harness.cli import app
 from harness.tasks import get_task
 from tests.support.tiny import FAST_RUN, set_flags
@@ -38,7 +38,7 @@ def sleepy(tmp_path, monkeypatch):
     # the missing error after 30 s instead of hanging).
     module = tmp_path / "sleepy.py"
     module.write_text(SLEEPY.format(seconds=30))
-    monkeypatch.setattr(pairs, "START_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(python_source, "START_TIMEOUT_S", 1.0)
     return module
 
 
@@ -73,7 +73,7 @@ def test_harness_run_refuses_it_with_one_line_and_exit_2(sleepy, tmp_path):
 def test_an_import_within_the_bound_still_builds_the_task(tmp_path, monkeypatch):
     module = tmp_path / "brief.py"
     module.write_text(SLEEPY.format(seconds=0.1))
-    monkeypatch.setattr(pairs, "START_TIMEOUT_S", 30.0)
+    monkeypatch.setattr(python_source, "START_TIMEOUT_S", 30.0)
     task = get_task(f"python:{module}:score")
     try:
         assert len(task.train) + len(task.eval_examples(100)) == 20

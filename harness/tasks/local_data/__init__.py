@@ -26,41 +26,23 @@ held-out split and the options ``reward``, ``answer_format``, ``format_weight``,
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.core import limits
 from harness.tasks.local_data.checks import FORMS, regular, text_bytes
 from harness.tasks.local_data.parquet import read_parquet
 from harness.tasks.local_data.saved import read_saved
-from harness.tasks.pairs import (
-    PairTask,
-    answer_options,
-    check_reference_answers,
-    data_bounds,
-    file_digest,
-    pairs_from_records,
-    read_jsonl,
-)
+from harness.tasks.pairs import PairTask, answer_options, file_task
+from harness.tasks.records import file_digest, pairs_from_records, read_jsonl
+
+if TYPE_CHECKING:
+    from harness.tasks.sources.hf import HfOptions
 
 
-def hf_task(
-    spec: str,
-    path: str,
-    *,
-    prompt_field: str,
-    answer_field: str,
-    split: str | None,
-    eval_fraction: float,
-    reward: str,
-    answer_format: str,
-    format_weight: float,
-    think: bool,
-    max_rows: int = limits.MAX_TASK_ROWS,
-    max_file_mib: int = limits.MAX_TASK_FILE_BYTES // limits.MIB,
-    max_data_mib: int = limits.MAX_TASK_DATA_BYTES // limits.MIB,
-) -> PairTask:
+def hf_task(spec: str, path: str, o: HfOptions) -> PairTask:
     """``hf:PATH`` (see the module docstring); ``max_*`` move the data bounds
     (:class:`harness.tasks.pairs.DataLimitOptions`). Raises a one-line ``ValueError``."""
-    bounds = data_bounds(max_rows, max_file_mib, max_data_mib)
+    bounds = o.bounds()
     if not path:
         raise ValueError(f"task '{spec}': expected hf:PATH ({FORMS})")
     p = Path(path).expanduser()
@@ -69,16 +51,16 @@ def hf_task(
             f"task '{spec}': '{path}' is not a local path; hf: reads {FORMS} on this machine "
             "and downloads nothing (save a hub dataset with save_to_disk first)"
         )
-    scorer, answer_spec, changed = answer_options(spec, reward, answer_format, format_weight, think)
-    fields = (prompt_field, answer_field)
+    scoring = answer_options(spec, o)
+    fields = (o.prompt_field, o.answer_field)
     if not p.is_dir():
         regular(spec, p)
-    if p.is_file() and split is not None:
+    if p.is_file() and o.split is not None:
         raise ValueError(
             f"task '{spec}': task_options.split: applies to a save_to_disk directory only"
         )
     if p.is_dir():
-        where, columns, digest = read_saved(spec, p, split, fields, bounds)
+        where, columns, digest = read_saved(spec, p, o.split, fields, bounds)
     elif p.suffix == ".parquet":
         where, columns, digest = read_parquet(spec, p, fields, bounds)
     elif p.suffix == ".jsonl":
@@ -86,8 +68,8 @@ def hf_task(
         examples = read_jsonl(
             spec,
             path,
-            prompt_field=prompt_field,
-            answer_field=answer_field,
+            prompt_field=o.prompt_field,
+            answer_field=o.answer_field,
             only_fields=False,
             bounds=bounds,
         )
@@ -95,31 +77,21 @@ def hf_task(
     else:
         raise ValueError(f"task '{spec}': '{path}' is not {FORMS}")
     if columns is not None:
-        rows = zip(columns[prompt_field], columns[answer_field], strict=True)
+        rows = zip(columns[o.prompt_field], columns[o.answer_field], strict=True)
         records = (
-            (i, {prompt_field: a, answer_field: b}) for i, (a, b) in enumerate(rows, start=1)
+            (i, {o.prompt_field: a, o.answer_field: b}) for i, (a, b) in enumerate(rows, start=1)
         )
         examples = pairs_from_records(
             spec,
             str(where),
             records,
-            prompt_field=prompt_field,
-            answer_field=answer_field,
+            prompt_field=o.prompt_field,
+            answer_field=o.answer_field,
             row="row",
             bounds=bounds,
         )
-    options = {"prompt_field": prompt_field, "answer_field": answer_field, "split": split}
-    task = PairTask(
-        spec,
-        examples,
-        scorer,
-        eval_fraction=eval_fraction,
-        fingerprint=digest,
-        answer_spec=answer_spec,
-        options={**options, **changed},
-    )
-    check_reference_answers(task, reward)
-    return task
+    options = {"prompt_field": o.prompt_field, "answer_field": o.answer_field, "split": o.split}
+    return file_task(spec, o, examples, scoring, digest, options)
 
 
 __all__ = ["hf_task", "text_bytes"]

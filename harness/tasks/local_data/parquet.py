@@ -24,7 +24,6 @@ from harness.tasks.local_data.checks import (
     size_check,
     text_check,
 )
-from harness.tasks.pairs import file_digest
 from harness.tasks.parquet_pages import (
     DATA_PAGE,
     DATA_PAGE_V2,
@@ -32,6 +31,7 @@ from harness.tasks.parquet_pages import (
     encryption,
     page_headers,
 )
+from harness.tasks.records import file_digest
 
 
 @contextlib.contextmanager

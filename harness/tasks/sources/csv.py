@@ -24,17 +24,9 @@ from typing import BinaryIO
 
 from harness.core import limits
 from harness.tasks.base import Example
-from harness.tasks.pairs import (
-    PairOptions,
-    PairTask,
-    answer_options,
-    check_reference_answers,
-    data_bounds,
-    file_digest,
-    pairs_from_records,
-    utf8_lines,
-)
-from harness.tasks.registry import TaskSource, register
+from harness.tasks.pairs import PairOptions, PairTask, answer_options, file_task
+from harness.tasks.records import file_digest, pairs_from_records, utf8_lines
+from harness.tasks.registry import TaskSource, nonempty_argument, register
 
 COLUMNS = ("prompt", "answer")
 
@@ -132,26 +124,8 @@ def read_csv(
 
 def csv_task(spec: str, path: str, o: PairOptions) -> PairTask:
     """``csv:PATH`` (see the module docstring)."""
-    scorer, answer_spec, changed = answer_options(
-        spec, o.reward, o.answer_format, o.format_weight, o.think
-    )
-    task = PairTask(
-        spec,
-        read_csv(spec, path, data_bounds(o.max_rows, o.max_file_mib, o.max_data_mib)),
-        scorer,
-        eval_fraction=o.eval_fraction,
-        fingerprint=file_digest(path),
-        answer_spec=answer_spec,
-        options=changed,
-    )
-    check_reference_answers(task, o.reward)
-    return task
-
-
-def _path(spec: str, path: str) -> str:
-    if not path:
-        raise ValueError(f"task '{spec}': expected csv:PATH")
-    return path
+    scoring = answer_options(spec, o)
+    return file_task(spec, o, read_csv(spec, path, o.bounds()), scoring, file_digest(path))
 
 
 register(
@@ -161,7 +135,7 @@ register(
         build=csv_task,
         options=PairOptions,
         rank=15,
-        argument=_path,
+        argument=nonempty_argument("csv:PATH"),
         field_help="CSV header prompt,answer",
     )
 )

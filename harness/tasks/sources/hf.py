@@ -4,7 +4,6 @@ downloaded (:mod:`harness.tasks.local_data`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from harness.core.configtools import option
 from harness.tasks.base import Task
@@ -26,10 +25,10 @@ class HfOptions(PairOptions, _Columns):
     pass
 
 
-def _build(spec: str, path: str, options: Any) -> Task:
+def _build(spec: str, path: str, options: HfOptions) -> Task:
     from harness.tasks.local_data import hf_task  # noqa: PLC0415 - loads pyarrow: only when an hf: task is built
 
-    return hf_task(spec, path, **options.values())
+    return hf_task(spec, path, options)
 
 
 register(
