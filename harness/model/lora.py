@@ -8,11 +8,17 @@ What LoRA changes in the PPO loop, and why it needs no second model:
   (:func:`reference_off`), as TRL does: no frozen full copy;
 * the staleness behaviour policy is the live model with an older *adapter* snapshot swapped in
   for the duration of sampling (:func:`swapped_in`): the ring holds adapter weights only.
+
+Several runs can share one base model, each with its own named adapter (``peft``'s multi-adapter
+model: :func:`add_adapter`, :func:`use_adapter`, :func:`delete_adapter`); the active adapter is
+the only one that trains and the only one the forward adds, so a run sees exactly the model it
+would have alone (``harness/run/packing.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator
 from typing import Any
 
@@ -153,13 +159,75 @@ def swapped_in(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> Iterat
                 params[n].copy_(t)
 
 
+# peft's name of the adapter get_peft_model creates.
+DEFAULT_ADAPTER = "default"
+
+
+def renamed_adapter(state: dict[str, torch.Tensor], old: str, new: str) -> dict[str, torch.Tensor]:
+    """``state`` (adapter weights, keys like ``...q_proj.lora_A.<old>.weight``) with the adapter
+    name component ``old`` replaced by ``new``; nothing else in a key changes."""
+
+    def rename(key: str) -> str:
+        parts = key.split(".")
+        for i in range(1, len(parts)):
+            if parts[i] == old and parts[i - 1].startswith("lora_"):
+                parts[i] = new
+        return ".".join(parts)
+
+    return {rename(k): t for k, t in state.items()}
+
+
+def add_adapter(
+    model: Any, name: str, state: dict[str, torch.Tensor], *, like: str = DEFAULT_ADAPTER
+) -> None:
+    """Add adapter ``name`` to the peft ``model`` with adapter ``like``'s LoRA config, holding
+    ``state`` (a :func:`trainable_state` taken while ``like`` was active; its keys name ``like``).
+    Every weight of the new adapter is set from ``state``; a key that names no parameter, or a
+    weight ``state`` lacks, is an error. The active adapter stays what it was."""
+    model.add_adapter(name, copy.deepcopy(model.peft_config[like]))
+    params = dict(model.named_parameters())
+    renamed = renamed_adapter(state, like, name)
+    own = {n for n in params if f".{name}." in n and ".lora_" in n}
+    if set(renamed) != own:
+        missing = sorted(own - set(renamed))[:3] or sorted(set(renamed) - own)[:3]
+        raise ValueError(f"adapter {name!r}: state does not match its weights ({missing})")
+    with torch.no_grad():
+        for n, t in renamed.items():
+            params[n].copy_(t)
+
+
+def use_adapter(model: Any, name: str) -> None:
+    """Make ``name`` the adapter the forward adds and the one whose weights train (peft marks
+    the other adapters' weights as not requiring gradients)."""
+    model.set_adapter(name)
+
+
+def delete_adapter(model: Any, name: str) -> None:
+    """Remove adapter ``name`` and free its weights (another adapter must remain)."""
+    model.delete_adapter(name)
+
+
+def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy ``state`` (a :func:`trainable_state`) into ``model``'s parameters of the same names."""
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for n, t in state.items():
+            params[n].copy_(t)
+
+
 def reference_off(model: Any) -> contextlib.AbstractContextManager[Any]:
     """The KL reference under LoRA: the same module with its adapters disabled."""
     return model.disable_adapter()  # type: ignore[no-any-return]
 
 
 __all__ = [
+    "DEFAULT_ADAPTER",
+    "add_adapter",
     "apply_lora",
+    "delete_adapter",
+    "load_weights",
+    "renamed_adapter",
+    "use_adapter",
     "check_target_modules",
     "model_modules",
     "is_lora",

@@ -17,12 +17,16 @@ What every trainer shares — seeds, the warm-started model, the start eval, rec
 interruption and the summary — is the scaffold's (``harness/run/scaffold.py``); this file is the
 PPO algorithm only.  The loop knows no tracker and no sweep: it reports through the scaffold's
 hooks and returns a ``RunResult``.  Metric names are defined once in ``harness/metrics/__init__.py``.
+
+The steps are a generator (:func:`ppo_stepper`) that yields after each recorded step: a run
+drains it; a pack of runs sharing one base model steps several in turn (``run/packing.py``).
 """
 
 from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Generator
 from typing import Unpack
 
 import torch
@@ -50,16 +54,23 @@ def run(cfg: RunConfig, **hooks: Unpack[Hooks]) -> RunResult:
 
 def ppo_steps(run: Run) -> None:
     """The PPO steps on the scaffold's warm-started policy ``run.model``."""
+    for _ in ppo_stepper(run):
+        pass
+
+
+def ppo_stepper(run: Run) -> Generator[int, None, None]:
+    """The PPO steps one at a time: yields each step's index once it is recorded; closing the
+    generator (or an exception out of it) closes the sampler and the rollouts."""
     # One precision for recompute, reference, update and critic (models.ModelOptions); the
     # sampler's is rollout.sampler_dtype (default: the same), a mismatch source (docs/mismatch.md).
     amp = precision_dtype(run.cfg.model_options.dtype)
     # An inference engine lives as long as the run, whatever ends it.
     run.tags["sampler"] = sampler_text(run.cfg, run.model)
     with make_sampler(run.cfg, run.device, amp, run.sample_kw) as sampler:
-        _train(run, sampler, amp)
+        yield from _train(run, sampler, amp)
 
 
-def _train(run: Run, sampler: Sampler, amp: torch.dtype | None) -> None:
+def _train(run: Run, sampler: Sampler, amp: torch.dtype | None) -> Generator[int, None, None]:
     """The step loop (:func:`_steps`) with its rollouts, closed whatever ends it (the
     asynchronous sampler's thread stops with the run)."""
     cfg = run.cfg
@@ -68,7 +79,7 @@ def _train(run: Run, sampler: Sampler, amp: torch.dtype | None) -> None:
     _warn_if_clip_inert(cfg)
     rollouts = open_rollouts(run, sampler, amp)
     try:
-        _steps(run, sampler, policies, learner, rollouts)
+        yield from _steps(run, sampler, policies, learner, rollouts)
     finally:
         rollouts.close()
 
@@ -79,8 +90,8 @@ def _steps(
     policies: Policies,
     learner: Learner,
     rollouts: Rollouts | AsyncRollouts,
-) -> None:
-    """Collect a rollout, update, hand the new weights over, record the metrics."""
+) -> Generator[int, None, None]:
+    """Collect a rollout, update, hand the new weights over, record the metrics; yield."""
     cfg, device = run.cfg, run.device
 
     skipped = 0  # steps whose update dynamic sampling skipped (no group left)
@@ -134,6 +145,7 @@ def _steps(
             with precision(device, learner.amp):
                 metrics.update(run.evaluate(run.model, sampler=on, version=policies.version))
         run.record(step, metrics, all_updates_nonfinite=no_optimizer_step)
+        yield step
 
 
 def step_metrics(
@@ -184,5 +196,5 @@ def _warn_if_clip_inert(cfg: RunConfig) -> None:
             f"clipping is inert in this configuration ({INERT_CLIP_WHY}), so eps_clip, "
             f"eps_clip_higher and c_clip cannot change the run; {INERT_CLIP_FIX}",
             UserWarning,
-            stacklevel=3,  # the warning points at the trainer's call, as when it was inline
+            stacklevel=4,  # the warning points at the trainer's call, as when it was inline
         )

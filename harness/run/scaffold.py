@@ -12,6 +12,10 @@
 A trainer is a function ``steps(run)`` handed to :func:`execute`; so both trainers warm-start,
 record, diverge, stop and summarise in one way, and the trainer contract
 (tests/run/test_trainer_contract.py) holds for both.
+
+Setup comes in two parts, so that several runs can share one base model
+(``harness/run/packing.py``): :func:`load_base` (seeds, device, the model with checkpointing and
+LoRA, the sampling options) and :func:`open_run` (task, warm start, start eval) on that base.
 """
 
 from __future__ import annotations
@@ -72,7 +76,9 @@ def params_finite(model: torch.nn.Module) -> bool:
 
 @dataclass
 class RunResult:
-    status: str  # "completed" | "diverged" | "interrupted"
+    # "completed" | "diverged" | "interrupted"; "failed" only for a trial of a pack, which ends
+    # alone when it raises (an unpacked run's error propagates instead)
+    status: str
     reason: str
     steps_done: int
     history: dict[str, list[float]]
@@ -206,8 +212,20 @@ class Run:
         stop = self.hooks.get("should_stop")
         if stop is None or not stop():
             return False
-        self.status, self.reason = "interrupted", f"interrupted at step {step}"
+        self.interrupt(f"interrupted at step {step}")
         return True
+
+    def interrupt(self, reason: str) -> None:
+        """End the run as interrupted (a stop request, a signal), with ``reason``."""
+        self.status, self.reason = "interrupted", reason
+
+    def failed(self, err: BaseException) -> None:
+        """End the run as failed with ``err`` (a trial of a pack: the others go on)."""
+        self.status, self.reason = "failed", failure_reason(err)
+
+    def close(self) -> None:
+        """End what the run's task holds (a python: reward's process ends with the run)."""
+        _close_task(self.task)
 
     def scored(self, step: int, prompts: list[str]) -> None:
         """The prompts step ``step`` scored, one per completion, for an ``on_prompts`` caller."""
@@ -267,16 +285,24 @@ class Run:
         )
 
 
-def open_run(cfg: RunConfig, hooks: Hooks) -> Run:
-    """Seeds, device, task and the warm-started model, then the start eval: the warm-started
-    policy, greedy, on the held-out prompts every later eval uses, before any update (the start
-    ``final/eval_reward`` is compared with; its own generator leaves the training RNGs alone)."""
+@dataclass
+class Base:
+    """What setup builds before the task: the (LoRA-wrapped) model, its tokenizer, the device and
+    the sampling options (EOS ids, prompt truncation, position limit, chat template)."""
+
+    device: torch.device
+    model: Any
+    tokenizer: Any
+    sample_kw: dict[str, Any]
+
+
+def load_base(cfg: RunConfig) -> Base:
+    """Threads and seeds, the device, and the model with gradient checkpointing and LoRA."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     device = resolve_device(cfg.device)
-    task = get_task(cfg.task, **cfg.task_options)
     model, tokenizer = load_model_and_tokenizer(
         cfg.model, seed=cfg.seed, device=str(device), tiny=cfg.tiny, options=cfg.model_options
     )
@@ -289,31 +315,57 @@ def open_run(cfg: RunConfig, hooks: Hooks) -> Run:
         "max_positions": max_positions(model.config),
         "chat_template": resolve_chat_template(cfg.rollout.chat_template, tokenizer),
     }
+    return Base(device=device, model=model, tokenizer=tokenizer, sample_kw=sample_kw)
+
+
+def open_run(cfg: RunConfig, hooks: Hooks, base: Base | None = None) -> Run:
+    """The task and the warm-started model (on ``base``, else loaded here), then the start eval:
+    the warm-started policy, greedy, on the held-out prompts every later eval uses, before any
+    update (the start ``final/eval_reward`` is compared with; its own generator leaves the
+    training RNGs alone)."""
+    if base is None:
+        base = load_base(cfg)
+    task = get_task(cfg.task, **cfg.task_options)
+    try:
+        return _open(cfg, hooks, base, task)
+    except BaseException:  # the reward process must not outlive a run that never started
+        _close_task(task)
+        raise
+
+
+def _close_task(task: Task) -> None:
+    close = getattr(task, "close", None)
+    if callable(close):
+        close()
+
+
+def _open(cfg: RunConfig, hooks: Hooks, base: Base, task: Task) -> Run:
+    model = base.model
     tags = {
         "inert_clip": str(clip_is_inert(cfg)).lower(),
         # What the numbers depend on beyond the config: the CPU's kernels and the threads.
         **machine_tags(),
         "machine.torch_threads": str(torch.get_num_threads()),
-        "machine.device": str(device),
+        "machine.device": str(base.device),
     }
     if cfg.warm_start.steps > 0:
         model, key = warm_start(
             cfg,
             model,
-            tokenizer,
+            base.tokenizer,
             task,
             results_dir=hooks.get("results_dir", "results"),
-            chat_template=sample_kw["chat_template"],
+            chat_template=base.sample_kw["chat_template"],
         )
         tags["warm_start.cache_key"] = key
     run = Run(
         cfg=cfg,
         hooks=hooks,
-        device=device,
+        device=base.device,
         task=task,
         model=model,
-        tokenizer=tokenizer,
-        sample_kw=sample_kw,
+        tokenizer=base.tokenizer,
+        sample_kw=base.sample_kw,
         eval_examples=task.eval_examples(cfg.eval.n_prompts),
         start_eval={},
         tags=tags,
@@ -333,26 +385,32 @@ def warm_start(
 ) -> tuple[Any, str]:
     """``cfg``'s supervised warm start of ``model``, trained once and then loaded from the cache
     under ``results_dir``; the model and its cache key.  Every trainer calls this, with the same
-    key parts, so a cell's trainers share one entry."""
-    model, info = cached_warm_start(
-        model,
-        tokenizer,
-        task,
-        model_spec=cfg.model,
-        task_spec=cfg.task,
-        steps=cfg.warm_start.steps,
-        batch_size=cfg.warm_start.batch_size,
-        lr=cfg.warm_start.lr,
-        seed=cfg.seed,
-        cache_dir=Path(results_dir) / "warmstart",
-        chat_template=chat_template,
-        key_parts={
-            "tiny": to_dict(cfg.tiny),
-            "task_options": cfg.task_options,
-            # LoRA rank/targets, checkpointing and precision change what training produces.
-            "model_options": to_dict(cfg.model_options),
-        },
-    )
+    key parts, so a cell's trainers share one entry.
+
+    The global torch RNG leaves as it came: training draws from it (LoRA dropout) and loading
+    does not, so a run's later draws would otherwise depend on whether the cache had the entry.
+    """
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        model, info = cached_warm_start(
+            model,
+            tokenizer,
+            task,
+            model_spec=cfg.model,
+            task_spec=cfg.task,
+            steps=cfg.warm_start.steps,
+            batch_size=cfg.warm_start.batch_size,
+            lr=cfg.warm_start.lr,
+            seed=cfg.seed,
+            cache_dir=Path(results_dir) / "warmstart",
+            chat_template=chat_template,
+            key_parts={
+                "tiny": to_dict(cfg.tiny),
+                "task_options": cfg.task_options,
+                # LoRA rank/targets, checkpointing and precision change what training produces.
+                "model_options": to_dict(cfg.model_options),
+            },
+        )
     return model, str(info.get("key", ""))
 
 
@@ -365,7 +423,10 @@ def execute(cfg: RunConfig, steps: Callable[[Run], None], hooks: Hooks) -> RunRe
     except Diverged as err:
         run.diverged(err)
     finally:
-        close = getattr(run.task, "close", None)  # a python: reward's process ends with the run
-        if callable(close):
-            close()
+        run.close()
     return run.result(time.perf_counter() - t_start)
+
+
+def failure_reason(err: BaseException) -> str:
+    """The reason recorded for a run that raised ``err`` (as a tracked run records it)."""
+    return f"{type(err).__name__}: {err}"[:500]
