@@ -107,7 +107,7 @@ def _score(module: Path, func: str, completion: str, **options: Any) -> float:
 
 
 def test_numpy_bools_and_numbers_are_rewards():
-    from harness.tasks.reward_process import reward_value
+    from harness.tasks.reward_child import reward_value
 
     assert reward_value(np.True_) == 1.0 and reward_value(np.False_) == 0.0
     assert reward_value(np.bool_(True)) == 1.0
@@ -161,7 +161,7 @@ def test_a_reply_too_long_or_not_a_reply_is_a_reason_at_once(func, expect, rewar
 
 def test_an_exception_message_is_cut_before_it_crosses_the_pipe(rewards, monkeypatch):
     from harness.tasks import reward_process
-    from harness.tasks.reward_process import REASON_CHARS, describe_exit
+    from harness.tasks.reward_child import REASON_CHARS, describe_exit
 
     reason = describe_exit(ValueError("x" * 1_000_000 + "\nsecond line"))
     assert reason == f"raised ValueError: {'x' * REASON_CHARS}..."
