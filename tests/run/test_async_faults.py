@@ -110,6 +110,9 @@ def test_a_signal_mid_run_stops_both_sides_and_keeps_the_steps_recorded(
         if not done.is_set():
             os.kill(os.getpid(), sig)
 
+    # Python's own Ctrl-C handler, as in a terminal: a shell starts background jobs with SIGINT
+    # ignored, and Python then leaves it ignored.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     sender = threading.Thread(target=send, daemon=True)
     sender.start()
     try:
@@ -117,6 +120,7 @@ def test_a_signal_mid_run_stops_both_sides_and_keeps_the_steps_recorded(
     finally:
         done.set()
         sender.join(timeout=60)
+        signal.signal(signal.SIGINT, previous)
     assert result.exit_code == code, result.output[-3000:]
     assert _last_line(result.stderr) == f"error: run KILLED: {reason}", result.stderr[-3000:]
     assert "Traceback" not in result.output, result.output[-3000:]
