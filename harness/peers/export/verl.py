@@ -1,18 +1,17 @@
 """The verl target: Hydra overrides (``actor_rollout_ref.actor.clip_ratio_low=...``), one per
 line, shell-quoted where the shell would otherwise read them; strings are refused unless they are
-plain module names (Hydra would interpolate ``${...}`` inside quotes)."""
+plain module names (Hydra would interpolate ``${...}`` inside quotes: the syntax is
+:mod:`harness.peers.export.hydra`)."""
 
 from __future__ import annotations
 
-import math
-import re
-import shlex
 from typing import TYPE_CHECKING, Any
 
-from harness.core.configtools import ConfigError, to_dict
+from harness.core.configtools import to_dict
 from harness.peers.corrections import verl_settings
 from harness.peers.export.asynchrony import verl_async
 from harness.peers.export.common import comment, lora_targets, sampler_notes, warm_start_note
+from harness.peers.export.hydra import VERL_NAME, Quoted, override
 from harness.ppo.corrections import resolve
 from harness.ppo.objectives import lookup
 
@@ -70,62 +69,6 @@ def _verl_estimator(cfg: RunConfig) -> tuple[str | None, list[str], list[str]]:
     if n is None and a is not None and a.mean_level == "batch" and a.std_level == "batch":
         return "reinforce_plus_plus", [], []
     return None, [], [f"# ppo.reward_norm / adv_norm: no verl adv_estimator matches {to_dict(n)}"]
-
-
-# A string verl gets unquoted: a plain module name.  Anything else is refused rather than
-# quoted: Hydra still resolves ${...} inside quoted values, and words such as true/null/inf
-# would change type.
-_VERL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
-_HYDRA_WORDS = {"true", "false", "null", "none", "inf", "nan"}
-
-
-class _Quoted(str):
-    """A string the export itself composed from numbers and option names (verl's "0.5_5.0"
-    thresholds, "token_k1,seq_mean_k3" lists): double-quoted for Hydra, never user text."""
-
-
-_QUOTABLE = re.compile(r"[A-Za-z0-9_.,+\-]+")
-
-
-def _hydra(v: Any, where: str) -> str:
-    """A Hydra override value for ``v`` (bool, number, None, plain name, or a list of them)."""
-    if isinstance(v, _Quoted):
-        if not _QUOTABLE.fullmatch(v):  # pragma: no cover - composed from numbers and names
-            raise ValueError(f"{where}: {v!r} is not a composed verl value")
-        return f'"{v}"'
-    if isinstance(v, bool):
-        return "True" if v else "False"
-    if v is None:
-        return "null"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if math.isnan(v):
-            raise ValueError("NaN has no exported value")
-        if not math.isfinite(v):
-            return "inf" if v > 0 else "-inf"
-        text = repr(v)
-        if "e" not in text and len(text) > 8:  # 1000000000.0 -> 1e9, when exact
-            digits = next(d for d in range(17) if float(f"{v:.{d}e}") == v)
-            mantissa, exp = f"{v:.{digits}e}".split("e")
-            short = f"{mantissa}e{int(exp)}"
-            text = short if len(short) < len(text) else text
-        return text
-    if isinstance(v, list | tuple):
-        return "[" + ",".join(_hydra(x, where) for x in v) + "]"
-    text = str(v)
-    if not _VERL_NAME.fullmatch(text) or text.lower() in _HYDRA_WORDS:
-        raise ConfigError(
-            f"{where}: {text!r} cannot be written as a verl override (module names are letters, "
-            "digits, '_', '.', '-', starting with a letter or '_')"
-        )
-    return text
-
-
-def _override(key: str, value: Any, where: str = "") -> str:
-    """``key=value`` for verl's command line, shell-quoted when the shell would read it
-    (``[...]`` is a glob pattern)."""
-    return shlex.quote(f"{key}={_hydra(value, where or key)}")
 
 
 def _verl_policy_loss(p: Any, A: str) -> tuple[list[tuple[str, Any]], list[str]]:
@@ -388,7 +331,7 @@ def _verl_correction(cfg: RunConfig) -> tuple[list[tuple[str, Any]], list[str]]:
     if p.correction is not None:
         ckv, problems = verl_settings(resolve(p.correction), p.policy_loss)
         kv += [
-            (k, _Quoted(v) if isinstance(v, str) and not _VERL_NAME.fullmatch(v) else v)
+            (k, Quoted(v) if isinstance(v, str) and not VERL_NAME.fullmatch(v) else v)
             for k, v in ckv
         ]
         notes += [f"# {f}: not expressible in verl ({why})" for f, why in problems]
@@ -415,7 +358,7 @@ def export_verl(cfg: RunConfig) -> str:
         kv += more_kv
         notes += more_notes
     where = {"actor_rollout_ref.model.target_modules": "model_options.lora.target_modules"}
-    out = [_override(k, _typed(v), where.get(k, k)) for k, v in kv]
+    out = [override(k, _typed(v), where.get(k, k)) for k, v in kv]
     notes.insert(0, f"# verl {VERL_VERSION} overrides (keys and loss semantics of that release)")
     return "\n".join([comment(n.removeprefix("# ")) for n in notes] + out) + "\n"
 
