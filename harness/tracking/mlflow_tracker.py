@@ -5,13 +5,9 @@ MLflow tracker is built, so importing ``harness.tracking`` stays free of MLflow.
 
 from __future__ import annotations
 
-import fcntl
-import logging
-import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,10 +19,8 @@ from harness.core.db import is_transient_db_error, sqlalchemy_url, with_retries
 from harness.core.fsutil import (
     StoreRemovedError,
     file_identity,
-    is_disk_full,
     removed_reason,
 )
-from harness.core.locks import NO_FLOCK, wait_flock
 from harness.core.redact import redact_text, redact_url
 from harness.tracking.base import (
     END_STATUSES,
@@ -43,25 +37,16 @@ from harness.tracking.base import (
     _prepare_params,
     _prepare_tags,
 )
+from harness.tracking.mlflow_sqlite import (
+    OPEN_DATABASES,
+    is_sqlite_locked_error,
+    quiet_disk_full_tracebacks,
+    replaced,
+    sqlite_init_lock,
+    sqlite_path,
+)
 
 _T = TypeVar("_T")
-# The longest a process waits for another one creating the same SQLite store (seconds).
-SQLITE_INIT_LOCK_S = 300.0
-
-
-def is_sqlite_locked_error(error: BaseException) -> bool:
-    """True for SQLite's transient "database is locked" / "database table is locked" errors.
-
-    MLflow wraps the driver error in an ``MlflowException`` whose message keeps the text, so
-    the check is on the message of the error and of its causes.
-    """
-    seen: BaseException | None = error
-    while seen is not None:
-        message = str(seen).lower()
-        if "database is locked" in message or "database table is locked" in message:
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 class MlflowTracker(Tracker):
@@ -119,16 +104,16 @@ class MlflowTracker(Tracker):
         self._buffered_steps: dict[str, int] = {}
         self._last_write: dict[str, float] = {}
         self._experiment_ids: dict[str, str] = {}
-        _quiet_disk_full_tracebacks()
-        self._db = _sqlite_path(tracking_uri)
+        quiet_disk_full_tracebacks()
+        self._db = sqlite_path(tracking_uri)
         self._db_identity: tuple[int, int] | None = None
-        with _sqlite_init_lock(tracking_uri):
+        with sqlite_init_lock(tracking_uri):
             # Building the client opens the store, which creates or migrates the schema.
             self._client = MlflowClient(tracking_uri=tracking_uri)
             self._call(self._client.search_experiments, max_results=1)
         if self._db is not None:
             self._db_identity = file_identity(self._db)
-            _OPEN_DATABASES[self._db] = self._db_identity
+            OPEN_DATABASES[self._db] = self._db_identity
 
     def __repr__(self) -> str:
         return f"MlflowTracker({redact_url(self.tracking_uri)!r})"
@@ -326,50 +311,9 @@ class MlflowTracker(Tracker):
         except Exception as error:
             # SQLite keeps writing to the file it opened; once that file is unlinked every write
             # is "attempt to write a readonly database": say what happened instead.
-            if self._db is not None and _replaced(self._db, self._db_identity):
+            if self._db is not None and replaced(self._db, self._db_identity):
                 raise StoreRemovedError(removed_reason(self._db, "the MLflow store")) from error
             raise
-
-
-# The SQLite databases this process opened, by path: the file each was when it was opened.
-_OPEN_DATABASES: dict[Path, tuple[int, int] | None] = {}
-
-
-def _sqlite_path(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///PATH`` URI (None for any other store)."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    path = uri.removeprefix("sqlite:///").split("?", 1)[0]
-    return None if path in ("", ":memory:") else Path(path).absolute()
-
-
-def _replaced(db: Path, identity: tuple[int, int] | None) -> bool:
-    """Whether the file ``db`` was when opened is no longer there under its name."""
-    return identity is not None and file_identity(db) != identity
-
-
-class _DropDiskFull(logging.Filter):
-    """Drop MLflow's ERROR-with-traceback for a full disk or a removed database: the error
-    propagates to the harness, which says so in one line (and stops a sweep); a traceback per
-    write was hundreds of lines."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-
-        error = record.exc_info[1] if record.exc_info else None
-        if error is None:
-            return True
-        if is_disk_full(error):
-            return False
-        # What SQLite says of a write to an unlinked file (SQLITE_READONLY_DBMOVED), once one
-        # of this process's databases is indeed gone.
-        readonly = "readonly database" in str(error).lower()
-        return not (readonly and any(_replaced(db, i) for db, i in _OPEN_DATABASES.items()))
-
-
-def _quiet_disk_full_tracebacks() -> None:
-    log = logging.getLogger("mlflow.store.db.utils")
-    if not any(isinstance(f, _DropDiskFull) for f in log.filters):
-        log.addFilter(_DropDiskFull())
 
 
 def _is_transient(error: BaseException, uri: str) -> bool:
@@ -393,40 +337,3 @@ def _tag_clause(key: str, value: str) -> str:
         return f'tags.`{key}` = "{value}"'
     pattern = value.replace("\\", "_").replace("'", "_").replace('"', "_")
     return f"tags.`{key}` LIKE '{pattern}'"
-
-
-@contextmanager
-def _sqlite_init_lock(tracking_uri: str) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``DB.lock`` while a SQLite store is first opened."""
-    if not tracking_uri.startswith("sqlite:///") or os.name != "posix":
-        yield
-        return
-
-    db_path = Path(tracking_uri.removeprefix("sqlite:///").split("?", 1)[0])
-    if str(db_path) in ("", ":memory:"):
-        yield
-        return
-    db_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{db_path}.lock", "a") as lock_file:
-        # A first open takes seconds; a holder that died released the lock with its process.
-        try:
-            wait_flock(
-                lock_file.fileno(),
-                timeout_s=SQLITE_INIT_LOCK_S,
-                what=f"MLflow store lock {db_path}.lock",
-                logger=logging.getLogger(__name__),
-                describe=lambda: "another process creating the store",
-            )
-        except OSError as err:
-            if err.errno not in NO_FLOCK:
-                raise
-            locked = False  # no flock on this filesystem: first opens race, as in MLflow itself
-        else:
-            locked = True
-        if not locked:
-            yield
-            return
-        try:
-            yield
-        finally:
-            fcntl.flock(lock_file, fcntl.LOCK_UN)
