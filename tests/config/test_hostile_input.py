@@ -478,7 +478,7 @@ def test_memory_check_can_be_switched_off_but_not_the_layer_bound(monkeypatch):
 
 def test_probe_tokenizes_one_prompt_at_a_time(tmp_path):
     from harness.config import build_run_config
-    from harness.config.preflight import probe_prompts
+    from harness.config.prompt_probe import probe_prompts
     from harness.model.build import build_tokenizer
     from harness.tasks import get_task
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-import harness.config.preflight as preflight
+import harness.config.prompt_probe as prompt_probe
 from harness.config import ConfigError
 from harness.config.experiment import load_experiment
 from harness.config.probe_scope import shared_probe_cache
@@ -25,13 +25,13 @@ def _write(tmp_path: Path, grid: dict[str, Any], name: str = "e") -> Path:
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
-    real = preflight._probe_prompts
+    real = prompt_probe._probe_prompts
 
     def counting(cfg: Any, task: Any, tokenizer: Any) -> Any:
         seen.append(f"{cfg.task}:{cfg.rollout.max_prompt_tokens}")
         return real(cfg, task, tokenizer)
 
-    monkeypatch.setattr(preflight, "_probe_prompts", counting)
+    monkeypatch.setattr(prompt_probe, "_probe_prompts", counting)
     return seen
 
 

@@ -569,7 +569,7 @@ def test_a_long_prompt_without_a_template_is_not_blamed_on_the_template(tmp_path
     """Without a chat template nothing is rendered: the render bound must not fire (it named
     rollout.chat_template for a task whose prompts were merely long)."""
     from harness.config import build_run_config
-    from harness.config.preflight import probe_prompts
+    from harness.config.prompt_probe import probe_prompts
     from harness.model.build import build_tokenizer
     from harness.tasks import get_task
 
