@@ -49,7 +49,7 @@ FINDINGS := experiments/findings/inert-clip.yaml experiments/findings/dual-clip.
 	experiments/findings/trl-vs-harness.yaml \
 	experiments/findings/objectives-2026.yaml experiments/findings/mismatch.yaml \
 	experiments/findings/engine-mismatch.yaml experiments/findings/prox-loglinear.yaml \
-	experiments/findings/seq-is-product.yaml
+	experiments/findings/seq-is-product.yaml experiments/findings/async.yaml
 findings: $(STAMP)
 	for f in $(FINDINGS); do $(VENV)/bin/harness ablate $$f --workers 2 --results-dir results/findings || exit $$?; done
 
