@@ -30,6 +30,10 @@ GRAD_NORM = "stability/grad_norm"
 NONFINITE_COUNT = "stability/nonfinite_count"
 SKIPPED_STEPS = "stability/skipped_updates"  # per-step count; the run summary sums it
 MISMATCH_KL = "mismatch/kl_k3"
+# Logged by asynchronous runs only (rollout.async): per step, over the batch's generated tokens.
+TOKEN_LAG_MEAN = "async/token_lag_mean"
+TOKEN_LAG_MAX = "async/token_lag_max"
+MIXED_VERSIONS = "async/mixed_version_fraction"
 
 # The summaries of the reward curve alone (NaN when no reward was logged).
 _REWARD_KEYS: tuple[str, ...] = (
@@ -61,6 +65,9 @@ RUN_SUMMARY_KEYS: tuple[str, ...] = (
     "stability/skipped_steps",
     "stability/mismatch_kl_k3_mean",
     "stability/mismatch_kl_k3_max",
+    "stability/token_lag_mean",
+    "stability/token_lag_max",
+    "stability/mixed_version_fraction",
     "stability/diverged",
     "stability/diverged_step",
 )
@@ -236,6 +243,11 @@ def summarize_run(
       ``stability/nonfinite_count`` and ``stability/skipped_updates``.
     * ``stability/mismatch_kl_k3_mean``, ``stability/mismatch_kl_k3_max``: mean and max of
       ``mismatch/kl_k3`` (sampler vs learner, k3, ≥ 0) over logged steps.
+    * ``stability/token_lag_mean``, ``stability/token_lag_max``: mean over logged steps of
+      ``async/token_lag_mean`` and max of ``async/token_lag_max`` (asynchronous runs only: how
+      many updates behind the learner the generated tokens were sampled).
+    * ``stability/mixed_version_fraction``: mean over logged steps of
+      ``async/mixed_version_fraction`` (the share of sequences sampled by two versions or more).
     * ``stability/diverged``: 1.0 when ``diverged_step`` is given (the training loop decides
       divergence), else 0.0; ``stability/diverged_step``: that step, else NaN.
     """
@@ -251,6 +263,7 @@ def summarize_run(
     )
     out.update(_policy_summaries(history, last_k, clipfrac_threshold))
     out.update(_count_summaries(history))
+    out.update(_async_summaries(history))
     out["stability/diverged"] = 0.0 if diverged_step is None else 1.0
     out["stability/diverged_step"] = _NAN if diverged_step is None else float(diverged_step)
     return out
@@ -325,4 +338,19 @@ def _count_summaries(history: Mapping[str, ArrayLike]) -> dict[str, float]:
     if mm.size:
         out["stability/mismatch_kl_k3_mean"] = float(np.mean(mm))
         out["stability/mismatch_kl_k3_max"] = float(np.max(mm))
+    return out
+
+
+def _async_summaries(history: Mapping[str, ArrayLike]) -> dict[str, float]:
+    """The run's token lag (mean of the per-step means, max of the per-step maxima) and its
+    mean share of mixed-version sequences (each absent when not logged: synchronous runs)."""
+    out: dict[str, float] = {}
+    for src, dst, agg in (
+        (TOKEN_LAG_MEAN, "stability/token_lag_mean", np.mean),
+        (TOKEN_LAG_MAX, "stability/token_lag_max", np.max),
+        (MIXED_VERSIONS, "stability/mixed_version_fraction", np.mean),
+    ):
+        _, v = _logged(history, src)
+        if v.size:
+            out[dst] = float(agg(v))
     return out

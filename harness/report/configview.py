@@ -11,10 +11,27 @@ from harness.core.configtools import flatten
 from harness.report.format import value_str
 from harness.report.studydata import StudyData
 
+# The YAML and --set spelling of the asynchronous block and its field name (harness.config.
+# asynchrony's ASYNC_ALIAS / ASYNC_PATH): a cell's overrides may use either.
+_ASYNC_ALIAS, _ASYNC_PATH = "rollout.async", "rollout.asynchronous"
+
+
+def _canonical(key: str) -> str:
+    """``rollout.async.x`` as the resolved configuration spells it, ``rollout.asynchronous.x``."""
+    if key == _ASYNC_ALIAS or key.startswith(_ASYNC_ALIAS + "."):
+        return _ASYNC_PATH + key[len(_ASYNC_ALIAS) :]
+    return key
+
 
 def cell_config(data: StudyData, cell: str) -> dict[str, Any]:
     """A cell's flattened configuration: the base with the cell's overrides."""
-    return {**flatten(data.base_config), **flatten(data.cells.get(cell, {}))}
+    cell_keys = {_canonical(k): v for k, v in flatten(data.cells.get(cell, {})).items()}
+    return {**flatten(data.base_config), **cell_keys}
+
+
+def async_on(config: dict[str, Any]) -> bool:
+    """A (flattened) configuration samples asynchronously: η ≥ 1 or partial rollouts."""
+    return bool(config.get(_ASYNC_PATH + ".max_staleness") or config.get(_ASYNC_PATH + ".partial"))
 
 
 _REDUCED = ("bfloat16", "float16", "bf16", "fp16", "half")
@@ -40,6 +57,9 @@ def mismatch_sources(config: dict[str, Any]) -> list[str]:
     staleness = config.get("rollout.staleness") or 0
     if isinstance(staleness, int | float) and staleness > 0:
         out.append(f"rollout.staleness={staleness:g}")
+    if async_on(config):
+        eta = config.get(_ASYNC_PATH + ".max_staleness") or 0
+        out.append(f"rollout.async (max_staleness {eta}): tokens lag the learner")
     if config.get("rollout.sampler_backend") == "vllm":
         # Another program's kernels (fused attention, its own sampler) at any precision: the
         # mismatch the engine exists to measure.
@@ -90,6 +110,7 @@ _INACTIVE: tuple[tuple[str, str, str, Callable[[dict[str, Any]], bool]], ...] = 
         "no zero-variance filter",
         lambda c: not c.get("rollout.zero_variance_filter"),
     ),
+    (_ASYNC_PATH + ".", "", "synchronous sampling (rollout.async off)", lambda c: not async_on(c)),
 )
 
 
@@ -148,7 +169,7 @@ def held_fixed(data: StudyData) -> tuple[list[tuple[str, str]], list[str]]:
 
 def varied_keys(data: StudyData) -> set[str]:
     """Config keys that differ between runs: the grid's overrides and the run seed."""
-    keys = {k for k in data.axes if k != "variant"} | {"seed"}
+    keys = {_canonical(k) for k in data.axes if k != "variant"} | {"seed"}
     for ov in data.cells.values():
-        keys |= set(flatten(ov))
+        keys |= {_canonical(k) for k in flatten(ov)}
     return keys

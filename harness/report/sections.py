@@ -23,9 +23,11 @@ from harness.report.scores import (
 )
 from harness.report.studydata import CellRow, StudyData
 from harness.report.tables import (
+    ASYNC_SUMMARY_COLUMNS,
     CORRECTION_COLUMNS,
     EVAL_SAMPLED_COLUMNS,
     MISMATCH_SPLIT_COLUMNS,
+    logged_columns,
     measured_table,
     summary_table,
     with_k,
@@ -122,7 +124,8 @@ def measured_sections(doc: _Doc, data: StudyData) -> None:
         doc.para(
             "The sampler-vs-learner KL split into its numerics part (the sampler against the "
             "learner's forward of the same weights) and its policy-lag part (those weights "
-            "against the current ones, 0 without `rollout.staleness`); means over logged steps "
+            "against the current ones, 0 without `rollout.staleness` or `rollout.async`); means over "
+            "logged steps "
             "and runs (docs/mismatch.md)."
         )
         doc.table(*split, code_col=0)
@@ -136,6 +139,15 @@ def summary_section(doc: _Doc, data: StudyData) -> None:
         if study_has_mismatch(data)
         else ""
     )
+    lags = (
+        "; token lag = how many updates behind the learner a generated token was sampled "
+        "(rollout.async; mean over steps of the batch mean, and the largest), mixed-version "
+        "frac = mean share of sequences sampled by two versions or more (in-flight updates, "
+        "partial rollouts), docs/async.md; — for a cell that sampled synchronously or with "
+        "`rollout.staleness`"
+        if logged_columns(data, ASYNC_SUMMARY_COLUMNS)
+        else ""
+    )
     doc.para(
         "Mean over each cell's completed and diverged runs of the run-level summaries defined in "
         "docs/stability.md (start reward = mean of the first 10 steps' batch reward; **eval "
@@ -145,7 +157,7 @@ def summary_section(doc: _Doc, data: StudyData) -> None:
         "(start) and at the last eval (final); entropy end/start < 1 "
         "means the policy sharpened; spikes are steps per run above 5× the run's own running "
         "median, so a KL that is high throughout is not a spike; clip frac = mean "
-        f"policy/clipfrac{mismatch})."
+        f"policy/clipfrac{mismatch}{lags})."
     )
     header, rows = summary_table(data)
     doc.table(header, rows, code_col=0)

@@ -42,14 +42,28 @@ OPTIONAL_SUMMARY_COLUMNS = (
 )
 
 
-def _columns(data: StudyData) -> list[tuple[str, str]]:
-    logged = [
+# The per-token lag of asynchronous rollouts (rollout.async): only studies whose runs logged
+# async/* have them; a synchronous or strictly lagged cell of such a study shows no value.
+ASYNC_SUMMARY_COLUMNS = (
+    ("stability/token_lag_mean", "token lag (mean)"),
+    ("stability/token_lag_max", "token lag (max)"),
+    ("stability/mixed_version_fraction", "mixed-version frac"),
+)
+
+
+def logged_columns(data: StudyData, columns: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The ``columns`` some run of the study has a finite run summary for."""
+    return [
         (key, label)
-        for key, label in OPTIONAL_SUMMARY_COLUMNS
+        for key, label in columns
         if any(math.isfinite(r.summary.get(key, math.nan)) for r in data.runs)
     ]
+
+
+def _columns(data: StudyData) -> list[tuple[str, str]]:
+    logged = logged_columns(data, OPTIONAL_SUMMARY_COLUMNS)
     present = logged if study_has_mismatch(data) else []
-    return [*SUMMARY_COLUMNS, *present]
+    return [*SUMMARY_COLUMNS, *present, *logged_columns(data, ASYNC_SUMMARY_COLUMNS)]
 
 
 def summary_table(data: StudyData) -> tuple[list[str], list[list[str]]]:

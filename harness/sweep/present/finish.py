@@ -23,6 +23,8 @@ from harness.core.fsutil import atomic_write, ensure_results_dir
 from harness.report import build_report, ranking, render_ranking_table
 from harness.report.adaptive import adaptive_lines
 from harness.report.allocation import settled
+from harness.report.studydata import StudyData
+from harness.report.tables import ASYNC_SUMMARY_COLUMNS, logged_columns
 from harness.sweep.present.display import wide_console
 from harness.sweep.present.mlflow_view import experiment_tags, ranking_metrics, ranking_note
 from harness.sweep.scheduler.adaptive import apply_allocation
@@ -93,7 +95,7 @@ def finish_study(
         rows = ranking(data)
         console.print(render_ranking_table(rows, data))
         if parent:
-            _label_in_mlflow(tracker, spec, parent, rows)
+            _label_in_mlflow(tracker, spec, parent, rows, data)
     _say_failures(failed, expected, completed, "run")
     if write_report and (finished or failed):
         out_dir = results_dir / study.study_name
@@ -129,10 +131,14 @@ def _end_parent(tracker: Tracker, parent: str, complete: bool) -> None:
     tracker.end_run(parent, "FINISHED" if complete else "KILLED")
 
 
-def _label_in_mlflow(tracker: Tracker, spec: StudySpec, parent: str, rows: Any) -> None:
-    """The experiment's description and saved cell view; the ranking on the parent run."""
+def _label_in_mlflow(
+    tracker: Tracker, spec: StudySpec, parent: str, rows: Any, data: StudyData
+) -> None:
+    """The experiment's description and saved cell view (with the token-lag columns when the
+    study's runs logged them, as the report's stability table); the ranking on the parent."""
+    lags = [key for key, _ in logged_columns(data, ASYNC_SUMMARY_COLUMNS)]
     tracker.set_experiment_tags(
-        spec.experiment, experiment_tags(spec.description, spec.metric, spec.direction)
+        spec.experiment, experiment_tags(spec.description, spec.metric, spec.direction, lags)
     )
     tracker.log_metrics(parent, ranking_metrics(rows), step=0)
     tracker.set_tags(

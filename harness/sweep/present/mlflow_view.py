@@ -8,7 +8,8 @@ sweep's experiment gets (once per study, refreshed at the end of every sweep):
 * ``mlflow.sharedViewState.<VIEW_KEY>``: a saved view of the runs page, opened by
   ``#/experiments/<id>/runs?viewStateShareKey=<VIEW_KEY>``: child runs only, grouped by
   ``ablation.cell`` (MLflow draws each group's mean line with a band over its seeds), the
-  experiment's metric as a column, sorted best first. The format is the one the MLflow 3.17 UI
+  experiment's metric as a column (and, for a study whose runs logged ``async/*``, the run
+  summaries of the token lag), sorted best first. The format is the one the MLflow 3.17 UI
   writes when a user clicks "Share" on the runs page (a JSON object of its search facets and UI
   state); ``tests/sweep/test_ui_browser.py`` opens it in Chromium.
 
@@ -36,14 +37,16 @@ def metric_column(key: str) -> str:
     return f"metrics.`{key}`"
 
 
-def view_state(metric: str, direction: str) -> dict[str, Any]:
-    """The saved runs-page view: children grouped by cell, ``metric`` first, best first."""
+def view_state(metric: str, direction: str, extra: Sequence[str] = ()) -> dict[str, Any]:
+    """The saved runs-page view: children grouped by cell, ``metric`` first, best first;
+    ``extra`` run summaries after the fixed columns (the token lags of an asynchronous study)."""
     columns = [
         metric,
         "final/reward",
         "best/reward",
         "final/eval_accuracy",
         "stability/mismatch_kl_k3_mean",  # sampler vs learner: a cell's numerics at a glance
+        *extra,
     ]
     columns = list(dict.fromkeys(columns))  # the metric first, no duplicates
     return {
@@ -61,7 +64,9 @@ def view_state(metric: str, direction: str) -> dict[str, Any]:
     }
 
 
-def experiment_tags(description: str, metric: str, direction: str) -> dict[str, str]:
+def experiment_tags(
+    description: str, metric: str, direction: str, extra: Sequence[str] = ()
+) -> dict[str, str]:
     note = description.strip() or "Ablation study run by harness."
     note += (
         "\n\nCompare cells: open the saved view (`harness ui` prints its URL) or group the runs "
@@ -70,7 +75,7 @@ def experiment_tags(description: str, metric: str, direction: str) -> dict[str, 
     return {
         NOTE_TAG: note,
         "mlflow.experimentKind": ML_KIND,
-        f"mlflow.sharedViewState.{VIEW_KEY}": json.dumps(view_state(metric, direction)),
+        f"mlflow.sharedViewState.{VIEW_KEY}": json.dumps(view_state(metric, direction, extra)),
     }
 
 
