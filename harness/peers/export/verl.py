@@ -318,7 +318,10 @@ def _verl_data(cfg: RunConfig) -> tuple[list[tuple[str, Any]], list[str]]:
         if cfg.critic.value_clip is not None:
             kv.append(("critic.cliprange_value", cfg.critic.value_clip))
     if r.staleness:
-        notes.append("# rollout.staleness: verl's main trainer is synchronous (no lagged policy)")
+        notes.append(
+            f"# rollout.staleness={r.staleness}: verl's main trainer is synchronous (no lagged "
+            "policy); its recipe/one_step_off_policy trains exactly one step behind (staleness 1)"
+        )
     async_kv, async_notes = verl_async(cfg)
     return kv + async_kv, notes + async_notes
 
