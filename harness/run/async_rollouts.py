@@ -461,7 +461,9 @@ class ThreadedRollouts(AsyncRollouts):
         """Stop the sampler thread and wait for it to end (``STOP_WAIT_S`` at most, the decode
         step it is in), then release the stepper. A thread still running then fails the run
         naming the wait; where the run is already ending in an error (this is the loop's
-        ``finally``), that error stays the run's reason and the wait is noted on it."""
+        ``finally``), that error stays the run's reason and the wait is noted on it. The stepper
+        is released either way: an engine must not outlive its run because its thread is stuck
+        (the stuck step then fails in the thread, which ends with it)."""
         self.stop = True  # read by the sampler before each decode step
         thread = self.thread
         if thread is not None:
@@ -474,9 +476,13 @@ class ThreadedRollouts(AsyncRollouts):
                     f"{STOP_WAIT_S:.0f} s of the end of the run"
                 )
                 ending = sys.exc_info()[1]
+                try:
+                    super().close()
+                except Exception as err:  # noqa: BLE001 - the stuck thread is the news
+                    msg += f"; releasing its sampler failed too ({type(err).__name__}: {err})"
                 if ending is not None:
                     ending.add_note(msg)
-                    return  # the stepper stays the thread's
+                    return
                 raise RuntimeError(msg)
             self.thread = None
         super().close()

@@ -286,9 +286,9 @@ def test_a_stuck_sampler_ends_the_run_after_bounded_waits_that_name_what_they_wa
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The sampler's first decode step never returns (a hung engine): the learner gives up on
-    step 0's batch after BATCH_WAIT_S, closing gives up on the thread after STOP_WAIT_S and
-    notes it on the run's error (which stays the reason), and the thread, once its decode step
-    returns, sees the stop and ends."""
+    step 0's batch after BATCH_WAIT_S, closing gives up on the thread after STOP_WAIT_S, notes
+    it on the run's error (which stays the reason) and releases the sampler all the same, and
+    the thread, once its decode step returns, sees the stop and ends."""
     monkeypatch.setattr(async_rollouts, "BATCH_WAIT_S", 2.0)
     monkeypatch.setattr(async_rollouts, "STOP_WAIT_S", 1.0)
     stuck, release = threading.Event(), threading.Event()
@@ -300,10 +300,13 @@ def test_a_stuck_sampler_ends_the_run_after_bounded_waits_that_name_what_they_wa
         return real(self)
 
     monkeypatch.setattr(local_steps.LocalStepSampler, "step", step)
+    closed: list[Any] = []
+    monkeypatch.setattr(local_steps.LocalStepSampler, "close", lambda self: closed.append(self))
     try:
         with pytest.raises(RuntimeError) as caught:
             train(_cfg("threads"))
         assert stuck.is_set()
+        assert len(closed) == 1  # the sampler is released even so: no engine outlives the run
         assert re.fullmatch(
             r"asynchronous rollouts: waited 2 s for the sampler thread to finish step 0's 2 "
             r"groups \(have 0 finished, \d+ running\)",
