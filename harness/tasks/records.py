@@ -112,6 +112,24 @@ def utf8_lines(spec: str, path: str, fh: BinaryIO) -> Iterator[tuple[int, str]]:
             ) from None
 
 
+def open_task_file(spec: str, path: str, bounds: limits.DataBounds) -> BinaryIO:
+    """Task file ``path`` opened for bytes, refused unless it is a regular file of at most
+    ``bounds.file_bytes`` (checked before it is opened: a FIFO would block the read until a
+    writer came). ``~`` is expanded; a relative path is relative to the current directory."""
+    p = Path(path).expanduser()
+    kind = limits.not_regular(p)
+    if kind is not None:
+        raise ValueError(f"task '{spec}': '{path}' is {kind}, not a regular file")
+    if not p.is_file():
+        raise ValueError(f"task '{spec}': file '{path}' does not exist")
+    try:
+        return limits.open_bounded(
+            p, bounds.file_bytes, "a task file", shown=path, option=bounds.file_option
+        )
+    except ValueError as err:
+        raise ValueError(f"task '{spec}': {err}") from None
+
+
 def read_jsonl(
     spec: str,
     path: str,
@@ -128,20 +146,8 @@ def read_jsonl(
     Bounded before parsing: at most ``bounds.file_bytes`` (by default ``MAX_TASK_FILE_BYTES``,
     harness.core.limits) and ``bounds.rows`` rows, UTF-8 line by line (a bad byte names its
     line)."""
-    p = Path(path).expanduser()
-    kind = limits.not_regular(p)
-    if kind is not None:  # never opened: a FIFO would block the read until a writer came
-        raise ValueError(f"task '{spec}': '{path}' is {kind}, not a regular file")
-    if not p.is_file():
-        raise ValueError(f"task '{spec}': file '{path}' does not exist")
     records: list[tuple[int, Any]] = []
-    try:
-        fh = limits.open_bounded(
-            p, bounds.file_bytes, "a task file", shown=path, option=bounds.file_option
-        )
-    except ValueError as err:
-        raise ValueError(f"task '{spec}': {err}") from None
-    with fh:
+    with open_task_file(spec, path, bounds) as fh:
         for lineno, line in utf8_lines(spec, path, fh):
             if not line.strip():
                 continue

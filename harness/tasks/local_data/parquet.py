@@ -14,16 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from harness.core import limits
-from harness.tasks.local_data.checks import (
-    check_columns,
-    check_types,
-    first_line,
-    read_batches,
-    regular,
-    rows_check,
-    size_check,
-    text_check,
-)
+from harness.tasks.local_data import checks
 from harness.tasks.parquet_pages import (
     DATA_PAGE,
     DATA_PAGE_V2,
@@ -105,14 +96,14 @@ def _check_pages(
 
 
 def read_parquet(spec: str, path: Path, fields: tuple[str, str], bounds: limits.DataBounds) -> Any:
-    regular(spec, path)
-    size_check(spec, [path], bounds)
+    checks.regular(spec, path)
+    checks.size_check(spec, [path], bounds)
     _check_unencrypted(spec, path)
     try:
         pf = pq.ParquetFile(path)
         schema = pf.schema_arrow
-        check_columns(spec, str(path), list(schema.names), fields)
-        check_types(spec, str(path), schema, fields)
+        checks.check_columns(spec, str(path), list(schema.names), fields)
+        checks.check_types(spec, str(path), schema, fields)
         meta = pf.metadata
         # The footer states the file's rows and each row group's apart, and Arrow reads by row
         # group: a file that states 10 rows over a row group of 20 M is judged by the larger.
@@ -122,7 +113,7 @@ def read_parquet(spec: str, path: Path, fields: tuple[str, str], bounds: limits.
                 f"task '{spec}': cannot read {path} as Parquet (its footer states a negative "
                 "row count)"
             )
-        rows_check(spec, str(path), max(meta.num_rows, sum(group_rows)), bounds)
+        checks.rows_check(spec, str(path), max(meta.num_rows, sum(group_rows)), bounds)
         # Decompressed (still encoded) size of the two columns, from the footer, then from every
         # page header (what Arrow allocates; the footer's figure is the writer's claim).
         leaf = [i for i in range(meta.num_columns) if meta.schema.column(i).path in fields]
@@ -131,7 +122,7 @@ def read_parquet(spec: str, path: Path, fields: tuple[str, str], bounds: limits.
             for g in range(meta.num_row_groups)
             for i in leaf
         )
-        text_check(spec, str(path), encoded, bounds)
+        checks.text_check(spec, str(path), encoded, bounds)
         _check_pages(spec, path, meta, leaf, group_rows, bounds)
         t = pa.types
         text = [
@@ -144,16 +135,16 @@ def read_parquet(spec: str, path: Path, fields: tuple[str, str], bounds: limits.
         batches = coded.iter_batches(
             batch_size=PARQUET_BATCH_ROWS, columns=sorted(set(fields)), use_threads=False
         )
-        columns = read_batches(spec, str(path), batches, fields, bounds)
+        columns = checks.read_batches(spec, str(path), batches, fields, bounds)
     except pa.ArrowException as err:  # ArrowInvalid is a ValueError, too: Arrow's words alone
         raise ValueError(
-            f"task '{spec}': cannot read {path} as Parquet ({first_line(err)})"
+            f"task '{spec}': cannot read {path} as Parquet ({checks.first_line(err)})"
         ) from None
     except ValueError:
         raise
     except Exception as err:
         raise ValueError(
-            f"task '{spec}': cannot read {path} as Parquet ({first_line(err)})"
+            f"task '{spec}': cannot read {path} as Parquet ({checks.first_line(err)})"
         ) from None
     return str(path), columns, file_digest(path)
 

@@ -15,16 +15,7 @@ import pyarrow as pa
 
 from harness.core import limits
 from harness.tasks import arrow_messages
-from harness.tasks.local_data.checks import (
-    FORMS,
-    check_columns,
-    check_types,
-    first_line,
-    read_batches,
-    regular,
-    rows_check,
-    size_check,
-)
+from harness.tasks.local_data import checks
 
 
 def _inside(spec: str, base: Path, name: str, what: str) -> Path:
@@ -57,7 +48,7 @@ def _split_dir(spec: str, root: Path, split: str | None) -> tuple[Path, str]:
     """(directory of the chosen dataset, its name in messages) of a save_to_disk directory."""
     index = root / "dataset_dict.json"
     if os.path.lexists(index):
-        regular(spec, index)
+        checks.regular(spec, index)
         try:
             splits = _json(spec, index, "split index")["splits"]
             names = [str(s) for s in splits]
@@ -81,14 +72,14 @@ def _split_dir(spec: str, root: Path, split: str | None) -> tuple[Path, str]:
         return root, str(root)
     raise ValueError(
         f"task '{spec}': directory '{root}' is not a save_to_disk dataset (no dataset_dict.json "
-        f"or state.json); hf: reads {FORMS}"
+        f"or state.json); hf: reads {checks.FORMS}"
     )
 
 
 def _member(spec: str, base: Path, name: str, what: str) -> Path:
     """``base / name``: an existing regular file inside ``base`` (symlinks resolved)."""
     path = _inside(spec, base, name, what)
-    regular(spec, path, f"{what} ")
+    checks.regular(spec, path, f"{what} ")
     if not path.exists():
         raise ValueError(f"task '{spec}': {what} '{name}' of {base} does not exist")
     return path
@@ -140,7 +131,7 @@ def _check_declared(spec: str, where: str, shards: list[Path], bounds: limits.Da
                     raise ValueError(f"task '{spec}': cannot read {where} ({err})") from None
                 rows += got.rows
                 decompressed += got.decompressed
-                rows_check(spec, where, rows, bounds)
+                checks.rows_check(spec, where, rows, bounds)
                 if decompressed > bounds.data_bytes:
                     raise ValueError(
                         bounds.data_refusal(
@@ -164,23 +155,23 @@ def read_saved(
     info = where_dir / "dataset_info.json"
     with contextlib.suppress(ValueError):  # hashed when present, as before; never needed
         read.append(_member(spec, where_dir, info.name, "info file"))
-    size_check(spec, read[1:], bounds)
+    checks.size_check(spec, read[1:], bounds)
 
     def batches(stack: contextlib.ExitStack) -> Any:
         _check_declared(spec, where, shards, bounds)
         for shard in shards:
             reader = pa.ipc.open_stream(stack.enter_context(pa.memory_map(str(shard))))
-            check_columns(spec, where, list(reader.schema.names), fields)
-            check_types(spec, where, reader.schema, fields)
+            checks.check_columns(spec, where, list(reader.schema.names), fields)
+            checks.check_types(spec, where, reader.schema, fields)
             yield from reader
 
     try:
         with contextlib.ExitStack() as stack:
-            columns = read_batches(spec, where, batches(stack), fields, bounds)
+            columns = checks.read_batches(spec, where, batches(stack), fields, bounds)
     except pa.ArrowException as err:  # ArrowInvalid is a ValueError, too: Arrow's words alone
-        raise ValueError(f"task '{spec}': cannot read {where} ({first_line(err)})") from None
+        raise ValueError(f"task '{spec}': cannot read {where} ({checks.first_line(err)})") from None
     except ValueError:
         raise
     except Exception as err:  # a user's files: any failure to read them is bad input
-        raise ValueError(f"task '{spec}': cannot read {where} ({first_line(err)})") from None
+        raise ValueError(f"task '{spec}': cannot read {where} ({checks.first_line(err)})") from None
     return where, columns, _dir_digest(read, Path(os.path.realpath(root)))

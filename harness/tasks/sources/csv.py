@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Iterator
-from pathlib import Path
 from typing import BinaryIO
 
 from harness.core import limits
 from harness.tasks.base import Example
 from harness.tasks.pairs import PairOptions, PairTask, answer_options, file_task
-from harness.tasks.records import file_digest, pairs_from_records, utf8_lines
+from harness.tasks.records import file_digest, open_task_file, pairs_from_records, utf8_lines
 from harness.tasks.registry import TaskSource, nonempty_argument, register
 
 COLUMNS = ("prompt", "answer")
@@ -62,18 +61,7 @@ def read_csv(
 ) -> list[Example]:
     """The examples of CSV file ``path`` (see the module docstring), within ``bounds``. ``~`` is
     expanded; a relative path is relative to the current directory."""
-    p = Path(path).expanduser()
-    kind = limits.not_regular(p)
-    if kind is not None:  # never opened: a FIFO would block the read until a writer came
-        raise ValueError(f"task '{spec}': '{path}' is {kind}, not a regular file")
-    if not p.is_file():
-        raise ValueError(f"task '{spec}': file '{path}' does not exist")
-    try:
-        fh = limits.open_bounded(
-            p, bounds.file_bytes, "a task file", shown=path, option=bounds.file_option
-        )
-    except ValueError as err:
-        raise ValueError(f"task '{spec}': {err}") from None
+    fh = open_task_file(spec, path, bounds)
     records: list[tuple[int, dict[str, str]]] = []
     names: list[str] | None = None
     # The csv module's own bound on one field (128 Ki characters) is below ours: it is set to
