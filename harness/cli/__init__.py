@@ -18,6 +18,7 @@ import typer
 from typer.core import TyperGroup
 
 from harness.cli.export import export_cmd
+from harness.cli.options import mark_command_process
 from harness.cli.report import report_cmd
 from harness.cli.run import fields_cmd, run_cmd
 from harness.cli.sweep import ablate_cmd, search_cmd, status_cmd, worker_cmd
@@ -73,6 +74,7 @@ class _ExitingTyper(typer.Typer):
     process is never ended here."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        mark_command_process()  # the dry run's estimate counts this process's own start
         try:
             return super().__call__(*args, **kwargs)
         except SystemExit as done:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import shlex
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -85,3 +86,24 @@ def user_errors(fn: F) -> F:
 def command_line() -> str:
     """This command line as typed, with any password redacted (recorded on the study)."""
     return redact_text("harness " + " ".join(shlex.quote(a) for a in sys.argv[1:]), [])
+
+
+_process_runs_the_command = False  # set by the app as the console script runs it
+
+
+def mark_command_process() -> None:
+    """This process was started to run one harness command (the console script or ``python -m
+    harness``), not a test's ``CliRunner`` inside a process that did other things first."""
+    global _process_runs_the_command
+    _process_runs_the_command = True
+
+
+def startup_s() -> float:
+    """Seconds this process spent before the command's body began: the interpreter's start and
+    the imports, when the process was started for the command (0 otherwise: its age says
+    nothing about the command)."""
+    if not _process_runs_the_command:
+        return 0.0
+    import psutil  # noqa: PLC0415 - a banned-at-top library, loaded where used
+
+    return max(0.0, time.time() - psutil.Process().create_time())

@@ -7,13 +7,14 @@ import json
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from harness import tracking
-from harness.cli.options import command_line, say
+from harness.cli.options import command_line, say, startup_s
 from harness.config.experiment import ExperimentSpec, load_experiment
 from harness.core.configtools import ConfigError, check_name
 from harness.core.fsutil import fatal_event_error
@@ -26,7 +27,6 @@ from harness.sweep.launching.launch_checks import (
 )
 from harness.sweep.launching.worker import WorkerOptions, worker_loop
 from harness.sweep.present.display import print_grid, print_status
-from harness.sweep.scheduler.estimate import estimate_text, estimate_wall_time
 from harness.sweep.stores.opening import (
     check_store_urls,
     existing_storage,
@@ -54,6 +54,7 @@ def run_experiment(
     """`ablate` (``grid``) and `search`: validate everything, then open the stores and sweep.
     ``launcher`` is (--launcher, --ray-address, --gpus-per-worker, --cpus-per-worker,
     --shared-fs)."""
+    started = time.perf_counter() - startup_s()  # this command's start, as the dry run counts it
     workers, device_list = workers_and_devices(workers, devices)
     if not 0 <= max_retries <= 100:
         raise ConfigError(f"--max-retries: must be an integer in [0, 100]; got {max_retries}")
@@ -69,7 +70,7 @@ def run_experiment(
     if dry_run:
         print_grid(spec)
         if grid:
-            print(wall_time_line(spec, workers))
+            print(wall_time_line(spec, workers, time.perf_counter() - started))
         return
     check_devices(*devices_to_check(spec, device_list))
     stop_grace_s()  # a bad HARNESS_STOP_GRACE_S is refused before any store is opened
@@ -97,14 +98,20 @@ def run_experiment(
         raise typer.Exit(code)
 
 
-def wall_time_line(spec: ExperimentSpec, workers: int) -> str:
+def wall_time_line(spec: ExperimentSpec, workers: int, command_s: float = 0.0) -> str:
     """The dry run's wall-time estimate (harness.sweep.scheduler.estimate), or why there is none: a probe
-    that cannot run here (a CUDA cell on a CPU machine, ...) is said, not hidden."""
+    that cannot run here (a CUDA cell on a CPU machine, ...) is said, not hidden.  ``command_s``:
+    what the command spent before the estimate began, as the sweep's command spends it too."""
+    # The sweep's measuring loads its machinery (workers, the report): only for a valid file.
+    from harness.sweep.launching.estimating import measured_wall_time  # noqa: PLC0415 - loads the training stack: only for valid input
+    from harness.sweep.scheduler.estimate import estimate_text  # noqa: PLC0415 - loads torch: only for valid input
+
     try:
-        return estimate_text(estimate_wall_time(spec, workers), workers)
+        est = measured_wall_time(spec, workers, command_s=command_s)
     except Exception as err:  # the probe is a real run: any failure is a reason, not a crash
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         return f"estimated wall time: not measured (the probe run failed: {first})"
+    return estimate_text(est, workers)
 
 
 def join_study(
