@@ -9,12 +9,13 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from harness.report.studydata import RunData, StudyData
+from harness.report.tables import CORRECTION_COLUMNS, MISMATCH_SPLIT_COLUMNS
 from harness.sweep.scheduler.adaptive import is_cancelled
 from harness.sweep.scheduler.labels import summary_from_attrs
 from harness.sweep.scheduler.spec import load_study_spec
 from harness.tracking import Tracker
 
-# Step metrics the report plots (one tracker query per run and key).
+# Step metrics the report plots or tabulates (one tracker query per run and key).
 HISTORY_KEYS = (
     "objective/reward",
     "eval/accuracy",
@@ -25,7 +26,8 @@ HISTORY_KEYS = (
     "policy/approx_kl",
     "policy/entropy",
     "stability/grad_norm",
-    "policy/behave_ess",
+    # The report's per-step tables: the correction's statistics and the mismatch's parts.
+    *dict.fromkeys(k for k, _ in CORRECTION_COLUMNS + MISMATCH_SPLIT_COLUMNS),
 )
 
 
