@@ -169,11 +169,28 @@ def sampler_text(cfg: RunConfig, model: torch.nn.Module) -> str:
     r = cfg.rollout
     learner = cfg.model_options.dtype or "float32"
     if r.sampler_backend == "vllm":
-        return f"vLLM engine ({engine_dtype(r.sampler_dtype, cfg.model_options.dtype)})"
-    fast = r.sampler_backend != "hf" and _fast_path_ok(model)  # type: ignore[arg-type]
-    text = f"local, {'fast' if fast else 'HF generate'} decoder"
-    if r.sampler_dtype is not None and r.sampler_dtype != learner:
-        text += f" ({r.sampler_dtype}; learner {learner})"
-    if r.sampler_logit_noise:
-        text += f", logit noise {r.sampler_logit_noise:g}"
-    return text
+        text = f"vLLM engine ({engine_dtype(r.sampler_dtype, cfg.model_options.dtype)})"
+    else:
+        fast = r.sampler_backend != "hf" and _fast_path_ok(model)  # type: ignore[arg-type]
+        text = f"local, {'fast' if fast else 'HF generate'} decoder"
+        if r.sampler_dtype is not None and r.sampler_dtype != learner:
+            text += f" ({r.sampler_dtype}; learner {learner})"
+        if r.sampler_logit_noise:
+            text += f", logit noise {r.sampler_logit_noise:g}"
+    return text + async_text(cfg)
+
+
+def async_text(cfg: RunConfig) -> str:
+    """How the sampler ran beside the learner, for the sampler text: nothing when
+    synchronously, else ``; async η 2, in-flight (KV kept), virtual clock``."""
+    a = cfg.rollout.asynchronous
+    if not a.enabled:
+        return ""
+    parts = [f"async η {a.max_staleness}"]
+    if a.weight_updates == "in_flight":
+        kv = "KV kept" if a.in_flight_kv == "keep" else "KV recomputed"
+        parts.append(f"in-flight ({kv})")
+    if a.partial:
+        parts.append(f"partial, over-sample {a.over_sample:g}")
+    parts.append(f"{a.clock} clock")
+    return "; " + ", ".join(parts)
