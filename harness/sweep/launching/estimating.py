@@ -48,11 +48,11 @@ from harness.sweep.scheduler.estimate import (
     timed_probe,
 )
 from harness.sweep.scheduler.labels import label_trial, summary_attrs
-from harness.sweep.scheduler.spec import StudySpec
+from harness.sweep.scheduler.spec import StudySpec, trial_key
 from harness.sweep.scheduler.study import open_study
-from harness.sweep.scheduler.trials import child_run_tags
+from harness.sweep.scheduler.trials import child_run_tags, end_orphaned_runs, ended_attempts
 from harness.sweep.stores.opening import open_stores
-from harness.sweep.stores.optuna_adapter import claim_waiting_trial, heartbeat
+from harness.sweep.stores.optuna_adapter import claim_waiting_trial, frozen_trial, heartbeat
 from harness.tracking import Tracker
 
 if TYPE_CHECKING:
@@ -151,8 +151,9 @@ class ScratchSweep:
         return elapsed * max(1.0, workers / cores)
 
     def probe(self, cfg: RunConfig, label: str) -> RunCosts:
-        """Probe ``cfg`` as the worker runs a trial (``run_grid_trial``'s calls): the probe's
-        costs with ``trial_s``, the bookkeeping around the run."""
+        """Probe ``cfg`` as a worker runs a trial (the calls of ``run_grid_trial``,
+        ``harness.sweep.launching.trial``): the probe's costs with ``trial_s``, the bookkeeping
+        around the run."""
         from optuna.trial import TrialState  # noqa: PLC0415 - the sweep's store library, loaded with it
 
         study, spec, tracker = self.study, self.study_spec, self.tracker
@@ -164,8 +165,11 @@ class ScratchSweep:
         trial = with_retries(lambda: claim_waiting_trial(study))
         if trial is None:
             raise RuntimeError("the scratch study gave no trial to probe")
+        with_retries(lambda: frozen_trial(study, trial))  # the worker reads the trial's cell
         label_trial(study, trial, spec, label, seed)
         with heartbeat(study, trial):
+            earlier = ended_attempts(study, trial, lambda o: trial_key(o) == (label, seed))
+            end_orphaned_runs(tracker, spec, study.study_name, earlier)
             t1 = time.perf_counter()
             got = timed_probe(
                 cfg,
