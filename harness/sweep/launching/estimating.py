@@ -65,14 +65,23 @@ WORKER_TIMEOUT_S = 600.0
 
 
 def measured_wall_time(
-    spec: ExperimentSpec, workers: int, command_s: float = 0.0
+    spec: ExperimentSpec,
+    workers: int,
+    command_s: float = 0.0,
+    packs: list[list[str]] | None = None,
 ) -> WallTimeEstimate:
     """The estimate of ``spec`` run by ``workers`` local workers, every part measured here;
-    ``command_s``: the command's own start, as its caller saw it."""
+    ``command_s``: the command's own start, as its caller saw it; ``packs``: the cells a worker
+    trains together, handed on to ``estimate_wall_time``."""
+    grouping: dict[str, Any] = {"packs": packs} if packs is not None else {}
     with ScratchSweep(spec) as scratch:
         scratch.open_and_start(workers)
         return estimate_wall_time(
-            spec, workers, probe=scratch.probe, sweep=lambda: scratch.finish(command_s)
+            spec,
+            workers,
+            probe=scratch.probe,
+            sweep=lambda: scratch.finish(command_s),
+            **grouping,
         )
 
 
