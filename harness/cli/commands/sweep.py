@@ -103,8 +103,12 @@ def wall_time_line(spec: ExperimentSpec, workers: int, command_s: float = 0.0) -
     that cannot run here (a CUDA cell on a CPU machine, ...) is said, not hidden.  ``command_s``:
     what the command spent before the estimate began, as the sweep's command spends it too."""
     # The sweep's measuring loads its machinery (workers, the report): only for a valid file.
+    # The sweep's command loads the same at this point (its driver): part of its start.
+    loading = time.perf_counter()
     from harness.sweep.launching.estimating import measured_wall_time  # noqa: PLC0415 - loads the training stack: only for valid input
     from harness.sweep.scheduler.estimate import estimate_text  # noqa: PLC0415 - loads torch: only for valid input
+
+    command_s += time.perf_counter() - loading
 
     try:
         est = measured_wall_time(spec, workers, command_s=command_s)

@@ -3,8 +3,8 @@ own code paths, in a scratch directory that is removed afterwards (the dry run w
 
 In order, each timed on its own so that none slows another:
 
-1. the sweep's machinery loaded, the Optuna storage and the tracker opened, the study created
-   with its parent run (``open_stores``, ``open_study``): ``stores_s``;
+1. the Optuna storage and the tracker opened, the study created with its parent run
+   (``open_stores``, ``open_study``): ``stores_s``;
 2. the sweep's workers (up to one per core), spawned at once by the local launcher on an empty
    twin study: each imports the training stack, opens the stores, finds nothing to do and
    exits, as a sweep's workers do at their start and end: ``worker_s``, until the last one
@@ -16,8 +16,9 @@ In order, each timed on its own so that none slows another:
 4. ``finish_study`` over those trials, its console output held back: the ranking, the report
    and the parent run's close: ``report_s`` (a report over more runs reads more of them).
 
-``command_s``, the command's own start, is the dry-run process's age when the estimate begins:
-the same interpreter start, imports and file checks as the sweep's command.
+``command_s``, the command's own start, is the caller's: the dry-run process's age when the
+estimate begins, with this module's import (the sweep's machinery, which the sweep's command
+loads at that point too): the same interpreter start, imports and file checks as the sweep's.
 """
 
 from __future__ import annotations
