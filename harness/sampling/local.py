@@ -194,19 +194,9 @@ def sample(
     :mod:`harness.model.prompting`). ``logit_noise``: σ of Gaussian noise on the logits (drawn
     from ``noise_generator``, required when σ > 0), see :func:`_generate`.
     """
-    if n_samples < 1 or max_new_tokens < 1:
-        raise ValueError("sample: n_samples and max_new_tokens must be >= 1")
-    if temperature <= 0:
-        raise ValueError(f"sample: temperature must be > 0; got {temperature}")
-    if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"sample: top_p must be in (0, 1]; got {top_p}")
-    if backend not in ("auto", "fast", "hf"):
-        raise ValueError(f"sample: backend must be auto, fast or hf; got {backend!r}")
-    if logit_noise < 0 or (logit_noise > 0 and noise_generator is None):
-        raise ValueError("sample: logit_noise must be >= 0, and > 0 needs a noise_generator")
-    fast = backend != "hf" and _fast_path_ok(model)
-    if backend == "fast" and not fast:
-        raise ValueError(f"sample: no fast decoder for {type(model).__name__}; use backend='auto'")
+    fast = _checked_fast(
+        model, n_samples, max_new_tokens, temperature, top_p, backend, logit_noise, noise_generator
+    )
     prompt_ids, prompt_mask, eos, pad_id = prepare_prompts(
         model,
         tokenizer,
@@ -244,6 +234,34 @@ def sample(
         eos,
         group_sizes=[n_samples] * len(prompts),
     )
+
+
+def _checked_fast(
+    model: PreTrainedModel,
+    n_samples: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    backend: str,
+    logit_noise: float,
+    noise_generator: torch.Generator | None,
+) -> bool:
+    """:func:`sample`'s arguments checked (ValueError naming the first bad one); whether the
+    fast decoder steps ``model``."""
+    if n_samples < 1 or max_new_tokens < 1:
+        raise ValueError("sample: n_samples and max_new_tokens must be >= 1")
+    if temperature <= 0:
+        raise ValueError(f"sample: temperature must be > 0; got {temperature}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"sample: top_p must be in (0, 1]; got {top_p}")
+    if backend not in ("auto", "fast", "hf"):
+        raise ValueError(f"sample: backend must be auto, fast or hf; got {backend!r}")
+    if logit_noise < 0 or (logit_noise > 0 and noise_generator is None):
+        raise ValueError("sample: logit_noise must be >= 0, and > 0 needs a noise_generator")
+    fast = backend != "hf" and _fast_path_ok(model)
+    if backend == "fast" and not fast:
+        raise ValueError(f"sample: no fast decoder for {type(model).__name__}; use backend='auto'")
+    return fast
 
 
 def prepare_prompts(
