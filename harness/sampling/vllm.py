@@ -50,6 +50,7 @@ from harness.sampling.base import (
 )
 from harness.sampling.registry import register
 from harness.sampling.vllm_host import (
+    ENGINE_LOCK,
     EngineError,
     engine_eager,
     engine_process_env,
@@ -121,7 +122,11 @@ class EngineHost:
         try:
             # Quiet, and the process left as the run and later runs in it expect
             # (harness/sampling/vllm_host.py: the model classes, torch.set_num_threads).
-            with engine_env(engine_process_env(self.device, self.kv_cache_gib)), engine_start():
+            with (
+                ENGINE_LOCK,
+                engine_env(engine_process_env(self.device, self.kv_cache_gib)),
+                engine_start(),
+            ):
                 from vllm import LLM
 
                 self.llm = LLM(**kwargs)
@@ -137,12 +142,14 @@ class EngineHost:
         took (the start not counted)."""
         if self.llm is None:
             self.start(model)
-        return reload_weights(self.llm, model)
+        with ENGINE_LOCK:
+            return reload_weights(self.llm, model)
 
     def close(self) -> None:
         """End the engine and remove its run-local directory (idempotent)."""
         llm, self.llm = self.llm, None
-        shutdown(llm)
+        with ENGINE_LOCK:
+            shutdown(llm)
         del llm
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -227,7 +234,7 @@ class EngineSampler(Sampler):
             for s in seeds
         ]
         try:
-            with self._eager():
+            with ENGINE_LOCK, self._eager():
                 outs = self._llm.generate(
                     [{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False
                 )

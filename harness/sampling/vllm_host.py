@@ -185,6 +185,14 @@ def engine_start() -> Iterator[None]:
         torch.set_num_threads = set_threads
 
 
+# vLLM keeps the forward context of the step it computes (the attention metadata) in a module
+# global, and an engine's start and shutdown touch process-wide state (the collector's frozen
+# heap, the distributed groups, the model classes): two in-process engines of one run (the
+# asynchronous sampler's and evaluation's under ``eval.sampler: run``, in two threads on the
+# threads clock) must never do either at once. Every engine call of this package holds it.
+ENGINE_LOCK = threading.RLock()
+
+
 class EngineError(RuntimeError):
     """The engine failed (start, weight sync or generation): the run FAILS with this reason."""
 
@@ -328,6 +336,7 @@ def shutdown(llm: Any) -> None:
 
 
 __all__ = [
+    "ENGINE_LOCK",
     "ENGINE_WARNINGS",
     "EngineError",
     "engine_eager",

@@ -35,7 +35,7 @@ from harness.sampling.base import RolloutBatch, SamplingParams, assemble_batch
 from harness.sampling.local import prepare_prompts
 from harness.sampling.stepping import Finished, StepSampler
 from harness.sampling.vllm import EngineHost, request_params
-from harness.sampling.vllm_host import EngineError
+from harness.sampling.vllm_host import ENGINE_LOCK, EngineError
 
 # Seeds are drawn below vLLM's bound (a signed 32-bit value).
 SEED_BOUND = 2**31 - 1
@@ -252,7 +252,8 @@ class EngineStepSampler(StepSampler):
     @staticmethod
     def _call(fn: Any, *args: Any, what: str) -> Any:
         try:
-            return fn(*args)
+            with ENGINE_LOCK:  # one engine computes at a time in this process (vllm_host)
+                return fn(*args)
         except Exception as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""
             raise EngineError(f"engine {what} failed: {type(err).__name__}: {first}") from err
