@@ -19,6 +19,15 @@ Devices = Annotated[
         "--devices", help="Comma-separated devices, one worker each (e.g. cuda:0,cuda:1)."
     ),
 ]
+CellsPerWorker = Annotated[
+    int | None,
+    typer.Option(
+        "--cells-per-worker",
+        help="LoRA trials each worker trains at once on one base model (trials of one seed "
+        "that share the base fields; default: the file's cells_per_worker, else 1; "
+        "docs/scaling.md).",
+    ),
+]
 StudyName = Annotated[
     str | None,
     typer.Option("--study-name", help="Study name (default: the experiment's name)."),
@@ -109,6 +118,7 @@ def ablate_cmd(
     ],
     workers: Workers = 1,
     devices: Devices = None,
+    cells_per_worker: CellsPerWorker = None,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -140,6 +150,7 @@ def ablate_cmd(
         grid=True,
         workers=workers,
         devices=devices,
+        cells_per_worker=cells_per_worker,
         max_retries=max_retries,
         fail_fast=fail_fast,
         report=report,
@@ -154,13 +165,19 @@ def search_cmd(
     experiment_file: Annotated[Path, typer.Argument(help="Experiment YAML with a search section.")],
     workers: Workers = 1,
     devices: Devices = None,
+    cells_per_worker: CellsPerWorker = None,
     **shared: Any,
 ) -> None:
     """TPE (or two-objective) search; seeds inside each trial; median/Wilcoxon pruning; resumable."""
     from harness.cli.commands.sweep import run_experiment  # noqa: PLC0415 - a command's body loads when it runs
 
     run_experiment(
-        experiment_file, grid=False, workers=workers, devices=devices, **_shared_call(shared)
+        experiment_file,
+        grid=False,
+        workers=workers,
+        devices=devices,
+        cells_per_worker=cells_per_worker,
+        **_shared_call(shared),
     )
 
 
@@ -172,6 +189,13 @@ def worker_cmd(
         str | None, typer.Option("--device", help="Device for this worker (cpu, cuda:N).")
     ] = None,
     threads: Annotated[int, typer.Option("--threads", help="torch CPU threads.")] = 1,
+    cells_per_worker: Annotated[
+        int,
+        typer.Option(
+            "--cells-per-worker",
+            help="LoRA trials of a grid this worker trains at once on one base model.",
+        ),
+    ] = 1,
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("results"),
     wait: Annotated[
@@ -188,6 +212,7 @@ def worker_cmd(
         storage=storage,
         device=device,
         threads=threads,
+        cells_per_worker=cells_per_worker,
         tracking_uri=tracking_uri,
         results_dir=results_dir,
         wait=wait,

@@ -163,6 +163,13 @@ class SearchFile:
         )
 
 
+# Why a search does not pack: its worker trains one sampled point, seed after seed, pruning
+# between seeds, so there are no K runs to step side by side without reshaping the search.
+SEARCH_NOT_PACKED = (
+    "cells_per_worker: packing applies to grids (harness ablate); a search trains one sampled "
+    "point per worker, seed after seed, so run it with cells_per_worker 1"
+)
+
 MAX_ADAPTIVE_SEEDS = 500
 MAX_LOOKS = 64
 
@@ -214,6 +221,9 @@ class AdaptiveSeedsFile:
 # (cell, seed) is an Optuna trial written to the study at start.
 DEFAULT_MAX_CELLS = 10_000
 DEFAULT_MAX_GRID_TRIALS = 20_000
+# Trials one worker trains at once on one base model (LoRA packing): each is a run held in the
+# worker's memory, and a pack steps its trials in turn, so more is a typo, not a plan.
+MAX_CELLS_PER_WORKER = 64
 
 
 @dataclass(frozen=True)
@@ -271,6 +281,15 @@ class ExperimentFile:
         default_factory=LimitsFile,
         metadata=meta("{cells, trials}: the most a grid may enumerate (default 10000, 20000)."),
     )
+    cells_per_worker: int = field(
+        default=1,
+        metadata=meta(
+            "Most LoRA trials a worker trains at once on one base model (a grid; trials that "
+            "share the base fields, seed included; docs/scaling.md).",
+            ge=1,
+            le=MAX_CELLS_PER_WORKER,
+        ),
+    )
 
     def __post_init__(self) -> None:
         check_name(self.name, "name")
@@ -281,6 +300,8 @@ class ExperimentFile:
             raise ValueError("grid: must be a non-empty mapping of axis -> list of values")
         if self.baseline is not None and self.search is not None:
             raise ValueError("baseline: only applies to grids")
+        if self.cells_per_worker > 1 and self.search is not None:
+            raise ValueError(SEARCH_NOT_PACKED)
         if isinstance(self.seeds, AdaptiveSeedsFile):
             # A search races each point against the incumbent: decide does not apply there.
             if self.search is None and self.seeds.decide == "baseline" and self.baseline is None:

@@ -172,7 +172,8 @@ def close_failed_run(tracker: Tracker, rid: str, err: BaseException) -> None:
 
 
 def finish_tracked_run(tracker: Tracker, rid: str, result: RunResult) -> None:
-    """Final summaries, tags and status: FINISHED, FAILED (diverged, reason tagged) or KILLED."""
+    """Final summaries, tags and status: FINISHED, FAILED (diverged, or a packed run that
+    failed alone: the reason tagged) or KILLED."""
     _closing()
     final = {k: v for k, v in result.summary.items() if isinstance(v, float) and math.isfinite(v)}
     final[STEPS_DONE] = float(result.steps_done)
@@ -189,6 +190,7 @@ def finish_tracked_run(tracker: Tracker, rid: str, result: RunResult) -> None:
     statuses: dict[str, RunStatus] = {
         "completed": "FINISHED",
         "diverged": "FAILED",
+        "failed": "FAILED",  # a packed run's error: it ended alone, the pack went on
         "interrupted": "KILLED",
     }
     tracker.end_run(rid, statuses[result.status])

@@ -16,6 +16,7 @@ import typer
 from harness import tracking
 from harness.cli.options import command_line, say, startup_s
 from harness.config.experiment import ExperimentSpec, load_experiment
+from harness.config.experiment_schema import MAX_CELLS_PER_WORKER
 from harness.core.configtools import ConfigError, check_name
 from harness.core.fsutil import fatal_event_error
 from harness.sweep.launching.launch import stop_grace_s
@@ -27,6 +28,7 @@ from harness.sweep.launching.launch_checks import (
 )
 from harness.sweep.launching.worker import WorkerOptions, worker_loop
 from harness.sweep.present.display import print_grid, print_status
+from harness.sweep.scheduler.packs import check_packing, plan_lines
 from harness.sweep.stores.opening import (
     check_store_urls,
     existing_storage,
@@ -50,10 +52,11 @@ def run_experiment(
     fail_fast: bool = False,
     report: bool = True,
     dry_run: bool = False,
+    cells_per_worker: int | None = None,
 ) -> None:
     """`ablate` (``grid``) and `search`: validate everything, then open the stores and sweep.
     ``launcher`` is (--launcher, --ray-address, --gpus-per-worker, --cpus-per-worker,
-    --shared-fs)."""
+    --shared-fs); ``cells_per_worker`` None takes the file's."""
     started = time.perf_counter() - startup_s()  # this command's start, as the dry run counts it
     workers, device_list = workers_and_devices(workers, devices)
     if not 0 <= max_retries <= 100:
@@ -67,10 +70,16 @@ def run_experiment(
         )
     if study_name is not None:
         check_name(study_name, "--study-name")
+    k = cells_per_worker if cells_per_worker is not None else file_cells_per_worker(spec)
+    plan = check_packing(spec, k, workers) if k != 1 else None
     if dry_run:
         print_grid(spec)
+        if plan is not None:
+            for line in plan_lines(spec, plan):
+                print(line)
         if grid:
-            print(wall_time_line(spec, workers, time.perf_counter() - started))
+            packs = plan.groups if plan is not None else None
+            print(wall_time_line(spec, workers, time.perf_counter() - started, packs=packs))
         return
     check_devices(*devices_to_check(spec, device_list))
     stop_grace_s()  # a bad HARNESS_STOP_GRACE_S is refused before any store is opened
@@ -92,16 +101,28 @@ def run_experiment(
         max_retries=max_retries,
         fail_fast=fail_fast,
         report=report,
+        cells_per_worker=k,
     )
     code = sweep(spec, opts, optuna_storage=optuna_storage, tracker=tracker, say=say)
     if code:
         raise typer.Exit(code)
 
 
-def wall_time_line(spec: ExperimentSpec, workers: int, command_s: float = 0.0) -> str:
+def file_cells_per_worker(spec: ExperimentSpec) -> int:
+    """The experiment file's ``cells_per_worker`` (validated with the file), 1 when absent."""
+    return int(spec.raw.get("cells_per_worker") or 1)
+
+
+def wall_time_line(
+    spec: ExperimentSpec,
+    workers: int,
+    command_s: float = 0.0,
+    packs: list[list[str]] | None = None,
+) -> str:
     """The dry run's wall-time estimate (harness.sweep.scheduler.estimate), or why there is none: a probe
     that cannot run here (a CUDA cell on a CPU machine, ...) is said, not hidden.  ``command_s``:
-    what the command spent before the estimate began, as the sweep's command spends it too."""
+    what the command spent before the estimate began, as the sweep's command spends it too;
+    ``packs``: the cells a worker trains together (``--cells-per-worker``)."""
     # The sweep's measuring loads its machinery (workers, the report): only for a valid file.
     # The sweep's command loads the same at this point (its driver): part of its start.
     loading = time.perf_counter()
@@ -111,7 +132,7 @@ def wall_time_line(spec: ExperimentSpec, workers: int, command_s: float = 0.0) -
     command_s += time.perf_counter() - loading
 
     try:
-        est = measured_wall_time(spec, workers, command_s=command_s)
+        est = measured_wall_time(spec, workers, command_s=command_s, packs=packs)
     except Exception as err:  # the probe is a real run: any failure is a reason, not a crash
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         return f"estimated wall time: not measured (the probe run failed: {first})"
@@ -129,6 +150,7 @@ def join_study(
     wait: bool,
     worker_id: int,
     events: str,
+    cells_per_worker: int = 1,
 ) -> None:
     """`worker`: check the study and the stores, then work through the study's waiting trials
     until none is left (or, with ``wait``, until SIGTERM/SIGINT)."""
@@ -137,6 +159,11 @@ def join_study(
 
     if not 0 <= threads <= 1024:
         raise ConfigError(f"--threads: must be an integer in [0, 1024]; got {threads}")
+    if not 1 <= cells_per_worker <= MAX_CELLS_PER_WORKER:
+        raise ConfigError(
+            f"--cells-per-worker: must be an integer in [1, {MAX_CELLS_PER_WORKER}]; "
+            f"got {cells_per_worker}"
+        )
     if device is not None:
         check_devices([device], "--device")
     check_store_urls(storage, tracking_uri)
@@ -175,6 +202,7 @@ def join_study(
             threads=threads,
             worker_id=worker_id,
             exit_when_idle=not wait,
+            cells_per_worker=cells_per_worker,
         ),
         emit=emit,
         should_stop=stop.is_set,

@@ -56,6 +56,7 @@ class SweepOptions:
     max_retries: int = 0
     fail_fast: bool = False
     report: bool = True
+    cells_per_worker: int = 1  # grid trials a worker trains at once on one base model
 
 
 def sweep(
@@ -82,7 +83,9 @@ def _sweep(
     say: Callable[[str], None],
 ) -> int:
     """``sweep`` under the study's coordinator lock."""
-    workers = opts.workers
+    workers = f"{opts.workers} worker(s)"
+    if opts.cells_per_worker > 1:
+        workers += f" x up to {opts.cells_per_worker} packed trials each"
     study, study_spec = open_study(
         exp,
         storage=optuna_storage,
@@ -100,18 +103,18 @@ def _sweep(
                 say(
                     f"study {study.study_name!r}: {len(exp.cells)} cells x {a['min']}..{a['max']} "
                     f"seeds (adaptive, decide: {a['decide']}), {done} already done, {enqueued} "
-                    f"enqueued (held until a look releases them); {workers} worker(s)"
+                    f"enqueued (held until a look releases them); {workers}"
                 )
             elif exp.search is None:
                 say(
                     f"study {study.study_name!r}: {exp.n_trials} trials ({len(exp.cells)} cells x "
                     f"{len(exp.seeds)} seeds), {done} already done, {enqueued} enqueued; "
-                    f"{workers} worker(s)"
+                    f"{workers}"
                 )
             else:
                 say(
                     f"study {study.study_name!r}: up to {exp.search.n_trials} trials x "
-                    f"{len(exp.seeds)} seeds, {workers} worker(s)"
+                    f"{len(exp.seeds)} seeds, {workers}"
                 )
             return _run_and_finish(study, study_spec, tracker, opts, done=done, say=say)
     except _Interrupted:
@@ -136,6 +139,7 @@ def _run_and_finish(
         results_dir=sweep_opts.results_dir,
         tracking_uri=sweep_opts.tracking_uri,
         threads=1,  # one torch thread per run: results must not depend on the worker count
+        cells_per_worker=sweep_opts.cells_per_worker,
     )
     fatal: list[OSError] = []
     killed: dict[int, str] = {}  # trial number -> why its worker was killed

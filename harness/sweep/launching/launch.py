@@ -97,13 +97,19 @@ class StopSignals:
         return self.count > 0
 
 
-def _held(h: dict[str, Any] | None) -> str:
-    """What a worker was running, for a line about its end."""
-    if not h:
+def _held(held: dict[Any, dict[str, Any]] | None) -> str:
+    """What a worker was running (one trial, or a pack's), for a line about its end."""
+    if not held:
         return "no trial"
-    seed = f" seed={h['seed']}" if h.get("seed") is not None else ""
-    cell = f" ({h['cell']}{seed})" if h.get("cell") and h["cell"] != f"trial {h['trial']}" else ""
-    return f"trial {h['trial']}{cell}"
+    texts = []
+    for h in held.values():
+        seed = f" seed={h['seed']}" if h.get("seed") is not None else ""
+        cell = h.get("cell")
+        texts.append(
+            f"{h['trial']} ({cell}{seed})" if cell and cell != f"trial {h['trial']}" else
+            str(h["trial"])
+        )  # fmt: skip
+    return ("trial " if len(texts) == 1 else "trials ") + ", ".join(texts)
 
 
 def run_workers(
@@ -125,7 +131,7 @@ def run_workers(
     resumed by the next run).  Every stop (a signal, fail-fast, a full disk) waits at most
     ``stop_grace_s()`` for the workers; then, or at a second signal, the workers still running
     are killed (SIGKILL, with every process they started), one line each, and a ``killed``
-    event names the trial each held (the caller records it as interrupted and closes its run).
+    event names each trial it held (the caller records it as interrupted and closes its run).
     A worker that dies of a signal (the OOM killer) gets one line naming the trial it held,
     which the heartbeat then finds stale and retries.  A worker's ``fatal`` event (a full disk)
     asks all workers to stop; ``counts["fatal"]`` says how many sent one.
@@ -186,7 +192,9 @@ class _Coordinator:
             ("completed", "diverged", "pruned", "error", "interrupted", "fatal", "died", "killed"),
             0,
         )
-        self.held: dict[int, dict[str, Any]] = {}  # worker -> the trial it is running
+        # worker -> trial number -> (trial, cell, seed) of the trials it is running (several
+        # when it trains a pack)
+        self.held: dict[int, dict[Any, dict[str, Any]]] = {}
         self.pids: dict[int, int] = {}
         self.stop_asked: list[float] = []  # when a stop was first asked (not by a signal)
 
@@ -215,7 +223,9 @@ class _Coordinator:
                 f"restarted as pid {new}; the trial is retried once its heartbeat goes stale"
             )
         if e["event"] == "start":
-            held[w] = {k: e.get(k) for k in ("trial", "cell", "seed")}
+            held.setdefault(w, {})[e.get("trial")] = {
+                k: e.get(k) for k in ("trial", "cell", "seed")
+            }
             if new:
                 pids[w] = new
         if e["event"] == "crash" and e.get("signal"):  # killed from outside: say what it held
@@ -232,7 +242,9 @@ class _Coordinator:
         if self.on_event is not None:
             self.on_event(e)
         if e["event"] == "done":
-            held.pop(w, None)
+            held.get(w, {}).pop(e.get("trial"), None)
+            if not held.get(w):
+                held.pop(w, None)
             counts[e["outcome"]] = counts.get(e["outcome"], 0) + 1
             if self.fail_fast and e["outcome"] == "error":
                 self.ask_stop()
@@ -249,13 +261,13 @@ class _Coordinator:
         alive = self.launcher.running()
         self.launcher.terminate()
         for w in sorted(self.held):
-            self.counts["killed"] += 1
-            e = {"event": "killed", "worker": w, **self.held[w], "reason": why}
             self.line(
                 f"worker {w} (pid {self.pids.get(w, '?')}) killed: {why}; "
                 f"it was running {_held(self.held[w])}"
             )
-            if self.on_event is not None:
-                self.on_event(e)
+            for h in self.held[w].values():  # each trial of a pack is recorded on its own
+                self.counts["killed"] += 1
+                if self.on_event is not None:
+                    self.on_event({"event": "killed", "worker": w, **h, "reason": why})
         if alive and not self.held:
             self.line(f"{alive} worker(s) killed: {why}")

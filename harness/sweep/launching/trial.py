@@ -42,6 +42,7 @@ from harness.sweep.stores.optuna_adapter import frozen_trial, heartbeat
 from harness.tracking import Tracker
 
 if TYPE_CHECKING:
+    from harness.run.tracked import RunIdentity
     from harness.sweep.launching.worker import Event, WorkerOptions
 
 
@@ -66,6 +67,23 @@ class ClaimedTrial:
 
     def should_stop(self) -> bool:
         return self.fatal is not None or self._should_stop()
+
+    def sibling(self, trial: optuna.Trial) -> ClaimedTrial:
+        """Another trial this worker claimed, reported on as this one is (a packmate)."""
+        return ClaimedTrial(
+            self.study, trial, self.spec, self.tracker, self.opts, self.emit, self._should_stop
+        )
+
+    def identity(self, label: str, seed: int) -> RunIdentity:
+        """The MLflow child run of this trial's (label, seed): ``tracked_run``'s identity."""
+        return {
+            "experiment": self.spec.experiment,
+            "run_name": f"{label} seed={seed}",
+            "parent_run_id": self.spec.parent_run_id,
+            "tags": child_run_tags(
+                self.spec, self.study.study_name, label, seed, self.trial.number
+            ),
+        }
 
     def beat_failed(self, error: BaseException) -> bool:
         """A heartbeat write failed: a full disk or a removed store stops the trial (handled, no
@@ -116,12 +134,7 @@ class ClaimedTrial:
                 result, rid = tracked_run(
                     cfg,
                     self.tracker,
-                    experiment=self.spec.experiment,
-                    run_name=f"{label} seed={seed}",
-                    parent_run_id=self.spec.parent_run_id,
-                    tags=child_run_tags(
-                        self.spec, self.study.study_name, label, seed, self.trial.number
-                    ),
+                    **self.identity(label, seed),
                     on_step=on_step,
                     should_stop=self.should_stop,
                     results_dir=self.opts.results_dir,
@@ -194,13 +207,26 @@ def run_grid_trial(t: ClaimedTrial) -> str:
         except Exception as err:  # a bug or a broken store: record it, let the sweep go on
             if fatal_store_error(err) is not None:
                 raise  # not this trial's fault: the worker stops (worker_loop)
-            outcome = t.fail_with_error(err, cell, seed)
-            attempt = int(attrs.get("attempt", 0))
-            # A superseded attempt has its retry copy already (the stale-trial callback's).
-            if outcome == "error" and attempt < t.spec.max_retries:
-                retry = {"cell": cell, "seed": seed, "attempt": attempt + 1}
-                with_retries(lambda: t.study.enqueue_trial({}, user_attrs=retry))
-            return outcome
+            return retry_errored(t, t.fail_with_error(err, cell, seed), attrs)
+    return record_grid_result(t, cell, seed, result, rid, time.time() - t0)
+
+
+def retry_errored(t: ClaimedTrial, outcome: str, attrs: dict[str, Any]) -> str:
+    """After a grid trial ended with ``outcome``: an error within ``--max-retries`` enqueues
+    its next attempt (``attrs``: the trial's user attributes); returns ``outcome``."""
+    attempt = int(attrs.get("attempt", 0))
+    # A superseded attempt has its retry copy already (the stale-trial callback's).
+    if outcome == "error" and attempt < t.spec.max_retries:
+        retry = {"cell": attrs["cell"], "seed": int(attrs["seed"]), "attempt": attempt + 1}
+        with_retries(lambda: t.study.enqueue_trial({}, user_attrs=retry))
+    return outcome
+
+
+def record_grid_result(
+    t: ClaimedTrial, cell: str, seed: int, result: Any, rid: str, wall_s: float
+) -> str:
+    """Tell Optuna how a trained (cell, seed) ended (its run ``rid`` already closed): the
+    outcome and summaries as attributes, the metric or FAIL; returns the outcome."""
     summary = {k: v for k, v in result.summary.items() if isinstance(v, float) and math.isfinite(v)}
     value = result.summary.get(t.spec.metric, math.nan)
     outcome = result.status  # completed | diverged | interrupted
@@ -216,7 +242,7 @@ def run_grid_trial(t: ClaimedTrial) -> str:
             "run_id": rid,
             **summary_attrs(summary),  # one attribute each, not a JSON blob (optuna-dashboard)
             "inert_clip": result.inert_clip,
-            "wall_time": time.time() - t0,
+            "wall_time": wall_s,
             "machine": machine_text(result.tags),
         }
     )

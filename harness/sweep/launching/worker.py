@@ -30,6 +30,12 @@ possible, and the worker emits one ``fatal`` event with the reason instead of fa
 after trial.
 
 How one claimed trial trains, reports and ends is :mod:`harness.sweep.launching.trial`.
+
+Packing (``cells_per_worker`` K > 1, grids only).  The worker claims its trial as above, then
+up to K - 1 more WAITING trials whose configs share the first's base fields (seed included), and
+trains them on one base model, each keeping its own Optuna trial, heartbeat, MLflow run and
+outcome (:mod:`harness.sweep.launching.packed`).  An adaptive grid's packmates are released
+seeds only.
 """
 
 from __future__ import annotations
@@ -45,7 +51,9 @@ import optuna
 
 from harness.core.db import with_retries
 from harness.core.fsutil import StoreRemovedError, fatal_store_error
+from harness.sweep.launching.packed import run_grid_pack
 from harness.sweep.launching.trial import ClaimedTrial, run_grid_trial, run_search_trial
+from harness.sweep.scheduler.packs import PackKeys
 from harness.sweep.scheduler.spec import load_study_spec
 from harness.sweep.scheduler.trials import (
     next_trial,
@@ -71,6 +79,7 @@ class WorkerOptions:
     threads: int = 1  # torch threads of each run unless its config sets them
     worker_id: int = 0
     exit_when_idle: bool = True
+    cells_per_worker: int = 1  # grid trials trained at once on one base model (LoRA packing)
 
 
 def worker_loop(
@@ -131,6 +140,8 @@ def _work(
     )
     tracker = make_tracker(opts.tracking_uri or spec.tracking_uri, opts.results_dir)
     run = run_search_trial if spec.kind == "search" else run_grid_trial
+    packing = spec.kind == "grid" and opts.cells_per_worker > 1
+    keys = PackKeys(spec, device=opts.device, threads=opts.threads) if packing else None
     fatal: OSError | None = None
 
     def on_cancelled(n: int) -> None:  # held seeds this worker's allocation cancelled
@@ -152,20 +163,28 @@ def _work(
                     time.sleep(0.5)
                 continue
             t = ClaimedTrial(study, trial, spec, tracker, opts, emit, should_stop)
+            pack: list[ClaimedTrial] = []  # a pack's trials, as run_grid_pack claims them
             try:
-                outcome = run(t)
+                if keys is not None:
+                    outcomes = run_grid_pack(t, opts.cells_per_worker, keys, pack)
+                else:
+                    outcomes = [run(t)]
             except Exception as err:
                 fatal = fatal_store_error(err)
                 if fatal is None:
                     raise
             else:
-                fatal = t.fatal  # a heartbeat found the disk full or the store gone
+                # a heartbeat (or a packmate) found the disk full or the store gone
+                fatal = next((x.fatal for x in pack or [t] if x.fatal is not None), None)
                 if fatal is None:
-                    counts[outcome] += 1
-                    if outcome == "error" and spec.kind == "search":
+                    for outcome in outcomes:
+                        counts[outcome] += 1
+                    if "error" in outcomes and spec.kind == "search":
                         break  # a search point has no retry budget: stop, do not spin on a bug
             if fatal is not None:
-                t.interrupt(str(fatal), *_label(t))
+                for x in pack or [t]:
+                    if x is t or not x.reported:  # a packmate already told keeps its outcome
+                        x.interrupt(str(fatal), *_label(x))
     except BaseException:
         _flush_quietly(tracker)  # the error on its way out says more than a failed flush
         raise

@@ -73,8 +73,9 @@ class SweepProgress:
         row = self.rows.setdefault(e.get("worker", 0), {"state": ""})
         kind = e["event"]
         if kind == "start":
+            packed = int(e.get("packed") or 1)  # the worker trains a pack: say how many
             row.update(
-                cell=e["cell"],
+                cell=e["cell"] if packed == 1 else f"{e['cell']} (+{packed - 1} packed)",
                 seed=e["seed"],
                 steps=e["steps"],
                 step=0,

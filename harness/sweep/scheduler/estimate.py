@@ -138,6 +138,7 @@ class WallTimeEstimate:
     runs_s: float = 0.0  # the runs' part of high_s: their sum over the workers, or the longest
     idle_s: float = 0.0  # the wait for the last run after a worker found nothing left
     sweep: SweepCosts = SweepCosts()
+    packed: int = 1  # the most runs a worker trains at once (--cells-per-worker)
 
 
 def _picked(cfg: RunConfig, keys: tuple[str, ...]) -> str:
@@ -298,11 +299,15 @@ def estimate_wall_time(
     workers: int,
     probe: Callable[[RunConfig, str], RunCosts | float] | None = None,
     sweep: Callable[[], SweepCosts] | SweepCosts = SweepCosts(),
+    packs: list[list[str]] | None = None,
 ) -> WallTimeEstimate:
     """:class:`WallTimeEstimate` of the grid ``spec`` run by ``workers`` workers; ``probe`` maps
     a cell's RunConfig and label to its :class:`RunCosts` (or bare seconds per step), once per
     distinct shape (default: :func:`probe_run`, recorded nowhere); ``sweep`` gives the
-    once-per-sweep costs, called after the probes (the report is timed over their runs)."""
+    once-per-sweep costs, called after the probes (the report is timed over their runs).
+    ``packs``: the cells a worker trains together, per seed (``--cells-per-worker``,
+    ``harness.sweep.scheduler.packs.plan_packs``); a pack pays one setup (the base model's build
+    and the process's one-time costs) and its trials' other parts in turn, on the same cores."""
     study = StudySpec.from_experiment(spec)
     seed = spec.seeds[0]
     measured: dict[str, RunCosts] = {}
@@ -329,10 +334,15 @@ def estimate_wall_time(
     else:
         low_seeds = high_seeds = len(spec.seeds)
     workers = max(1, workers)
-    per_seed = sum(run_s.values()) + sum(warm_keys.values())
-    longest = max(run_s.values(), default=0.0) + max(warm_keys.values(), default=0.0)
+    groups = packs or [[c.label] for c in spec.cells]
+    pack_s = [
+        sum(run_s[c] - costs[c].setup_s for c in g) + max(costs[c].setup_s for c in g)
+        for g in groups
+    ]
+    per_seed = sum(pack_s) + sum(warm_keys.values())
+    longest = max(pack_s, default=0.0) + max(warm_keys.values(), default=0.0)
     once = sweep() if callable(sweep) else sweep
-    mean_run = sum(run_s.values()) / len(run_s) if run_s else 0.0
+    mean_run = sum(pack_s) / len(pack_s) if pack_s else 0.0
     idle_s = idle_wait_s(spec, workers, mean_run)
     fixed = once.command_s + once.stores_s + once.worker_s + idle_s + once.report_s
 
@@ -357,6 +367,7 @@ def estimate_wall_time(
         runs_s=runs(high_seeds),
         idle_s=idle_s,
         sweep=once,
+        packed=max((len(g) for g in groups), default=1),
     )
 
 
@@ -410,8 +421,9 @@ def estimate_text(est: WallTimeEstimate, workers: int) -> str:
     ]
     lines = [
         f"estimated wall time with {workers} worker(s): {span}",
-        f"  {est.runs} runs: {duration_text(est.runs_s)} with {workers} worker(s) "
-        f"(per run: {', '.join(parts)})",
+        f"  {est.runs} runs: {duration_text(est.runs_s)} with {workers} worker(s)"
+        + (f", up to {est.packed} packed in each" if est.packed > 1 else "")
+        + f" (per run: {', '.join(parts)})",
     ]
     if any(v for v, _ in once):
         lines.append("  once: " + ", ".join(f"{_secs(v)} {what}" for v, what in once if v))

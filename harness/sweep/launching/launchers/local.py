@@ -198,6 +198,8 @@ class CommandLauncher:
             ]
             if o.device:
                 argv += ["--device", o.device]
+            if o.cells_per_worker > 1:
+                argv += ["--cells-per-worker", str(o.cells_per_worker)]
             if not o.exit_when_idle:
                 argv.append("--wait")
             env = dict(os.environ)

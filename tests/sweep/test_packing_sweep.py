@@ -1,0 +1,538 @@
+"""`harness ablate --cells-per-worker K` (or ``cells_per_worker: K``): a worker claims up to K
+grid trials whose configs share their base fields (seed included) and trains them on one base
+model (harness/run/packing.py), each trial keeping its own Optuna trial, MLflow run and report
+entry.
+
+* A 2-cell x 2-seed LoRA grid packed 2 per worker: each (cell, seed) completes exactly once, with
+  the unpacked sweep's metric history (1e-5 relative), and the report is written.
+* SIGTERM interrupts every trial of a pack (each recorded interrupted, its run KILLED), and the
+  sweep resumes unpacked; kill -9 of a packed worker has each of its trials retried exactly once
+  by the rerun.  The states are made, not waited out: a ``sitecustomize`` (first on the sweep's
+  PYTHONPATH) holds the worker once the pack's second run recorded its first step.
+* What cannot pack: a non-LoRA grid is one line (exit 2, nothing written); cells that differ in a
+  base field pack apart, and the dry run says which share a worker, the memory of a pack and the
+  wall time at that K; a search, or workers x K past the bound, is one line.
+* The claim: only compatible WAITING trials, and under adaptive seeds only released ones.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+import yaml
+from optuna.trial import TrialState
+from typer.testing import CliRunner
+
+from harness.cli import app
+from harness.config.experiment import load_experiment
+from harness.run.scaffold import RunResult
+from harness.run.tracked import finish_tracked_run, start_tracked_run
+from harness.sweep.scheduler.estimate import RunCosts, estimate_text, estimate_wall_time
+from harness.sweep.scheduler.packs import PackKeys, claim_packmates, pack_memory, plan_packs
+from harness.sweep.scheduler.spec import trial_key
+from harness.sweep.scheduler.study import enqueue_missing, open_study
+from harness.sweep.scheduler.trials import next_trial
+from harness.sweep.stores.storage import make_storage
+from harness.tracking import MemoryTracker
+from tests.hooks.kill_at import kill_group_at_marker
+from tests.support.study_reads import mlflow_runs, trials
+
+pytest.importorskip("peft")
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+ROOT = Path(__file__).resolve().parents[2]
+LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+BASE = {
+    "task": "reverse",
+    "tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
+    "model_options": {"lora": LORA},
+    "rollout": {"prompts_per_step": 2, "n_samples": 2, "max_new_tokens": 5},
+    "ppo": {"ppo_n_minibatches": 2, "entropy_coef": 0.05},  # a gradient at zero reward
+    "eval": {"every": 0, "n_prompts": 4},
+    "threads": 1,
+}
+CELLS = ["lr=0.01", "lr=0.03"]
+
+
+def _exp(tmp_path: Path, name: str, **over) -> Path:
+    """A LoRA grid on the tiny model: two learning rates (the cells differ in every update) x
+    ``seeds``, a few steps."""
+    doc = {
+        "name": name,
+        "base": BASE,
+        "grid": {"optim.lr": [0.01, 0.03]},
+        "seeds": 1,
+        "steps": 3,
+        "baseline": {"optim.lr": 0.01},
+        "metric": "final/reward",
+        **over,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _children(results: Path, name: str):
+    client, runs = mlflow_runs(results, name)
+    return client, [r for r in runs if r.data.tags.get("harness.role") == "child"]
+
+
+def _histories(results: Path, name: str) -> dict[tuple[str, str], dict[str, list[float]]]:
+    """(cell, seed) -> every metric's history of its child run, but the clock's (perf/*, wall)."""
+    client, runs = _children(results, name)
+    out = {}
+    for r in runs:
+        key = (r.data.tags["ablation.cell"], r.data.tags["seed"])
+        assert key not in out, f"{key} has two child runs"
+        out[key] = {
+            m: [x.value for x in sorted(client.get_metric_history(r.info.run_id, m),
+                                        key=lambda x: x.step)]
+            for m in r.data.metrics
+            if not m.startswith("perf/") and m != "final/wall_time"
+        }  # fmt: skip
+    return out
+
+
+# -- the done-when test ----------------------------------------------------------------------
+
+
+@pytest.mark.slow  # two sweeps of 4 LoRA runs: about 3 min on a loaded 2-core machine
+def test_a_packed_grid_gives_each_cell_seed_its_unpacked_history_exactly_once(tmp_path):
+    exp = _exp(tmp_path, "packed", seeds=2)
+    packed, alone = tmp_path / "packed", tmp_path / "alone"
+    for results, extra in ((packed, ["--workers", "2", "--cells-per-worker", "2"]),
+                           (alone, ["--workers", "1", "--no-report"])):  # fmt: skip
+        r = CliRunner().invoke(app, ["ablate", str(exp), "--results-dir", str(results), *extra])
+        assert r.exit_code == 0, r.output
+
+    ts = trials(packed, "packed")
+    assert sorted((trial_key(t), t.state.name) for t in ts) == [
+        ((c, s), "COMPLETE") for c in CELLS for s in (0, 1)
+    ]  # each (cell, seed) exactly once, nothing failed or retried
+    _, runs = _children(packed, "packed")
+    assert sorted(r.info.status for r in runs) == ["FINISHED"] * 4
+    # The runs of one seed trained together, one pack per seed (the seed is a base field).
+    number = {trial_key(t): t.number for t in ts}
+    for r in runs:
+        seed = int(r.data.tags["seed"])
+        assert (
+            r.data.tags["harness.pack"] == f"{number[(CELLS[0], seed)]},{number[(CELLS[1], seed)]}"
+        )
+
+    got, want = _histories(packed, "packed"), _histories(alone, "packed")
+    assert got.keys() == want.keys() and len(got) == 4
+    for key, metrics in want.items():
+        assert got[key].keys() == metrics.keys(), key
+        for m, xs in metrics.items():
+            ys = got[key][m]
+            assert len(ys) == len(xs), (key, m)
+            for x, y in zip(xs, ys, strict=True):
+                if math.isnan(x):
+                    assert math.isnan(y), (key, m)
+                else:
+                    assert y == pytest.approx(x, rel=1e-5, abs=1e-12), (key, m)
+    # The two cells are two runs (a mix-up of adapters would make them equal).
+    entropy = [want[(c, "0")]["policy/entropy"][-1] for c in CELLS]
+    assert entropy[0] != pytest.approx(entropy[1], rel=1e-6)
+
+    report = (packed / "packed" / "report.md").read_text()
+    assert all(c in report for c in CELLS)
+
+
+# -- faults ------------------------------------------------------------------------------------
+
+HOLD_AT_SECOND_RUN = '''
+"""Hold the process once its second run recorded its first step (in a pack of two: both trials
+running, each with a step recorded), after writing its pid to the marker
+HARNESS_TEST_PACK_MARKER names; until the file HARNESS_TEST_PACK_RELEASE names exists, or for
+ever without one.  Patched when harness.run.scaffold is first imported."""
+import importlib.abc
+import importlib.util
+import os
+import sys
+import time
+
+MARKER = os.environ.get("HARNESS_TEST_PACK_MARKER")
+RELEASE = os.environ.get("HARNESS_TEST_PACK_RELEASE")
+
+
+def _patch(scaffold):
+    record = scaffold.Run.record
+    runs = []
+
+    def holding_record(self, step, metrics, **kw):
+        record(self, step, metrics, **kw)  # handed to the tracker: the step is recorded
+        if step != 0:
+            return
+        runs.append(id(self))
+        if len(runs) != 2:
+            return
+        try:
+            fd = os.open(MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return  # a rerun: the marker is from the first sweep
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        while not (RELEASE and os.path.exists(RELEASE)):
+            time.sleep(0.05)
+
+    scaffold.Run.record = holding_record
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "harness.run.scaffold":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        execute = spec.loader.exec_module
+
+        def exec_module(module):
+            execute(module)
+            _patch(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if MARKER:
+    sys.meta_path.insert(0, _PatchOnImport())
+'''
+
+
+def _hooked(tmp_path: Path, name: str) -> tuple[list[str], dict[str, str], Path, Path]:
+    """The packed sweep's command (one worker, 2 per worker, 2 cells x 1 seed), its environment
+    with the hold installed, the results directory and the marker."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(HOLD_AT_SECOND_RUN)
+    results, marker = tmp_path / "results", tmp_path / "held"
+    cmd = [sys.executable, "-m", "harness", "ablate", str(_exp(tmp_path, name)), "--workers", "1"]
+    cmd += ["--cells-per-worker", "2", "--results-dir", str(results), "--no-report"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(hooks), str(ROOT)]),
+        "HARNESS_TEST_PACK_MARKER": str(marker),
+        "HARNESS_HEARTBEAT_S": "1",  # a killed worker's trials go stale within seconds
+    }
+    return cmd, env, results, marker
+
+
+def _rerun(cmd: list[str], results: Path) -> None:
+    env = {**os.environ, "HARNESS_HEARTBEAT_S": "1"}  # no hold: the sweep runs to its end
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+
+
+def _complete_once(results: Path, name: str) -> list:
+    after = trials(results, name)
+    complete = sorted(trial_key(t) for t in after if t.state == TrialState.COMPLETE)
+    assert complete == [(c, 0) for c in CELLS], [(t.number, t.state.name) for t in after]
+    assert not [t for t in after if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    return after
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.slow  # two sweeps in subprocesses: about 1-2 min on a loaded 2-core machine
+def test_sigterm_interrupts_every_trial_of_a_pack_and_the_sweep_resumes_unpacked(tmp_path):
+    cmd, env, results, marker = _hooked(tmp_path, "pack-term")
+    release = tmp_path / "release"
+    env["HARNESS_TEST_PACK_RELEASE"] = str(release)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    out: list[str] = []
+    reader = threading.Thread(
+        target=lambda: out.extend(ln.decode(errors="replace") for ln in proc.stdout), daemon=True
+    )
+    reader.start()
+    try:
+        deadline = time.monotonic() + 600
+        while not (marker.exists() and marker.read_text()):
+            assert proc.poll() is None, "".join(out)[-3000:]
+            assert time.monotonic() < deadline, "waited 600 s for the pack's second run"
+            time.sleep(0.05)
+        held = trials(results, "pack-term")
+        assert sorted(t.state.name for t in held) == ["RUNNING", "RUNNING"]  # one pack of two
+        proc.send_signal(signal.SIGTERM)  # the coordinator, as `kill` or a scheduler sends it
+        while not any("stopping the workers" in ln for ln in out):  # the stop was asked
+            assert proc.poll() is None, "".join(out)[-3000:]
+            assert time.monotonic() < deadline, "the coordinator never said it was stopping"
+            time.sleep(0.05)
+        release.write_text("")
+        assert proc.wait(timeout=600) == 130, "".join(out)[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    reader.join(timeout=60)
+    ts = trials(results, "pack-term")
+    assert sorted((trial_key(t), t.state.name, t.user_attrs.get("outcome")) for t in ts) == [
+        ((c, 0), "FAIL", "interrupted") for c in CELLS
+    ]
+    _, runs = _children(results, "pack-term")
+    assert (
+        sorted((r.info.status, r.data.tags.get("run.status")) for r in runs)
+        == [("KILLED", "interrupted")] * 2
+    )
+
+    cmd.remove("--cells-per-worker")
+    cmd.remove("2")
+    _rerun(cmd, results)  # resumed unpacked
+    after = _complete_once(results, "pack-term")
+    assert len(after) == 4  # the two interrupted, then each (cell, seed) once
+    _, runs = _children(results, "pack-term")
+    assert sorted(r.info.status for r in runs) == ["FINISHED", "FINISHED", "KILLED", "KILLED"]
+    assert all("harness.pack" not in r.data.tags for r in runs if r.info.status == "FINISHED")
+
+
+@pytest.mark.slow  # two sweeps in subprocesses: about 1-2 min on a loaded 2-core machine
+def test_a_packed_worker_killed_mid_run_has_each_trial_retried_exactly_once(tmp_path):
+    cmd, env, results, marker = _hooked(tmp_path, "pack-kill")
+    worker = int(kill_group_at_marker(cmd, env, marker, "the pack's second run", ROOT))
+    end = time.monotonic() + 60  # killed already: a bounded reap at most
+    while not _gone(worker):
+        assert time.monotonic() < end, f"worker {worker} still alive 60 s after SIGKILL"
+        time.sleep(0.05)
+    before = trials(results, "pack-kill")
+    assert sorted((trial_key(t), t.state.name) for t in before) == [
+        ((c, 0), "RUNNING") for c in CELLS
+    ]
+
+    _rerun(cmd, results)
+    after = _complete_once(results, "pack-kill")
+    for cell in CELLS:  # the dead attempt (failed by its stale heartbeat), then one retry
+        attempts = sorted(t.state.name for t in after if trial_key(t) == (cell, 0))
+        assert attempts == ["COMPLETE", "FAIL"], (cell, attempts)
+    dead = {t.number for t in before}
+    assert all(t.user_attrs.get("outcome") is None for t in after if t.number in dead)
+    _, runs = _children(results, "pack-kill")
+    statuses = sorted((r.info.status, r.data.tags.get("run.status")) for r in runs)
+    assert statuses == [("FINISHED", "completed")] * 2 + [("KILLED", "killed")] * 2
+
+
+# -- what cannot pack, and the dry run ------------------------------------------------------
+
+
+def _invoke(args: list[str], results: Path):
+    r = CliRunner().invoke(app, [*args, "--results-dir", str(results)])
+    return r.exit_code, r.stderr, r.stdout
+
+
+def test_a_non_lora_grid_is_one_line_and_nothing_is_written(tmp_path):
+    smoke = ROOT / "experiments" / "smoke.yaml"
+    results = tmp_path / "results"
+    for extra in (["--dry-run"], []):
+        code, err, out = _invoke(["ablate", str(smoke), "--cells-per-worker", "2", *extra], results)
+        assert code == 2, out + err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert err.startswith(
+            "error: --cells-per-worker 2: no cell of the grid can pack: model_options.lora: "
+            "packing needs LoRA adapters (the packed runs share one frozen base model"
+        ), err
+        assert not results.exists()
+    # The experiment file's own field: the same answer.
+    doc = yaml.safe_load(smoke.read_text())
+    doc["cells_per_worker"] = 2
+    path = tmp_path / "smoke.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    code, err, _ = _invoke(["ablate", str(path), "--dry-run"], results)
+    assert code == 2 and "model_options.lora: packing needs LoRA adapters" in err, err
+    assert not results.exists()
+
+
+def test_a_search_or_too_many_trials_at_once_is_one_line(tmp_path):
+    results = tmp_path / "results"
+    search = {"n_trials": 2, "params": {"optim.lr": {"type": "float", "low": 1e-3, "high": 1e-2}}}
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        yaml.safe_dump({"name": "s", "base": BASE, "search": search, "steps": 2, "seeds": 1})
+    )
+    code, err, _ = _invoke(["search", str(path), "--cells-per-worker", "2"], results)
+    assert code == 2 and err.startswith("error: --cells-per-worker: packing applies to grids"), err
+    doc = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**doc, "cells_per_worker": 2}))
+    code, err, _ = _invoke(["search", str(path)], results)
+    assert code == 2 and "cells_per_worker: packing applies to grids" in err, err
+    exp = _exp(tmp_path, "many")
+    code, err, _ = _invoke(
+        ["ablate", str(exp), "--workers", "200", "--cells-per-worker", "2", "--dry-run"], results
+    )
+    assert code == 2, err
+    assert err == (
+        "error: --cells-per-worker: 200 workers x 2 cells per worker = 400 trials at once; "
+        "at most 256\n"
+    )
+    code, err, _ = _invoke(["ablate", str(exp), "--cells-per-worker", "0", "--dry-run"], results)
+    assert code == 2 and "--cells-per-worker: must be an integer in [1, 64]; got 0" in err, err
+    assert not results.exists()
+
+
+MIXED = {  # 6 cells: two widths (a base field) x two learning rates, and one without LoRA
+    "optim.lr": [0.01, 0.03],
+    "variant": {
+        "w64": {"tiny.intermediate_size": 64},
+        "w96": {"tiny.intermediate_size": 96},
+        "full": {"model_options.lora": None},
+    },
+}
+
+
+def test_the_dry_run_says_which_cells_share_a_worker_and_what_it_costs(tmp_path, monkeypatch):
+    import harness.sweep.launching.estimating as estimating
+
+    def measured(spec, workers, command_s=0.0, packs=None):  # the probes' costs, made up
+        return estimate_wall_time(
+            spec, workers, probe=lambda cfg, label: RunCosts(step_s=0.1, setup_s=2.0), packs=packs
+        )
+
+    monkeypatch.setattr(estimating, "measured_wall_time", measured)
+    exp = _exp(tmp_path, "mixed", grid=MIXED, baseline=None, seeds=2)
+    results = tmp_path / "results"
+    code, err, out = _invoke(["ablate", str(exp), "--cells-per-worker", "2", "--dry-run"], results)
+    assert code == 0, out + err
+    lines = out[out.index("packing: ") :].splitlines()
+    assert lines[:5] == [
+        "packing: up to 2 cells per worker (trials of one seed whose base fields agree; 4 "
+        "workers' worth of trials per seed, 8 in all, instead of 12)",
+        "  lr=0.01 variant=w64 + lr=0.03 variant=w64: share a worker",
+        "  lr=0.01 variant=w96 + lr=0.03 variant=w96: share a worker",
+        "  lr=0.01 variant=full: runs alone (model_options.lora: packing needs LoRA adapters "
+        "(the packed runs share one frozen base model and each trains its own adapter); set "
+        "model_options.lora, or run the cells unpacked)",
+        "  lr=0.03 variant=full: runs alone (model_options.lora: packing needs LoRA adapters "
+        "(the packed runs share one frozen base model and each trains its own adapter); set "
+        "model_options.lora, or run the cells unpacked)",
+    ], lines
+    assert lines[5] == (
+        "  lr=0.01 variant=w96, lr=0.03 variant=w96: packs apart from lr=0.01 variant=w64 "
+        "(they differ in tiny.intermediate_size)"
+    )
+    assert lines[6].startswith("memory of a pack of 2 (lower bound: float32 weights, adapters")
+    # The wall time at K = 2, a pack paying one setup: runs of 2 s setup + 3 steps x 0.1 s;
+    # per seed 2 packs x (2 + 2 x 0.3) s + 2 lone runs x 2.3 s, x 2 seeds = 19.6 s.
+    head = next(ln for ln in lines if ln.startswith("estimated wall time"))
+    runs = lines[lines.index(head) + 1]
+    assert runs.startswith("  12 runs: 20 s with 1 worker(s), up to 2 packed in each"), runs
+    assert not results.exists()
+
+
+def test_the_wall_time_of_packs_pays_one_setup_per_pack(tmp_path, monkeypatch):
+    monkeypatch.setenv("HARNESS_HEARTBEAT_S", "4")
+    spec = load_experiment(_exp(tmp_path, "wall", seeds=3))
+
+    def probe(cfg, label):
+        return RunCosts(step_s=0.5, setup_s=4.0, eval_s=1.0)
+
+    alone = estimate_wall_time(spec, workers=1, probe=probe)
+    packed = estimate_wall_time(spec, workers=1, probe=probe, packs=[CELLS])
+    # A run: 4 s setup + 3 steps x 0.5 s + 2 evaluations (start, last) x 1 s = 7.5 s.
+    assert math.isclose(alone.runs_s, 2 * 7.5 * 3)
+    assert math.isclose(packed.runs_s, (4.0 + 2 * 3.5) * 3)  # one setup per pack
+    assert alone.runs == packed.runs == 6 and packed.packed == 2
+    assert ", up to 2 packed in each (per run:" in estimate_text(packed, 1)
+
+
+def test_the_memory_of_a_pack_counts_one_base_and_each_trials_adapters(tmp_path):
+    spec = load_experiment(_exp(tmp_path, "mem"))
+    from harness.sweep.scheduler.spec import StudySpec
+
+    cfg = StudySpec.from_experiment(spec).cell_config(CELLS[0], 0)
+    base, trial = pack_memory(cfg)
+    from harness.model.lora import model_modules
+
+    modules = model_modules("tiny", tiny=cfg.tiny)
+    params = sum(p.numel() for p in modules[""].parameters())
+    # q_proj and v_proj of the one layer: rank 4 x (in + out) each, x 4 float32 copies
+    # (weights, gradients, AdamW's two moments).
+    q, v = modules["model.layers.0.self_attn.q_proj"], modules["model.layers.0.self_attn.v_proj"]
+    adapter = 4 * (q.in_features + q.out_features) + 4 * (v.in_features + v.out_features)
+    assert (base, trial) == (params * 4, adapter * 4 * 4)
+
+
+# -- the claim -------------------------------------------------------------------------------
+
+
+def _study(tmp_path: Path, exp_path: Path):
+    exp = load_experiment(exp_path)
+    storage = make_storage(None, tmp_path / "results")
+    study, spec = open_study(
+        exp, storage=storage, tracker=MemoryTracker(), study_name=None, tracking_uri=None,
+        command="test",
+    )  # fmt: skip
+    enqueue_missing(study, spec)
+    return exp, study, spec
+
+
+def test_a_worker_claims_only_waiting_trials_that_share_the_base(tmp_path):
+    exp, study, spec = _study(tmp_path, _exp(tmp_path, "claim", grid=MIXED, baseline=None, seeds=2))
+    keys = PackKeys(spec, device=None, threads=1)
+    plan = plan_packs(exp, 4)
+    assert plan.packs == [
+        ["lr=0.01 variant=w64", "lr=0.03 variant=w64"],
+        ["lr=0.01 variant=w96", "lr=0.03 variant=w96"],
+    ]
+    claimed = []
+    while (first := next_trial(study, spec)[0]) is not None:
+        key = trial_key(study._storage.get_trial(first._trial_id))
+        mates = claim_packmates(study, spec, key, 4, keys)
+        claimed.append([key, *(trial_key(study._storage.get_trial(m._trial_id)) for m in mates)])
+    # Enqueue order is cell by cell (the file's variants sorted: full, w64, w96): each pack is
+    # its first trial's seed's compatible cells (K = 4 is a maximum); a cell without LoRA runs
+    # alone.
+    assert claimed == [
+        [("lr=0.01 variant=full", 0)],
+        [("lr=0.01 variant=full", 1)],
+        [("lr=0.01 variant=w64", 0), ("lr=0.03 variant=w64", 0)],
+        [("lr=0.01 variant=w64", 1), ("lr=0.03 variant=w64", 1)],
+        [("lr=0.01 variant=w96", 0), ("lr=0.03 variant=w96", 0)],
+        [("lr=0.01 variant=w96", 1), ("lr=0.03 variant=w96", 1)],
+        [("lr=0.03 variant=full", 0)],
+        [("lr=0.03 variant=full", 1)],
+    ]
+
+
+def test_adaptive_seeds_pack_released_seeds_only(tmp_path):
+    seeds = {"min": 2, "max": 4, "batch": 2, "decide": "ranking"}
+    exp, study, spec = _study(tmp_path, _exp(tmp_path, "adaptive", seeds=seeds, baseline=None))
+    keys = PackKeys(spec, device=None, threads=1)
+    claimed = []
+    while (first := next_trial(study, spec)[0]) is not None:
+        key = trial_key(study._storage.get_trial(first._trial_id))
+        mates = claim_packmates(study, spec, key, 3, keys)
+        claimed.append([key, *(trial_key(study._storage.get_trial(m._trial_id)) for m in mates)])
+    # Seeds 0 and 1 are released (min 2); seeds 2 and 3 stay held until a look: never claimed.
+    assert sorted(claimed) == [[(CELLS[0], s), (CELLS[1], s)] for s in (0, 1)]
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    assert sorted(trial_key(t) for t in waiting) == [(c, s) for c in CELLS for s in (2, 3)]
+
+
+def test_a_packed_run_that_failed_alone_ends_failed_in_the_tracker():
+    from harness.config import build_run_config
+
+    tracker = MemoryTracker()
+    rid = start_tracked_run(build_run_config({}), tracker, experiment="e", run_name="r")
+    failed = RunResult(
+        status="failed", reason="RuntimeError: boom", steps_done=1, history={}, summary={},
+        wall_time=1.0, inert_clip=False,
+    )  # fmt: skip
+    finish_tracked_run(tracker, rid, failed)
+    run = tracker.runs[rid]
+    assert run.status == "FAILED"
+    assert (run.tags["run.status"], run.tags["run.reason"]) == ("failed", "RuntimeError: boom")
