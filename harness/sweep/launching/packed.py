@@ -10,7 +10,8 @@ Each trial stays itself:
 * its own MLflow child run, started, logged and closed by :mod:`harness.run.tracked` exactly as
   an unpacked trial's (the same identity, tags, params, config and summaries);
 * its own ``start``, ``step`` and ``done`` events and the same attributes and outcome as an
-  unpacked trial (:func:`harness.sweep.launching.trial.record_grid_result`).
+  unpacked trial (:func:`harness.sweep.launching.trial.record_grid_result`); its ``wall_time``
+  is its own turns and its share of what the pack set up once.
 
 How trials end: one that diverges ends alone (``diverged``); one that raises ends alone, its run
 FAILED, its trial an ``error`` (retried within ``--max-retries``); a stop (SIGTERM, Ctrl-C at the
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 import warnings
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -107,7 +107,6 @@ def _train(members: list[_Member], pack: list[ClaimedTrial]) -> None:
     from harness.run.packing import run_packed  # noqa: PLC0415 - loads the training stack: only in a running worker
     from harness.run.tracked import close_failed_run, finish_tracked_run, start_tracked_run  # noqa: PLC0415 - loads torch: only in a running worker
 
-    t0 = time.time()
     live: list[_Member] = []
     # Which Optuna trials trained together, on each run (the runs are otherwise an unpacked
     # trial's): the report and MLflow can tell a pack's runs apart from lone ones.
@@ -160,7 +159,9 @@ def _train(members: list[_Member], pack: list[ClaimedTrial]) -> None:
         except BaseException as err:  # the summaries could not be written (a full disk)
             close_failed_run(m.t.tracker, m.rid, err)
             raise
-        m.outcome = _record(m, result, time.time() - t0)
+        # Its own turns and its share of what the pack set up once: a study's total wall
+        # counts the pack's once, not once per trial.
+        m.outcome = _record(m, result, result.wall_time)
 
 
 def _hooks(m: _Member, pack: list[ClaimedTrial]) -> Hooks:
