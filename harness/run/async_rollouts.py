@@ -3,7 +3,7 @@ under AReaL's admission rule, and new weights reach it between batches or betwee
 steps.
 
 The sampler side (:class:`_SamplerSide`) is the same on both clocks: at each decode step it
-loads newly published weights when it may, submits what :func:`~harness.run.admission.capacity`
+loads newly published weights when it may, submits what :func:`~harness.sampling.admission.capacity`
 allows (prompts drawn from the run's prompt stream), advances every running sequence one token
 and queues the groups that finished. A training step takes ``prompts_per_step`` groups: the
 oldest submitted (waiting for them) or, with partial rollouts, the first finished.
@@ -34,7 +34,7 @@ import torch
 
 from harness.model.lora import is_lora
 from harness.ppo.actor import roll_left
-from harness.run.admission import capacity, lag_stats, over_sampled
+from harness.sampling.admission import capacity, lag_stats, over_sampled
 from harness.run.collect import Collected, Rollouts
 from harness.run.dynamic_sampling import Round, concat_rollouts, score_round
 from harness.run.mismatch import MismatchProbe, mismatch_probe

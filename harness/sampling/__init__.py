@@ -17,7 +17,7 @@ from harness.sampling.base import (
 from harness.sampling.registry import BACKENDS, Backend, backend, make_backend, register
 
 # Every other module is a backend that registers itself on import (a new backend is one file).
-import_members(__name__, __path__, skip={"base", "decoders", "registry", "vllm_host"})
+import_members(__name__, __path__, skip={"admission", "base", "decoders", "registry", "vllm_host"})
 
 __all__ = [
     "BACKENDS",

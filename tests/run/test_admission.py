@@ -1,4 +1,4 @@
-"""AReaL's admission rule and the lag statistics (harness/run/admission.py), and the sampler side
+"""AReaL's admission rule and the lag statistics (harness/sampling/admission.py), and the sampler side
 of asynchronous rollouts scheduled on a virtual clock against a scripted step sampler: the lag
 bound holds whatever the sequence lengths, update time, η and batch."""
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.config import build_run_config
-from harness.run.admission import capacity, lag_stats, over_sampled
+from harness.sampling.admission import capacity, lag_stats, over_sampled
 from harness.run.async_rollouts import _SamplerSide
 from harness.sampling.stepping import Finished, StepSampler
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from harness.run.admission import over_sampled
+from harness.sampling.admission import over_sampled
 
 if TYPE_CHECKING:
     from harness.config import RunConfig
