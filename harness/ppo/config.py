@@ -28,7 +28,7 @@ from harness.ppo.objectives import (
     renamed_keys,
     validate_selection,
 )
-from harness.ppo.objectives.frame import ISLevel, LossAggMode, check_behaviour_options
+from harness.ppo.objectives.loss_options import ISLevel, LossAggMode, check_behaviour_options
 from harness.ppo.objectives.registry import options_of
 from harness.ppo.objectives.vespo import FOLD_NEEDS, FOLDABLE
 from harness.ppo.proximal import ProxLogpMethod

@@ -12,7 +12,7 @@ from harness.ppo.corrections.areal import RejectionSampling, legacy_to_rejection
 from harness.ppo.corrections.spec import Correction, Filter
 from harness.ppo.normalization import NormConfig
 from harness.ppo.objectives.dppo import DPPOOptions
-from harness.ppo.objectives.frame import ClipOptions
+from harness.ppo.objectives.loss_options import ClipOptions
 from harness.ppo.objectives.vespo import VESPOOptions
 
 CASES = [

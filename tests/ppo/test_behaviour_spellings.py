@@ -14,7 +14,7 @@ import torch
 from harness.config import PPOActorConfig, build_run_config
 from harness.ppo import PPOActor, RejectionSampling, ppo_actor_loss
 from harness.ppo.corrections import Correction, Filter
-from harness.ppo.objectives import LossOptions, lookup, objective_loss
+from harness.ppo.objectives import LossOptions, lookup, loss_options, objective_loss
 from harness.ppo.objectives import frame as F
 
 LEGACY = [
@@ -172,7 +172,7 @@ def test_the_options_are_checked_once_not_per_minibatch(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("options checked again inside the loss")
 
-    monkeypatch.setattr(F, "check_keywords", refuse)
+    monkeypatch.setattr(loss_options, "check_keywords", refuse)
     monkeypatch.setattr(type(lookup("ppo")), "check", refuse)
     lt, lp, lb, adv, mask = tensors(3)
     loss, stats = objective_loss(actor.loss_options, lt, lp, lb, adv, mask)

@@ -2,19 +2,15 @@
 
 Every module of this package is imported here, so a new objective is one new file that calls
 ``registry.register`` (plus its tests); nothing else names it.  ``registry.py`` says what a
-declaration holds and what is derived from it; ``frame.py`` is the loss every objective runs in.
+declaration holds and what is derived from it; ``frame.py`` is the loss every objective runs in,
+``loss_options.py`` what it reads besides the tensors.
 """
 
 from __future__ import annotations
 
 from harness.core.plugins import import_members
-from harness.ppo.objectives.frame import (
-    LOSS_AGG_MODES,
-    ClipOptions,
-    LossOptions,
-    Terms,
-    objective_loss,
-)
+from harness.ppo.objectives.frame import Terms, objective_loss
+from harness.ppo.objectives.loss_options import LOSS_AGG_MODES, ClipOptions, LossOptions
 from harness.ppo.objectives.registry import (
     OBJECTIVES,
     Objective,
@@ -26,7 +22,9 @@ from harness.ppo.objectives.registry import (
     validate_selection,
 )
 
-import_members(__name__, __path__, skip={"registry", "frame", "docs", "covariance", "__main__"})
+import_members(
+    __name__, __path__, skip={"registry", "frame", "loss_options", "docs", "covariance", "__main__"}
+)
 
 from harness.ppo.objectives.cispo import cispo_loss  # noqa: E402
 from harness.ppo.objectives.clip_cov import clip_cov_loss  # noqa: E402

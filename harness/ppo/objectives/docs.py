@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from harness import metrics
-from harness.ppo.objectives.frame import ClipOptions
+from harness.ppo.objectives.loss_options import ClipOptions
 from harness.ppo.objectives.registry import OBJECTIVES, Objective, _shown
 
 

@@ -31,16 +31,8 @@ from harness.core.configtools import check_fields
 from harness.core.configtools import meta as meta  # re-exported: R.meta for objective modules
 from harness.core.configtools import option as option  # re-exported: R.option likewise
 from harness.metrics import declare_objective_stats, forget_objective_stats
-from harness.ppo.objectives.frame import (
-    LOSS_AGG_MODES,
-    ClipOptions,
-    Context,
-    LossOptions,
-    PolicyInputs,
-    Stats,
-    Terms,
-    objective_loss,
-)
+from harness.ppo.objectives.frame import Context, PolicyInputs, Stats, Terms, objective_loss
+from harness.ppo.objectives.loss_options import LOSS_AGG_MODES, ClipOptions, LossOptions
 
 TermsFn = Callable[[PolicyInputs, Any, Context], Terms]
 
