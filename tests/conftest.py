@@ -26,6 +26,19 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(1)
 
 
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """Torch computes on one thread during the test (the count before is restored after): the
+    tiny model's matmuls are faster on one, and immune to contention for the cores.  A module
+    opts in with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def pg() -> Iterator[PrivatePostgres]:
     """A private PostgreSQL 15 server for the whole session; ``pg.restart()`` simulates an outage.

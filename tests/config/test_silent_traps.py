@@ -11,7 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
-from tests.support.tiny import TINY
+from tests.support.experiments import grid_file
+from tests.support.tiny import tiny_reverse
 
 
 @pytest.fixture
@@ -112,20 +113,12 @@ def test_correction_acts_in_a_run_with_a_noisy_sampler(tmp_path):
     from harness.run.loop import run
 
     cfg = build_run_config(
-        {
-            "steps": 2,
-            "task": "reverse",
-            "tiny": TINY,
-            "rollout": {
-                "prompts_per_step": 2,
-                "n_samples": 2,
-                "max_new_tokens": 5,
-                "sampler_logit_noise": 1.0,
-            },
-            "ppo": {"correction": "icepop"},
-            "eval": {"every": 0, "n_prompts": 4},
-            "threads": 1,
-        }
+        tiny_reverse(
+            2,
+            rollout={"sampler_logit_noise": 1.0},
+            ppo={"correction": "icepop"},
+            eval={"every": 0, "n_prompts": 4},
+        )
     )
     assert not cfg.ppo.use_decoupled_loss
     res = run(cfg, results_dir=tmp_path)
@@ -259,16 +252,9 @@ def test_a_run_without_its_metric_records_why(tmp_path, runner):
     reason says which metric had no value (it used to say nothing)."""
     import optuna
 
-    doc = {
-        "name": "nometric",
-        "base": TINY_BASE,
-        "grid": {"ppo.eps_clip": [0.2]},
-        "seeds": 1,
-        "steps": 1,
-        "metric": "stability/diverged_step",
-    }
-    f = tmp_path / "exp.yaml"
-    f.write_text(yaml.safe_dump(doc))
+    grid = {"ppo.eps_clip": [0.2]}
+    metric = "stability/diverged_step"
+    f = grid_file(tmp_path / "exp.yaml", "nometric", TINY_BASE, grid, steps=1, metric=metric)
     results = tmp_path / "results"
     r = runner.invoke(app, ["ablate", str(f), "--results-dir", str(results)])
     err = r.stderr or ""

@@ -10,6 +10,8 @@ import yaml
 from typer.testing import CliRunner
 
 from harness.cli import app
+from tests.support.rewards import FAILING_REWARDS
+from tests.support.tiny import SMALL_SETS, set_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -147,36 +149,14 @@ def test_a_bad_command_never_changes_the_mode_of_a_shared_directory(tmp_path):
     assert list(shared.iterdir()) == []
 
 
-REWARDS = """
-def examples():
-    return [{"prompt": f"{i}=", "answer": str(i)} for i in range(40)]
-
-def raises(prompt, completion, answer):
-    return 1 / 0
-
-def text(prompt, completion, answer):
-    return "high"
-
-def nan(prompt, completion, answer):
-    return float("nan")
-
-def good(prompt, completion, answer):
-    return float(completion == answer)
-"""
-
-SMALL = [
-    "--set", "steps=2", "--set", "rollout.prompts_per_step=2", "--set", "rollout.n_samples=2",
-    "--set", "rollout.max_new_tokens=3", "--set", "eval.every=0", "--set", "eval.n_prompts=2",
-    "--set", "tiny.hidden_size=16", "--set", "tiny.num_layers=1", "--set", "tiny.num_heads=2",
-    "--set", "tiny.intermediate_size=16",
-]  # fmt: skip
+SMALL = set_flags("steps=2", *SMALL_SETS)
 
 
 def test_bad_reward_code_in_a_run_is_a_failed_run_with_its_reason(tmp_path):
     from mlflow.tracking import MlflowClient
 
     module = tmp_path / "rewards.py"
-    module.write_text(REWARDS)
+    module.write_text(FAILING_REWARDS)
     results = tmp_path / "results"
     expect = {
         "raises": "raised ZeroDivisionError: division by zero",
@@ -203,7 +183,7 @@ def test_bad_reward_code_in_a_run_is_a_failed_run_with_its_reason(tmp_path):
 @pytest.mark.slow
 def test_bad_reward_code_in_a_sweep_fails_its_trials_with_the_reason(tmp_path):
     module = tmp_path / "rewards.py"
-    module.write_text(REWARDS)
+    module.write_text(FAILING_REWARDS)
     doc = yaml.safe_load((ROOT / "experiments" / "smoke.yaml").read_text())
     doc.update(
         name="badreward",

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.config import build_run_config, load_run_config
+from tests.support.cli import invoke_run
 from tests.support.docs import assert_commands_train, doc_block, harness_run_commands
 from tests.support.hf_archs import build_bpe_tokenizer, save_arch
 from tests.support.tiny import FAST_RUN, TINY, set_flags
@@ -56,15 +57,7 @@ def gpt2_dir(tmp_path_factory) -> Path:
 )
 def test_lora_targets_are_checked_before_anything_is_written(targets, expect, tmp_path):
     before = snapshot(tmp_path)
-    r = CliRunner().invoke(
-        app,
-        [
-            "run",
-            *set_flags(f"model_options.lora.target_modules={targets}", *FAST_RUN),
-            "--results-dir",
-            str(tmp_path / "results"),
-        ],
-    )
+    r = invoke_run(tmp_path / "results", f"model_options.lora.target_modules={targets}", *FAST_RUN)
     assert_refused(r, f"model_options.lora.target_modules: {expect}", tmp_path, before)
     assert "q_proj" in r.output  # the message lists names that do work
 
@@ -113,15 +106,7 @@ def test_model_directory_with_weights_but_no_tokenizer(gpt2_dir, tmp_path):
     for name in ("config.json", "generation_config.json", "model.safetensors"):
         shutil.copy(gpt2_dir / name, model / name)
     before = snapshot(tmp_path)
-    r = CliRunner().invoke(
-        app,
-        [
-            "run",
-            *set_flags(f"model={model}", *FAST_RUN),
-            "--results-dir",
-            str(tmp_path / "results"),
-        ],
-    )
+    r = invoke_run(tmp_path / "results", f"model={model}", *FAST_RUN)
     assert_refused(
         r, f"model: cannot load a tokenizer from '{model}' (no tokenizer", tmp_path, before
     )

@@ -15,7 +15,7 @@ from harness.cli import app
 from harness.config import build_run_config
 from harness.metrics.passk import mean_pass_at_k, pass_at_k
 from harness.run.loop import run
-from tests.support.tiny import TINY, TINY_SETS, set_flags
+from tests.support.tiny import TINY_SETS, set_flags, tiny_reverse
 
 
 def test_golden_values():
@@ -54,14 +54,7 @@ def test_impossible_counts_are_refused(n, c, k):
 
 
 def _cfg(**over):
-    base = {
-        "steps": 2,
-        "task": "reverse",
-        "tiny": TINY,
-        "rollout": {"prompts_per_step": 2, "n_samples": 2, "max_new_tokens": 5},
-        "eval": {"every": 1, "n_prompts": 4, "samples": 4, "k": 2},
-        "threads": 1,
-    }
+    base = tiny_reverse(2, eval={"every": 1, "n_prompts": 4, "samples": 4, "k": 2})
     return build_run_config(base, over)
 
 

@@ -37,6 +37,8 @@ from harness.run.loop import RunResult
 from harness.run.tracked import finish_tracked_run
 from harness.sampling.local import sample
 from harness.tracking import MemoryTracker
+from tests.support.batches import stale_update_batch
+from tests.support.objective_stats import OWN_STATS
 from tests.support.tiny import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,19 +96,7 @@ def setup():
     gen = torch.Generator().manual_seed(0)
     prompts = ["123>", "4567>", "89>", "2468>"]
     rb = sample(model, tok, prompts, n_samples=2, max_new_tokens=5, generator=gen)
-    g = torch.Generator().manual_seed(1)
-    # Stale behaviour log-probs, so that the behaviour weights are not all 1.
-    stale = rb.logprobs + rb.loss_mask * torch.randn(rb.logprobs.shape, generator=g) * 0.3
-    batch = {
-        "input_ids": rb.input_ids,
-        "attention_mask": rb.attention_mask,
-        "loss_mask": rb.loss_mask,
-        "logprobs": stale,
-        "rewards": torch.rand(rb.input_ids.shape[0], generator=g),
-        "group_sizes": rb.group_sizes,
-        "truncated": rb.truncated,
-    }
-    return model, batch
+    return model, stale_update_batch(rb)
 
 
 # Options that make the covariance objectives select tokens in a batch this small.
@@ -114,15 +104,7 @@ EXTRA = {
     "clip_cov": dict(clip_cov=ClipCovOptions(ratio=0.2, cov_lb=-100.0, cov_ub=100.0)),
     "kl_cov": dict(kl_cov=KLCovOptions(ratio=0.2)),
 }
-OWN_KEYS = {
-    "ppo": set(),
-    "cispo": {"policy/gate_mean"},
-    "sapo": {"policy/gate_mean"},
-    "gmpo": {"policy/gate_mean"},
-    "clip_cov": {"policy/cov_selected", "policy/cov_candidates", "policy/cov_threshold"},
-    "kl_cov": {"policy/cov_selected", "policy/cov_threshold", "policy/cov_penalty_kl"},
-    "dppo": set(),
-}
+OWN_KEYS = OWN_STATS
 
 
 @pytest.mark.parametrize("objective", POLICY_LOSSES)

@@ -17,6 +17,7 @@ from harness.cli import app
 from harness.config import build_run_config
 from harness.config.experiment import load_experiment
 from harness.peers.export import comment, export_areal, export_trl, export_verl
+from tests.support.experiments import search_file, smoke_base
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "experiments" / "smoke.yaml"
@@ -368,20 +369,7 @@ def test_best_of_a_search_is_its_best_point_with_the_seeds_spread(tmp_path):
 
     from harness.sweep.stores.storage import make_storage
 
-    base = yaml.safe_load(SMOKE.read_text())["base"]
-    doc = {
-        "name": "bestsearch",
-        "base": base,
-        "search": {
-            "n_trials": 1,
-            "params": {"ppo.eps_clip": {"type": "float", "low": 0.1, "high": 0.3}},
-            "pruner": "none",
-        },
-        "seeds": 2,
-        "steps": 2,
-    }
-    exp = tmp_path / "search.yaml"
-    exp.write_text(yaml.safe_dump(doc))
+    exp = search_file(tmp_path, "bestsearch", smoke_base(), n_trials=1, seeds=2)
     results = tmp_path / "results"
     r = CliRunner().invoke(app, ["search", str(exp), "--results-dir", str(results)])
     assert r.exit_code == 0, r.output
@@ -404,8 +392,7 @@ def test_best_of_a_search_is_its_best_point_with_the_seeds_spread(tmp_path):
     assert args.max_steps == 2 * 2  # steps x ppo_n_minibatches x ppo_epochs of the smoke base
 
     # the file changed since the study ran: said on stderr and in the output
-    doc["steps"] = 3
-    exp.write_text(yaml.safe_dump(doc))
+    search_file(tmp_path, "bestsearch", smoke_base(), n_trials=1, seeds=2, steps=3)
     code, out, err = export([str(exp), "--best", "--to", "verl", "--results-dir", str(results)])
     assert code == 0, err
     assert "changed since study 'bestsearch' ran" in err

@@ -24,6 +24,7 @@ from harness.ppo.corrections import PRESETS, Correction, Filter
 from harness.ppo.corrections.docs import markdown
 from harness.ppo.objectives import OBJECTIVES, lookup, ppo_actor_loss
 from harness.sampling.local import sample
+from tests.support.batches import stale_update_batch
 from tests.support.objective_cli import SMALL
 from tests.support.tiny import TINY
 
@@ -290,18 +291,7 @@ def setup():
     rb = sample(
         model, tok, ["123>", "4567>", "89>", "2468>"], n_samples=2, max_new_tokens=5, generator=gen
     )
-    g = torch.Generator().manual_seed(1)
-    stale = rb.logprobs + rb.loss_mask * torch.randn(rb.logprobs.shape, generator=g) * 0.3
-    batch = {
-        "input_ids": rb.input_ids,
-        "attention_mask": rb.attention_mask,
-        "loss_mask": rb.loss_mask,
-        "logprobs": stale,
-        "rewards": torch.rand(rb.input_ids.shape[0], generator=g),
-        "group_sizes": rb.group_sizes,
-        "truncated": rb.truncated,
-    }
-    return model, batch
+    return model, stale_update_batch(rb)
 
 
 @pytest.mark.parametrize(

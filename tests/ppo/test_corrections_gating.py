@@ -20,20 +20,9 @@ from harness.ppo.corrections import PRESETS, Correction, Filter
 from harness.ppo.corrections.compute import apply_correction, probability_statistic
 from harness.ppo.objectives import OBJECTIVES, lookup, ppo_actor_loss
 from harness.sweep.present.cell_export import export_cell
+from tests.support.peer_inputs import assert_agree, correction_inputs
 
 EPS = 0.2
-
-
-def data(seed: int, B: int = 6, T: int = 8):
-    g = torch.Generator().manual_seed(seed)
-    lb = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3 - 0.05
-    lp = lb + 0.25 * torch.randn(B, T, generator=g, dtype=torch.float64)
-    lt = (lp + 0.1 * torch.randn(B, T, generator=g, dtype=torch.float64)).requires_grad_()
-    lengths = torch.randint(1, T + 1, (B,), generator=g)
-    lengths[0] = T
-    M = torch.arange(T)[None] < lengths[:, None]
-    A = torch.randn(B, 1, generator=g, dtype=torch.float64).expand(B, T) * M
-    return lt, lp, lb, A, M
 
 
 def masked_mean(x, mask, dim=None):
@@ -83,14 +72,6 @@ def openrlhf_policy_loss(lt, lp, lb, A, M, level, mode, gating, threshold):
 def ours(lt, lp, lb, A, M, c):
     out, stats = ppo_actor_loss(lt, lp, lb, A, M, correction=c)
     return out, stats
-
-
-def agree(peer, mine, lt):
-    (g_peer,) = torch.autograd.grad(peer, lt)
-    (g_mine,) = torch.autograd.grad(mine, lt)
-    assert torch.allclose(peer, mine, rtol=1e-12, atol=1e-13), (float(peer), float(mine))
-    assert torch.allclose(g_peer, g_mine, rtol=1e-12, atol=1e-13)
-    assert g_mine.abs().sum() > 0
 
 
 # --- golden statistics ----------------------------------------------------------------------
@@ -177,10 +158,10 @@ OPENRLHF = {
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_openrlhf_is_gating_loss_and_gradient(case, seed):
     (level, mode, gating, threshold), c = OPENRLHF[case]
-    lt, lp, lb, A, M = data(seed)
+    lt, lp, lb, A, M = correction_inputs(seed)
     peer, filtered = openrlhf_policy_loss(lt, lp, lb, A, M, level, mode, gating, threshold)
     mine, stats = ours(lt, lp, lb, A, M, c)
-    agree(peer, mine, lt)
+    assert_agree(peer, mine, lt)
     # the draws exercise both sides of the gate
     gated = filtered.expand_as(M)[M]
     assert 0 < int(gated.sum()) < int(M.sum()), (case, seed)
@@ -195,12 +176,12 @@ def test_openrlhf_presets_are_openrlhf_gates():
         "openrlhf_binary_kl": ("binary_kl", (0.0, 0.05)),
     }.items():
         for seed in (3, 4):
-            lt, lp, lb, A, M = data(seed)
+            lt, lp, lb, A, M = correction_inputs(seed)
             lb = lp - 1.5 * (lp - lb)  # a wider mismatch so that the presets' bounds bite
             peer, filtered = openrlhf_policy_loss(
                 lt, lp, lb, A, M, "token", "mask", gating, threshold
             )
-            agree(peer, ours(lt, lp, lb, A, M, name)[0], lt)
+            assert_agree(peer, ours(lt, lp, lb, A, M, name)[0], lt)
 
 
 # --- every objective, config, exports ---------------------------------------------------------
@@ -213,7 +194,7 @@ GATES = ["openrlhf_ratio", "openrlhf_tv", "openrlhf_binary_kl", "roll_infer_diff
 def test_every_objective_composes_with_the_gates(objective, name):
     o = lookup(objective)
     agg = "token-mean" if "token-mean" in o.aggregations else o.aggregations[0]
-    lt, lp, lb, A, M = data(5)
+    lt, lp, lb, A, M = correction_inputs(5)
     loss, stats = o.loss(lt, lp, lb, A, M, correction=name, loss_agg_mode=agg)
     loss.backward()
     assert math.isfinite(float(loss.detach())) and torch.isfinite(lt.grad).all()

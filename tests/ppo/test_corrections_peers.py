@@ -17,20 +17,9 @@ import torch
 from harness.ppo.corrections import Correction, Filter
 from harness.ppo.objectives import cispo_loss, ppo_actor_loss
 from harness.ppo.objectives.reinforce import reinforce_loss
+from tests.support.peer_inputs import assert_agree, correction_inputs
 
 EPS = 0.2
-
-
-def data(seed: int, B: int = 6, T: int = 8):
-    g = torch.Generator().manual_seed(seed)
-    lb = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3 - 0.05
-    lp = lb + 0.25 * torch.randn(B, T, generator=g, dtype=torch.float64)
-    lt = (lp + 0.1 * torch.randn(B, T, generator=g, dtype=torch.float64)).requires_grad_()
-    lengths = torch.randint(1, T + 1, (B,), generator=g)
-    lengths[0] = T
-    M = torch.arange(T)[None] < lengths[:, None]
-    A = torch.randn(B, 1, generator=g, dtype=torch.float64).expand(B, T) * M
-    return lt, lp, lb, A, M
 
 
 def clip_pg(lt, lold, A):
@@ -41,15 +30,6 @@ def clip_pg(lt, lold, A):
 def ours(lt, lp, lb, A, M, c, loss=ppo_actor_loss, **kw):
     out, _ = loss(lt, lp, lb, A, M, correction=c, **kw)
     return out
-
-
-def agree(peer, mine, lt):
-    (g_peer,) = torch.autograd.grad(peer, lt)
-    (g_mine,) = torch.autograd.grad(mine, lt)
-    # float64 inputs: the harness computes ρ in float64 too, so only summation order differs.
-    assert torch.allclose(peer, mine, rtol=1e-12, atol=1e-13), (float(peer), float(mine))
-    assert torch.allclose(g_peer, g_mine, rtol=1e-12, atol=1e-13)
-    assert g_mine.abs().sum() > 0
 
 
 # --------------------------------------------------------------------------- TRL 1.16
@@ -113,18 +93,18 @@ TRL_CASES = {
 @pytest.mark.parametrize("seed", [0, 1])
 def test_trl_vllm_importance_sampling(case, seed):
     mode, cmin, cmax, c = TRL_CASES[case]
-    lt, lp, lb, A, M = data(seed)
-    agree(trl_loss(lt, lp, lb, A, M, mode, cmin, cmax), ours(lt, lp, lb, A, M, c), lt)
+    lt, lp, lb, A, M = correction_inputs(seed)
+    assert_agree(trl_loss(lt, lp, lb, A, M, mode, cmin, cmax), ours(lt, lp, lb, A, M, c), lt)
 
 
 def test_trl_presets_are_trl_modes():
-    lt, lp, lb, A, M = data(3)
-    agree(
+    lt, lp, lb, A, M = correction_inputs(3)
+    assert_agree(
         trl_loss(lt, lp, lb, A, M, "token_mask", None, 3.0),
         ours(lt, lp, lb, A, M, "token_mis"),
         lt,
     )
-    agree(
+    assert_agree(
         trl_loss(lt, lp, lb, A, M, "sequence_mask", None, 3.0),
         ours(lt, lp, lb, A, M, "seq_mis"),
         lt,
@@ -133,7 +113,7 @@ def test_trl_presets_are_trl_modes():
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_trl_off_policy_mask_with_token_is(seed):
-    lt, lp, lb, A, M = data(seed)
+    lt, lp, lb, A, M = correction_inputs(seed)
     delta = 0.05  # small enough that some negative rows are dropped
     c = Correction(
         weight="token",
@@ -150,11 +130,11 @@ def test_trl_off_policy_mask_with_token_is(seed):
         ),
     )
     peer = trl_loss(lt, lp, lb, A, M, "token_truncate", None, 1.3, opsm=delta)
-    agree(peer, ours(lt, lp, lb, A, M, c), lt)
+    assert_agree(peer, ours(lt, lp, lb, A, M, c), lt)
 
 
 def test_opsm_preset_is_trl_threshold_and_drops_only_negative_rows():
-    lt, lp, lb, A, M = data(4)
+    lt, lp, lb, A, M = correction_inputs(4)
     lb = lb.clone()
     lb[1] -= 0.0  # row 1: unchanged
     lb[2] += 1.0  # row 2 far off-policy: drop it if A < 0
@@ -163,7 +143,7 @@ def test_opsm_preset_is_trl_threshold_and_drops_only_negative_rows():
     A[3] = A[3].abs()
     lb[3] += 1.0  # positive advantage: kept however far
     peer = trl_loss(lt, lp, lb, A, M, opsm=0.5)
-    agree(peer, ours(lt, lp, lb, A, M, "opsm"), lt)
+    assert_agree(peer, ours(lt, lp, lb, A, M, "opsm"), lt)
     _, stats = ppo_actor_loss(lt, lp, lb, A, M, correction="opsm")
     dropped = stats["correction_masked"]
     assert dropped[2][M[2]].all() and not dropped[3].any()
@@ -335,20 +315,20 @@ VERL_IS = {
 def test_verl_rollout_is(case, batch_normalize):
     level, thr, c = VERL_IS[case]
     c = Correction(**{**c.__dict__, "batch_normalize": batch_normalize})
-    lt, lp, lb, A, M = data(5)
+    lt, lp, lb, A, M = correction_inputs(5)
     rho = verl_is(lp, lb, M, level, thr, batch_normalize)
-    agree(verl_loss(lt, lp, lb, A, M, rho), ours(lt, lp, lb, A, M, c), lt)
+    assert_agree(verl_loss(lt, lp, lb, A, M, rho), ours(lt, lp, lb, A, M, c), lt)
 
 
 def test_verl_presets_match_verl_presets():
-    lt, lp, lb, A, M = data(6)
+    lt, lp, lb, A, M = correction_inputs(6)
     for name, (level, thr) in {
         "token_tis": ("token", 2.0),
         "seq_tis": ("sequence", 2.0),
         "icepop": ("token", "0.5_5.0"),
     }.items():
         rho = verl_is(lp, lb, M, level, thr)
-        agree(verl_loss(lt, lp, lb, A, M, rho), ours(lt, lp, lb, A, M, name), lt)
+        assert_agree(verl_loss(lt, lp, lb, A, M, rho), ours(lt, lp, lb, A, M, name), lt)
 
 
 def _filter(opt, thr):
@@ -374,19 +354,19 @@ VERL_RS = [
 
 @pytest.mark.parametrize("options,thresholds", VERL_RS)
 def test_verl_rollout_rs_post_filter_denominator(options, thresholds):
-    lt, lp, lb, A, M = data(7)
+    lt, lp, lb, A, M = correction_inputs(7)
     mask = verl_rs(lp, lb, M, options, thresholds)
     assert 0 < int(mask.sum()) < int(M.sum())  # the filter bites, and not everything
     c = Correction(
         filters=tuple(_filter(o, t) for o, t in zip(options, thresholds, strict=True)),
         denominator="post",
     )
-    agree(verl_loss(lt, lp, lb, A, M, mask=mask), ours(lt, lp, lb, A, M, c), lt)
+    assert_agree(verl_loss(lt, lp, lb, A, M, mask=mask), ours(lt, lp, lb, A, M, c), lt)
 
 
 def test_verl_geo_rs_token_tis():
     """ "Geo-RS-Token-TIS": rollout_is=token with rollout_rs=seq_mean_k1."""
-    lt, lp, lb, A, M = data(8)
+    lt, lp, lb, A, M = correction_inputs(8)
     mask = verl_rs(lp, lb, M, ["seq_mean_k1"], ["0.95_1.05"])
     rho = verl_is(lp, lb, M, "token", 1.2)
     c = Correction(
@@ -396,18 +376,18 @@ def test_verl_geo_rs_token_tis():
         filters=(_filter("seq_mean_k1", "0.95_1.05"),),
         denominator="post",
     )
-    agree(verl_loss(lt, lp, lb, A, M, rho, mask), ours(lt, lp, lb, A, M, c), lt)
+    assert_agree(verl_loss(lt, lp, lb, A, M, rho, mask), ours(lt, lp, lb, A, M, c), lt)
 
 
 def test_verl_bypass_ppo_clip_with_rs_against_current_policy():
-    lt, _, lb, A, M = data(9)
+    lt, _, lb, A, M = correction_inputs(9)
     # bypass: ℓp := ℓb, RS from sg(ℓθ) vs ℓb inside the loss, pre-filter denominator.
     mask = verl_rs(lt.detach(), lb, M, ["seq_mean_k3"], [0.04])
     assert 0 < int(mask.sum()) < int(M.sum())
     pg = clip_pg(lt, lb, A)
     peer = (pg * mask).sum() / M.sum()
     c = Correction(bypass=True, filters=(Filter(level="sequence", metric="k3", upper=0.04),))
-    agree(peer, ours(lt, lb, lb, A, M, c), lt)
+    assert_agree(peer, ours(lt, lb, lb, A, M, c), lt)
 
 
 def verl_bypass_reinforce(lt, lb, A, M, level, threshold, batch_normalize=False):
@@ -422,11 +402,11 @@ def verl_bypass_reinforce(lt, lb, A, M, level, threshold, batch_normalize=False)
 def test_verl_bypass_token_reinforce_is_cispo_under_bypass():
     """verl bypass + reinforce + rollout_is=token, threshold C: the same loss and gradient as
     cispo (ratio_max C) under preset bypass (min(exp(clamp(x, ±20)), C) = min(exp(x), C) here)."""
-    lt, _, lb, A, M = data(10)
+    lt, _, lb, A, M = correction_inputs(10)
     peer = verl_bypass_reinforce(lt, lb, A, M, "token", 1.1)
-    agree(peer, ours(lt, lb, lb, A, M, "bypass", loss=cispo_loss, ratio_max=1.1), lt)
+    assert_agree(peer, ours(lt, lb, lb, A, M, "bypass", loss=cispo_loss, ratio_max=1.1), lt)
     c = Correction(bypass=True, weight="token", clip_max=1.1, log_clamp=20.0)
-    agree(
+    assert_agree(
         verl_bypass_reinforce(lt, lb, A, M, "token", 1.1),
         ours(lt, lb, lb, A, M, c, reinforce_loss),
         lt,
@@ -453,7 +433,7 @@ def test_verl_bypass_pg_is_is_sequence_level():
         torch.testing.assert_close(g_mine, g_peer, rtol=1e-12, atol=1e-13)
         capped += int(stats["correction_truncated"].any())
     assert capped > 20  # the threshold 2 binds on many draws
-    lt, _, lb, A, M = data(10)
+    lt, _, lb, A, M = correction_inputs(10)
     lb = lb - 0.3  # rows far enough off that the sequence product exceeds 2
     token = ours(lt, lb, lb, A, M, "bypass", loss=cispo_loss, ratio_max=2.0)
     assert not torch.allclose(token, verl_bypass_reinforce(lt, lb, A, M, "sequence", 2.0))
@@ -533,7 +513,7 @@ def test_verl_batch_normalize_epsilon_under_an_int_mask():
     """What docs/corrections.md says of verl's own runs: with the int64 attention mask verl's
     trainer passes, n + 1e-8 is formed in float32 and rounds to n, so verl's ρ̄ is the plain
     mean; with a float64 mask (the comparisons above) it carries the ε, ≤ 1e-8/n apart."""
-    lt, lp, lb, A, M = data(11)
+    lt, lp, lb, A, M = correction_inputs(11)
     for level in ("token", "sequence"):
         _, with_int = verl_is_weights(lp, lb, M.long(), level, 2.0, batch_normalize=True)
         _, with_float = verl_is_weights(lp, lb, M, level, 2.0, batch_normalize=True)
@@ -552,7 +532,7 @@ def test_verl_rejection_of_every_token_is_nan_in_verl_and_0_here(mode):
     seq-mean-token-sum-norm, which divides by T); its gradient is 0, masked_sum's torch.where
     dropping the NaN the division sends back.  The harness keeps its denominators ≥ 1 (as TRL
     clamps at 1): loss 0, the same gradient 0 (docs/corrections.md)."""
-    lt, lp, lb, A, M = data(7)
+    lt, lp, lb, A, M = correction_inputs(7)
     options, thresholds = ["token_k1"], ["0.9999_1.0001"]
     mask = verl_rs(lp, lb, M, options, thresholds)
     assert M.any() and not mask.any()  # everything valid is rejected
@@ -607,7 +587,7 @@ def skyrl_loss(lt, lp, lb, A, M, *, outlier=None, token_mask=None, tis=None, seq
 
 
 def test_skyrl_four_stages_in_order():
-    lt, lp, lb, A, M = data(11, B=10)
+    lt, lp, lb, A, M = correction_inputs(11, B=10)
     peer = skyrl_loss(
         lt,
         lp,
@@ -631,14 +611,14 @@ def test_skyrl_four_stages_in_order():
             Filter(level="sequence", agg="mean", lower=0.9, upper=1.1),
         ),
     )
-    agree(peer, ours(lt, lp, lb, A, M, c), lt)
+    assert_agree(peer, ours(lt, lp, lb, A, M, c), lt)
 
 
 def test_geo_mask_preset_is_skyrl_geometric_mask_defaults():
-    lt, lp, lb, A, M = data(13, B=10)
+    lt, lp, lb, A, M = correction_inputs(13, B=10)
     lp = lb + 0.01 * (lp - lb)  # near-on-policy rows, so SkyRL's 0.99/1.01 band keeps some
     peer = skyrl_loss(lt, lp, lb, A, M, seq_mask=("geometric", 0.99, 1.01))
-    agree(peer, ours(lt, lp, lb, A, M, "geo_mask"), lt)
+    assert_agree(peer, ours(lt, lp, lb, A, M, "geo_mask"), lt)
 
 
 @pytest.mark.parametrize(
@@ -657,8 +637,8 @@ def test_geo_mask_preset_is_skyrl_geometric_mask_defaults():
     ],
 )
 def test_skyrl_single_corrections(kw, c):
-    lt, lp, lb, A, M = data(12, B=10)
-    agree(skyrl_loss(lt, lp, lb, A, M, **kw), ours(lt, lp, lb, A, M, c), lt)
+    lt, lp, lb, A, M = correction_inputs(12, B=10)
+    assert_agree(skyrl_loss(lt, lp, lb, A, M, **kw), ours(lt, lp, lb, A, M, c), lt)
 
 
 # --------------------------------------------------------------------------- TRL, called

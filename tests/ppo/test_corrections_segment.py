@@ -27,18 +27,15 @@ from harness.ppo.corrections.compute import apply_correction, segment_ids, segme
 from harness.ppo.objectives import ppo_actor_loss
 from harness.run.loop import run
 from harness.sweep.present.cell_export import export_cell
-from tests.support.tiny import TINY
+from tests.support.tiny import tiny_reverse
 
 EPS = 0.2
-BASE = {
-    "steps": 2,
-    "task": "reverse",
-    "tiny": TINY,
-    "rollout": {"prompts_per_step": 2, "n_samples": 2, "max_new_tokens": 6},
-    "ppo": {"ppo_n_minibatches": 2},
-    "eval": {"every": 100, "n_prompts": 4},
-    "threads": 1,
-}
+BASE = tiny_reverse(
+    2,
+    rollout={"max_new_tokens": 6},
+    ppo={"ppo_n_minibatches": 2},
+    eval={"every": 100, "n_prompts": 4},
+)
 # ROLL's segment band after a token ratio filter that cuts the completions into runs.
 CUT = {
     "sequential": True,

@@ -13,6 +13,7 @@ from harness.ppo import PPOActorConfig
 from harness.ppo.objectives import objective_loss
 from harness.ppo.objectives.dppo import dppo_loss
 from tests.support.objective_cli import assert_trains_through_the_cli
+from tests.support.objective_rows import assert_config_and_one_row, assert_refused_in_one_line
 
 F64 = torch.float64
 AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
@@ -226,14 +227,7 @@ def test_anchor_and_decoupled_loss_with_behaviour_weights():
 
 @pytest.mark.parametrize("agg", AGGS)
 def test_every_aggregation_through_the_config_and_one_row(agg):
-    lt, lb, adv, mask = random_batch(11)
-    cfg = from_dict(PPOActorConfig, {"policy_loss": "dppo", "loss_agg_mode": agg})
-    got, _ = objective_loss(cfg, lt, lb, lb, adv, mask)
-    want, _ = dppo_loss(lt, lb, lb, adv, mask, loss_agg_mode=agg)
-    assert got.item() == want.item()
-    row, st = dppo_loss(lt[0], lb[0], lb[0], adv[0], mask[0], loss_agg_mode=agg)
-    one, _ = dppo_loss(lt[:1], lb[:1], lb[:1], adv[:1], mask[:1], loss_agg_mode=agg)
-    assert row.item() == one.item() and st["silenced_mask"].shape == (lt.shape[1],)
+    assert_config_and_one_row("dppo", dppo_loss, random_batch(11), agg, "silenced_mask")
 
 
 # ------------------------------------------------------------------ config
@@ -256,9 +250,7 @@ def test_every_aggregation_through_the_config_and_one_row(agg):
     ],
 )
 def test_bad_dppo_options_are_one_line(over, msg):
-    with pytest.raises(ConfigError) as err:
-        build_run_config({}, over)
-    assert msg in str(err.value) and "\n" not in str(err.value)
+    assert_refused_in_one_line(over, msg)
 
 
 def test_short_train_through_the_cli(tmp_path):

@@ -15,7 +15,8 @@ from harness.ppo.corrections import Correction
 from harness.ppo.objectives import objective_loss
 from harness.ppo.objectives.vespo import vespo_loss
 from tests.support.objective_cli import assert_trains_through_the_cli
-from tests.support.tiny import TINY
+from tests.support.objective_rows import assert_config_and_one_row, assert_refused_in_one_line
+from tests.support.tiny import tiny_reverse
 from tests.support.trl_stand_in import TrainerStandIn, trl_compute_loss
 
 F64 = torch.float64
@@ -185,18 +186,8 @@ def test_matches_a_naive_per_token_loop(case):
     agg = rng.choice(AGGS)
     want = naive(lt, lp, A, m, kp=kp, lp_=lp_, kn=kn, ln=ln, agg=agg)
     t = [torch.tensor(x, dtype=F64) for x in (lt, lp, A)]
-    got, _ = vespo_loss(
-        t[0],
-        t[1],
-        t[1],
-        t[2],
-        torch.tensor(m),
-        k_pos=kp,
-        lambda_pos=lp_,
-        k_neg=kn,
-        lambda_neg=ln,
-        loss_agg_mode=agg,
-    )
+    opts = {"k_pos": kp, "lambda_pos": lp_, "k_neg": kn, "lambda_neg": ln, "loss_agg_mode": agg}
+    got, _ = vespo_loss(t[0], t[1], t[1], t[2], torch.tensor(m), **opts)
     assert got.item() == pytest.approx(want, rel=1e-9, abs=1e-12)
 
 
@@ -229,29 +220,15 @@ def test_decoupled_loss_takes_w_against_the_proximal_policy_times_the_behaviour_
 
 @pytest.mark.parametrize("agg", AGGS)
 def test_every_aggregation_through_the_config_and_one_row(agg):
-    lt, lb, adv, mask = random_batch(11)
-    cfg = from_dict(PPOActorConfig, {"policy_loss": "vespo", "loss_agg_mode": agg})
-    got, _ = objective_loss(cfg, lt, lb, lb, adv, mask)
-    want, _ = vespo_loss(lt, lb, lb, adv, mask, loss_agg_mode=agg)
-    assert got.item() == want.item()
-    one_row, st = vespo_loss(lt[0], lb[0], lb[0], adv[0], mask[0], loss_agg_mode=agg)
-    first, _ = vespo_loss(lt[:1], lb[:1], lb[:1], adv[:1], mask[:1], loss_agg_mode=agg)
-    assert one_row.item() == first.item() and st["gate"].shape == (lt.shape[1],)
+    assert_config_and_one_row("vespo", vespo_loss, random_batch(11), agg, "gate")
 
 
 # ------------------------------------------------------------------ config and the TRL map
 
 
 def trl_cfg(**over):
-    base = {
-        "trainer": "trl",
-        "steps": 2,
-        "task": "reverse",
-        "tiny": TINY,
-        "rollout": {"prompts_per_step": 2, "n_samples": 2, "max_new_tokens": 5},
-        "ppo": {"reward_norm": {"mean_level": "group", "std_level": "group"}},
-        "threads": 1,
-    }
+    group = {"mean_level": "group", "std_level": "group"}
+    base = tiny_reverse(2, trainer="trl", ppo={"reward_norm": group})
     return build_run_config(base, {"ppo.policy_loss": "vespo", **over})
 
 
@@ -294,9 +271,7 @@ def test_two_steps_with_trainer_trl(tmp_path):
     ],
 )
 def test_bad_vespo_options_are_one_line(over, msg):
-    with pytest.raises(ConfigError) as err:
-        build_run_config({}, over)
-    assert msg in str(err.value) and "\n" not in str(err.value)
+    assert_refused_in_one_line(over, msg)
 
 
 def test_short_train_through_the_cli(tmp_path):

@@ -11,32 +11,25 @@ from harness.config import ConfigError, PPOActorConfig, build_run_config
 from harness.metrics import STEP_METRICS
 from harness.ppo import PPOActor, ppo_actor_loss
 from harness.run.loop import run
-from tests.support.tiny import TINY
+from tests.support.objective_stats import OWN_STATS
+from tests.support.tiny import tiny_reverse
 
 
 def cfg(**over):
-    base = {
-        "steps": 3,
-        "task": "reverse",
-        "tiny": TINY,
-        "rollout": {"prompts_per_step": 4, "n_samples": 2, "max_new_tokens": 5, "staleness": 1},
-        "ppo": {"ppo_n_minibatches": 2, "ppo_epochs": 2},
-        "optim": {"lr": 3e-3},
-        "eval": {"every": 0, "n_prompts": 4},
-        "threads": 1,
-    }
+    base = tiny_reverse(
+        3,
+        rollout={"prompts_per_step": 4, "staleness": 1},
+        ppo={"ppo_n_minibatches": 2, "ppo_epochs": 2},
+        optim={"lr": 3e-3},
+        eval={"every": 0, "n_prompts": 4},
+    )
     return build_run_config(base, over)
 
 
-OBJECTIVE_KEYS = {
-    "ppo": set(),
-    "cispo": {"policy/gate_mean"},
-    "sapo": {"policy/gate_mean"},
-    "gmpo": {"policy/gate_mean"},
-    # a ratio large enough that this tiny batch selects tokens
-    "clip_cov": {"policy/cov_selected", "policy/cov_candidates", "policy/cov_threshold"},
-    "kl_cov": {"policy/cov_selected", "policy/cov_threshold", "policy/cov_penalty_kl"},
-}
+# The objectives trained here; EXTRA gives the covariance ones a ratio large enough that this
+# tiny batch selects tokens.
+TRAINED = ("ppo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov")
+OBJECTIVE_KEYS = {name: OWN_STATS[name] for name in TRAINED}
 EXTRA = {
     "clip_cov": {
         "ppo.clip_cov.ratio": 0.2,

@@ -26,23 +26,15 @@ from harness.ppo import PPOActor, PPOActorConfig
 from harness.ppo.proximal import loglinear_alpha, loglinear_proximal
 from harness.run.loop import run
 from harness.sweep.present.cell_export import export_cell
-from tests.support.tiny import TINY
+from tests.support.tiny import tiny_reverse
 
-STALE = {
-    "steps": 4,
-    "task": "reverse",
-    "tiny": TINY,
-    "rollout": {
-        "prompts_per_step": 2,
-        "n_samples": 2,
-        "max_new_tokens": 5,
-        "staleness": 2,
-        "measure_mismatch": False,  # its own forwards would blur the count below
-    },
-    "ppo": {"ppo_n_minibatches": 2, "use_decoupled_loss": True},
-    "eval": {"every": 100, "n_prompts": 4},
-    "threads": 1,
-}
+STALE = tiny_reverse(
+    4,
+    # measure_mismatch: its own forwards would blur the count below
+    rollout={"staleness": 2, "measure_mismatch": False},
+    ppo={"ppo_n_minibatches": 2, "use_decoupled_loss": True},
+    eval={"every": 100, "n_prompts": 4},
+)
 
 
 # -- the peer, transcribed ----------------------------------------------------------------------

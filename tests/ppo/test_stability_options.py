@@ -32,7 +32,7 @@ from harness.ppo.shaping import overlong_penalty, zero_variance_groups
 from harness.run.dynamic_sampling import Round, concat_rollouts, refill, select_groups
 from harness.sampling.base import RolloutBatch
 from tests.support.objective_cli import SMALL, assert_trains_through_the_cli
-from tests.support.tiny import TINY
+from tests.support.tiny import tiny_reverse
 
 close = torch.testing.assert_close
 
@@ -268,22 +268,13 @@ def test_a_step_with_no_group_left_skips_its_update_and_the_run_completes(monkey
     import harness.run.loop as loop
 
     monkeypatch.setattr(collect, "score_parts", lambda task, e, c: (0.0, 0.0))
-    d = {
-        "steps": 2,
-        "task": "reverse",
-        "tiny": TINY,
-        "rollout": {
-            "prompts_per_step": 2,
-            "n_samples": 2,
-            "max_new_tokens": 3,
-            "zero_variance_filter": True,
-            "max_resample_rounds": 1,
-        },
-        "ppo": {"ppo_n_minibatches": 1},
-        "warm_start": {"steps": 0},
-        "eval": {"every": 0, "n_prompts": 2},
-        "threads": 1,
-    }
+    d = tiny_reverse(
+        2,
+        rollout={"max_new_tokens": 3, "zero_variance_filter": True, "max_resample_rounds": 1},
+        ppo={"ppo_n_minibatches": 1},
+        warm_start={"steps": 0},
+        eval={"every": 0, "n_prompts": 2},
+    )
     res = loop.run(from_dict(RunConfig, d))
     h = res.history
     assert res.status == "completed" and res.steps_done == 2
@@ -305,29 +296,21 @@ def test_every_option_metric_is_logged_when_its_option_is_on(monkeypatch):
     )
     logged: set[str] = set()
     for truncated in ("mask", "zero_reward"):
-        d = {
-            "steps": 2,
-            "task": "reverse",
-            "tiny": TINY,
-            "rollout": {
-                "prompts_per_step": 2,
-                "n_samples": 2,
-                "max_new_tokens": 3,
-                "zero_variance_filter": True,
-                "max_resample_rounds": 3,
-            },
-            "ppo": {
-                "ppo_n_minibatches": 1,
-                "top_entropy_quantile": 0.5,
-                "truncated_completions": truncated,
-                "overlong_reward_penalty": True,
-                "overlong_tokens": 2,
-                "overlong_penalty_factor": 1.0,
-            },
-            "warm_start": {"steps": 0},
-            "eval": {"every": 0, "n_prompts": 2},
-            "threads": 1,
+        ppo = {
+            "ppo_n_minibatches": 1,
+            "top_entropy_quantile": 0.5,
+            "truncated_completions": truncated,
+            "overlong_reward_penalty": True,
+            "overlong_tokens": 2,
+            "overlong_penalty_factor": 1.0,
         }
+        d = tiny_reverse(
+            2,
+            rollout={"max_new_tokens": 3, "zero_variance_filter": True, "max_resample_rounds": 3},
+            ppo=ppo,
+            warm_start={"steps": 0},
+            eval={"every": 0, "n_prompts": 2},
+        )
         res = loop.run(from_dict(RunConfig, d))
         assert res.status == "completed"
         logged |= {k for k, v in res.history.items() if any(math.isfinite(x) for x in v)}

@@ -23,6 +23,7 @@ from harness.model.engine_support import engine_dtype, engine_installed
 from harness.model.logprobs import forward_logprobs
 from harness.sampling.vllm import EngineSampler
 from harness.sampling.vllm_host import engine_weights
+from tests.support.cli import invoke_run
 from tests.support.sampling import draw
 
 CPU = torch.device("cpu")
@@ -32,12 +33,7 @@ needs_engine = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _learner_gap(model, rb, temperature: float = 1.0) -> torch.Tensor:
@@ -99,19 +95,7 @@ def test_without_the_engine_the_cli_names_the_extra_and_writes_nothing(tmp_path,
 
     monkeypatch.setattr(preflight, "engine_installed", lambda: False)
     out = tmp_path / "results"
-    res = CliRunner().invoke(
-        app,
-        [
-            "run",
-            "--set",
-            "rollout.sampler_backend=vllm",
-            "--set",
-            "steps=1",
-            "--results-dir",
-            str(out),
-        ],
-        catch_exceptions=False,
-    )
+    res = invoke_run(out, "rollout.sampler_backend=vllm", "steps=1", catch_exceptions=False)
     assert res.exit_code == 2, res.output
     lines = [ln for ln in res.output.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and "tools/install_engine.py" in lines[0], res.output
@@ -156,21 +140,21 @@ def tiny():
     return model, tok
 
 
+def _engine_sampler(device: torch.device, model, tok) -> EngineSampler:
+    """A float32 engine sampler for ``model`` on ``device``, stopping at its EOS ids and its
+    position limit."""
+    from harness.model.build import eos_ids, max_positions
+
+    sample_kw = {"eos_token_ids": eos_ids(model, tok), "max_positions": max_positions(model.config)}
+    return EngineSampler(device, dtype="float32", sample_kw=sample_kw)
+
+
 @pytest.fixture(scope="module")
 def engine(tiny) -> Iterator[EngineSampler]:
     if not engine_installed():
         pytest.skip("vllm not installed (python tools/install_engine.py)")
     model, tok = tiny
-    from harness.model.build import eos_ids, max_positions
-
-    s = EngineSampler(
-        CPU,
-        dtype="float32",
-        sample_kw={
-            "eos_token_ids": eos_ids(model, tok),
-            "max_positions": max_positions(model.config),
-        },
-    )
+    s = _engine_sampler(CPU, model, tok)
     yield s
     s.close()
 
@@ -323,21 +307,12 @@ def test_an_engine_that_cannot_start_fails_the_run_with_its_reason(tmp_path, mon
     # A KV cache past the machine's memory is refused at validation (one line, exit 2); with that
     # comparison off, as on a cluster whose workers have more memory, the engine meets it.
     monkeypatch.setenv("HARNESS_MEMORY_CHECK", "off")
-    res = CliRunner().invoke(
-        app,
-        [
-            "run",
-            "--set",
-            "rollout.sampler_backend=vllm",
-            "--set",
-            "rollout.engine_kv_cache_gib=4096",
-            "--set",
-            "steps=1",
-            "--set",
-            "eval.every=0",
-            "--results-dir",
-            str(tmp_path / "results"),
-        ],
+    res = invoke_run(
+        tmp_path / "results",
+        "rollout.sampler_backend=vllm",
+        "rollout.engine_kv_cache_gib=4096",
+        "steps=1",
+        "eval.every=0",
     )
     assert res.exit_code == 1, res.output
     assert "run FAILED" in res.output and "inference engine failed to start" in res.output
@@ -384,16 +359,7 @@ def test_engine_on_cuda_matches_the_learner():
     dev = torch.device("cuda")
     tok = build_tokenizer()
     model = build_model(tok, TinyModelConfig(), seed=0).to(dev).eval()
-    from harness.model.build import eos_ids, max_positions
-
-    s = EngineSampler(
-        dev,
-        dtype="float32",
-        sample_kw={
-            "eos_token_ids": eos_ids(model, tok),
-            "max_positions": max_positions(model.config),
-        },
-    )
+    s = _engine_sampler(dev, model, tok)
     try:
         rb = draw(
             s,
@@ -417,20 +383,7 @@ def test_a_head_size_the_cpu_engine_cannot_serve_is_refused_before_the_run(tmp_p
     not one: one line naming the fields, exit 2, nothing written (not a FAILED run at the first
     generation)."""
     out = tmp_path / "results"
-    res = CliRunner().invoke(
-        app,
-        [
-            "run",
-            "--set",
-            "rollout.sampler_backend=vllm",
-            "--set",
-            "tiny.hidden_size=64",
-            "--set",
-            "tiny.num_heads=4",
-            "--results-dir",
-            str(out),
-        ],
-    )
+    res = invoke_run(out, "rollout.sampler_backend=vllm", "tiny.hidden_size=64", "tiny.num_heads=4")
     err = res.stderr if res.stderr is not None else res.output
     lines = [ln for ln in err.strip().splitlines() if ln.strip()]
     assert res.exit_code == 2, res.output

@@ -41,12 +41,7 @@ needs_engine = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _random_init(config, seed: int = 0):

@@ -4,7 +4,6 @@ sampler_backend) and their measurement in a run (harness/run/sampler.py, harness
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ from harness.model.build import TinyModelConfig, build_model, build_tokenizer
 from harness.run.loop import run
 from harness.run.mismatch import MismatchProbe
 from harness.run.sampler import LocalSampler, local_sampler, sampler_autocast
+from tests.support.cli import invoke_run
 from tests.support.sampling import draw
 from tests.support.tiny import TINY
 
@@ -24,13 +24,7 @@ PROMPTS = ["rev 1234=", "rev 98=", "rev 55501=", "rev 7="]
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny matmuls are faster (and immune to CPU contention) on one thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +32,22 @@ def tiny():
     tok = build_tokenizer()
     model = build_model(tok, TinyModelConfig(), seed=0).eval()
     return model, tok
+
+
+def _pairs(sampler: LocalSampler, model, tok, seed: int = 0):
+    """Two completions of each of PROMPTS, at most 8 tokens, at T = 1 (seeded)."""
+    g = torch.Generator().manual_seed(seed)
+    return draw(
+        sampler,
+        model,
+        tok,
+        PROMPTS,
+        n_samples=2,
+        max_new_tokens=8,
+        generator=g,
+        temperature=1.0,
+        top_p=1.0,
+    )
 
 
 def _kl_k3(model, tok, sampler: LocalSampler, seed: int = 0, learner=None) -> float:
@@ -91,18 +101,7 @@ def test_logit_noise_is_a_dose_response_knob_and_reproducible(tiny):
 
     def noisy():
         s = LocalSampler(CPU, logit_noise=0.3, noise_generator=torch.Generator().manual_seed(7))
-        g = torch.Generator().manual_seed(1)
-        return draw(
-            s,
-            model,
-            tok,
-            PROMPTS,
-            n_samples=2,
-            max_new_tokens=8,
-            generator=g,
-            temperature=1.0,
-            top_p=1.0,
-        )
+        return _pairs(s, model, tok, seed=1)
 
     a, b = noisy(), noisy()
     assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.logprobs, b.logprobs)
@@ -133,17 +132,7 @@ def test_the_backends_sample_the_same_tokens(tiny):
     model, tok = tiny
     out = {}
     for backend in ("fast", "hf"):
-        rb = draw(
-            LocalSampler(CPU, decoder=backend),
-            model,
-            tok,
-            PROMPTS,
-            n_samples=2,
-            max_new_tokens=8,
-            generator=torch.Generator().manual_seed(0),
-            temperature=1.0,
-            top_p=1.0,
-        )
+        rb = _pairs(LocalSampler(CPU, decoder=backend), model, tok)
         out[backend] = rb
     assert torch.equal(out["fast"].input_ids, out["hf"].input_ids)
     assert (out["fast"].logprobs - out["hf"].logprobs).abs().max() < 1e-4
@@ -220,17 +209,7 @@ def test_float32_run_has_no_mismatch_and_measure_off_logs_none(tmp_path):
 
 def _bf16_rollout(model, tok):
     """A bfloat16-sampled rollout of PROMPTS and the actor batch built from it (seeded)."""
-    rb = draw(
-        LocalSampler(CPU, dtype=torch.bfloat16),
-        model,
-        tok,
-        PROMPTS,
-        n_samples=2,
-        max_new_tokens=8,
-        generator=torch.Generator().manual_seed(0),
-        temperature=1.0,
-        top_p=1.0,
-    )
+    rb = _pairs(LocalSampler(CPU, dtype=torch.bfloat16), model, tok)
     batch = {
         "input_ids": rb.input_ids,
         "attention_mask": rb.attention_mask,
@@ -332,19 +311,7 @@ def test_fast_backend_on_an_architecture_it_cannot_replay_is_refused_before_the_
 
     path = save_arch("gpt2", tmp_path, build_bpe_tokenizer())
     results = tmp_path / "results"
-    r = CliRunner().invoke(
-        app,
-        [
-            "run",
-            "--results-dir",
-            str(results),
-            "--set",
-            f"model={path}",
-            "--set",
-            "rollout.sampler_backend=fast",
-        ],
-        env={"COLUMNS": "250"},
-    )
+    r = invoke_run(results, f"model={path}", "rollout.sampler_backend=fast", env={"COLUMNS": "250"})
     err = r.stderr if r.stderr is not None else r.output
     lines = [ln for ln in err.strip().splitlines() if ln.strip()]
     assert r.exit_code == 2, r.output

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -17,13 +15,7 @@ from harness.sampling.local import sample
 PROMPTS = ["rev 1=", "rev 123456789=", "12+3="]  # different lengths: real left padding
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny matmuls are faster (and immune to CPU contention) on one thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,8 @@ from harness.run.trainers import train
 from harness.sampling.base import NonFiniteLogits
 from harness.sampling.local import sample as real_sample
 from harness.tracking import MemoryTracker
-from tests.support.tiny import TINY
+from tests.support.studies import open_test_study
+from tests.support.tiny import TINY, tiny_reverse
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "experiments" / "smoke.yaml"
@@ -46,18 +47,10 @@ FAULTS = [
 
 
 def cfg(trainer: str = "harness", **over: Any) -> Any:
-    base: dict[str, Any] = {
-        "trainer": trainer,
-        "steps": 3,
-        "task": "reverse",
-        "tiny": TINY,
-        "rollout": {"prompts_per_step": 2, "n_samples": 2, "max_new_tokens": 5},
-        "ppo": {"ppo_n_minibatches": 2},
-        "eval": {"every": 0, "n_prompts": 2},
-        "threads": 1,
-    }
+    ppo = {"ppo_n_minibatches": 2}
     if trainer == "trl":
-        base["ppo"] = {"ppo_n_minibatches": 2, "ppo_epochs": 1, "reward_norm": GROUP}
+        ppo = {"ppo_n_minibatches": 2, "ppo_epochs": 1, "reward_norm": GROUP}
+    base = tiny_reverse(3, trainer=trainer, ppo=ppo, eval={"every": 0, "n_prompts": 2})
     return build_run_config(base, over)
 
 
@@ -230,12 +223,9 @@ def test_a_sampling_error_in_a_sweep_is_retried_and_ends_as_an_error(
     the other cell completes, and the progress display prints the reason."""
     from mlflow.tracking import MlflowClient
 
-    from harness.config.experiment import load_experiment
     from harness.sweep.launching.worker import WorkerOptions, worker_loop
     from harness.sweep.present.progress import SweepProgress
-    from harness.sweep.scheduler.study import enqueue_missing, open_study
     from harness.sweep.stores.storage import make_storage
-    from harness.tracking import make_tracker
 
     doc = yaml.safe_load(SMOKE.read_text())
     doc.update(name="oom", seeds=1, steps=2, grid={"rollout.n_samples": [2, 4]})
@@ -243,16 +233,7 @@ def test_a_sampling_error_in_a_sweep_is_retried_and_ends_as_an_error(
     path = tmp_path / "oom.yaml"
     path.write_text(yaml.safe_dump(doc))
     results = tmp_path / "results"
-    study, spec = open_study(
-        load_experiment(path),
-        storage=make_storage(None, results),
-        tracker=make_tracker(None, results),
-        study_name=None,
-        tracking_uri=None,
-        max_retries=1,
-        command="test",
-    )
-    enqueue_missing(study, spec)
+    study, spec = open_test_study(path, results, max_retries=1)
 
     def sample_for(n_samples: int) -> Any:
         def sample(*args: Any, **kw: Any) -> Any:

@@ -14,19 +14,11 @@ from harness.metrics import ASYNC_METRICS, OBJECTIVE_METRICS, OPTION_METRICS, ST
 from harness.run.loop import run
 from harness.run.tracked import tracked_run
 from harness.tracking import MemoryTracker
-from tests.support.tiny import TINY
+from tests.support.tiny import TINY, tiny_reverse
 
 
 def cfg(**over):
-    base = {
-        "steps": 3,
-        "task": "reverse",
-        "tiny": TINY,
-        "rollout": {"prompts_per_step": 2, "n_samples": 2, "max_new_tokens": 5},
-        "ppo": {"ppo_n_minibatches": 2},
-        "eval": {"every": 2, "n_prompts": 4},
-        "threads": 1,
-    }
+    base = tiny_reverse(3, ppo={"ppo_n_minibatches": 2}, eval={"every": 2, "n_prompts": 4})
     flat = {k: v for k, v in over.items()}
     return build_run_config(base, flat)
 

@@ -19,7 +19,8 @@ from harness.cli import app
 from harness.config import ConfigError, build_run_config
 from harness.model.engine_support import engine_installed
 from harness.peers.trl import grpo_kwargs, trl_problems
-from tests.support.tiny import TINY
+from tests.support.cli import invoke_run
+from tests.support.tiny import tiny_reverse
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP = {"mean_level": "group", "std_level": "group"}
@@ -29,16 +30,8 @@ needs_engine = pytest.mark.skipif(
 
 
 def cfg(**over):
-    base = {
-        "trainer": "trl",
-        "steps": 2,
-        "task": "reverse",
-        "tiny": TINY,
-        "rollout": {"prompts_per_step": 2, "n_samples": 2, "max_new_tokens": 5},
-        "ppo": {"ppo_n_minibatches": 1, "reward_norm": GROUP},
-        "eval": {"every": 0},
-        "threads": 1,
-    }
+    ppo = {"ppo_n_minibatches": 1, "reward_norm": GROUP}
+    base = tiny_reverse(2, trainer="trl", ppo=ppo, eval={"every": 0})
     return build_run_config(base, over)
 
 
@@ -89,21 +82,12 @@ def test_the_sampler_dtype_is_the_engines_under_trl():
 
 def test_the_cli_refuses_a_harness_decoder_under_trl_in_one_line(tmp_path):
     results = tmp_path / "results"
-    r = CliRunner().invoke(
-        app,
-        [
-            "run",
-            "--set",
-            "trainer=trl",
-            "--set",
-            "rollout.sampler_backend=fast",
-            "--set",
-            "ppo.reward_norm.mean_level=group",
-            "--set",
-            "ppo.reward_norm.std_level=group",
-            "--results-dir",
-            str(results),
-        ],
+    r = invoke_run(
+        results,
+        "trainer=trl",
+        "rollout.sampler_backend=fast",
+        "ppo.reward_norm.mean_level=group",
+        "ppo.reward_norm.std_level=group",
     )
     err = r.stderr if r.stderr is not None else r.output
     lines = [ln for ln in err.strip().splitlines() if ln.strip()]

@@ -23,23 +23,15 @@ from harness.run.tracked import tracked_run
 from harness.run.trainers import train
 from harness.tasks import get_task
 from harness.tracking import MemoryTracker
-from tests.support.tiny import TINY
+from tests.support.tiny import TINY, tiny_reverse
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP = {"mean_level": "group", "std_level": "group"}
 
 
 def cfg(**over):
-    base = {
-        "trainer": "trl",
-        "steps": 3,
-        "task": "reverse",
-        "tiny": TINY,
-        "rollout": {"prompts_per_step": 2, "n_samples": 2, "max_new_tokens": 5},
-        "ppo": {"ppo_n_minibatches": 2, "ppo_epochs": 2, "reward_norm": GROUP},
-        "eval": {"every": 2, "n_prompts": 4},
-        "threads": 1,
-    }
+    ppo = {"ppo_n_minibatches": 2, "ppo_epochs": 2, "reward_norm": GROUP}
+    base = tiny_reverse(3, trainer="trl", ppo=ppo, eval={"every": 2, "n_prompts": 4})
     return build_run_config(base, over)
 
 

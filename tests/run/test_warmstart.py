@@ -5,7 +5,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import queue as queues
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,13 +15,7 @@ from harness.run.warmstart import _encode_batch, cached_warm_start, warm_start, 
 from harness.sampling.local import sample
 from harness.tasks import get_task
 
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _greedy_reward(model, tok, task, n: int = 64) -> float:

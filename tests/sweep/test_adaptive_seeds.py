@@ -356,13 +356,11 @@ def test_a_racing_search_stops_losing_points_at_min_seeds(
     out against the incumbent after 3 seeds, with the reason; completed points ran all 7."""
     import numpy as np
 
-    from harness.config.experiment import load_experiment
     from harness.run.scaffold import RunResult
     from harness.sweep.launching import worker
     from harness.sweep.launching.trial import ClaimedTrial
-    from harness.sweep.scheduler.study import open_study
-    from harness.sweep.stores.storage import make_storage
     from harness.tracking import MemoryTracker
+    from tests.support.studies import open_test_study
 
     def train(self: Any, cfg: Any, label: str, seed: int) -> tuple[Any, str]:
         rng = np.random.default_rng([int(cfg.ppo.eps_clip * 1e6), seed])
@@ -384,14 +382,7 @@ def test_a_racing_search_stops_losing_points_at_min_seeds(
     path = tmp_path / "race.yaml"
     path.write_text(yaml.safe_dump(doc))
     results = tmp_path / "results"
-    study, _ = open_study(
-        load_experiment(path),
-        storage=make_storage(None, results),
-        tracker=tracker,
-        study_name=None,
-        tracking_uri="memory",
-        command="test",
-    )
+    study, _ = open_test_study(path, results, tracker, tracking_uri="memory", enqueue=False)
     worker.worker_loop(worker.WorkerOptions(study="race", storage=None, results_dir=results))
     trials = study.get_trials()
     assert len(trials) == 8

@@ -18,20 +18,12 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.core.failures import count_reasons, reason_key, summary_lines
+from tests.support.experiments import grid_file, search_file
+from tests.support.rewards import FAILING_REWARDS
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "experiments" / "smoke.yaml"
 
-REWARDS = """
-def examples():
-    return [{"prompt": f"{i}=", "answer": str(i)} for i in range(40)]
-
-def raises(prompt, completion, answer):
-    return 1 / 0
-
-def text(prompt, completion, answer):
-    return "high"
-"""
 TINY = {
     "tiny": {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 16},
     "rollout": {"prompts_per_step": 2, "n_samples": 2, "max_new_tokens": 3},
@@ -97,17 +89,10 @@ def test_reasons_differing_only_in_the_reward_call_group_into_one():
 def failed_grid(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("failed-grid")
     module = tmp / "rewards.py"
-    module.write_text(REWARDS)
-    doc = {
-        "name": "allfail",
-        "base": {"task": "reverse", **TINY},
-        "grid": {"task": [f"python:{module}:raises", f"python:{module}:text"]},
-        "seeds": 2,
-        "steps": 2,
-        "metric": "final/reward",
-    }
-    exp = tmp / "allfail.yaml"
-    exp.write_text(yaml.safe_dump(doc))
+    module.write_text(FAILING_REWARDS)
+    base = {"task": "reverse", **TINY}
+    grid = {"task": [f"python:{module}:raises", f"python:{module}:text"]}
+    exp = grid_file(tmp / "allfail.yaml", "allfail", base, grid, seeds=2, metric="final/reward")
     results = tmp / "results"
     code, out, err = invoke(["ablate", str(exp), "--results-dir", str(results)])
     return exp, results, code, out, err
@@ -176,20 +161,8 @@ def test_export_best_of_a_study_with_no_completed_run_is_one_line_exit_2(failed_
 @pytest.mark.slow  # long multi-process run; CI's slow suite runs it
 def test_all_failed_search_stops_reports_and_exits_1(tmp_path):
     module = tmp_path / "rewards.py"
-    module.write_text(REWARDS)
-    doc = {
-        "name": "searchfail",
-        "base": {"task": f"python:{module}:raises", **TINY},
-        "search": {
-            "n_trials": 2,
-            "params": {"ppo.eps_clip": {"type": "float", "low": 0.1, "high": 0.3}},
-            "pruner": "none",
-        },
-        "seeds": 1,
-        "steps": 2,
-    }
-    exp = tmp_path / "search.yaml"
-    exp.write_text(yaml.safe_dump(doc))
+    module.write_text(FAILING_REWARDS)
+    exp = search_file(tmp_path, "searchfail", {"task": f"python:{module}:raises", **TINY})
     results = tmp_path / "results"
     code, out, err = invoke(["search", str(exp), "--results-dir", str(results)])
     assert code == 1 and "Traceback" not in out + err

@@ -17,16 +17,16 @@ from typing import Any
 
 import optuna
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.sweep.stores.storage import make_storage
 from harness.tracking import MemoryTracker
 from tests.hooks.kill_at import kill_group_at_marker
+from tests.support.experiments import small_experiment
+from tests.support.studies import open_test_study
 
 ROOT = Path(__file__).resolve().parents[2]
-SMOKE = ROOT / "experiments" / "smoke.yaml"
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -60,33 +60,13 @@ def _rewards(tmp_path: Path) -> tuple[Path, Path, Path]:
 
 
 def _experiment(tmp_path: Path, name: str, task: str, cells: list[Any]) -> Path:
-    doc = yaml.safe_load(SMOKE.read_text())
-    doc.update(name=name, seeds=1, steps=2, grid={"ppo.c_clip": cells})
-    doc["baseline"] = {"ppo.c_clip": cells[0]}
-    doc["base"].update(task=task)
-    doc["base"]["tiny"] = {"hidden_size": 16, "num_layers": 1, "num_heads": 2}
-    doc["base"]["tiny"]["intermediate_size"] = 16
-    doc["base"]["rollout"] = {"prompts_per_step": 2, "n_samples": 2, "max_new_tokens": 3}
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+    grid, baseline = {"ppo.c_clip": cells}, {"ppo.c_clip": cells[0]}
+    return small_experiment(tmp_path, name, task, grid=grid, baseline=baseline)
 
 
 def _open(exp: Path, results: Path, tracker: Any, max_retries: int = 0) -> tuple[Any, Any]:
-    from harness.config.experiment import load_experiment
-    from harness.sweep.scheduler.study import enqueue_missing, open_study
-
-    study, spec = open_study(
-        load_experiment(exp),
-        storage=make_storage(None, results),
-        tracker=tracker,
-        study_name=None,
-        tracking_uri="memory" if isinstance(tracker, MemoryTracker) else None,
-        command="test",
-        max_retries=max_retries,
-    )
-    enqueue_missing(study, spec)
-    return study, spec
+    uri = "memory" if isinstance(tracker, MemoryTracker) else None
+    return open_test_study(exp, results, tracker, tracking_uri=uri, max_retries=max_retries)
 
 
 # -- a retry keeps the history of the attempt it retries --------------------------------------

@@ -18,7 +18,6 @@ from typing import Any
 import optuna
 import pytest
 import sqlalchemy.exc as sa_exc
-import yaml
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
@@ -27,9 +26,10 @@ import harness.sweep.stores.journal as journal_mod
 from harness.core.db import is_transient_db_error
 from harness.core.fsutil import disk_full_message, is_disk_full
 from harness.sweep.stores.storage import JOURNAL_FILE, make_storage
+from tests.support.experiments import small_experiment, start_ablate
+from tests.support.mounts import mounted
 
 ROOT = Path(__file__).resolve().parents[2]
-SMOKE = ROOT / "experiments" / "smoke.yaml"
 JOURNAL_LOGGER = "harness.sweep.stores.journal"
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -265,17 +265,9 @@ def _gated_rewards(tmp_path: Path) -> tuple[Path, Path, Path]:
 
 
 def _experiment(tmp_path: Path, name: str, task: str, seeds: int = 1) -> Path:
-    doc = yaml.safe_load(SMOKE.read_text())
-    doc.update(name=name, seeds=seeds, steps=2)
-    doc["base"].update(task=task)
     # The gated reward waits on the test, which may be slow on a loaded machine.
-    doc["base"]["task_options"] = {"reward_timeout_s": 600}
-    doc["base"]["tiny"] = {"hidden_size": 16, "num_layers": 1, "num_heads": 2}
-    doc["base"]["tiny"]["intermediate_size"] = 16
-    doc["base"]["rollout"] = {"prompts_per_step": 2, "n_samples": 2, "max_new_tokens": 3}
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+    slow = {"task_options": {"reward_timeout_s": 600}}
+    return small_experiment(tmp_path, name, task, seeds=seeds, base=slow)
 
 
 def test_a_journal_that_refuses_the_result_stops_the_worker_resumably(
@@ -353,19 +345,7 @@ def test_a_journal_that_refuses_the_result_stops_the_worker_resumably(
 @pytest.fixture
 def tiny_fs(tmp_path: Path) -> Any:
     """A 64 MiB tmpfs (the results dir check wants 50 MiB free), unmounted afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)], capture_output=True
-    )
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+    yield from mounted(["-t", "tmpfs", "-o", "size=64m", "tmpfs"], tmp_path / "tiny")
 
 
 def _fill(mnt: Path) -> Path:
@@ -402,13 +382,7 @@ def test_a_disk_that_fills_mid_sweep_stops_it_with_one_line_and_it_resumes(
     env = {**os.environ, "HARNESS_HEARTBEAT_S": "1"}
     err_path = tmp_path / "stderr.txt"
     with err_path.open("w") as err_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "harness", "ablate", str(exp), "--results-dir", str(results)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=err_file,
-        )
+        proc = start_ablate(exp, results, env, err_file)
         try:
             while not ready.exists():  # the first trial is mid-training, waiting on the gate
                 assert proc.poll() is None, err_path.read_text()[-3000:]

@@ -15,9 +15,9 @@ import yaml
 from harness.config.experiment import load_experiment
 from harness.sweep.launching.launch import Resources, make_launcher, run_workers
 from harness.sweep.launching.worker import WorkerOptions
-from harness.sweep.scheduler.study import enqueue_missing, open_study
+from harness.sweep.scheduler.study import open_study
 from harness.sweep.stores.storage import make_storage
-from harness.tracking import make_tracker
+from tests.support.studies import open_test_study
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "experiments" / "smoke.yaml"
@@ -44,16 +44,7 @@ def _open(tmp_path: Path, name: str, steps: int, storage: str | None = None) -> 
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc))
     results = tmp_path / "results"
-    tracker = make_tracker(None, results)
-    study, spec = open_study(
-        load_experiment(path),
-        storage=make_storage(storage, results),
-        tracker=tracker,
-        study_name=None,
-        tracking_uri=None,
-        command="test",
-    )
-    enqueue_missing(study, spec)
+    study, spec = open_test_study(path, results, storage=storage)
     opts = WorkerOptions(study=study.study_name, storage=storage, results_dir=results)
     return study, opts
 

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.sweep.stores.storage import make_storage
+from tests.support.studies import open_test_study
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "experiments" / "smoke.yaml"
@@ -77,24 +78,14 @@ def test_ray_sweep_on_postgresql_runs_each_pair_exactly_once(
 def test_killed_ray_worker_trial_is_recovered_exactly_once(
     tmp_path: Path, ray_head: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from harness.config.experiment import load_experiment
     from harness.sweep.launching.launch import make_launcher, run_workers
     from harness.sweep.launching.worker import WorkerOptions
-    from harness.sweep.scheduler.study import enqueue_missing, open_study
     from harness.tracking import make_tracker
 
     monkeypatch.setenv("HARNESS_HEARTBEAT_S", "1")  # the study's clock: stale after 4 s
     results = tmp_path / "results"
     tracker = make_tracker(None, results)
-    study, spec = open_study(
-        load_experiment(_exp(tmp_path, "raykill", steps=40)),
-        storage=make_storage(None, results),
-        tracker=tracker,
-        study_name=None,
-        tracking_uri=None,
-        command="test",
-    )
-    enqueue_missing(study, spec)
+    study, spec = open_test_study(_exp(tmp_path, "raykill", steps=40), results, tracker)
     killed: list[int] = []
     said: list[str] = []
 

@@ -3,34 +3,22 @@
 from pathlib import Path
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from harness.cli import app
+from tests.support.experiments import search_file, smoke_base
 
-ROOT = Path(__file__).resolve().parents[2]
+PARAMS = {
+    "ppo.eps_clip": {"type": "float", "low": 0.05, "high": 0.5, "log": True},
+    "ppo.c_clip": {"type": "categorical", "choices": [None, 3.0]},
+}
 
 
-def write(tmp_path: Path, **search) -> Path:
-    base = yaml.safe_load((ROOT / "experiments" / "smoke.yaml").read_text())["base"]
-    doc = {
-        "name": "tiny-search",
-        "base": base,
-        "search": {
-            "n_trials": 3,
-            "params": {
-                "ppo.eps_clip": {"type": "float", "low": 0.05, "high": 0.5, "log": True},
-                "ppo.c_clip": {"type": "categorical", "choices": [None, 3.0]},
-            },
-            "pruner": "median",
-            **search,
-        },
-        "seeds": 2,
-        "steps": 2,
-    }
-    path = tmp_path / "search.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+def write(tmp_path: Path) -> Path:
+    base = smoke_base()
+    return search_file(
+        tmp_path, "tiny-search", base, n_trials=3, params=PARAMS, pruner="median", seeds=2
+    )
 
 
 @pytest.mark.slow

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import optuna
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from harness.cli import app
@@ -18,28 +17,14 @@ from harness.core.configtools import ConfigError, to_dict
 from harness.sweep.scheduler.spec import SPEC_ATTR, StudySpec, load_study_spec
 from harness.sweep.scheduler.study import best_point, study_counts
 from harness.sweep.stores.storage import make_storage
+from tests.support.experiments import search_file, smoke_base
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "experiments" / "smoke.yaml"
 
 
-def search_file(tmp_path: Path, **over: object) -> Path:
-    base = yaml.safe_load(SMOKE.read_text())["base"]
-    doc = {
-        "name": "spec-search",
-        "base": base,
-        "search": {
-            "n_trials": 2,
-            "params": {"ppo.eps_clip": {"type": "float", "low": 0.1, "high": 0.3}},
-            "pruner": "none",
-        },
-        "seeds": 1,
-        "steps": 2,
-        **over,
-    }
-    path = tmp_path / "search.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+def spec_search(tmp_path: Path) -> Path:
+    return search_file(tmp_path, "spec-search", smoke_base())
 
 
 def test_grid_spec_round_trips_and_builds_cells() -> None:
@@ -59,7 +44,7 @@ def test_grid_spec_round_trips_and_builds_cells() -> None:
 
 
 def test_search_spec_round_trips_and_samples(tmp_path: Path) -> None:
-    spec = StudySpec.from_experiment(load_experiment(search_file(tmp_path)))
+    spec = StudySpec.from_experiment(load_experiment(spec_search(tmp_path)))
     assert spec.kind == "search" and spec.cells == {}
     assert spec.search is not None and spec.search.n_trials == 2
     assert spec.objectives == (("final/reward", "maximize"),) and spec.expected_trials == 2
@@ -102,7 +87,7 @@ def test_schema_1_payloads_are_refused_in_one_line(tmp_path: Path) -> None:
 def test_search_study_status_report_and_best_point(tmp_path: Path) -> None:
     """`harness report <search study>` was once a KeyError traceback; `harness status`
     showed 2 completed search trials as 1 done of 0."""
-    exp = search_file(tmp_path)
+    exp = spec_search(tmp_path)
     results = tmp_path / "results"
     runner = CliRunner()
     r = runner.invoke(app, ["search", str(exp), "--results-dir", str(results)])

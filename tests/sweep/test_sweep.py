@@ -123,6 +123,13 @@ def test_postgresql_study_with_four_workers_runs_each_cell_seed_exactly_once(tmp
         assert password not in blob
 
 
+def _harness(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m harness ARGS`` from the repository root, run to its end (at most 300 s), its
+    output captured."""
+    cmd = [sys.executable, "-m", "harness", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
 def _start_ablate(
     exp: Path, results: Path, workers: int = 1, storage: list[str] | None = None, heartbeat: int = 1
 ) -> subprocess.Popen:
@@ -206,26 +213,8 @@ def test_killed_worker_trial_is_retried_and_its_run_ends_killed(tmp_path, backen
     os.killpg(proc.pid, signal.SIGKILL)  # coordinator and worker, mid-trial
     proc.wait()
     env = {**os.environ, "HARNESS_HEARTBEAT_S": "1"}
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness",
-            "ablate",
-            str(exp),
-            "--workers",
-            "1",
-            "--results-dir",
-            str(results),
-            "--no-report",
-            *extra,
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    args = ["--workers", "1", "--results-dir", str(results), "--no-report", *extra]
+    r = _harness("ablate", str(exp), *args, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     ts = trials(results, "killed", storage)
     complete = [
@@ -266,22 +255,7 @@ def test_sigterm_stops_workers_quickly_and_rerun_resumes(tmp_path):
     done_before = {
         (t.user_attrs["cell"], t.user_attrs["seed"]) for t in ts if t.state.name == "COMPLETE"
     }
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness",
-            "ablate",
-            str(exp),
-            "--results-dir",
-            str(results),
-            "--no-report",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = _harness("ablate", str(exp), "--results-dir", str(results), "--no-report")
     assert r.returncode == 0, r.stderr
     ts = trials(results, "sigterm")
     complete = [
@@ -350,22 +324,7 @@ def test_worker_command_joins_a_running_study(tmp_path):
     results = tmp_path / "results"
     coordinator = _start_ablate(exp, results, heartbeat=5)
     _wait_for_running(results, "joined")
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness",
-            "worker",
-            "--study",
-            "joined",
-            "--results-dir",
-            str(results),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = _harness("worker", "--study", "joined", "--results-dir", str(results))
     assert r.returncode == 0, r.stderr
     out, _ = coordinator.communicate(timeout=300)
     assert coordinator.returncode == 0, out.decode()[-2000:]

@@ -15,6 +15,9 @@ import yaml
 from typer.testing import CliRunner
 
 from harness.cli import app
+from tests.support.experiments import small_experiment, start_ablate
+from tests.support.mounts import mounted
+from tests.support.studies import open_test_study
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "experiments" / "smoke.yaml"
@@ -27,32 +30,19 @@ def _one_error_line(output: str) -> str:
     return lines[0]
 
 
-def _mount(args: list[str], where: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("mounting needs root")
-    where.mkdir(exist_ok=True)
-    r = subprocess.run(["mount", *args, str(where)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount here: {r.stderr.decode().strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
 @pytest.fixture
 def read_only_dir(tmp_path: Path) -> Iterator[Path]:
     """A directory on a read-only mount (a bind mount of itself): root cannot write it either."""
     d = tmp_path / "ro"
     d.mkdir()
     (d / "old.db").write_bytes(b"")  # an existing database file there
-    yield from _mount(["--bind", "-o", "ro", str(d)], d)
+    yield from mounted(["--bind", "-o", "ro", str(d)], d)
 
 
 @pytest.fixture
 def tiny_fs(tmp_path: Path) -> Iterator[Path]:
     """A 200 KiB tmpfs."""
-    yield from _mount(["-t", "tmpfs", "-o", "size=200k", "tmpfs"], tmp_path / "tiny")
+    yield from mounted(["-t", "tmpfs", "-o", "size=200k", "tmpfs"], tmp_path / "tiny")
 
 
 # -- stores on filesystems that refuse writes ----------------------------------------------------
@@ -217,15 +207,7 @@ def _stuck_experiment(tmp_path: Path, name: str) -> tuple[Path, Path]:
     ready = tmp_path / "ready"
     module = tmp_path / "rewards.py"
     module.write_text(REWARDS.format(ready=str(ready)))
-    doc = yaml.safe_load(SMOKE.read_text())
-    doc.update(name=name, seeds=1, steps=2)
-    doc["base"].update(task=f"python:{module}:first_waits")
-    doc["base"]["tiny"] = {"hidden_size": 16, "num_layers": 1, "num_heads": 2}
-    doc["base"]["tiny"]["intermediate_size"] = 16
-    doc["base"]["rollout"] = {"prompts_per_step": 2, "n_samples": 2, "max_new_tokens": 3}
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path, ready
+    return small_experiment(tmp_path, name, f"python:{module}:first_waits"), ready
 
 
 def _wait_for(what: str, cond: Any, proc: subprocess.Popen[Any] | None, limit: float) -> None:
@@ -265,7 +247,6 @@ def test_sigterm_with_a_worker_stuck_in_a_reward_kills_it_after_the_grace_and_cl
     tmp_path: Path,
 ) -> None:
     import signal
-    import sys
 
     import psutil
 
@@ -274,13 +255,7 @@ def test_sigterm_with_a_worker_stuck_in_a_reward_kills_it_after_the_grace_and_cl
     env = {**os.environ, "HARNESS_STOP_GRACE_S": "3"}
     err_path = tmp_path / "stderr.txt"
     with err_path.open("w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "harness", "ablate", str(exp), "--results-dir", str(results)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-        )
+        proc = start_ablate(exp, results, env, err)
         try:
             _wait_for(
                 "worker in the reward", lambda: ready.is_file() and ready.read_text(), proc, 600
@@ -324,25 +299,13 @@ def test_a_worker_killed_by_sigkill_is_named_with_its_trial_and_the_trial_is_ret
 ) -> None:
     import signal
 
-    from harness.config.experiment import load_experiment
     from harness.sweep.launching.launch import make_launcher, run_workers
     from harness.sweep.launching.worker import WorkerOptions
-    from harness.sweep.scheduler.study import enqueue_missing, open_study
-    from harness.sweep.stores.storage import make_storage
-    from harness.tracking import make_tracker
 
     monkeypatch.setenv("HARNESS_HEARTBEAT_S", "1")  # the dead worker's trial is stale after 4 s
     exp, ready = _stuck_experiment(tmp_path, "oom")
     results = tmp_path / "results"
-    study, spec = open_study(
-        load_experiment(exp),
-        storage=make_storage(None, results),
-        tracker=make_tracker(None, results),
-        study_name=None,
-        tracking_uri=None,
-        command="test",
-    )
-    enqueue_missing(study, spec)
+    study, spec = open_test_study(exp, results)
     events: list[dict[str, Any]] = []
     said: list[str] = []
 

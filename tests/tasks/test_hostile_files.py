@@ -11,9 +11,6 @@ them instead of hanging or aborting the test session."""
 from __future__ import annotations
 
 import json
-import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +19,7 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from tests.support import memory_limit
+from tests.support.bounded import within
 from tests.support.memory_limit import SMALL, assert_one_line, run_batch_under_memory_limit
 from tests.tasks.parquet_thrift import (
     FILE_GROUPS,
@@ -196,23 +194,6 @@ def test_a_file_that_hung_or_aborted_is_one_line(case, child_results):
 
 
 # --- the walks themselves: every declared count is bounded by the bytes left -----------------
-
-
-@contextmanager
-def within(seconds: float) -> Iterator[None]:
-    """Fail (rather than hang the session) when the block runs past ``seconds``: the walks are
-    Python loops, which a timer interrupts."""
-
-    def late(signum: int, frame: Any) -> None:
-        raise AssertionError(f"still running after {seconds:g} s")
-
-    previous = signal.signal(signal.SIGALRM, late)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.mark.parametrize(

@@ -7,12 +7,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from typer.testing import CliRunner
 
 import harness.tasks.sources.python as python_source
-from harness.cli import app
 from harness.tasks import get_task
-from tests.support.tiny import FAST_RUN, set_flags
+from tests.support.cli import invoke_run
+from tests.support.tiny import FAST_RUN
 
 SLEEPY = """
 import time
@@ -55,15 +54,7 @@ def test_an_import_that_waits_past_the_bound_is_refused(sleepy):
 
 def test_harness_run_refuses_it_with_one_line_and_exit_2(sleepy, tmp_path):
     results = tmp_path / "results"
-    r = CliRunner().invoke(
-        app,
-        [
-            "run",
-            *set_flags(*FAST_RUN, f"task=python:{sleepy}:score"),
-            "--results-dir",
-            str(results),
-        ],
-    )
+    r = invoke_run(results, *FAST_RUN, f"task=python:{sleepy}:score")
     assert r.exit_code == 2, r.output
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith(f"error: task 'python:{sleepy}:score': importing '{sleepy}' did not")

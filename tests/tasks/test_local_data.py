@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from harness.cli import app
 from harness.tasks import get_task
 from harness.tasks.answers import math_verify_match
+from tests.support.cli import invoke_run
 from tests.support.docs import assert_commands_train, doc_block, harness_run_commands
 
 datasets = pytest.importorskip("datasets")
@@ -247,18 +248,7 @@ def test_math_verify_missing_names_the_extra(monkeypatch, tmp_path):
     monkeypatch.delitem(sys.modules, "math_verify", raising=False)
     monkeypatch.setitem(sys.modules, "math_verify", None)
     answers._parsed_gold.cache_clear()
-    r = CliRunner().invoke(
-        app,
-        [
-            "run",
-            "--set",
-            f"task=jsonl:{data}",
-            "--set",
-            "task_options.reward=math_verify",
-            "--results-dir",
-            str(tmp_path / "r"),
-        ],
-    )
+    r = invoke_run(tmp_path / "r", f"task=jsonl:{data}", "task_options.reward=math_verify")
     err = r.stderr if r.stderr is not None else r.output
     lines = [ln for ln in err.strip().splitlines() if ln.strip()]
     assert r.exit_code == 2 and len(lines) == 1, r.output
@@ -271,15 +261,13 @@ def test_math_verify_missing_names_the_extra(monkeypatch, tmp_path):
 def test_harness_run_trains_on_a_saved_dataset_through_the_cli(tmp_path, memory_tracker, tiny_run):
     path = saved_dict(tmp_path)
     tracker = memory_tracker
-    args = ["run", "--results-dir", str(tmp_path / "r")]
-    for s in [
+    r = invoke_run(
+        tmp_path / "r",
         f"task=hf:{path}",
         "task_options.prompt_field=question",
         "task_options.answer_field=solution",
         *tiny_run,
-    ]:
-        args += ["--set", s]
-    r = CliRunner().invoke(app, args)
+    )
     assert r.exit_code == 0, r.output
     (run,) = tracker.runs.values()
     assert run.status == "FINISHED" and run.params["task"] == f"hf:{path}"

@@ -6,11 +6,11 @@ import random
 import sys
 
 import pytest
-from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.tasks import get_task, score_parts
 from harness.tasks.answers import AnswerSpec, compose, extract_answer, format_score
+from tests.support.cli import invoke_run
 
 pytest.importorskip("reasoning_gym")
 
@@ -193,17 +193,15 @@ def test_missing_extra_names_it(monkeypatch, tmp_path, runner, assert_one_line_e
 
 def test_harness_run_trains_on_countdown_through_the_cli(tmp_path, memory_tracker, tiny_run):
     tracker = memory_tracker
-    args = ["run", "--results-dir", str(tmp_path / "r")]
-    for s in [
+    r = invoke_run(
+        tmp_path / "r",
         "task=rg:countdown",
         "task_options.size=6",
         "task_options.eval_size=3",
         "task_options.format_weight=0.5",
         *tiny_run,
         "rollout.max_new_tokens=6",
-    ]:
-        args += ["--set", s]
-    r = CliRunner().invoke(app, args)
+    )
     assert r.exit_code == 0, r.output
     (run,) = tracker.runs.values()
     assert run.status == "FINISHED" and run.params["task"] == "rg:countdown"
@@ -218,8 +216,8 @@ def test_harness_run_trains_on_countdown_through_the_cli(tmp_path, memory_tracke
 def test_trl_trainer_trains_on_a_reasoning_gym_task(tmp_path, memory_tracker, tiny_run):
     """``trainer: trl`` on ``rg:``: TRL's GRPOTrainer scores with the generator's own verifier."""
     tracker = memory_tracker
-    args = ["run", "--results-dir", str(tmp_path / "r")]
-    for s in [
+    r = invoke_run(
+        tmp_path / "r",
         "task=rg:chain_sum",
         "task_options.size=8",
         "task_options.eval_size=2",
@@ -229,9 +227,7 @@ def test_trl_trainer_trains_on_a_reasoning_gym_task(tmp_path, memory_tracker, ti
         "ppo.reward_norm.std_level=group",
         *tiny_run,
         "rollout.max_new_tokens=6",
-    ]:
-        args += ["--set", s]
-    r = CliRunner().invoke(app, args)
+    )
     assert r.exit_code == 0, r.output
     (run,) = tracker.runs.values()
     assert run.status == "FINISHED" and run.params["trainer"] == "trl"

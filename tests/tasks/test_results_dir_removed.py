@@ -47,18 +47,24 @@ def _assert_said_once(err: str, results: Path) -> None:
     assert sum("was removed during the run" in ln for ln in lines) <= 2, lines  # and the table
 
 
+def _run_to_end(args: list[str]) -> tuple[int, str]:
+    """``harness ARGS`` run to its end (at most 600 s): its exit code and its stderr."""
+    proc = _harness(args)
+    try:
+        _, err = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    return proc.returncode, err
+
+
 # -- the commands ----------------------------------------------------------------------------
 
 
 def test_harness_run_says_in_one_line_that_the_results_directory_was_removed(tmp_path):
     module, results = _removes(tmp_path)
     args = ["run", "--set", f"task=python:{module}:score", *SMALL, "--results-dir", str(results)]
-    proc = _harness(args)
-    try:
-        _, err = proc.communicate(timeout=600)
-    finally:
-        proc.kill()
-    assert proc.returncode == 1, err[-3000:]
+    code, err = _run_to_end(args)
+    assert code == 1, err[-3000:]
     _assert_said_once(err, results)
     assert len([ln for ln in err.splitlines() if ln.strip()]) <= 3, err  # progress, the line
 
@@ -68,12 +74,8 @@ def test_harness_ablate_stops_with_one_line_when_the_results_directory_is_remove
     exp = tmp_path / "exp.yaml"
     base = {"task": f"python:{module}:score", **_small_fields()}
     exp.write_text(json.dumps({"name": "rm", "base": base, "grid": {"ppo.eps_clip": [0.2]}}))
-    proc = _harness(["ablate", str(exp), "--results-dir", str(results)])
-    try:
-        _, err = proc.communicate(timeout=600)
-    finally:
-        proc.kill()
-    assert proc.returncode == 1, err[-3000:]
+    code, err = _run_to_end(["ablate", str(exp), "--results-dir", str(results)])
+    assert code == 1, err[-3000:]
     _assert_said_once(err, results)
     assert len([ln for ln in err.splitlines() if ln.strip()]) <= 8, err
 

@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
+from tests.support.tiny import SMALL_SETS, set_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -99,12 +100,7 @@ def mutates(prompt, completion, answer):
     return 0.0
 """
 
-SMALL = [
-    "--set", "steps=1", "--set", "rollout.prompts_per_step=2", "--set", "rollout.n_samples=2",
-    "--set", "rollout.max_new_tokens=3", "--set", "eval.every=0", "--set", "eval.n_prompts=2",
-    "--set", "tiny.hidden_size=16", "--set", "tiny.num_layers=1", "--set", "tiny.num_heads=2",
-    "--set", "tiny.intermediate_size=16",
-]  # fmt: skip
+SMALL = set_flags("steps=1", *SMALL_SETS)
 
 
 def _module(tmp_path: Path) -> tuple[Path, Path]:

@@ -7,16 +7,14 @@ before they cross the pipe (a 300 MB exception message is not sent whole)."""
 from __future__ import annotations
 
 import os
-import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from harness.tasks.base import RewardError
+from tests.support import bounded
 
 np = pytest.importorskip("numpy")
 
@@ -78,21 +76,10 @@ def rewards(tmp_path: Path) -> Path:
     return module
 
 
-@contextmanager
-def within(seconds: float) -> Iterator[None]:
+def within(seconds: float) -> Any:
     """Fail rather than hang when the block runs past ``seconds`` (a timer interrupts the
     parent's blocking read of a reply)."""
-
-    def late(signum: int, frame: Any) -> None:
-        raise AssertionError(f"still waiting for the reward after {seconds:g} s")
-
-    previous = signal.signal(signal.SIGALRM, late)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+    return bounded.within(seconds, "still waiting for the reward")
 
 
 def _score(module: Path, func: str, completion: str, **options: Any) -> float:
