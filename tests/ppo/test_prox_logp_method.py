@@ -225,7 +225,7 @@ def test_actor_refuses_loglinear_without_versions():
         ),
         (
             ["ppo.use_decoupled_loss=true", "ppo.prox_logp_method=loglinear"],
-            "'loglinear' acts only with rollout.staleness >= 2 (got 0",
+            "'loglinear' acts only with rollout.staleness >= 2 or rollout.async.max_staleness >= 2 (the largest lag here is 0",
         ),
         (
             [
@@ -233,7 +233,7 @@ def test_actor_refuses_loglinear_without_versions():
                 "rollout.staleness=1",
                 "ppo.prox_logp_method=loglinear",
             ],
-            "'loglinear' acts only with rollout.staleness >= 2 (got 1",
+            "'loglinear' acts only with rollout.staleness >= 2 or rollout.async.max_staleness >= 2 (the largest lag here is 1",
         ),
         (
             [
