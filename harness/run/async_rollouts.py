@@ -499,7 +499,8 @@ def open_rollouts(run: Any, sampler: Any, amp: torch.dtype | None) -> Any:
         return Rollouts(run, sampler, amp)
     lora = is_lora(run.model)
     if cfg.rollout.sampler_backend == "vllm":
-        stepper: StepSampler = engine_step_sampler(run, amp)
+        # Its weight copies are reported as the run sampler's (perf/weight_sync_s).
+        stepper: StepSampler = engine_step_sampler(run, amp, on_sync=sampler.count_sync)
     else:
         stepper = local_step_sampler(run, amp)
     copies: list[Any] = []

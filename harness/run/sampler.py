@@ -11,6 +11,7 @@ the policy's weights and returns the batch with its own log-probs in ``logprobs`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -120,12 +121,18 @@ def local_step_sampler(run: Any, learner: torch.dtype | None) -> LocalStepSample
     )
 
 
-def engine_step_sampler(run: Any, learner: torch.dtype | None) -> EngineStepSampler:
+def engine_step_sampler(
+    run: Any,
+    learner: torch.dtype | None,
+    *,
+    on_sync: Callable[[float], None] | None = None,
+) -> EngineStepSampler:
     """The step-level engine sampler of an asynchronous run under ``rollout.sampler_backend:
     vllm``: its own copy of the policy (merged into the engine under LoRA), an engine set up as
     :func:`make_sampler`'s (started at the first load), the run's sampling settings, and row
-    seeds from the same generator as the batch engine sampler's. ``learner`` is unused: the
-    engine's precision is its weight dtype (``rollout.sampler_dtype``, else the learner's)."""
+    seeds from the same generator as the batch engine sampler's; ``on_sync`` is told the
+    seconds of each weight copy. ``learner`` is unused: the engine's precision is its weight
+    dtype (``rollout.sampler_dtype``, else the learner's)."""
     del learner
     cfg = run.cfg
     r = cfg.rollout
@@ -150,6 +157,7 @@ def engine_step_sampler(run: Any, learner: torch.dtype | None) -> EngineStepSamp
         torch.Generator(device=run.device).manual_seed(cfg.seed),
         host=host,
         sample_kw=run.sample_kw,
+        on_sync=on_sync,
     )
 
 

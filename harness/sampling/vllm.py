@@ -11,10 +11,11 @@ engine").
 How it runs (docs/engine.md):
 
 * one engine per run process, started at the first weight load and kept across steps,
-  in-process (its process setup: :mod:`harness.sampling.vllm_host`); :meth:`EngineSampler.close`
-  ends it with the run;
-* the model's config is written once to a run-local directory and the engine starts on dummy
-  weights; before every rollout the sampling policy's weights (under LoRA: merged into the
+  in-process (its process setup: :mod:`harness.sampling.vllm_host`; its start, sync and
+  shutdown: :class:`EngineHost`, which the step-level sampler of asynchronous runs,
+  :mod:`harness.sampling.vllm_steps`, shares); :meth:`EngineSampler.close` ends it with the run;
+* the model (config and weights) is written once to a run-local directory and the engine
+  starts on it; before every rollout the sampling policy's weights (under LoRA: merged into the
   base weights) are copied in with vLLM's in-place ``reload_weights`` when their version
   changed (:meth:`~harness.sampling.base.Sampler.load`). So staleness emulation needs nothing
   special: the engine is synced from whatever policy the loop samples with (the snapshot k
@@ -212,6 +213,12 @@ class EngineSampler(Sampler):
         """Copy ``weights`` (the policy module) into the engine, started on first use; the
         seconds the copy took (the start not counted)."""
         return self.host.sync(weights)
+
+    def count_sync(self, seconds: float) -> None:
+        """Count a weight copy made for this run by another engine of it (the step-level
+        sampler of an asynchronous run), so that :meth:`stats` holds the run's copies."""
+        self.syncs += 1
+        self.sync_seconds += seconds
 
     # ---- sampling
     def generate_ids(

@@ -25,6 +25,7 @@ The engine starts at the first :meth:`~EngineStepSampler.load` (on those weights
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,7 +84,8 @@ class EngineStepSampler(StepSampler):
     """Step-level sampling with the vLLM engine (module docstring). ``model`` is the sampler's
     own copy of the policy (the weights :meth:`load` copies in, merged for the engine under
     LoRA); ``host`` the engine, not started; ``generator`` the run's sampling generator (the
-    rows' seeds); ``sample_kw`` the EOS ids, truncation, positions and chat template."""
+    rows' seeds); ``sample_kw`` the EOS ids, truncation, positions and chat template;
+    ``on_sync`` is told the seconds of each weight copy."""
 
     def __init__(
         self,
@@ -94,6 +96,7 @@ class EngineStepSampler(StepSampler):
         *,
         host: EngineHost,
         sample_kw: dict[str, Any] | None = None,
+        on_sync: Callable[[float], None] | None = None,
     ) -> None:
         super().__init__()
         if params.top_p < 1.0:  # RolloutConfig refuses it; a direct caller gets the same answer
@@ -101,6 +104,7 @@ class EngineStepSampler(StepSampler):
         self.model, self.tokenizer, self.params = model, tokenizer, params
         self.generator, self.host = generator, host
         self.sample_kw = dict(sample_kw or {})
+        self.on_sync = on_sync
         self.groups: list[_Group] = []  # submitted, not handed back, in submission order
         self.requests: dict[str, _Row] = {}  # running request id -> its row
         self.eos: torch.Tensor | None = None
@@ -123,7 +127,10 @@ class EngineStepSampler(StepSampler):
             own = self.model.state_dict()
             for name, value in state.items():
                 own[name].copy_(value)
-        self.sync_seconds += self.host.sync(self.model)  # the first load starts the engine
+        seconds = self.host.sync(self.model)  # the first load starts the engine (not counted)
+        self.sync_seconds += seconds
+        if self.on_sync is not None:
+            self.on_sync(seconds)
         self.version = version
         self.loads += 1
         if recompute:

@@ -270,6 +270,8 @@ def test_threads_clock_run_with_the_engine_mixes_versions_within_eta_and_leaves_
     h = res.history
     assert res.steps_done == 6 and all(math.isfinite(v) for v in h["objective/reward"])
     _lags_ok(h, 2)
+    # The step sampler's weight copies are the run's perf/weight_sync_s (one per version).
+    assert all(v >= 0 for v in h["perf/weight_sync_s"]) and max(h["perf/weight_sync_s"]) > 0
     assert _leftovers(before) == []
 
 
