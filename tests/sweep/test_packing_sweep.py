@@ -409,8 +409,8 @@ def test_the_dry_run_says_which_cells_share_a_worker_and_what_it_costs(tmp_path,
     assert code == 0, out + err
     lines = out[out.index("packing: ") :].splitlines()
     assert lines[:5] == [
-        "packing: up to 2 cells per worker (trials of one seed whose base fields agree; 4 "
-        "workers' worth of trials per seed, 8 in all, instead of 12)",
+        "packing: up to 2 cells per worker (trials of one seed whose base fields agree): 12 "
+        "trials in 8 packs or lone runs (4 per seed)",
         "  lr=0.01 variant=w64 + lr=0.03 variant=w64: share a worker",
         "  lr=0.01 variant=w96 + lr=0.03 variant=w96: share a worker",
         "  lr=0.01 variant=full: runs alone (model_options.lora: packing needs LoRA adapters "
@@ -425,6 +425,7 @@ def test_the_dry_run_says_which_cells_share_a_worker_and_what_it_costs(tmp_path,
         "(they differ in tiny.intermediate_size)"
     )
     assert lines[6].startswith("memory of a pack of 2 (lower bound: float32 weights, adapters")
+    assert " kB base + 2 x " in lines[6] and "in 2 workers" in lines[6], lines[6]
     # The wall time at K = 2, a pack paying one setup: runs of 2 s setup + 3 steps x 0.1 s;
     # per seed 2 packs x (2 + 2 x 0.3) s + 2 lone runs x 2.3 s, x 2 seeds = 19.6 s.
     head = next(ln for ln in lines if ln.startswith("estimated wall time"))

@@ -230,7 +230,9 @@ def _adapted(name: str, module: Any, targets: list[str]) -> bool:
 
 
 def _size(n: float) -> str:
-    return f"{n / 1e9:,.2f} GB" if n >= 1e8 else f"{n / 1e6:,.1f} MB"
+    if n >= 1e8:
+        return f"{n / 1e9:,.2f} GB"
+    return f"{n / 1e6:,.1f} MB" if n >= 1e5 else f"{n / 1e3:,.1f} kB"
 
 
 def plan_lines(
@@ -244,9 +246,9 @@ def plan_lines(
     k = plan.k
     n_seeds = len(exp.seeds)
     lines = [
-        f"packing: up to {k} cells per worker (trials of one seed whose base fields agree; "
-        f"{len(plan.groups)} workers' worth of trials per seed, {len(plan.groups) * n_seeds} "
-        f"in all, instead of {len(exp.cells) * n_seeds})"
+        f"packing: up to {k} cells per worker (trials of one seed whose base fields agree): "
+        f"{len(exp.cells) * n_seeds} trials in {len(plan.groups) * n_seeds} packs or lone runs "
+        f"({len(plan.groups)} per seed)"
     ]
     for pack in plan.packs:
         what = "share a worker" if len(pack) > 1 else "runs alone (no compatible cell left)"
