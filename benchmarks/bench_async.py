@@ -31,8 +31,11 @@ median sampler time (``perf/rollout_time``) and learner time (``perf/update_time
 async arm's achieved ratio (its steps/s over the synchronous arm's) is shown as a share of it.
 
 EOS stays reachable (a random-init model ends a row with probability ~1/vocabulary per token), so
-the rows' lengths differ a little between arms; the decoder still runs each batch until its
+the rows' lengths differ a little between arms; the local decoder still runs each batch until its
 longest row ends (``--new`` steps in practice), and tokens/s counts the tokens actually generated.
+The learning rate is 1e-9: the same optimizer work, but the policy stays as initialised, so every
+arm samples lengths from the same distribution (at a real learning rate the arms' policies, and
+their completion lengths, drift apart within ten steps).
 The mismatch probe is off in every arm (``rollout.measure_mismatch: false``): under asynchrony it
 runs an extra learner forward per stale version, work the synchronous arm does not do.
 Evaluation only at the end (``eval.every: 0``, 8 prompts), outside the measured steps.
@@ -48,6 +51,7 @@ arm as refused, with the config's reason.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import resource
@@ -100,6 +104,11 @@ SAMPLERS = {
 }
 
 
+# The same optimizer work at a learning rate that leaves the policy as initialised, so every arm
+# samples from the same distribution (the same completion lengths, hence the same work): at 3e-4
+# the arms' policies drift apart within ten steps, and their mean lengths with them (19 against
+# 27 tokens per row seen here).
+LR = 1e-9
 SAMPLER_THREAD = "harness-async-sampler"  # ThreadedRollouts' thread name
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -163,6 +172,7 @@ def overrides(args: argparse.Namespace, model: str, sampler: str, arm: dict[str,
         "rollout.n_samples": args.samples,
         "rollout.max_new_tokens": args.new,
         "rollout.measure_mismatch": False,
+        "optim.lr": LR,
         "eval.every": 0,
         "eval.n_prompts": 8,
         **MODELS[model][1],
@@ -305,6 +315,63 @@ def threads_table(results: list[tuple[str, str, list[tuple[str, dict]]]]) -> str
     return head + "\n".join(lines)
 
 
+def autogroup() -> bool:
+    try:
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+def verdict(results: list[tuple[str, str, list[tuple[str, dict]]]]) -> str:
+    """The goal, checked on the first model with the engine (else the local decoder), and what
+    the thread accounting says limits the overlap."""
+    model, sampler, arms = next(
+        (x for x in results if x[1] == "engine"), results[0] if results else ("", "", [])
+    )
+    ref = dict(arms).get("sync", {"refused": "no synchronous arm"})
+    ok = [(n, r) for n, r in arms if n != "sync" and "refused" not in r]
+    if "refused" in ref or not ok:
+        return "No verdict: the synchronous arm or every async arm was refused."
+    ideal = (ref["g"] + ref["t"]) / max(ref["g"], ref["t"])
+    name, best = max(ok, key=lambda x: x[1]["steps_s"])
+    ratio = best["steps_s"] / ref["steps_s"]
+    mark = lambda c: "✓" if c else "✗"  # noqa: E731
+    every = [r for _, r in ok]
+    mean = lambda k: statistics.mean(r[k] for r in every)  # noqa: E731
+    queue = statistics.mean((r["main_queue"] + r["sampler_queue"]) / 2 for r in every)
+    other = statistics.mean(
+        max(1 - r[f"{side}_run"] - r[f"{side}_queue"] - r[idle], 0.0)
+        for r in every
+        for side, idle in (("main", "l_idle"), ("sampler", "s_idle"))
+    )
+    text = (
+        f"Goal ({MODELS[model][0]}, {sampler}): the best async arm ({name}) ran "
+        f"**{ratio:.2f}×** the synchronous steps/s {mark(ratio >= 1.3)} (goal ≥ 1.3×), "
+        f"**{ratio / ideal:.0%}** of the ideal {ideal:.2f}× {mark(ratio / ideal >= 0.8)} "
+        "(goal ≥ 80 %).  Over its async arms each thread waited for a CPU "
+        f"{queue:.0%} of the wall time on average and was blocked outside its own idle waits "
+        f"(the GIL, locks) {other:.0%}; the process kept {mean('cores'):.2f} of the 2 cores "
+        f"busy while the whole machine's were {mean('machine'):.2f} busy.  "
+    )
+    if queue > 0.2:
+        text += (
+            "What limits it is the machine's load: both threads are runnable but wait for a "
+            "core"
+            + (
+                " (the kernel's autogroup scheduling is on, so this process's session gets "
+                "about its fair share of the 2 cores however many threads it runs)"
+                if autogroup()
+                else ""
+            )
+            + "; overlap cannot add CPU time the session does not get."
+        )
+    elif other > 0.1:
+        text += "What limits it is the GIL: the threads block on each other's Python work."
+    else:
+        text += "Neither the load nor the GIL holds the threads back much here."
+    return text
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="w256,tiny", help=f"of {','.join(MODELS)}")
@@ -322,18 +389,32 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1, help="the runs' torch threads")
     ap.add_argument("--no-record", action="store_true", help="print only")
+    ap.add_argument("--save", help="also write the measurements to this JSON file")
+    ap.add_argument("--load", help="render (and record) the measurements of a --save instead")
     args = ap.parse_args()
     if args.warmup < 1:
         ap.error("--warmup: at least 1 (the measured wall time starts at a warm-up step's end)")
     logging.getLogger("transformers").setLevel(logging.ERROR)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    load0 = os.getloadavg()
-    t_all = time.perf_counter()
-    samplers = ["local"] + (["engine"] if args.engine else [])
-    results = [(m, s, bench(args, m, s)) for m in args.models.split(",") for s in samplers]
-    load1 = os.getloadavg()
-    wall = time.perf_counter() - t_all
-    tab = table(results) + "\n\n" + threads_table(results)
+    if args.load:
+        saved = json.loads(Path(args.load).read_text())
+        args = argparse.Namespace(**{**vars(args), **saved["args"], "no_record": args.no_record})
+        results, load0, load1, wall = (saved[k] for k in ("results", "load0", "load1", "wall"))
+    else:
+        load0 = os.getloadavg()
+        t_all = time.perf_counter()
+        samplers = ["local"] + (["engine"] if args.engine else [])
+        results = [(m, s, bench(args, m, s)) for m in args.models.split(",") for s in samplers]
+        load1 = os.getloadavg()
+        wall = time.perf_counter() - t_all
+    if args.save:
+        keep = {k: v for k, v in vars(args).items() if k not in ("save", "load", "no_record")}
+        Path(args.save).write_text(
+            json.dumps(
+                {"args": keep, "results": results, "load0": load0, "load1": load1, "wall": wall}
+            )
+        )
+    tab = table(results) + "\n\n" + verdict(results) + "\n\n" + threads_table(results)
     print(tab)
     loads = lambda la: "/".join(f"{x:.2f}" for x in la)  # noqa: E731
     print(
@@ -360,7 +441,8 @@ def main() -> None:
         "the 2 cores are shared with other work).  Every arm is the real training loop "
         f"(`harness.run.loop.run`, `reverse`, seed 0, random init), {args.prompts} prompts × "
         f"{args.samples} samples × {args.new} new tokens per step, default PPO settings "
-        f"(4 minibatches), mismatch probe off, {args.warmup} warm-up + {args.steps} measured "
+        f"(4 minibatches) at lr {LR:g} (the policy stays as initialised, so every arm samples "
+        "the same length distribution), mismatch probe off, {args.warmup} warm-up + {args.steps} measured "
         f"steps (median of {args.repeats} interleaved repeat(s)).  Reference: the synchronous "
         "arm.  Async arms: `rollout.async` with `clock: threads` (sampler in its own thread, "
         "`in_flight` keeps the KV).  Ideal = (g + t)/max(g, t) from the synchronous arm's "
