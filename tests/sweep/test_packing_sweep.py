@@ -13,6 +13,8 @@ entry.
   base field pack apart, and the dry run says which share a worker, the memory of a pack and the
   wall time at that K; a search, or workers x K past the bound, is one line.
 * The claim: only compatible WAITING trials, and under adaptive seeds only released ones.
+* In a worker in this process: a trial that raises ends alone as an error (its run FAILED) and
+  is retried; a full disk met by one trial interrupts every trial of the pack.
 """
 
 from __future__ import annotations
@@ -537,3 +539,107 @@ def test_a_packed_run_that_failed_alone_ends_failed_in_the_tracker():
     run = tracker.runs[rid]
     assert run.status == "FAILED"
     assert (run.tags["run.status"], run.tags["run.reason"]) == ("failed", "RuntimeError: boom")
+
+
+# -- a trial of a pack that fails, in a worker in this process --------------------------------
+
+
+def _worker_study(tmp_path: Path, monkeypatch, tracker: MemoryTracker, max_retries: int = 0):
+    """A 2-cell x 1-seed LoRA study whose in-process worker records in ``tracker``."""
+    from harness.sweep.launching.worker import WorkerOptions
+
+    monkeypatch.setattr("harness.sweep.launching.worker.make_tracker", lambda *a, **k: tracker)
+    exp = load_experiment(_exp(tmp_path, "inproc"))
+    results = tmp_path / "results"
+    study, spec = open_study(
+        exp, storage=make_storage(None, results), tracker=tracker, study_name=None,
+        tracking_uri="memory", command="test", max_retries=max_retries,
+    )  # fmt: skip
+    assert enqueue_missing(study, spec) == (2, 0)
+    return study, WorkerOptions(study="inproc", storage=None, results_dir=results,
+                                cells_per_worker=2)  # fmt: skip
+
+
+def _runs(tracker: MemoryTracker) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for r in tracker.runs.values():
+        if r.tags.get("harness.role") == "child":
+            out.setdefault(r.tags["ablation.cell"], []).append(r)
+    return out
+
+
+def test_a_trial_that_raises_ends_alone_as_an_error_and_is_retried(tmp_path, monkeypatch):
+    import harness.sweep.launching.packed as packed
+    from harness.sweep.launching.worker import worker_loop
+
+    real = packed._hooks
+
+    def hooks(m, pack):  # the second cell's tracker call raises after its step 1 is logged
+        h = real(m, pack)
+        if m.cell == CELLS[1] and "harness.pack" in tracker.runs[m.rid].tags:
+            log = h["on_metrics"]
+
+            def on_metrics(step, metrics):
+                log(step, metrics)
+                if step == 1:
+                    raise RuntimeError("reward server gone")
+
+            h["on_metrics"] = on_metrics
+        return h
+
+    monkeypatch.setattr(packed, "_hooks", hooks)
+    tracker = MemoryTracker()
+    study, opts = _worker_study(tmp_path, monkeypatch, tracker, max_retries=1)
+    events: list[dict] = []
+    counts = worker_loop(opts, emit=events.append)
+    assert (counts["completed"], counts["error"]) == (2, 1), counts
+    ts = study.get_trials()
+    got = sorted((trial_key(t), t.user_attrs["attempt"], t.state.name, t.user_attrs["outcome"],
+                  t.user_attrs.get("reason")) for t in ts)  # fmt: skip
+    assert got == [
+        ((CELLS[0], 0), 0, "COMPLETE", "completed", ""),
+        ((CELLS[1], 0), 0, "FAIL", "error", "RuntimeError: reward server gone"),
+        ((CELLS[1], 0), 1, "COMPLETE", "completed", ""),  # the retry, trained alone
+    ]
+    runs = _runs(tracker)
+    (alone,) = runs[CELLS[0]]
+    failed, retried = runs[CELLS[1]]
+    assert (alone.status, alone.tags["harness.pack"]) == ("FINISHED", "0,1")
+    assert (failed.status, failed.tags["run.status"]) == ("FAILED", "failed")
+    assert failed.tags["run.reason"] == "RuntimeError: reward server gone"
+    assert [s for s, _ in failed.metrics["objective/reward"]] == [0, 1]
+    assert retried.status == "FINISHED" and "harness.pack" not in retried.tags
+    assert [s for s, _ in alone.metrics["objective/reward"]] == [0, 1, 2]
+    packed_starts = [e for e in events if e["event"] == "start" and e.get("packed") == 2]
+    assert sorted(e["cell"] for e in packed_starts) == CELLS
+
+
+def test_a_full_disk_met_by_one_trial_interrupts_the_whole_pack(tmp_path, monkeypatch):
+    import errno
+
+    from harness.sweep.launching.worker import worker_loop
+
+    class FullAtStep1(MemoryTracker):  # the second cell's step 1 meets a full disk
+        def log_metrics(self, run_id, metrics, step):
+            if step == 1 and self.runs[run_id].tags.get("ablation.cell") == CELLS[1]:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "mlflow.db")
+            super().log_metrics(run_id, metrics, step)
+
+    tracker = FullAtStep1()
+    study, opts = _worker_study(tmp_path, monkeypatch, tracker)
+    events: list[dict] = []
+    counts = worker_loop(opts, emit=events.append)
+    assert counts["disk_full"] == 1 and counts["completed"] == 0, counts
+    ts = study.get_trials()
+    assert sorted((trial_key(t), t.state.name, t.user_attrs["outcome"]) for t in ts) == [
+        ((c, 0), "FAIL", "interrupted") for c in CELLS
+    ]
+    reasons = {t.user_attrs["reason"] for t in ts}
+    assert len(reasons) == 1 and next(iter(reasons)).startswith("disk full"), reasons
+    runs = _runs(tracker)
+    assert (
+        sorted((r[0].status, r[0].tags["run.status"]) for r in runs.values())
+        == [("KILLED", "interrupted")] * 2
+    )
+    done = [e for e in events if e["event"] == "done"]
+    assert sorted((e["cell"], e["outcome"]) for e in done) == [(c, "interrupted") for c in CELLS]
