@@ -96,7 +96,7 @@ class ScratchSweep:
         self.study: optuna.Study | None = None
         self.study_spec: StudySpec | None = None
         self.tracker: Tracker | None = None
-        self._storage: Any = None
+        self.store: Any = None
         self._launcher: LocalLauncher | None = None
         self._once = SweepCosts()
 
@@ -118,7 +118,7 @@ class ScratchSweep:
         # What the command loads once the file is valid (harness.cli.commands.sweep).
         from harness.sweep.launching.driver import sweep  # noqa: F401, PLC0415 - timed: the command's own import
 
-        self._storage, self.tracker = open_stores(None, None, self.root)
+        self.store, self.tracker = open_stores(None, None, self.root)
         self.study, self.study_spec = self._open("probe")
         stores_s = time.perf_counter() - t0
         self._once = SweepCosts(stores_s=stores_s, worker_s=self._time_workers(workers))
@@ -127,7 +127,7 @@ class ScratchSweep:
         assert self.tracker is not None
         return open_study(  # type: ignore[no-any-return]
             self.spec,
-            storage=self._storage,
+            storage=self.store,
             tracker=self.tracker,
             study_name=name,
             tracking_uri=None,
