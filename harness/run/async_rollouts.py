@@ -34,7 +34,6 @@ import torch
 
 from harness.model.lora import is_lora
 from harness.ppo.actor import roll_left
-from harness.sampling.admission import capacity, lag_stats, over_sampled
 from harness.run.collect import Collected, Rollouts
 from harness.run.dynamic_sampling import Round, concat_rollouts, score_round
 from harness.run.mismatch import MismatchProbe, mismatch_probe
@@ -42,6 +41,7 @@ from harness.run.policies import frozen_copy
 from harness.run.sampler import engine_step_sampler, local_step_sampler
 from harness.run.scaffold import Diverged
 from harness.sampling import NonFiniteLogits
+from harness.sampling.admission import capacity, lag_stats, over_sampled
 from harness.sampling.stepping import Finished, StepSampler
 from harness.tasks import score_parts
 

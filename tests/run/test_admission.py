@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.config import build_run_config
-from harness.sampling.admission import capacity, lag_stats, over_sampled
 from harness.run.async_rollouts import _SamplerSide
+from harness.sampling.admission import capacity, lag_stats, over_sampled
 from harness.sampling.stepping import Finished, StepSampler
 
 
