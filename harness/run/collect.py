@@ -17,8 +17,9 @@ import torch
 from harness.run.dynamic_sampling import Refill, Round, refill, score_round
 from harness.run.mismatch import mismatch_probe
 from harness.run.policies import Policies
+from harness.run.sampler import rollout_params
 from harness.run.scaffold import Diverged, Run
-from harness.sampling import NonFiniteLogits, Sampler, SamplingParams
+from harness.sampling import NonFiniteLogits, Sampler
 from harness.tasks import score_parts
 
 
@@ -62,13 +63,7 @@ class Rollouts:
         self.gen = torch.Generator(device=run.device).manual_seed(run.cfg.seed)
         pad = run.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else 0
-        r = run.cfg.rollout
-        self.params = SamplingParams(
-            n_samples=r.n_samples,
-            max_new_tokens=r.max_new_tokens,
-            temperature=run.cfg.ppo.temperature,
-            top_p=r.top_p,
-        )
+        self.params = rollout_params(run.cfg)
 
     def collect(self, policies: Policies, step: int) -> Collected:
         """Sample this step's prompts under the behaviour snapshot, score them, refill

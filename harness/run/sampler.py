@@ -90,18 +90,24 @@ def make_sampler(
     return local_sampler(cfg, device, learner, sample_kw)
 
 
+def rollout_params(cfg: RunConfig) -> SamplingParams:
+    """What one rollout samples, from ``cfg.rollout`` and the PPO temperature."""
+    r = cfg.rollout
+    return SamplingParams(
+        n_samples=r.n_samples,
+        max_new_tokens=r.max_new_tokens,
+        temperature=cfg.ppo.temperature,
+        top_p=r.top_p,
+    )
+
+
 def local_step_sampler(run: Any, learner: torch.dtype | None) -> LocalStepSampler:
     """The step-level local sampler of an asynchronous run (``rollout.async``): its own copy of
     the policy, the run's sampling settings and seeds (the same generator and noise streams as
     :func:`local_sampler`'s, so a synchronous schedule samples the same tokens)."""
     cfg = run.cfg
     r = cfg.rollout
-    params = SamplingParams(
-        n_samples=r.n_samples,
-        max_new_tokens=r.max_new_tokens,
-        temperature=cfg.ppo.temperature,
-        top_p=r.top_p,
-    )
+    params = rollout_params(cfg)
     noise = None
     if r.sampler_logit_noise > 0:
         noise = torch.Generator(device=run.device).manual_seed(
@@ -136,12 +142,7 @@ def engine_step_sampler(
     del learner
     cfg = run.cfg
     r = cfg.rollout
-    params = SamplingParams(
-        n_samples=r.n_samples,
-        max_new_tokens=r.max_new_tokens,
-        temperature=cfg.ppo.temperature,
-        top_p=r.top_p,
-    )
+    params = rollout_params(cfg)
     host = EngineHost(
         run.device,
         dtype=engine_dtype(r.sampler_dtype, cfg.model_options.dtype),
