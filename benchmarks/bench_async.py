@@ -23,8 +23,10 @@ What limits the overlap is read off a second table: each thread's wall time spli
 kernel's per-thread schedstat, into time on a CPU, time runnable but waiting for a CPU (the
 machine's load: other processes, or the other thread when both want the one core left) and time
 blocked; blocked time beyond the thread's own idle waits (its batch, its admission) is mostly
-waiting for the GIL. Beside it the whole machine's busy cores and stolen time (/proc/stat) and
-the 1-min load average at the arm's end.
+waiting for the GIL. Then, sampled every 50 ms, the share of the time both threads were runnable
+and, of that, the share they sat on the same CPU (taking turns on one core, so overlap gives
+nothing). Beside it the whole machine's busy cores and stolen time (/proc/stat) and the 1-min
+load average at the arm's end.
 
 The ideal speed-up of perfect overlap is (g + t) / max(g, t), with g and t the synchronous arm's
 median sampler time (``perf/rollout_time``) and learner time (``perf/update_time``) per step; each
@@ -40,12 +42,12 @@ The mismatch probe is off in every arm (``rollout.measure_mismatch: false``): un
 runs an extra learner forward per stale version, work the synchronous arm does not do.
 Evaluation only at the end (``eval.every: 0``, 8 prompts), outside the measured steps.
 
-The engine arms (``rollout.sampler_backend: vllm``) need the engine's step-level sampler; until
-the harness has one, ``--engine`` runs the synchronous engine arm and reports each async engine
-arm as refused, with the config's reason.
+``--engine`` adds the same arms with the vLLM engine (``rollout.sampler_backend: vllm``, its
+step-level sampler on the threads clock; vLLM is optional). An arm the config refuses is shown
+with the refusal.
 
-    .venv/bin/python benchmarks/bench_async.py            # recorded
-    .venv/bin/python benchmarks/bench_async.py --engine   # with the engine arms
+    .venv/bin/python benchmarks/bench_async.py --engine   # recorded
+    .venv/bin/python benchmarks/bench_async.py            # the local decoder only
 """
 
 from __future__ import annotations
@@ -109,7 +111,8 @@ SAMPLERS = {
 # the arms' policies drift apart within ten steps, and their mean lengths with them (19 against
 # 27 tokens per row seen here).
 LR = 1e-9
-SAMPLER_THREAD = "harness-async-sampler"  # ThreadedRollouts' thread name
+SAMPLER_THREAD = "harness-async-sampler"
+PLACEMENT_S = 0.05  # ThreadedRollouts' thread name
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -162,6 +165,42 @@ def interval(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def thread_cpu(native_id: int) -> tuple[str, int] | None:
+    """(state, CPU it last ran on) of a thread of this process (/proc/self/task/ID/stat)."""
+    try:
+        fields = Path(f"/proc/self/task/{native_id}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0], int(fields[36])
+
+
+class Placement(threading.Thread):
+    """Samples every ``PLACEMENT_S`` where the learner (main) and sampler threads are: for each
+    sample where both are runnable, whether they sit on the same CPU (then they take turns on
+    one core, whatever the overlap could give)."""
+
+    def __init__(self) -> None:
+        super().__init__(name="bench-placement", daemon=True)
+        self.samples: list[tuple[float, bool]] = []  # (time, same CPU) with both runnable
+        self.done = threading.Event()
+        self.main = threading.main_thread().native_id
+
+    def run(self) -> None:
+        while not self.done.wait(PLACEMENT_S):
+            sampler = next((t for t in threading.enumerate() if t.name == SAMPLER_THREAD), None)
+            if sampler is None or sampler.native_id is None or self.main is None:
+                continue
+            a, b = thread_cpu(self.main), thread_cpu(sampler.native_id)
+            if a and b and a[0] == "R" and b[0] == "R":
+                self.samples.append((time.perf_counter(), a[1] == b[1]))
+
+    def share(self, t0: float, t1: float) -> tuple[float, float]:
+        """(samples with both runnable, share of those on one CPU) between ``t0`` and ``t1``."""
+        inside = [same for t, same in self.samples if t0 <= t <= t1]
+        n_all = max((t1 - t0) / PLACEMENT_S, 1.0)
+        return len(inside) / n_all, (sum(inside) / len(inside) if inside else float("nan"))
+
+
 def overrides(args: argparse.Namespace, model: str, sampler: str, arm: dict[str, Any]) -> dict:
     return {
         "steps": args.warmup + args.steps + 1,  # + the last step, which runs the final eval
@@ -195,14 +234,21 @@ def run_arm(args: argparse.Namespace, model: str, sampler: str, arm: dict[str, A
     def on_metrics(step: int, metrics: dict[str, float]) -> None:
         marks.append(snapshot())
 
-    with warnings.catch_warnings(), tempfile.TemporaryDirectory() as d:
-        warnings.simplefilter("ignore")
-        res = run(cfg, results_dir=d, on_metrics=on_metrics)
+    placement = Placement()
+    placement.start()
+    try:
+        with warnings.catch_warnings(), tempfile.TemporaryDirectory() as d:
+            warnings.simplefilter("ignore")
+            res = run(cfg, results_dir=d, on_metrics=on_metrics)
+    finally:
+        placement.done.set()
+        placement.join()
     if res.status != "completed":
         return {"refused": f"run {res.status}: {res.reason}"}
     w, n = args.warmup, args.steps
     h = {k: v[w : w + n] for k, v in res.history.items()}
     acc = interval(marks[w - 1], marks[w + n - 1])
+    both, same = placement.share(marks[w - 1]["wall"], marks[w + n - 1]["wall"])
     wall = acc["wall"]
     rows = args.prompts * args.samples
     tokens = sum(x * rows for x in h["rollout/response_length"])
@@ -224,6 +270,8 @@ def run_arm(args: argparse.Namespace, model: str, sampler: str, arm: dict[str, A
         "t": statistics.median(h["perf/update_time"]),
         "busy": (wall - s_idle) / n,
         **acc,
+        "both_runnable": both,
+        "same_cpu": same,
         "load": os.getloadavg()[0],
         "lag": statistics.mean(h["async/token_lag_mean"]) if "async/token_lag_mean" in h else 0.0,
     }
@@ -286,8 +334,8 @@ def threads_table(results: list[tuple[str, str, list[tuple[str, dict]]]]) -> str
     head = (
         "| model | sampler | arm | learner thread: on CPU / waiting for a CPU / blocked "
         "(waiting for its batch + other) | sampler thread: on CPU / waiting for a CPU / blocked "
-        "(idle + other) | this process, cores | whole machine, cores busy | stolen | 1-min load "
-        "|\n" + "|---" * 9 + "|\n"
+        "(idle + other) | both runnable | of which on one CPU | this process, cores "
+        "| whole machine, cores busy | stolen | 1-min load |\n" + "|---" * 11 + "|\n"
     )
     pct = lambda x: f"{x:.0%}"  # noqa: E731
     lines = []
@@ -308,8 +356,14 @@ def threads_table(results: list[tuple[str, str, list[tuple[str, dict]]]]) -> str
                 parts.append(
                     f"{pct(run)} / {pct(queue)} / {pct(blocked)} ({pct(wait)} + {pct(other)})"
                 )
+            both, same = r.get("both_runnable"), r.get("same_cpu")
+            place = (
+                "— | —"
+                if sync or both is None
+                else f"{pct(both)} | {'—' if same != same else pct(same)}"  # nan: no sample
+            )
             lines.append(
-                f"| {MODELS[model][0]} | {sampler} | {name} | {parts[0]} | {parts[1]} "
+                f"| {MODELS[model][0]} | {sampler} | {name} | {parts[0]} | {parts[1]} | {place} "
                 f"| {r['cores']:.2f} | {r['machine']:.2f} | {r['steal']:.2f} | {r['load']:.1f} |"
             )
     return head + "\n".join(lines)
@@ -344,6 +398,8 @@ def verdict(results: list[tuple[str, str, list[tuple[str, dict]]]]) -> str:
         for r in every
         for side, idle in (("main", "l_idle"), ("sampler", "s_idle"))
     )
+    sames = [r["same_cpu"] for r in every if r.get("same_cpu", float("nan")) == r.get("same_cpu")]
+    same = statistics.mean(sames) if sames else float("nan")
     text = (
         f"Goal ({MODELS[model][0]}, {sampler}): the best async arm ({name}) ran "
         f"**{ratio:.2f}×** the synchronous steps/s {mark(ratio >= 1.3)} (goal ≥ 1.3×), "
@@ -351,12 +407,18 @@ def verdict(results: list[tuple[str, str, list[tuple[str, dict]]]]) -> str:
         "(goal ≥ 80 %).  Over its async arms each thread waited for a CPU "
         f"{queue:.0%} of the wall time on average and was blocked outside its own idle waits "
         f"(the GIL, locks) {other:.0%}; the process kept {mean('cores'):.2f} of the 2 cores "
-        f"busy while the whole machine's were {mean('machine'):.2f} busy.  "
+        f"busy while the whole machine's were {mean('machine'):.2f} busy"
+        + (
+            f"; when both threads were runnable they sat on the same CPU in {same:.0%} of the "
+            "samples.  "
+            if same == same
+            else ".  "
+        )
     )
     if queue > 0.2:
         text += (
             "What limits it is the machine's load: both threads are runnable but wait for a "
-            "core"
+            "core, mostly the same one"
             + (
                 " (the kernel's autogroup scheduling is on, so this process's session gets "
                 "about its fair share of the 2 cores however many threads it runs)"
@@ -378,8 +440,7 @@ def main() -> None:
     ap.add_argument(
         "--engine",
         action="store_true",
-        help="also the vLLM engine arms (the async ones are refused until the engine's "
-        "step-level sampler is in the harness)",
+        help="also the arms with the vLLM engine as the sampler (rollout.sampler_backend vllm)",
     )
     ap.add_argument("--steps", type=int, default=8, help="measured steps per arm")
     ap.add_argument("--warmup", type=int, default=2)
@@ -442,10 +503,13 @@ def main() -> None:
         f"(`harness.run.loop.run`, `reverse`, seed 0, random init), {args.prompts} prompts × "
         f"{args.samples} samples × {args.new} new tokens per step, default PPO settings "
         f"(4 minibatches) at lr {LR:g} (the policy stays as initialised, so every arm samples "
-        "the same length distribution), mismatch probe off, {args.warmup} warm-up + {args.steps} measured "
+        f"the same length distribution), mismatch probe off, {args.warmup} warm-up + {args.steps} measured "
         f"steps (median of {args.repeats} interleaved repeat(s)).  Reference: the synchronous "
         "arm.  Async arms: `rollout.async` with `clock: threads` (sampler in its own thread, "
-        "`in_flight` keeps the KV).  Ideal = (g + t)/max(g, t) from the synchronous arm's "
+        "`in_flight` keeps the KV).  The engine (`rollout.sampler_backend: vllm`) runs in this "
+        "process, its core in the sampler's thread (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, the "
+        "harness's only engine placement; an engine core in its own process is not measured).  "
+        "Ideal = (g + t)/max(g, t) from the synchronous arm's "
         "median `perf/rollout_time` g and `perf/update_time` t; of the ideal = ratio / ideal "
         "(goal ≥ 1.3× and ≥ 80 % with the engine).  Idle shares of the measured wall time: "
         "async `async/sampler_idle_s`, `async/learner_idle_s`; sync sampler = step − rollout, "
@@ -454,7 +518,9 @@ def main() -> None:
         "update = median `perf/update_time`.  Cores busy = the process's CPU seconds per wall second.  "
         "Tokens = tokens actually generated (EOS reachable).  Second table: each thread's "
         "measured wall time from the kernel's schedstat, on a CPU / runnable but waiting for a "
-        "CPU / blocked; blocked beyond the thread's own idle waits is mostly the GIL.\n\n" + tab
+        "CPU / blocked; blocked beyond the thread's own idle waits is mostly the GIL; both "
+        "runnable = share of 50 ms samples with both threads runnable, of which on one CPU = "
+        "the share of those where they sat on the same CPU.\n\n" + tab
     )
     if not args.no_record:
         record(SECTION, body)
