@@ -257,19 +257,27 @@ def _leftovers(before: set[str]) -> list[str]:
     return sorted(_alive() - before)
 
 
-def _lags_ok(h: dict[str, list[float]], eta: int) -> None:
+def _lags_ok(h: dict[str, list[float]], eta: int, *, mixed: bool) -> None:
+    """Every token's lag within ``eta``; with ``mixed``, some sequence spans two versions.
+    Whether a weight update lands mid-sequence on the threads clock depends on how the OS
+    schedules the two threads (on a loaded machine the sampler can finish every sequence
+    before the learner publishes), so only the virtual clock, which fixes the interleaving,
+    is held to it."""
     assert all(0 <= v <= eta for v in h["async/token_lag_max"]), h["async/token_lag_max"]
-    assert max(h["async/mixed_version_fraction"]) > 0, h["async/mixed_version_fraction"]
+    frac = h["async/mixed_version_fraction"]
+    assert all(0 <= v <= 1 for v in frac), frac
+    if mixed:
+        assert max(frac) > 0, frac
 
 
-def test_threads_clock_run_with_the_engine_mixes_versions_within_eta_and_leaves_nothing(
+def test_threads_clock_run_with_the_engine_keeps_lags_within_eta_and_leaves_nothing(
     tmp_path,
 ):
     before = _alive()
     res = _run(tmp_path, clock="threads")
     h = res.history
     assert res.steps_done == 6 and all(math.isfinite(v) for v in h["objective/reward"])
-    _lags_ok(h, 2)
+    _lags_ok(h, 2, mixed=False)
     # The step sampler's weight copies are the run's perf/weight_sync_s (one per version).
     assert all(v >= 0 for v in h["perf/weight_sync_s"]) and max(h["perf/weight_sync_s"]) > 0
     assert _leftovers(before) == []
@@ -294,7 +302,7 @@ def test_virtual_clock_with_the_engine_reruns_bit_identically(tmp_path):
     assert ha.keys() == hb.keys() and "async/token_lag_mean" in ha
     diff = [k for k in ha if not all(map(_same, ha[k], hb[k]))]
     assert diff == [], {k: (ha[k], hb[k]) for k in diff[:3]}
-    _lags_ok(a.history, 2)
+    _lags_ok(a.history, 2, mixed=True)
     assert _leftovers(before) == []
 
 

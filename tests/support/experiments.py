@@ -31,11 +31,14 @@ def search_file(
     pruner: str = "none",
     seeds: int = 1,
     steps: int = 2,
+    search_extra: dict[str, Any] | None = None,
     **more: Any,
 ) -> Path:
     """``tmp_path/search.yaml``: a search named ``name`` over ``params`` (by default
-    :data:`EPS_CLIP_RANGE`) from ``base``; ``more`` adds or replaces top-level keys."""
+    :data:`EPS_CLIP_RANGE`) from ``base``; ``search_extra`` adds keys to the ``search:``
+    block (objectives, sampler, ...), ``more`` adds or replaces top-level keys."""
     search = {"n_trials": n_trials, "params": params or EPS_CLIP_RANGE, "pruner": pruner}
+    search.update(search_extra or {})
     doc = {"name": name, "base": base, "search": search, "seeds": seeds, "steps": steps, **more}
     path = tmp_path / "search.yaml"
     path.write_text(yaml.safe_dump(doc))

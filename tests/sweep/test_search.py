@@ -14,10 +14,17 @@ PARAMS = {
 }
 
 
-def write(tmp_path: Path) -> Path:
+def write(tmp_path: Path, n_trials: int = 3, **search: object) -> Path:
     base = smoke_base()
     return search_file(
-        tmp_path, "tiny-search", base, n_trials=3, params=PARAMS, pruner="median", seeds=2
+        tmp_path,
+        "tiny-search",
+        base,
+        n_trials=n_trials,
+        params=PARAMS,
+        pruner="median",
+        seeds=2,
+        search_extra=search,
     )
 
 
