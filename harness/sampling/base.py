@@ -122,6 +122,32 @@ def encode_prompts(
     return dict(tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt"))
 
 
+def repeated_prompts(
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    n_samples: int,
+    max_new_tokens: int,
+    *,
+    max_prompt_tokens: int | None = None,
+    max_positions: int | None = None,
+    chat_template: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The left-padded prompt ids and mask of ``prompts`` (:func:`encode_prompts`), each repeated
+    ``n_samples`` times (rows ``i*n .. i*n+n-1``), on the CPU: what every sampler starts from.
+    A ``ValueError`` when the longest prompt and ``max_new_tokens`` do not fit the model's
+    ``max_positions``."""
+    enc = encode_prompts(tokenizer, prompts, max_prompt_tokens, chat_template)
+    prompt_ids = enc["input_ids"].repeat_interleave(n_samples, dim=0)
+    prompt_mask = enc["attention_mask"].repeat_interleave(n_samples, dim=0)
+    longest = int(prompt_mask.sum(-1).max())
+    if max_positions is not None and longest + max_new_tokens > max_positions:
+        raise ValueError(
+            f"rollout: a prompt of {longest} tokens + max_new_tokens {max_new_tokens} exceeds "
+            f"the model's {max_positions} positions (set rollout.max_prompt_tokens)"
+        )
+    return prompt_ids, prompt_mask
+
+
 def _decode(
     tokenizer: PreTrainedTokenizerBase,
     tokens: torch.Tensor,
@@ -242,5 +268,6 @@ __all__ = [
     "SamplingParams",
     "assemble_batch",
     "encode_prompts",
+    "repeated_prompts",
     "with_versions",
 ]

@@ -44,7 +44,7 @@ from harness.sampling.base import (
     Sampler,
     SamplingParams,
     assemble_batch,
-    encode_prompts,
+    repeated_prompts,
 )
 from harness.sampling.decoders import _fast_path_ok, _HFDecoder, _LlamaDecoder
 from harness.sampling.registry import register
@@ -284,17 +284,17 @@ def prepare_prompts(
         eos_token_ids = eos_ids(model, tokenizer)
     eos_id = eos_token_ids[0]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
-    enc = encode_prompts(tokenizer, prompts, max_prompt_tokens, chat_template)
-    prompt_ids = enc["input_ids"].to(device).repeat_interleave(n_samples, dim=0)
-    prompt_mask = enc["attention_mask"].to(device).repeat_interleave(n_samples, dim=0)
-    longest = int(prompt_mask.sum(-1).max())
-    if max_positions is not None and longest + max_new_tokens > max_positions:
-        raise ValueError(
-            f"rollout: a prompt of {longest} tokens + max_new_tokens {max_new_tokens} exceeds "
-            f"the model's {max_positions} positions (set rollout.max_prompt_tokens)"
-        )
+    prompt_ids, prompt_mask = repeated_prompts(
+        tokenizer,
+        prompts,
+        n_samples,
+        max_new_tokens,
+        max_prompt_tokens=max_prompt_tokens,
+        max_positions=max_positions,
+        chat_template=chat_template,
+    )
     eos = torch.tensor(eos_token_ids, dtype=torch.long, device=device)
-    return prompt_ids, prompt_mask, eos, pad_id
+    return prompt_ids.to(device), prompt_mask.to(device), eos, pad_id
 
 
 DECODERS = ("auto", "fast", "hf")
