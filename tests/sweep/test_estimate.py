@@ -221,6 +221,39 @@ def test_the_dry_run_prints_the_breakdown_and_leaves_nothing(tmp_path, monkeypat
     assert list(scratch.iterdir()) == []  # and its scratch stores are gone
 
 
+def test_the_workers_start_is_measured_once_per_process_and_count(tmp_path, monkeypatch):
+    """Two estimates in one process spawn the scratch workers once per worker count; past the
+    cores the measured start scales by workers / cores."""
+    import os
+
+    from harness.sweep.launching import estimating
+    from harness.sweep.launching.launchers.local import LocalLauncher
+
+    spawned: list[int] = []
+    real = LocalLauncher.start
+
+    def counting(self, n, opts, resources):
+        spawned.append(n)
+        return real(self, n, opts, resources)
+
+    monkeypatch.setattr(LocalLauncher, "start", counting)
+    monkeypatch.setattr(estimating, "_WORKER_START_S", {})
+    path = tmp_path / "e.yaml"
+    path.write_text(SWEEP)
+    spec = load_experiment(path)
+    cores = os.cpu_count() or 1
+    with estimating.ScratchSweep(spec) as a:
+        a.open_and_start(1)
+    with estimating.ScratchSweep(spec) as b:
+        b.open_and_start(1)
+    with estimating.ScratchSweep(spec) as c:
+        c.open_and_start(4 * cores)
+    assert spawned == ([1] if cores == 1 else [1, cores]), spawned
+    one, many = a._once.worker_s, c._once.worker_s
+    assert one > 0 and b._once.worker_s == one
+    assert math.isclose(many, estimating._WORKER_START_S[cores] * 4), (many, cores)
+
+
 def test_durations_read_as_text():
     assert [duration_text(s) for s in (42, 200, 7500)] == ["42 s", "3 min 20 s", "2 h 05 min"]
 
