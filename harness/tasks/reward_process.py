@@ -94,28 +94,44 @@ class RewardProcess:
         with self._lock:
             if self._proc is None:
                 self._start(where)
-            assert self._send is not None and self._recv is not None
-            deadline = time.monotonic() + self.timeout_s
-            try:
-                try:
-                    self._send.send(("call", prompt, completion, answer))
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the child is gone: reading its reply reports how it ended
-                reply = self._reply(where, deadline)
-            except BaseException:
-                # Ctrl-C or SIGTERM mid-call: the answer would still arrive and be read as the
-                # next call's, so this process is done with (as it is after a bad reply).
-                self.close()
-                raise
-            if reply is None:
-                self.close()
-                raise RewardError(
-                    f"{where} did not return within task_options.reward_timeout_s = "
-                    f"{self.timeout_s:g} s (its process was stopped)"
-                )
+            reply = self._exchange(
+                where,
+                time.monotonic() + self.timeout_s,
+                f"{where} did not return within task_options.reward_timeout_s = "
+                f"{self.timeout_s:g} s (its process was stopped)",
+                request=("call", prompt, completion, answer),
+            )
         if reply[0] == "ok":
             return float(reply[1])
         raise RewardError(f"{where} {reply[1]}"[:500])
+
+    def _exchange(
+        self,
+        where: str,
+        deadline: float,
+        late: str,
+        *,
+        request: tuple[Any, ...] | None = None,
+    ) -> tuple[Any, ...]:
+        """Send ``request`` (when given) and return the child's reply by ``deadline``; past it the
+        process is stopped and :class:`RewardError` says ``late``."""
+        assert self._send is not None
+        try:
+            if request is not None:
+                try:
+                    self._send.send(request)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the child is gone: reading its reply reports how it ended
+            reply = self._reply(where, deadline)
+        except BaseException:
+            # Ctrl-C or SIGTERM mid-exchange: the reply would still arrive and be read as the
+            # next one's, so this process is done with (as it is after a bad reply).
+            self.close()
+            raise
+        if reply is None:
+            self.close()
+            raise RewardError(late)
+        return reply
 
     def _reply(self, where: str, deadline: float) -> tuple[Any, ...] | None:
         """The child's next reply, or None when ``deadline`` (``time.monotonic()``) passes before
@@ -185,17 +201,12 @@ class RewardProcess:
         self._finalizer = weakref.finalize(self, _kill_group, proc, drainer, self._send, self._recv)
         seed = _run_seed()
         self._send.send(("init", list(sys.path), self.spec, self.module, self.function, seed))
-        try:
-            reply = self._reply(where, time.monotonic() + START_TIMEOUT_S)
-        except BaseException:
-            self.close()
-            raise
-        if reply is None:
-            self.close()
-            raise RewardError(
-                f"{where}: the reward process did not import '{self.module}' within "
-                f"{START_TIMEOUT_S:g} s"
-            )
+        reply = self._exchange(
+            where,
+            time.monotonic() + START_TIMEOUT_S,
+            f"{where}: the reward process did not import '{self.module}' within "
+            f"{START_TIMEOUT_S:g} s",
+        )
         if reply[0] != "ready":
             self.close()
             raise RewardError(f"task '{self.spec}': the reward process {reply[1]}"[:500])
