@@ -181,7 +181,22 @@ class SamplingParams:
     greedy: bool = False
 
 
-class Sampler(abc.ABC):
+class Closing:
+    """A context manager whose exit is :meth:`close` (idempotent; nothing by default): the
+    lifecycle of both sampler contracts (:class:`Sampler` and the step-level one)."""
+
+    def close(self) -> None:
+        """Release what the backend holds (idempotent); nothing by default."""
+        return None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Sampler(Closing, abc.ABC):
     """A rollout backend (module docstring). Used as a context manager; :meth:`close` is
     idempotent. Subclasses implement :meth:`_sync` (copy the weights in) and :meth:`_generate`.
 
@@ -254,14 +269,9 @@ class Sampler(abc.ABC):
         """The backend's own release (an engine's shutdown); nothing by default."""
         return None
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 __all__ = [
+    "Closing",
     "NonFiniteLogits",
     "RolloutBatch",
     "Sampler",

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from harness.sampling.base import RolloutBatch
+from harness.sampling.base import Closing, RolloutBatch
 
 
 @dataclass
@@ -33,7 +32,7 @@ class Finished:
     submitted: int
 
 
-class StepSampler(abc.ABC):
+class StepSampler(Closing, abc.ABC):
     """A backend driven one decode step at a time (module docstring). ``version`` is the version
     of the weights loaded; ``running`` the groups submitted and not yet finished."""
 
@@ -61,16 +60,6 @@ class StepSampler(abc.ABC):
     @abc.abstractmethod
     def running(self) -> int:
         """Groups submitted and not yet finished."""
-
-    def close(self) -> None:
-        """Release what the backend holds (idempotent); nothing by default."""
-        return None
-
-    def __enter__(self) -> StepSampler:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 __all__ = ["Finished", "StepSampler"]
