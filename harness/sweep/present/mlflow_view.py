@@ -11,7 +11,7 @@ sweep's experiment gets (once per study, refreshed at the end of every sweep):
   experiment's metric as a column (and, for a study whose runs logged ``async/*``, the run
   summaries of the token lag), sorted best first. The format is the one the MLflow 3.17 UI
   writes when a user clicks "Share" on the runs page (a JSON object of its search facets and UI
-  state); ``tests/sweep/test_ui_browser.py`` opens it in Chromium.
+  state); ``tests/sweep/present/test_ui_browser.py`` opens it in Chromium.
 
 The parent run gets the ranking: per-cell IQM and its 95 % CI and the rank as metrics (one value
 each, so they list as columns and compare as bar charts) and the ranking table as its

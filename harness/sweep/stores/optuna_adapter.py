@@ -1,8 +1,8 @@
 """Everything the harness needs from Optuna that its public API does not offer, in one place.
 
 Optuna 4/5 keeps these behind underscores; each use below is pinned by
-``tests/sweep/test_optuna_adapter.py``, so an Optuna upgrade that moves one fails there first, with
-the name of what moved, instead of somewhere in a sweep:
+``tests/sweep/stores/test_optuna_adapter.py``, so an Optuna upgrade that moves one fails there
+first, with the name of what moved, instead of somewhere in a sweep:
 
 * ``study._storage`` / ``study._study_id`` / ``FrozenTrial._trial_id`` — the storage calls a
   worker needs to claim an enqueued trial without ``Study.ask`` creating a new one

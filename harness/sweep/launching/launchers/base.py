@@ -4,7 +4,8 @@ A ``Launcher`` starts N workers on a study with given resources, reports their e
 many are still running, and stops them: gracefully first (each worker finishes its current step
 and records its trial as interrupted), for good on a second request.  Implementations:
 ``local`` and ``command`` (``launchers/local.py``), ``ray`` (``launchers/ray_launcher.py``).
-One contract suite (``tests/sweep/test_launchers.py``) runs against every launcher.
+One contract suite (``tests/sweep/launching/test_launcher_contract.py``) runs against every
+launcher.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 from harness.sweep.stores import optuna_adapter as A
 from harness.sweep.stores.storage import make_storage
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from harness.cli import app
 from tests.support.study_reads import mlflow_runs, trials
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SMOKE = ROOT / "experiments" / "smoke.yaml"
 
 

@@ -26,7 +26,7 @@ from tests.hooks.kill_at import kill_group_at_marker
 from tests.support.experiments import small_experiment
 from tests.support.studies import open_test_study
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -320,7 +320,7 @@ def test_driver_messages_never_show_fragments_of_such_a_password() -> None:
 
 # -- kill -9 while the report is written ------------------------------------------------------
 
-HOOKS = Path(__file__).resolve().parents[1] / "hooks"
+HOOKS = Path(__file__).resolve().parents[2] / "hooks"
 
 
 @pytest.mark.slow  # two sweeps in subprocesses

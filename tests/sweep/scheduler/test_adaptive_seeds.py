@@ -49,7 +49,7 @@ def test_the_mapping_form_loads_and_a_count_keeps_todays_study(tmp_path: Path) -
     assert other.grid_hash() != spec.grid_hash()
 
 
-ROOT_SMOKE = Path(__file__).resolve().parents[2] / "experiments" / "smoke.yaml"
+ROOT_SMOKE = Path(__file__).resolve().parents[3] / "experiments" / "smoke.yaml"
 
 
 @pytest.mark.parametrize(
@@ -97,7 +97,7 @@ def test_dry_run_prints_the_plan(tmp_path: Path) -> None:
 
 
 def test_the_norm_finding_has_an_adaptive_variant_that_dry_runs(tmp_path: Path) -> None:
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     path = root / "experiments" / "findings" / "norm-adaptive.yaml"
     r = CliRunner().invoke(app, ["ablate", str(path), "--dry-run", "--results-dir", str(tmp_path)])
     assert r.exit_code == 0, r.output

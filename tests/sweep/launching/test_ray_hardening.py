@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from harness.cli import app
 from harness.core.configtools import ConfigError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SMOKE = ROOT / "experiments" / "smoke.yaml"
 LINUX_PROC = Path("/proc/net/tcp").exists()
 needs_proc = pytest.mark.skipif(not LINUX_PROC, reason="reads listening sockets from /proc/net")

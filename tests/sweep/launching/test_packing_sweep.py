@@ -52,7 +52,7 @@ from tests.support.study_reads import mlflow_runs, trials
 pytest.importorskip("peft")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
 BASE = {
     "task": "reverse",

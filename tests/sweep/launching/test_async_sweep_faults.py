@@ -24,7 +24,7 @@ import yaml
 from tests.hooks.kill_at import kill_group_at_marker
 from tests.support.study_reads import mlflow_runs, trials
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SMOKE = ROOT / "experiments" / "smoke.yaml"
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -19,7 +19,7 @@ from harness.sweep.scheduler.study import best_point, study_counts
 from harness.sweep.stores.storage import make_storage
 from tests.support.experiments import search_file, smoke_base
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SMOKE = ROOT / "experiments" / "smoke.yaml"
 
 

@@ -19,7 +19,7 @@ from tests.support.experiments import small_experiment, start_ablate
 from tests.support.mounts import mounted
 from tests.support.studies import open_test_study
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SMOKE = ROOT / "experiments" / "smoke.yaml"
 
 

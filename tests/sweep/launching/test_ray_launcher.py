@@ -1,5 +1,6 @@
 """`--launcher ray` end to end on a private loopback Ray head (see tests/support/ray_head.py), and its
-one-line refusals.  The launcher contract itself runs in tests/sweep/test_launchers.py."""
+one-line refusals.  The launcher contract itself runs in
+tests/sweep/launching/test_launcher_contract.py."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from harness.cli import app
 from harness.sweep.stores.storage import make_storage
 from tests.support.studies import open_test_study
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SMOKE = ROOT / "experiments" / "smoke.yaml"
 
 

@@ -21,7 +21,7 @@ from harness.core.failures import count_reasons, reason_key, summary_lines
 from tests.support.experiments import grid_file, search_file
 from tests.support.rewards import FAILING_REWARDS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SMOKE = ROOT / "experiments" / "smoke.yaml"
 
 TINY = {

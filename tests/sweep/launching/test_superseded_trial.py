@@ -21,7 +21,7 @@ from harness.sweep.scheduler.trials import next_trial
 from harness.sweep.stores.storage import make_storage
 from harness.tracking import MemoryTracker
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _claimed(tmp_path: Path) -> tuple[Any, Any, Any, Any]:

@@ -27,7 +27,7 @@ from tests.support.adaptive_study import (
     write_experiment,
 )
 
-HERE = Path(__file__).resolve().parents[1]  # tests/
+HERE = Path(__file__).resolve().parents[2]  # tests/
 CANCELLED = sorted((c, s) for c in (BETTER, EQUIVALENT) for s in range(3, 7))
 RAN = {BASELINE: 7, BETTER: 3, EQUIVALENT: 3, SLIGHT: 7}
 

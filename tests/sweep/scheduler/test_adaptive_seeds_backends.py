@@ -22,8 +22,9 @@ from harness.sweep.stores.storage import make_storage
 from tests.support.adaptive_study import BASELINE, BETTER, EQUIVALENT, SLIGHT, write_experiment
 
 NAMES = {"baseline": BASELINE, "better": BETTER, "equivalent": EQUIVALENT, "slight": SLIGHT}
-# What the controlled scores decide (tests/sweep/test_adaptive_seeds.py, the same numbers): the better
-# and the equivalent cell at the first look (3 seeds), the slight one undecided at max (7).
+# What the controlled scores decide (tests/sweep/scheduler/test_adaptive_seeds.py, the same
+# numbers): the better and the equivalent cell at the first look (3 seeds), the slight one
+# undecided at max (7).
 RUNS = {"baseline": 7, "better": 3, "equivalent": 3, "slight": 7}
 MAX = 7
 

@@ -26,7 +26,7 @@ from harness.core.configtools import deep_merge, flatten, to_dict
 from harness.sweep.scheduler.spec import StudySpec
 from tests.support.extras import usable_here
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GRID_FILES = sorted(
     p
     for p in [*ROOT.glob("experiments/*.yaml"), *ROOT.glob("experiments/findings/*.yaml")]

@@ -29,7 +29,7 @@ from harness.sweep.stores.storage import JOURNAL_FILE, make_storage
 from tests.support.experiments import small_experiment, start_ablate
 from tests.support.mounts import mounted
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 JOURNAL_LOGGER = "harness.sweep.stores.journal"
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -19,7 +19,7 @@ from harness.sweep.scheduler.study import open_study
 from harness.sweep.stores.storage import make_storage
 from tests.support.studies import open_test_study
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SMOKE = ROOT / "experiments" / "smoke.yaml"
 
 # `harness worker` subprocesses run the same worker loop as local ones: their cases are slow.

@@ -24,8 +24,8 @@ import yaml
 from harness.sweep.stores.journal_lock import JournalLock, LockTimeout
 from tests.hooks.kill_at import kill_group_at_marker
 
-ROOT = Path(__file__).resolve().parents[2]
-HOOKS = Path(__file__).resolve().parents[1] / "hooks"
+ROOT = Path(__file__).resolve().parents[3]
+HOOKS = Path(__file__).resolve().parents[2] / "hooks"
 SMOKE = ROOT / "experiments" / "smoke.yaml"
 JOURNAL = "results/optuna-journal.log"
 

@@ -1,0 +1,1 @@
+"""Tests of harness.sweep.launching: the driver, the launchers and the worker loop."""

@@ -1,0 +1,1 @@
+"""Tests of harness.sweep.stores: the Optuna storages, the journal and its lock, the adapter."""
