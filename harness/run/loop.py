@@ -58,15 +58,19 @@ def ppo_steps(run: Run) -> None:
         pass
 
 
-def ppo_stepper(run: Run) -> Generator[int, None, None]:
+def ppo_stepper(run: Run, sampler: Sampler | None = None) -> Generator[int, None, None]:
     """The PPO steps one at a time: yields each step's index once it is recorded; closing the
-    generator (or an exception out of it) closes the sampler and the rollouts."""
+    generator (or an exception out of it) closes the sampler and the rollouts. ``sampler``:
+    the rollout sampler to use instead of the run's own (a pack's view of its shared engine,
+    ``run/packing.py``); it is closed with the steps all the same."""
     # One precision for recompute, reference, update and critic (models.ModelOptions); the
     # sampler's is rollout.sampler_dtype (default: the same), a mismatch source (docs/mismatch.md).
     amp = precision_dtype(run.cfg.model_options.dtype)
     # An inference engine lives as long as the run, whatever ends it.
     run.tags["sampler"] = sampler_text(run.cfg, run.model)
-    with make_sampler(run.cfg, run.device, amp, run.sample_kw) as sampler:
+    if sampler is None:
+        sampler = make_sampler(run.cfg, run.device, amp, run.sample_kw)
+    with sampler:
         yield from _train(run, sampler, amp)
 
 

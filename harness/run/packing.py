@@ -20,6 +20,15 @@ The KL reference under LoRA is the base with the adapters disabled, the same for
 So each trial computes what its unpacked run computes (``harness.run.loop.run``): the same
 metric history (tests/run/test_packing.py).
 
+With ``rollout.sampler_backend: vllm`` the pack starts one engine, not K: it holds the base
+weights and serves each trial's adapter itself (``harness/sampling/vllm_adapters.py``). Each
+trial samples through its own view of it, under its own adapter (a new adapter version after
+each of its updates, the previous one removed, so the engine holds at most K); the pack ends the
+engine once, however its trials end. Unpacked, the engine serves a LoRA run merged into the
+base weights; served as an adapter the same policy's log-probs differ by float32 rounding
+(``x·W + s·(x·A)·B`` against ``x·(W + s·B·A)``), so a packed engine trial has its unpacked
+engine run's history to that rounding, not exactly (tests/run/test_packing_engine.py).
+
 Which configs can share a base is declared once, in :data:`BASE_FIELDS` (docs/scaling.md lists
 them): runs pack together when every base field is equal (:func:`pack_key`,
 :func:`incompatible_field`). A trial that diverges or raises ends alone, with its status
@@ -29,9 +38,8 @@ them): runs pack together when every base field is equal (:func:`pack_key`,
 the reason its unpacked run would have recorded, and the results are returned.
 
 Not packable yet: full fine-tuning (nothing to share: every run trains the whole model),
-``trainer: trl``, ``rollout.async`` (its sampler keeps its own copy of the policy) and the vLLM
-engine (serving several adapters from one engine is a later step). The critic packs, but each
-trial's value model copies the trunk.
+``trainer: trl`` and ``rollout.async`` (its sampler keeps its own copy of the policy). The
+critic packs, but each trial's value model copies the trunk.
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ from harness.model.lora import (
     use_adapter,
 )
 from harness.run.loop import ppo_stepper
+from harness.run.sampler import pack_engine
 from harness.run.scaffold import (
     Base,
     Diverged,
@@ -70,6 +79,8 @@ from harness.run.scaffold import (
     open_run,
 )
 from harness.run.tracked import interrupt_reason
+from harness.sampling import Sampler
+from harness.sampling.vllm_adapters import AdapterEngine, AdapterSampler
 
 _logger = logging.getLogger(__name__)
 
@@ -90,6 +101,9 @@ BASE_FIELDS: tuple[str, ...] = (
     "rollout.chat_template",
     "rollout.sampler_backend",
     "rollout.sampler_dtype",
+    # The one engine's settings (it is started once for the pack).
+    "rollout.engine_kv_cache_gib",
+    "rollout.engine_gpu_memory_utilization",
     "device",
     "threads",
     "trainer",
@@ -148,11 +162,6 @@ def check_packable(cfgs: Sequence[RunConfig]) -> None:
                 "rollout.async: not packable yet (the asynchronous sampler keeps its own copy "
                 "of the policy per run); run asynchronous cells unpacked"
             )
-        if cfg.rollout.sampler_backend == "vllm":
-            raise ValueError(
-                "rollout.sampler_backend: the vLLM engine does not serve a pack's adapters yet; "
-                "use the local sampler, or run engine cells unpacked"
-            )
         differs = incompatible_field(cfgs[0], cfg)
         if differs is not None:
             raise ValueError(
@@ -203,6 +212,7 @@ class _Trial:
     run: Run | None = None
     rng: RngStreams | None = None
     steps: Generator[int, None, None] | None = None
+    sampler: Sampler | None = None  # its view of the pack's engine (None: its own sampler)
     seconds: float = 0.0  # its own setup and turns (the shared setup is added at the end)
     result: RunResult | None = None
     warm: dict[str, torch.Tensor] = field(default_factory=dict)  # its adapter after warm start
@@ -228,6 +238,7 @@ def run_packed(cfgs: Sequence[RunConfig], hooks_per_trial: Sequence[Hooks]) -> l
         _Trial(i, cfg, hooks, adapter=f"trial{i}")
         for i, (cfg, hooks) in enumerate(zip(cfgs, hooks_per_trial, strict=True))
     ]
+    engine = _engine_views(trials, base)
     try:
         _open_trials(trials, base)
         shared = time.perf_counter() - t_start - sum(t.seconds for t in trials)
@@ -240,10 +251,38 @@ def run_packed(cfgs: Sequence[RunConfig], hooks_per_trial: Sequence[Hooks]) -> l
             if t.result is None:
                 _end(t, base.model, interrupted=reason)
     finally:
-        for t in trials:
-            if t.result is None:  # an error of the pack itself: still end what each trial holds
-                _end(t, base.model, interrupted="interrupted: the pack ended")
+        try:
+            for t in trials:
+                if t.result is None:  # an error of the pack itself: still end each trial
+                    _end(t, base.model, interrupted="interrupted: the pack ended")
+        finally:
+            if engine is not None:
+                engine.close()
     return [t.result for t in trials if t.result is not None]
+
+
+def _engine_views(trials: list[_Trial], base: Base) -> AdapterEngine | None:
+    """Under ``rollout.sampler_backend: vllm``: the pack's one engine (started at the first
+    load of any trial) and each trial's view of it, serving its adapter; None otherwise."""
+    cfg = trials[0].cfg
+    if cfg.rollout.sampler_backend != "vllm":
+        return None
+    # vLLM reseeds the process's random generators when it starts (from the engine seed, a base
+    # field), so an unpacked run's streams after its first rollout load are the reseeded ones.
+    # The trial whose load starts the engine gets that itself; every other trial is given the
+    # state the start left at its own first load, as its unpacked run's start would have.
+    after_start: list[RngStreams] = []
+    engine = pack_engine(
+        cfg,
+        base.device,
+        base.sample_kw,
+        len(trials),
+        on_start=lambda: after_start.append(RngStreams.capture()),
+        on_join=lambda: after_start[-1].restore(),
+    )
+    for t in trials:
+        t.sampler = AdapterSampler(engine, t.adapter, base.device, base.sample_kw)
+    return engine
 
 
 def _open_trials(trials: list[_Trial], base: Base) -> None:
@@ -305,7 +344,7 @@ def _turn(t: _Trial, model: Any) -> None:
     ended = False
     try:
         if t.steps is None:
-            t.steps = ppo_stepper(t.run)
+            t.steps = ppo_stepper(t.run, t.sampler)
         next(t.steps)
     except StopIteration:
         ended = True

@@ -24,6 +24,7 @@ from harness.sampling.decoders import _fast_path_ok
 from harness.sampling.local import LocalSampler
 from harness.sampling.local_steps import LocalStepSampler
 from harness.sampling.vllm import EngineHost
+from harness.sampling.vllm_adapters import AdapterEngine
 from harness.sampling.vllm_steps import EngineStepSampler
 
 if TYPE_CHECKING:
@@ -88,6 +89,36 @@ def make_sampler(
             sample_kw=sample_kw,
         )
     return local_sampler(cfg, device, learner, sample_kw)
+
+
+def pack_engine(
+    cfg: RunConfig,
+    device: torch.device,
+    sample_kw: dict[str, Any],
+    n_adapters: int,
+    *,
+    on_start: Callable[[], None] | None = None,
+    on_join: Callable[[], None] | None = None,
+) -> AdapterEngine:
+    """The one engine of a pack of LoRA runs under ``rollout.sampler_backend: vllm``, not
+    started: set up as :func:`make_sampler`'s (the settings are the pack's shared base fields),
+    serving up to ``n_adapters`` adapters of the configured rank; each run samples through an
+    :class:`~harness.sampling.vllm_adapters.AdapterSampler` over it."""
+    r = cfg.rollout
+    lora = cfg.model_options.lora
+    if lora is None:
+        raise ValueError("model_options.lora: the pack's engine serves LoRA adapters")
+    host = EngineHost(
+        device,
+        dtype=engine_dtype(r.sampler_dtype, cfg.model_options.dtype),
+        kv_cache_gib=r.engine_kv_cache_gib,
+        gpu_memory_utilization=r.engine_gpu_memory_utilization,
+        seed=cfg.seed,
+        max_positions=sample_kw.get("max_positions"),
+        max_loras=n_adapters,
+        max_lora_rank=lora.r,
+    )
+    return AdapterEngine(host, on_start=on_start, on_join=on_join)
 
 
 def rollout_params(cfg: RunConfig) -> SamplingParams:
@@ -168,6 +199,7 @@ __all__ = [
     "local_sampler",
     "local_step_sampler",
     "make_sampler",
+    "pack_engine",
     "sampler_autocast",
 ]
 

@@ -88,6 +88,8 @@ class EngineHost:
         gpu_memory_utilization: float = 0.3,
         seed: int = 0,
         max_positions: int | None = None,
+        max_loras: int = 0,
+        max_lora_rank: int = 0,
     ) -> None:
         self.device = device
         self.dtype = dtype
@@ -95,18 +97,22 @@ class EngineHost:
         self.gpu_memory_utilization = gpu_memory_utilization
         self.seed = seed
         self.max_positions = max_positions
+        # Serving LoRA adapters (max_loras > 0): the engine holds the base weights and applies
+        # up to max_loras adapters of rank <= max_lora_rank itself (sampling/vllm_adapters.py).
+        self.max_loras = max_loras
+        self.max_lora_rank = max_lora_rank
         self.llm: Any = None
         self.workdir: str | None = None
 
     def start(self, model: Any) -> None:
-        """Start the engine on ``model``'s weights (merged under LoRA); :class:`EngineError`
-        with the reason when it cannot."""
+        """Start the engine on ``model``'s weights (merged under LoRA, or the base alone when
+        it serves adapters); :class:`EngineError` with the reason when it cannot."""
         # Named after this process: a later run sweeps it if this one is killed (core.scratch).
         self.workdir = owned_temp_dir("harness-engine-")
         # The policy as a checkpoint the engine loads (merged under LoRA). Starting on dummy
         # weights and syncing afterwards was measured to leave the engine's log-probs ~0.9 off
         # the learner's on the tiny Llama; loading real weights first, then syncing, matches.
-        write_checkpoint(model, self.workdir)
+        write_checkpoint(model, self.workdir, merged=not self.max_loras)
         kwargs: dict[str, Any] = {
             "model": self.workdir,
             "skip_tokenizer_init": True,
@@ -120,6 +126,13 @@ class EngineHost:
         }
         if self.device.type == "cuda":
             kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
+        if self.max_loras:
+            kwargs |= {
+                "enable_lora": True,
+                "max_loras": self.max_loras,
+                "max_cpu_loras": self.max_loras,
+                "max_lora_rank": engine_lora_rank(self.max_lora_rank),
+            }
         try:
             # Quiet, and the process left as the run and later runs in it expect
             # (harness/sampling/vllm_host.py: the model classes, torch.set_num_threads).
@@ -221,6 +234,12 @@ class EngineSampler(Sampler):
         self.sync_seconds += seconds
 
     # ---- sampling
+    def lora_request(self) -> Any:
+        """The engine's LoRA adapter every row is sampled under (None: the engine's own
+        weights, merged under LoRA); a view over an engine that serves adapters names its
+        own (:class:`harness.sampling.vllm_adapters.AdapterSampler`)."""
+        return None
+
     def generate_ids(
         self,
         prompt_ids: list[list[int]],
@@ -231,6 +250,7 @@ class EngineSampler(Sampler):
         eos_token_ids: list[int],
     ) -> list[tuple[list[int], list[float]]]:
         """One request per row: its sampled token ids and their engine log-probs."""
+        lora = self.lora_request()
         params = [
             request_params(
                 max_tokens=max_new_tokens,
@@ -243,7 +263,10 @@ class EngineSampler(Sampler):
         try:
             with ENGINE_LOCK, self._eager():
                 outs = self._llm.generate(
-                    [{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False
+                    [{"prompt_token_ids": ids} for ids in prompt_ids],
+                    params,
+                    use_tqdm=False,
+                    **({"lora_request": lora} if lora is not None else {}),
                 )
         except Exception as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""
@@ -345,6 +368,22 @@ def request_params(
     )
 
 
+# The adapter ranks vLLM can be started for (its LoRAConfig takes no other max_lora_rank).
+ENGINE_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def engine_lora_rank(rank: int) -> int:
+    """The smallest rank the engine can be started for that holds adapters of rank ``rank``;
+    :class:`EngineError` beyond the largest."""
+    for r in ENGINE_LORA_RANKS:
+        if rank <= r:
+            return r
+    raise EngineError(
+        f"model_options.lora.r: the engine serves adapters of rank <= {ENGINE_LORA_RANKS[-1]}, "
+        f"not {rank}"
+    )
+
+
 @functools.cache
 def _top_k_minus_one() -> bool:
     """vLLM's "top-k off" value: 0 in recent releases, -1 in older ones."""
@@ -357,4 +396,11 @@ def _top_k_minus_one() -> bool:
         return True
 
 
-__all__ = ["EngineError", "EngineHost", "EngineSampler", "request_params"]
+__all__ = [
+    "ENGINE_LORA_RANKS",
+    "EngineError",
+    "EngineHost",
+    "EngineSampler",
+    "engine_lora_rank",
+    "request_params",
+]

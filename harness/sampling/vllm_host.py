@@ -238,11 +238,22 @@ def tied_output_weights(model: Any) -> set[str]:
     return {f"{name}.weight" for name, module in base.named_modules() if module is out}
 
 
-def engine_weights(model: Any) -> dict[str, torch.Tensor]:
+def _base_state(model: Any) -> dict[str, torch.Tensor]:
+    """The base model's own weights below ``model``'s LoRA adapters (none merged), under the
+    base model's parameter names."""
+    state = model.get_base_model().state_dict()
+    return {n.replace(".base_layer.", "."): t for n, t in state.items() if "lora_" not in n}
+
+
+def engine_weights(model: Any, *, merged: bool = True) -> dict[str, torch.Tensor]:
     """The weights the engine serves for ``model``: its state dict, or under LoRA the merged
-    weights, less a tied output embedding (:func:`tied_output_weights`). Float tensors only
+    weights (``merged=False``: the base weights alone, for an engine that applies the adapters
+    itself), less a tied output embedding (:func:`tied_output_weights`). Float tensors only
     (buffers such as RoPE tables are the engine's own)."""
-    state = _merged_lora_state(model) if is_lora(model) else model.state_dict()
+    if is_lora(model):
+        state = _merged_lora_state(model) if merged else _base_state(model)
+    else:
+        state = model.state_dict()
     tied = tied_output_weights(model)
     return {n: t.detach() for n, t in state.items() if t.is_floating_point() and n not in tied}
 
@@ -285,11 +296,17 @@ def served_base(model: Any) -> tuple[Any, str]:
 
 
 def write_checkpoint(
-    model: Any, workdir: str, *, dtype: str | None = None, tokenizer: Any = None
+    model: Any,
+    workdir: str,
+    *,
+    dtype: str | None = None,
+    tokenizer: Any = None,
+    merged: bool = True,
 ) -> None:
-    """The policy as a checkpoint directory the engine loads (merged weights under LoRA):
-    its config naming the served architecture (and ``dtype`` when given: an engine told no
-    dtype takes the checkpoint's), its generation config and ``tokenizer`` when given."""
+    """The policy as a checkpoint directory the engine loads (merged weights under LoRA, or
+    the base alone with ``merged=False``): its config naming the served architecture (and
+    ``dtype`` when given: an engine told no dtype takes the checkpoint's), its generation
+    config and ``tokenizer`` when given."""
     from safetensors.torch import save_file  # noqa: PLC0415 - only when the engine starts
 
     base, arch = served_base(model)
@@ -308,7 +325,8 @@ def write_checkpoint(
             gen.save_pretrained(workdir)
         tokenizer.save_pretrained(workdir)
     weights = {
-        n: t.detach().to("cpu").contiguous().clone() for n, t in engine_weights(model).items()
+        n: t.detach().to("cpu").contiguous().clone()
+        for n, t in engine_weights(model, merged=merged).items()
     }
     save_file(weights, os.path.join(workdir, "model.safetensors"))
 

@@ -3,7 +3,7 @@
 A worker claims a trial as always (:func:`harness.sweep.scheduler.trials.next_trial`), then up to
 K - 1 more WAITING trials that can share its base (:func:`claim_packmates`): their configs have
 the same :func:`harness.run.packing.pack_key` (model, task, rollout shape, seed, ...) and each
-can be packed at all (LoRA, the harness's trainer, no ``rollout.async``, no engine).  Fewer
+can be packed at all (LoRA, the harness's trainer, no ``rollout.async``).  Fewer
 compatible trials waiting: it takes what there is (K is a maximum).  An adaptive grid's held
 seeds stay held: a packmate must be released as the first trial was.
 
