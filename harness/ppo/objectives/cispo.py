@@ -31,11 +31,9 @@ class CISPOOptions(R.Options):
     "loses its gradient (MiniMax-M1, arXiv 2506.13585)",
     options=CISPOOptions,
     levels=("token", "sequence"),
-    stats={
-        "policy/silenced_frac": "0 (no token loses its gradient)",
-        "policy/reweighted_frac": "tokens whose IS weight was capped",
-        "policy/gate_mean": "the capped IS weight r̂",
-    },
+    silenced="0 (no token loses its gradient)",
+    reweighted="tokens whose IS weight was capped",
+    gate="the capped IS weight r̂",
     defaults_source="TRL/ScaleRL",
     trl=R.Peer(
         "cispo",

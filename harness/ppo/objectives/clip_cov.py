@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from harness.ppo.objectives import frame as F
 from harness.ppo.objectives import registry as R
-from harness.ppo.objectives.covariance import covariance, n_selected
+from harness.ppo.objectives.covariance import cov_stats, covariance, n_selected
 from harness.ppo.objectives.ppo import ppo_clip_terms
 
 
@@ -39,9 +38,9 @@ class ClipCovOptions(R.Options):
     "(arXiv 2505.22617)",
     options=ClipCovOptions,
     clip=True,
+    silenced="tokens the clip, the dual clip or the covariance draw silenced",
+    reweighted="0",
     stats={
-        "policy/silenced_frac": "tokens the clip, the dual clip or the covariance draw silenced",
-        "policy/reweighted_frac": "0",
         "policy/cov_selected": "tokens detached per optimizer step",
         "policy/cov_candidates": "tokens inside the band (cov_lb, cov_ub) and not clipped",
         "policy/cov_threshold": "the smallest covariance among the detached tokens",
@@ -68,8 +67,7 @@ def clip_cov_terms(p: F.PolicyInputs, o: ClipCovOptions, ctx: F.Context) -> F.Te
     drawn), floats ``cov_selected``, ``cov_candidates`` and ``cov_threshold`` (the smallest drawn
     covariance, NaN when none was drawn).
     """
-    c = ctx.clip
-    pg, clip_mask, dual_clip_mask = ppo_clip_terms(p, c.eps_clip, c.eps_clip_higher, c.c_clip)
+    pg, clip_mask, dual_clip_mask = ppo_clip_terms(p, ctx.clip)
     cov = covariance(p)
     cand = p.m_loss & ~clip_mask & ~dual_clip_mask & (cov > o.cov_lb) & (cov < o.cov_ub)
     idx = torch.nonzero(cand.flatten()).flatten()
@@ -85,12 +83,7 @@ def clip_cov_terms(p: F.PolicyInputs, o: ClipCovOptions, ctx: F.Context) -> F.Te
         clip_mask=clip_mask,
         dual_clip_mask=dual_clip_mask,
         silenced=clip_mask | dual_clip_mask | cov_mask,
-        extra={
-            "cov_mask": cov_mask,
-            "cov_selected": float(k),
-            "cov_candidates": float(idx.numel()),
-            "cov_threshold": float(cov[cov_mask].min()) if k > 0 else math.nan,
-        },
+        extra={**cov_stats(cov, cov_mask, k), "cov_candidates": float(idx.numel())},
     )
 
 

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from harness.ppo.objectives.frame import PolicyInputs
+from harness.ppo.objectives.frame import PolicyInputs, Stats
 
 
 def covariance(p: PolicyInputs) -> torch.Tensor:
@@ -21,6 +21,16 @@ def covariance(p: PolicyInputs) -> torch.Tensor:
     l_mean = torch.where(ml, lt, zero).sum() / n
     cov = (a - a_mean) * (lt - l_mean)
     return torch.where(ml, cov, torch.full((), -math.inf, dtype=torch.float64))
+
+
+def cov_stats(cov: torch.Tensor, cov_mask: torch.Tensor, k: int) -> Stats:
+    """The stats both report on their ``k`` selected tokens ``cov_mask``: the mask, their count
+    and the smallest covariance among them (NaN when none was selected)."""
+    return {
+        "cov_mask": cov_mask,
+        "cov_selected": float(k),
+        "cov_threshold": float(cov[cov_mask].min()) if k > 0 else math.nan,
+    }
 
 
 def n_selected(ratio: float, n_valid: int) -> int:

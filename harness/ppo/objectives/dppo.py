@@ -96,10 +96,10 @@ def binary_kl(
     summary="a trust region on the divergence (binary TV or KL) of the sampled token's "
     "probability instead of the ratio clip: −A·r inside it, 0 outside (arXiv 2602.04879)",
     options=DPPOOptions,
+    silenced="tokens outside the trust region (dropped)",
+    reweighted="kept tokens with r > ratio_cap under surrogate truncated_is "
+    "(verl's pg_clipfrac_lower); 0 under ratio",
     stats={
-        "policy/silenced_frac": "tokens outside the trust region (dropped)",
-        "policy/reweighted_frac": "kept tokens with r > ratio_cap under surrogate truncated_is "
-        "(verl's pg_clipfrac_lower); 0 under ratio",
         "policy/clipfrac": "tokens outside the trust region (SkyRL's clip_ratio)",
         "policy/clipfrac_low": "dropped tokens with A < 0 (prime-rl's is_masked_low)",
         "policy/clipfrac_high": "dropped tokens with A > 0 (prime-rl's is_masked_high)",
@@ -160,12 +160,11 @@ def dppo_terms(p: F.PolicyInputs, o: DPPOOptions, ctx: F.Context) -> F.Terms:
     """
     lo, hi = o.deltas()
     anchor = (p.old if o.anchor == "behaviour" else p.prox).detach()
-    # Padding may hold any value (−inf log-probs included): only valid tokens enter the ratio.
-    log_r = torch.where(p.m, p.logprobs - anchor, p.zero)
+    log_r = p.on_valid(p.logprobs - anchor)
     r = torch.exp(log_r.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
     with torch.no_grad():
-        l_theta = torch.where(p.m, p.logprobs.detach(), p.zero)
-        l_mu = torch.where(p.m, anchor, p.zero)
+        l_theta = p.on_valid(p.logprobs.detach())
+        l_mu = p.on_valid(anchor)
         p_theta, p_mu = l_theta.exp(), l_mu.exp()
         d = p_theta - p_mu
         pos, neg = p.adv > 0, p.adv < 0
@@ -181,7 +180,7 @@ def dppo_terms(p: F.PolicyInputs, o: DPPOOptions, ctx: F.Context) -> F.Terms:
         pg = torch.where(drop, p.zero, -p.adv * r)
         return F.Terms(pg if drift is None else pg + drift, clip_mask=drop, silenced=drop)
     r_hat = r.detach().clamp(max=o.cap())
-    lt = torch.where(p.m, p.logprobs, p.zero)
+    lt = p.on_valid(p.logprobs)
     pg = torch.where(drop, p.zero, -p.adv * r_hat * lt)
     capped = (r.detach() > o.cap()) & p.m & ~drop
     if drift is not None:

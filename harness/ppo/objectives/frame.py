@@ -69,6 +69,11 @@ class PolicyInputs:
     def zero(self) -> torch.Tensor:
         return torch.zeros((), dtype=self.logprobs.dtype, device=self.logprobs.device)
 
+    def on_valid(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` on the valid tokens (m), 0 elsewhere: padding may hold any log-prob (−inf
+        included), so a product, a sum or an exp of log-probs only ever sees valid tokens."""
+        return torch.where(self.m, x, self.zero)
+
 
 @dataclass
 class Terms:

@@ -29,11 +29,9 @@ class GMPOOptions(R.Options):
     summary="geometric mean of the sequence's token ratios, clipped sign-aware in log space "
     "(arXiv 2507.20673)",
     options=GMPOOptions,
-    stats={
-        "policy/silenced_frac": "tokens whose log-space clip binds",
-        "policy/reweighted_frac": "0",
-        "policy/gate_mean": "the clipped sequence ratio ρ_i",
-    },
+    silenced="tokens whose log-space clip binds",
+    reweighted="0",
+    gate="the clipped sequence ratio ρ_i",
     defaults_source="paper",
     verl=R.Peer("geo_mean", options=None),
     renamed={"gmpo_log_clip": "log_clip", "gmpo_log_clip_higher": "log_clip_higher"},

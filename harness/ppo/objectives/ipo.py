@@ -38,9 +38,9 @@ class IPOOptions(R.Options):
     summary="prime-rl's ipo: −A·r on tokens with \\|p_θ − p_b\\| ≤ threshold, 0 elsewhere, plus "
     "kl_tau·(log r)² on every token (r against the sampler)",
     options=IPOOptions,
+    silenced="tokens outside the trust region (prime-rl's is_masked)",
+    reweighted="0 (the drift penalty acts on every token)",
     stats={
-        "policy/silenced_frac": "tokens outside the trust region (prime-rl's is_masked)",
-        "policy/reweighted_frac": "0 (the drift penalty acts on every token)",
         "policy/clipfrac": "tokens outside the trust region (prime-rl's is_masked)",
         "policy/ipo_drift": "mean over valid tokens of (ℓθ − ℓb)², the drift term before kl_tau",
     },
@@ -69,11 +69,10 @@ def ipo_terms(p: F.PolicyInputs, o: IPOOptions, ctx: F.Context) -> F.Terms:
     term); this follows the ``ipo_threshold`` / ``kl_tau`` release.  prime-rl's ``is_masked``
     metric is ``policy/clipfrac`` here.
     """
-    # Padding may hold any log-prob (−inf included): only valid tokens enter the ratio.
-    log_r = torch.where(p.m, p.logprobs - p.old.detach(), p.zero)
+    log_r = p.on_valid(p.logprobs - p.old.detach())
     r = torch.exp(log_r)
     with torch.no_grad():
-        d = torch.where(p.m, p.logprobs.detach().exp() - p.old.detach().exp(), p.zero)
+        d = p.on_valid(p.logprobs.detach().exp() - p.old.detach().exp())
         drop = (d.abs() > o.threshold) & p.m
         n = max(int(p.m.sum()), 1)
         drift = float((log_r.detach() ** 2).sum()) / n

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from harness.ppo.objectives import frame as F
 from harness.ppo.objectives import registry as R
 
@@ -25,10 +23,8 @@ class Kimi15Options(R.Options):
     summary="Kimi k1.5: −A·log π + (τ/2)·(log π − log π_old)², no ratio and no clip "
     "(arXiv 2501.12599; ROLL pg_variant kimi15)",
     options=Kimi15Options,
-    stats={
-        "policy/silenced_frac": "0 (nothing is silenced)",
-        "policy/reweighted_frac": "0 (the penalty acts on every token)",
-    },
+    silenced="0 (nothing is silenced)",
+    reweighted="0 (the penalty acts on every token)",
     defaults_source="ROLL (kimi15_tau 0.1)",
 )
 def kimi15_terms(p: F.PolicyInputs, o: Kimi15Options, ctx: F.Context) -> F.Terms:
@@ -47,8 +43,8 @@ def kimi15_terms(p: F.PolicyInputs, o: Kimi15Options, ctx: F.Context) -> F.Terms
     ``old_log_probs`` are the training engine's recompute before the update (``ppo.
     recompute_logprob`` or the decoupled loss here).
     """
-    lt = torch.where(p.m, p.logprobs, p.zero)
-    prox = torch.where(p.m, p.prox, p.zero)
+    lt = p.on_valid(p.logprobs)
+    prox = p.on_valid(p.prox)
     d = lt - prox
     return F.Terms(-p.adv * lt + 0.5 * o.tau * d * d)
 

@@ -9,7 +9,7 @@ import torch
 
 from harness.ppo.objectives import frame as F
 from harness.ppo.objectives import registry as R
-from harness.ppo.objectives.covariance import covariance, n_selected
+from harness.ppo.objectives.covariance import cov_stats, covariance, n_selected
 
 
 @dataclass(frozen=True)
@@ -31,9 +31,9 @@ class KLCovOptions(R.Options):
     rank=5,
     summary="no clip; a KL penalty coef·\\|log r\\| on the top-covariance tokens (arXiv 2505.22617)",
     options=KLCovOptions,
+    silenced="0 (nothing is silenced)",
+    reweighted="the KL-penalised tokens",
     stats={
-        "policy/silenced_frac": "0 (nothing is silenced)",
-        "policy/reweighted_frac": "the KL-penalised tokens",
         "policy/cov_selected": "tokens penalised per optimizer step",
         "policy/cov_threshold": "the top-k covariance cut-off",
         "policy/cov_penalty_kl": "mean \\|log π_θ − log π_prox\\| on the penalised tokens",
@@ -66,9 +66,7 @@ def kl_cov_terms(p: F.PolicyInputs, o: KLCovOptions, ctx: F.Context) -> F.Terms:
         pg,
         reweighted=cov_mask,
         extra={
-            "cov_mask": cov_mask,
-            "cov_selected": float(k),
-            "cov_threshold": float(cov[cov_mask].min()) if k > 0 else math.nan,
+            **cov_stats(cov, cov_mask, k),
             "cov_penalty_kl": float(abs_kl.mean()) if k > 0 else math.nan,
         },
     )

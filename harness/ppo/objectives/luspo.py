@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from harness.ppo.objectives import frame as F
 from harness.ppo.objectives import registry as R
-from harness.ppo.objectives.ppo import ppo_clip_terms
+from harness.ppo.objectives.ppo import ppo_clip
 
 
 @R.register(
@@ -15,11 +15,9 @@ from harness.ppo.objectives.ppo import ppo_clip_terms
     clip=True,
     levels=("sequence", "token"),
     aggregations=("seq-mean-token-sum",),
-    stats={
-        "policy/silenced_frac": "tokens where the clip or the dual clip binds (at sequence "
-        "level every token of a clipped sequence)",
-        "policy/reweighted_frac": "0 (nothing is re-weighted)",
-    },
+    silenced="tokens where the clip or the dual clip binds (at sequence "
+    "level every token of a clipped sequence)",
+    reweighted="0 (nothing is re-weighted)",
     defaults_source="TRL; set importance_sampling_level: sequence as TRL recommends",
     trl=R.Peer("luspo", aggregations=("seq-mean-token-sum",)),
     # verl spells it as its PPO / GSPO loss under loss_agg_mode seq-mean-token-sum
@@ -47,9 +45,7 @@ def luspo_terms(p: F.PolicyInputs, options: None, ctx: F.Context) -> F.Terms:
     enters as its sequence mean at sequence level (TRL's advantages are per sequence already).
     Stats as PPO-clip.
     """
-    c = ctx.clip
-    pg, clip_mask, dual_clip_mask = ppo_clip_terms(p, c.eps_clip, c.eps_clip_higher, c.c_clip)
-    return F.Terms(pg, clip_mask=clip_mask, dual_clip_mask=dual_clip_mask)
+    return ppo_clip(p, ctx.clip)
 
 
 luspo_loss = R.loss_function(luspo_terms)

@@ -51,12 +51,12 @@ def m2_keep(second_moment: torch.Tensor, valid: torch.Tensor, threshold: float) 
     "denominator (arXiv 2510.01161)",
     options=M2POOptions,
     clip=True,
+    silenced="tokens the second-moment mask dropped, or where the clip or the "
+    "dual clip binds on a kept token",
+    reweighted="0 (nothing is re-weighted)",
     stats={
-        "policy/silenced_frac": "tokens the second-moment mask dropped, or where the clip or the "
-        "dual clip binds on a kept token",
-        "policy/reweighted_frac": "0 (nothing is re-weighted)",
         "policy/clipfrac": "kept tokens where the PPO clip binds (dropped tokens count as "
-        "unclipped, as in AReaL)",
+        "unclipped, as in AReaL)"
     },
     defaults_source="AReaL's gsm8k_m2po example",
     areal=R.Peer(
@@ -92,8 +92,7 @@ def m2po_terms(p: F.PolicyInputs, o: M2POOptions, ctx: F.Context) -> F.Terms:
     with torch.no_grad():
         second_moment = (p.old.detach() - p.prox) ** 2
         keep = m2_keep(second_moment, p.m, o.threshold)
-    c = ctx.clip
-    pg, clip_mask, dual_clip_mask = ppo_clip_terms(p, c.eps_clip, c.eps_clip_higher, c.c_clip)
+    pg, clip_mask, dual_clip_mask = ppo_clip_terms(p, ctx.clip)
     clip_mask, dual_clip_mask = clip_mask & keep, dual_clip_mask & keep
     silenced = (clip_mask | dual_clip_mask | ~keep) & p.m
     return F.Terms(

@@ -6,12 +6,15 @@ import torch
 
 from harness.ppo.objectives import frame as F
 from harness.ppo.objectives import registry as R
+from harness.ppo.objectives.loss_options import ClipOptions
 
 
 def ppo_clip_terms(
-    p: F.PolicyInputs, eps_clip: float, eps_clip_higher: float | None, c_clip: float | None
+    p: F.PolicyInputs, clip: ClipOptions
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-token PPO-clip loss L (before the behaviour weight), clip_mask and dual_clip_mask."""
+    """Per-token PPO-clip loss L (before the behaviour weight), clip_mask and dual_clip_mask
+    (the equations are ``ppo_terms``'s)."""
+    eps_clip, eps_clip_higher, c_clip = clip.eps_clip, clip.eps_clip_higher, clip.c_clip
     adv, ratio = p.adv, p.ratio
     eps_hi = eps_clip if eps_clip_higher is None else eps_clip_higher
     clipped_ratio = ratio.clamp(1.0 - eps_clip, 1.0 + eps_hi)
@@ -28,6 +31,13 @@ def ppo_clip_terms(
     return pg, clip_mask, dual_clip_mask
 
 
+def ppo_clip(p: F.PolicyInputs, clip: ClipOptions) -> F.Terms:
+    """PPO-clip's ``Terms``: its loss, stats as its clip and dual clip masks
+    (``ppo_clip_terms``)."""
+    pg, clip_mask, dual_clip_mask = ppo_clip_terms(p, clip)
+    return F.Terms(pg, clip_mask=clip_mask, dual_clip_mask=dual_clip_mask)
+
+
 @R.register(
     "ppo",
     rank=0,
@@ -35,10 +45,8 @@ def ppo_clip_terms(
     "(`importance_sampling_level: sequence`)",
     clip=True,
     levels=("token", "sequence"),
-    stats={
-        "policy/silenced_frac": "tokens where the clip or the dual clip binds",
-        "policy/reweighted_frac": "0 (nothing is re-weighted)",
-    },
+    silenced="tokens where the clip or the dual clip binds",
+    reweighted="0 (nothing is re-weighted)",
     defaults_source="DAPO clip-higher 0.28, dual clip 3",
     trl=R.Peer("", note="the clip losses above"),
     verl=R.Peer("vanilla", levels={"sequence": "gspo"}),
@@ -80,9 +88,7 @@ def ppo_terms(p: F.PolicyInputs, options: None, ctx: F.Context) -> F.Terms:
     behave_mask) and the float ``filtered_fraction``; and ``silenced_mask`` (clip ∪ dual clip),
     ``reweighted_mask`` (none).
     """
-    c = ctx.clip
-    pg, clip_mask, dual_clip_mask = ppo_clip_terms(p, c.eps_clip, c.eps_clip_higher, c.c_clip)
-    return F.Terms(pg, clip_mask=clip_mask, dual_clip_mask=dual_clip_mask)
+    return ppo_clip(p, ctx.clip)
 
 
 ppo_actor_loss = R.loss_function(ppo_terms)

@@ -152,14 +152,35 @@ class Objective:
 OBJECTIVES: dict[str, Objective] = {}
 
 
-def register(name: str, **declaration: Any) -> Callable[[TermsFn], Objective]:
+# The step metrics ``finish`` derives for every objective from its ``Terms`` (``silenced``,
+# ``reweighted``, ``gate``): ``register`` takes what they mean under the objective by these names.
+FRAME_STATS = {
+    "silenced": "policy/silenced_frac",
+    "reweighted": "policy/reweighted_frac",
+    "gate": "policy/gate_mean",
+}
+
+
+def register(
+    name: str,
+    *,
+    silenced: str | None = None,
+    reweighted: str | None = None,
+    gate: str | None = None,
+    stats: Mapping[str, str] | None = None,
+    **declaration: Any,
+) -> Callable[[TermsFn], Objective]:
     """Decorator on an objective's ``terms(p, options, ctx) -> Terms``: declares and registers
-    it (the keywords are ``Objective``'s fields) and returns the ``Objective``."""
+    it (the keywords are ``Objective``'s fields) and returns the ``Objective``.  ``silenced``,
+    ``reweighted`` and ``gate`` say what the frame's metrics of the same names
+    (``FRAME_STATS``) mean under it; ``stats`` its own further metrics, listed after them."""
+    meanings = {"silenced": silenced, "reweighted": reweighted, "gate": gate}
+    declared = {FRAME_STATS[k]: v for k, v in meanings.items() if v is not None}
 
     def deco(terms: TermsFn) -> Objective:
         if name in OBJECTIVES:
             raise ValueError(f"policy objective {name!r} is registered twice")
-        spec = Objective(name=name, terms=terms, **declaration)
+        spec = Objective(name=name, terms=terms, stats={**declared, **(stats or {})}, **declaration)
         if spec.options is not None:
             if not (dataclasses.is_dataclass(spec.options) and issubclass(spec.options, Options)):
                 raise TypeError(f"{name}: options must be a dataclass subclassing Options")

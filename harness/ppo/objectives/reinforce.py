@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from harness.ppo.objectives import frame as F
 from harness.ppo.objectives import registry as R
 
@@ -13,10 +11,8 @@ from harness.ppo.objectives import registry as R
     rank=10,
     summary="REINFORCE −A·log π: no ratio, no clip; the trust region is the correction's ρ "
     "alone (verl bypass_mode with rollout_correction.loss_type reinforce)",
-    stats={
-        "policy/silenced_frac": "0 (nothing is silenced)",
-        "policy/reweighted_frac": "0 (the correction's ρ is reported as policy/behave_weight_*)",
-    },
+    silenced="0 (nothing is silenced)",
+    reweighted="0 (the correction's ρ is reported as policy/behave_weight_*)",
     # verl's gpg loss is −A·log π (times rollout_is_weights); under bypass its bypass_mode
     # loss with rollout_correction.loss_type reinforce is the same.
     verl=R.Peer("gpg"),
@@ -38,8 +34,7 @@ def reinforce_terms(p: F.PolicyInputs, o: None, ctx: F.Context) -> F.Terms:
     20}`` it is verl's token form, which equals ``policy_loss: cispo`` (ratio_max C) under
     ``correction: bypass``.  Nothing is clipped, silenced or re-weighted by the objective.
     """
-    # Padding may hold any log-prob (−inf included): only valid tokens enter the loss.
-    lt = torch.where(p.m, p.logprobs, p.zero)
+    lt = p.on_valid(p.logprobs)
     return F.Terms(-p.adv * lt)
 
 

@@ -26,11 +26,9 @@ class SAPOOptions(R.Options):
     summary="smooth gate −(4/τ)σ(τ(r−1))·A, τ by the sign of A (arXiv 2511.20347)",
     options=SAPOOptions,
     levels=("token", "sequence"),
-    stats={
-        "policy/silenced_frac": "0 (nothing is silenced)",
-        "policy/reweighted_frac": "tokens whose gradient weight 4σ(1−σ) is below 0.5",
-        "policy/gate_mean": "the gradient weight 4σ(1−σ) (1 = unclipped)",
-    },
+    silenced="0 (nothing is silenced)",
+    reweighted="tokens whose gradient weight 4σ(1−σ) is below 0.5",
+    gate="the gradient weight 4σ(1−σ) (1 = unclipped)",
     defaults_source="TRL",
     trl=R.Peer(
         "sapo",

@@ -27,11 +27,9 @@ class TOPROptions(R.Options):
     summary="TOPR: −A·log π on rows with A > 0 (no ratio), −sg(clip(r, 0, 1))·A·log π on the "
     "others (arXiv 2503.14286; ROLL pg_variant topr)",
     options=TOPROptions,
-    stats={
-        "policy/silenced_frac": "0 (nothing is silenced)",
-        "policy/reweighted_frac": "tokens of the other rows whose ratio the taper cut (r > 1)",
-        "policy/gate_mean": "the per-token weight: 1 on positive rows, min(r, 1) on the others",
-    },
+    silenced="0 (nothing is silenced)",
+    reweighted="tokens of the other rows whose ratio the taper cut (r > 1)",
+    gate="the per-token weight: 1 on positive rows, min(r, 1) on the others",
     defaults_source="ROLL (topr_positive_weight 1, topr_negative_weight 1)",
 )
 def topr_terms(p: F.PolicyInputs, o: TOPROptions, ctx: F.Context) -> F.Terms:
@@ -56,9 +54,9 @@ def topr_terms(p: F.PolicyInputs, o: TOPROptions, ctx: F.Context) -> F.Terms:
     either branch); with graded rewards a below-mean positive reward is a negative row here and
     a positive one in ROLL.
     """
-    lt = torch.where(p.m, p.logprobs, p.zero)
+    lt = p.on_valid(p.logprobs)
     positive = (row_mean(p.adv, p.m) > 0).expand_as(p.m)
-    r = torch.exp(torch.where(p.m, p.logprobs.detach() - p.prox, p.zero))
+    r = torch.exp(p.on_valid(p.logprobs.detach() - p.prox))
     taper = r.clamp(0.0, 1.0)
     gate = torch.where(positive, torch.ones_like(taper), taper)
     weight = torch.where(positive, o.positive_weight, o.negative_weight)

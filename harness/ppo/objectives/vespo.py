@@ -94,11 +94,9 @@ def gamma_weight(log_w: torch.Tensor, k: torch.Tensor, lam: torch.Tensor) -> tor
     summary="REINFORCE −sg(φ(W))·A·log π with a gamma weight φ(W) = e^λ·W^k·e^(−λW) of the "
     "sequence ratio W = exp(Σ log r), (k, λ) by the sign of A (arXiv 2602.10693)",
     options=VESPOOptions,
-    stats={
-        "policy/silenced_frac": "tokens whose sequence weight φ underflowed to 0",
-        "policy/reweighted_frac": "tokens whose sequence weight φ is below 0.5",
-        "policy/gate_mean": "the gamma weight φ(W) of the token's sequence (φ(1) = 1)",
-    },
+    silenced="tokens whose sequence weight φ underflowed to 0",
+    reweighted="tokens whose sequence weight φ is below 0.5",
+    gate="the gamma weight φ(W) of the token's sequence (φ(1) = 1)",
     defaults_source="TRL",
     trl=R.Peer(
         "vespo",
@@ -151,7 +149,7 @@ def vespo_terms(p: F.PolicyInputs, o: VESPOOptions, ctx: F.Context) -> F.Terms:
     Stats: ``gate`` = φ broadcast to the row's tokens; ``silenced_mask`` = tokens with φ = 0
     (e.g. a row with log W at a clamp bound and a large λ); ``reweighted_mask`` = φ < 0.5.
     """
-    log_r = torch.where(p.m, p.log_ratio.detach(), p.zero)
+    log_r = p.on_valid(p.log_ratio.detach())
     log_r = log_r.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
     log_w = log_r.sum(dim=-1, keepdim=True)
     fold = o.behaviour_weight == "fold"
@@ -166,8 +164,7 @@ def vespo_terms(p: F.PolicyInputs, o: VESPOOptions, ctx: F.Context) -> F.Terms:
     k = torch.where(nonneg, o.k_pos, o.k_neg).to(log_w.dtype)
     lam = torch.where(nonneg, o.lambda_pos, o.lambda_neg).to(log_w.dtype).clamp(min=_LAMBDA_MIN)
     phi = gamma_weight(log_w, k, lam)
-    # Padding may hold any log-prob (−inf included): only valid tokens enter the product.
-    lt = torch.where(p.m, p.logprobs, p.zero)
+    lt = p.on_valid(p.logprobs)
     return F.Terms(
         -phi * p.adv * lt,
         silenced=phi == 0,
