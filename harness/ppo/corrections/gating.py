@@ -17,42 +17,46 @@ from __future__ import annotations
 from harness.ppo.corrections.registry import Preset, preset
 from harness.ppo.corrections.spec import Correction, Filter
 
-_OPENRLHF = (
-    "`is_correction_level=token`, `is_correction_mode=mask`, `is_correction_gating={gating}`, "
-    "`is_correction_threshold={threshold}` (`openrlhf/models/loss.py` PolicyLoss)"
-)
+# OpenRLHF's ``is_correction_gating`` of each filter metric.
+_GATING = {"ratio": "ratio", "tv": "tv", "binary_kl_directed": "binary_kl"}
 
-preset(
-    Preset(
-        "openrlhf_ratio",
-        "OpenRLHF's ratio gate: tokens whose w leaves [0.5, 5] get weight 0, survivors weigh w",
-        "ρ_t = w_t if 0.5 ≤ w_t ≤ 5 else 0 (unclipped; pre-filter denominators)",
-        Correction(weight="token", filters=(Filter(metric="ratio", lower=0.5, upper=5.0),)),
-        peers={"OpenRLHF": _OPENRLHF.format(gating="ratio", threshold="[0.5, 5.0]")},
-        rank=40,
-    )
-)
 
-preset(
-    Preset(
-        "openrlhf_tv",
-        "OpenRLHF's TV trust region: tokens with abs(p_p − p_b) > 0.2 get weight 0, survivors "
-        "weigh w",
-        "ρ_t = w_t if abs(p̃_p − p̃_b) ≤ 0.2 else 0, p̃ = clamp(p, 1e-6, 1 − 1e-6)",
-        Correction(weight="token", filters=(Filter(metric="tv", upper=0.2),)),
-        peers={"OpenRLHF": _OPENRLHF.format(gating="tv", threshold="[0, 0.2]")},
-        rank=41,
+def _gate(summary: str, formula: str, gate: Filter, rank: int) -> Preset:
+    """``openrlhf_<gating>``: ρ = w_t on the tokens ``gate`` keeps, OpenRLHF's settings for it."""
+    gating = _GATING[gate.metric]
+    threshold = f"[{gate.lower or 0}, {gate.upper}]"
+    return preset(
+        Preset(
+            f"openrlhf_{gating}",
+            summary,
+            formula,
+            Correction(weight="token", filters=(gate,)),
+            peers={
+                "OpenRLHF": "`is_correction_level=token`, `is_correction_mode=mask`, "
+                f"`is_correction_gating={gating}`, `is_correction_threshold={threshold}` "
+                "(`openrlhf/models/loss.py` PolicyLoss)"
+            },
+            rank=rank,
+        )
     )
-)
 
-preset(
-    Preset(
-        "openrlhf_binary_kl",
-        "OpenRLHF's binary-KL trust region: tokens with KL(Bern(p_b)‖Bern(p_p)) > 0.05 get "
-        "weight 0, survivors weigh w",
-        "ρ_t = w_t if p̃_b log(p̃_b/p̃_p) + (1 − p̃_b) log((1 − p̃_b)/(1 − p̃_p)) ≤ 0.05 else 0",
-        Correction(weight="token", filters=(Filter(metric="binary_kl_directed", upper=0.05),)),
-        peers={"OpenRLHF": _OPENRLHF.format(gating="binary_kl", threshold="[0, 0.05]")},
-        rank=42,
-    )
+
+_gate(
+    "OpenRLHF's ratio gate: tokens whose w leaves [0.5, 5] get weight 0, survivors weigh w",
+    "ρ_t = w_t if 0.5 ≤ w_t ≤ 5 else 0 (unclipped; pre-filter denominators)",
+    Filter(metric="ratio", lower=0.5, upper=5.0),
+    rank=40,
+)
+_gate(
+    "OpenRLHF's TV trust region: tokens with abs(p_p − p_b) > 0.2 get weight 0, survivors weigh w",
+    "ρ_t = w_t if abs(p̃_p − p̃_b) ≤ 0.2 else 0, p̃ = clamp(p, 1e-6, 1 − 1e-6)",
+    Filter(metric="tv", upper=0.2),
+    rank=41,
+)
+_gate(
+    "OpenRLHF's binary-KL trust region: tokens with KL(Bern(p_b)‖Bern(p_p)) > 0.05 get "
+    "weight 0, survivors weigh w",
+    "ρ_t = w_t if p̃_b log(p̃_b/p̃_p) + (1 − p̃_b) log((1 − p̃_b)/(1 − p̃_p)) ≤ 0.05 else 0",
+    Filter(metric="binary_kl_directed", upper=0.05),
+    rank=42,
 )

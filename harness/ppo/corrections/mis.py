@@ -2,29 +2,26 @@
 
 from __future__ import annotations
 
-from harness.ppo.corrections.registry import Preset, preset
+from functools import partial
+
+from harness.ppo.corrections.registry import Preset, level_preset, preset
 from harness.ppo.corrections.spec import Correction
 
-preset(
-    Preset(
-        "token_mis",
-        "token-level masked IS (TRL token_mask)",
-        "ρ_t = w_t if w_t ≤ 3 else 0",
-        Correction(weight="token", clip_max=3.0, zero_outside=True),
-        peers={"TRL": "`vllm_importance_sampling_mode=token_mask`, `clip_max=3.0`"},
-        rank=2,
-    )
-)
 
-preset(
-    Preset(
-        "seq_mis",
-        "sequence-level masked IS (TRL's default mode sequence_mask)",
-        "ρ_i = ∏_t w_t if ∏_t w_t ≤ 3 else 0",
-        Correction(weight="sequence_product", clip_max=3.0, zero_outside=True),
-        peers={"TRL": "`vllm_importance_sampling_mode=sequence_mask`, `clip_max=3.0` (default)"},
-        rank=3,
-    )
+def _peers(level: str, prefix: str) -> dict[str, str]:
+    """TRL at C = 3, its default (sequence_mask is its default mode)."""
+    default = " (default)" if level == "sequence" else ""
+    return {"TRL": f"`vllm_importance_sampling_mode={level}_mask`, `clip_max=3.0`{default}"}
+
+
+_mis = partial(level_preset, "mis", peers=_peers, clip_max=3.0, zero_outside=True)
+
+_mis("token", "token-level masked IS (TRL token_mask)", "ρ_t = w_t if w_t ≤ 3 else 0", rank=2)
+_mis(
+    "sequence",
+    "sequence-level masked IS (TRL's default mode sequence_mask)",
+    "ρ_i = ∏_t w_t if ∏_t w_t ≤ 3 else 0",
+    rank=3,
 )
 
 preset(

@@ -3,8 +3,8 @@ rows the current policy has moved far from, judged per micro-batch against sg(�
 
 from __future__ import annotations
 
-from harness.ppo.corrections.registry import Preset, preset
-from harness.ppo.corrections.spec import Correction, Filter
+from harness.ppo.corrections.registry import Preset, preset, row_filter
+from harness.ppo.corrections.spec import Correction
 
 preset(
     Preset(
@@ -13,14 +13,7 @@ preset(
         "keep_i ⟺ A_i ≥ 0 ∨ mean_t M(ℓb − sg(ℓθ)) ≤ 0.5 (evaluated in the loss, per micro-batch)",
         Correction(
             filters=(
-                Filter(
-                    level="sequence",
-                    metric="k1",
-                    agg="mean",
-                    upper=0.5,
-                    reference="current",
-                    negative_advantage_only=True,
-                ),
+                row_filter("k1", upper=0.5, reference="current", negative_advantage_only=True),
             )
         ),
         peers={"TRL": "`off_policy_mask_threshold=0.5`"},

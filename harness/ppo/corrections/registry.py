@@ -6,12 +6,12 @@ exports the same way)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from harness.core.configtools import to_dict
-from harness.ppo.corrections.spec import Correction
+from harness.ppo.corrections.spec import Correction, Filter, Weight
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,47 @@ def preset(p: Preset) -> Preset:
     PRESETS.clear()
     PRESETS.update((x.name, x) for x in ranked)
     return p
+
+
+# A weight's two levels as the peers spell them (TRL's ``vllm_importance_sampling_mode``, verl's
+# ``rollout_is``, SkyRL's ``tis_ratio_type``) → the prefix of the preset's name and its weight.
+LEVELS: dict[str, tuple[str, Weight]] = {
+    "token": ("token", "token"),
+    "sequence": ("seq", "sequence_product"),
+}
+
+
+def level_preset(
+    family: str,
+    level: str,
+    summary: str,
+    formula: str,
+    rank: int,
+    *,
+    peers: Callable[[str, str], Mapping[str, str]],
+    **correction: Any,
+) -> Preset:
+    """Register ``<prefix>_<family>``: the family's ``correction`` with the weight of ``level``
+    (``LEVELS``), its peer settings ``peers(level, prefix)``; a family declared at both levels
+    binds ``family``, ``peers`` and ``correction`` once."""
+    prefix, weight = LEVELS[level]
+    return preset(
+        Preset(
+            f"{prefix}_{family}",
+            summary,
+            formula,
+            Correction(weight=weight, **correction),
+            peers=peers(level, prefix),
+            rank=rank,
+        )
+    )
+
+
+def row_filter(metric: str, **bounds: Any) -> Filter:
+    """A sequence-level filter on ``metric``'s mean over the row's valid tokens (``bounds``:
+    the rest of ``Filter``)."""
+    # ``metric`` is checked against Filter's declared choices when the Filter is built.
+    return Filter(level="sequence", metric=metric, agg="mean", **bounds)  # type: ignore[arg-type]
 
 
 def preset_block(name: str) -> dict[str, Any]:

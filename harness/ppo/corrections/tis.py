@@ -2,37 +2,29 @@
 
 from __future__ import annotations
 
-from harness.ppo.corrections.registry import Preset, preset
-from harness.ppo.corrections.spec import Correction
+from functools import partial
 
-preset(
-    Preset(
-        "token_tis",
-        "token-level truncated IS",
-        "ρ_t = min(exp(clamp(ℓp − ℓb, ±20)), 2)",
-        Correction(weight="token", clip_max=2.0, log_clamp=20.0),
-        peers={
-            "verl": "`rollout_is=token`, `rollout_is_threshold=2.0` (decoupled_token_is)",
-            "TRL": "`vllm_importance_sampling_mode=token_truncate`, `clip_max=2.0` (up to "
-            "the ±20 log clamp, beyond e²⁰ only)",
-            "SkyRL": "`tis_ratio_type=token`, `token_tis_ratio_clip_high=2.0`",
-        },
-        rank=0,
-    )
-)
+from harness.ppo.corrections.registry import level_preset
 
-preset(
-    Preset(
-        "seq_tis",
-        "sequence-level truncated IS (product of the row's ratios)",
-        "ρ_i = min(exp(clamp(Σ_t M(ℓp − ℓb), ±20)), 2), broadcast to the row",
-        Correction(weight="sequence_product", clip_max=2.0, log_clamp=20.0),
-        peers={
-            "verl": "`rollout_is=sequence`, `rollout_is_threshold=2.0` (decoupled_seq_is)",
-            "TRL": "`vllm_importance_sampling_mode=sequence_truncate`, `clip_max=2.0` (up to the "
-            "±20 log clamp)",
-            "SkyRL": "`tis_ratio_type=sequence`, `sequence_tis_ratio_clip_high=2.0`",
-        },
-        rank=1,
-    )
+
+def _peers(level: str, prefix: str) -> dict[str, str]:
+    """verl's, TRL's and SkyRL's settings at C = 2 (TRL has no log clamp: it differs where the
+    ±20 clamp binds)."""
+    beyond = ", beyond e²⁰ only" if level == "token" else ""
+    return {
+        "verl": f"`rollout_is={level}`, `rollout_is_threshold=2.0` (decoupled_{prefix}_is)",
+        "TRL": f"`vllm_importance_sampling_mode={level}_truncate`, `clip_max=2.0` (up to the ±20 "
+        f"log clamp{beyond})",
+        "SkyRL": f"`tis_ratio_type={level}`, `{level}_tis_ratio_clip_high=2.0`",
+    }
+
+
+_tis = partial(level_preset, "tis", peers=_peers, clip_max=2.0, log_clamp=20.0)
+
+_tis("token", "token-level truncated IS", "ρ_t = min(exp(clamp(ℓp − ℓb, ±20)), 2)", rank=0)
+_tis(
+    "sequence",
+    "sequence-level truncated IS (product of the row's ratios)",
+    "ρ_i = min(exp(clamp(Σ_t M(ℓp − ℓb), ±20)), 2), broadcast to the row",
+    rank=1,
 )
