@@ -21,10 +21,10 @@ two are exclusive (a run sets one or the other).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
-from harness.core.configtools import meta
+from harness.core.configtools import option
 
 WeightUpdates = Literal["between_batches", "in_flight"]
 InFlightKV = Literal["keep", "recompute"]
@@ -38,78 +38,62 @@ ASYNC_PATH = "rollout.asynchronous"
 
 @dataclass
 class AsyncConfig:
-    max_staleness: int = field(
-        default=0,
-        metadata=meta(
-            "η: how many versions the sampler may run ahead of the learner (AReaL "
-            "max_head_offpolicyness, prime-rl max_async_level); a group is submitted only while "
-            "accepted + running < (η + version + 1) × prompts_per_step, so none is consumed more "
-            "than η updates after the version it was submitted under. 0 = synchronous.",
-            ge=0,
-            le=1000,
-        ),
+    max_staleness: int = option(
+        0,
+        "η: how many versions the sampler may run ahead of the learner (AReaL "
+        "max_head_offpolicyness, prime-rl max_async_level); a group is submitted only while "
+        "accepted + running < (η + version + 1) × prompts_per_step, so none is consumed more "
+        "than η updates after the version it was submitted under. 0 = synchronous.",
+        ge=0,
+        le=1000,
     )
-    weight_updates: WeightUpdates = field(
-        default="between_batches",
-        metadata=meta(
-            "between_batches = the sampler takes new weights only when nothing is running (each "
-            "sequence has one version); in_flight = between two decode steps, so a running "
-            "sequence continues under the new weights (its tokens span versions)."
-        ),
+    weight_updates: WeightUpdates = option(
+        "between_batches",
+        "between_batches = the sampler takes new weights only when nothing is running (each "
+        "sequence has one version); in_flight = between two decode steps, so a running "
+        "sequence continues under the new weights (its tokens span versions).",
     )
-    in_flight_kv: InFlightKV = field(
-        default="keep",
-        metadata=meta(
-            "With weight_updates: in_flight: keep = running sequences keep the KV cache the old "
-            "weights computed (PipelineRL, prime-rl); recompute = prompt + generated prefix are "
-            "re-prefilled under the new weights (AReaL's interruptible generation)."
-        ),
+    in_flight_kv: InFlightKV = option(
+        "keep",
+        "With weight_updates: in_flight: keep = running sequences keep the KV cache the old "
+        "weights computed (PipelineRL, prime-rl); recompute = prompt + generated prefix are "
+        "re-prefilled under the new weights (AReaL's interruptible generation).",
     )
-    partial: bool = field(
-        default=False,
-        metadata=meta(
-            "Partial rollouts (slime/APRIL): over_sample × prompts_per_step groups are in "
-            "flight, a step takes the groups that finish first and the unfinished ones continue "
-            "into later steps (under newer weights with in_flight). Without it a step takes the "
-            "oldest groups, waiting for them to finish."
-        ),
+    partial: bool = option(
+        False,
+        "Partial rollouts (slime/APRIL): over_sample × prompts_per_step groups are in "
+        "flight, a step takes the groups that finish first and the unfinished ones continue "
+        "into later steps (under newer weights with in_flight). Without it a step takes the "
+        "oldest groups, waiting for them to finish.",
     )
-    over_sample: float = field(
-        default=1.0,
-        metadata=meta(
-            "With partial: groups in flight per group a step consumes (slime's "
-            "over_sampling_batch_size / rollout_batch_size).",
-            ge=1,
-            le=16,
-        ),
+    over_sample: float = option(
+        1.0,
+        "With partial: groups in flight per group a step consumes (slime's "
+        "over_sampling_batch_size / rollout_batch_size).",
+        ge=1,
+        le=16,
     )
-    clock: Clock = field(
-        default="virtual",
-        metadata=meta(
-            "virtual = the sampler advances in decode steps and each update lands update_time "
-            "decode steps after it took its batch: a fixed interleaving, bit-reproducible; "
-            "threads = the sampler runs in its own thread beside the learner (real overlap, the "
-            "lags are whatever the timing gives, and are recorded)."
-        ),
+    clock: Clock = option(
+        "virtual",
+        "virtual = the sampler advances in decode steps and each update lands update_time "
+        "decode steps after it took its batch: a fixed interleaving, bit-reproducible; "
+        "threads = the sampler runs in its own thread beside the learner (real overlap, the "
+        "lags are whatever the timing gives, and are recorded).",
     )
-    update_time: int | None = field(
-        default=None,
-        metadata=meta(
-            "Virtual clock: decode steps one learner update takes (null = half of "
-            "rollout.max_new_tokens, at least 1: generation is the longer side in most LLM RL, "
-            "so updates land while sequences are being generated).",
-            ge=1,
-            le=1_000_000,
-        ),
+    update_time: int | None = option(
+        None,
+        "Virtual clock: decode steps one learner update takes (null = half of "
+        "rollout.max_new_tokens, at least 1: generation is the longer side in most LLM RL, "
+        "so updates land while sequences are being generated).",
+        ge=1,
+        le=1_000_000,
     )
-    max_concurrent: int | None = field(
-        default=None,
-        metadata=meta(
-            "Most groups in flight at once (AReaL max_concurrent_rollouts; null = only the "
-            "capacity rule bounds them).",
-            ge=1,
-            le=1_000_000,
-        ),
+    max_concurrent: int | None = option(
+        None,
+        "Most groups in flight at once (AReaL max_concurrent_rollouts; null = only the "
+        "capacity rule bounds them).",
+        ge=1,
+        le=1_000_000,
     )
 
     @property

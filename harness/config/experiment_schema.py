@@ -10,13 +10,13 @@ axis a config path, is a value valid on the base, do the cells fit) are in ``exp
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from difflib import get_close_matches
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from harness.config.loading import resolve_alias
 from harness.config.schema import RunConfig
-from harness.core.configtools import check_name, meta
+from harness.core.configtools import bounds_of, check_name, meta, option
 from harness.metrics.stability import OBJECTIVE_KEYS
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ MAX_SEEDS = 10_000
 MAX_TRIALS = 100_000
 # The experiment's seeds and steps are the run config's own fields: the same declared ranges.
 _RUN = {f.name: f.metadata for f in fields(RunConfig)}
-_SEED_RANGE = {k: _RUN["seed"][k] for k in ("ge", "le")}
+_SEED_RANGE = bounds_of(_RUN["seed"])
 SeedCount = Annotated[int, meta("Seeds 0..n-1.", ge=1, le=MAX_SEEDS)]
 Seed = Annotated[int, meta("A seed.", **_SEED_RANGE)]
 
@@ -52,20 +52,13 @@ def check_metric(metric: str) -> None:
 class SearchParam:
     """One searched run-config field: a float or int range, or a list of choices."""
 
-    type: ParamType = field(metadata=meta("float | int (a range) or categorical (choices)."))
-    path: str = field(
-        default="",
-        metadata=meta("The run-config path: the key under search.params.", from_key=True),
-    )
-    low: int | float | None = field(default=None, metadata=meta("Lower end of the range."))
-    high: int | float | None = field(default=None, metadata=meta("Upper end of the range."))
-    log: bool = field(default=False, metadata=meta("Sample on a log scale (needs low > 0)."))
-    step: int | float | None = field(
-        default=None, metadata=meta("Spacing of the sampled values (null = continuous).")
-    )
-    choices: tuple[Any, ...] | None = field(
-        default=None, metadata=meta("The values of a categorical parameter.")
-    )
+    type: ParamType = option(help="float | int (a range) or categorical (choices).")
+    path: str = option("", "The run-config path: the key under search.params.", from_key=True)
+    low: int | float | None = option(None, "Lower end of the range.")
+    high: int | float | None = option(None, "Upper end of the range.")
+    log: bool = option(False, "Sample on a log scale (needs low > 0).")
+    step: int | float | None = option(None, "Spacing of the sampled values (null = continuous).")
+    choices: tuple[Any, ...] | None = option(None, "The values of a categorical parameter.")
 
     def __post_init__(self) -> None:
         if self.type == "categorical":
@@ -117,8 +110,8 @@ class SearchSpec:
 
 @dataclass
 class Objective:
-    metric: str = field(metadata=meta("Run-summary key to optimize (docs/stability.md)."))
-    direction: Direction = field(default="maximize", metadata=meta("maximize | minimize."))
+    metric: str = option(help="Run-summary key to optimize (docs/stability.md).")
+    direction: Direction = option("maximize", "maximize | minimize.")
 
     def __post_init__(self) -> None:
         check_metric(self.metric)
@@ -128,20 +121,15 @@ class Objective:
 class SearchFile:
     """The ``search:`` block of an experiment file."""
 
-    n_trials: int = field(metadata=meta("Trials to run.", ge=1, le=MAX_TRIALS))
-    params: dict[str, SearchParam] = field(
-        metadata=meta("Run-config path -> {type, low, high, log, step} or {type, choices}.")
+    n_trials: int = option(help="Trials to run.", ge=1, le=MAX_TRIALS)
+    params: dict[str, SearchParam] = option(
+        help="Run-config path -> {type, low, high, log, step} or {type, choices}."
     )
-    objectives: list[Objective] | None = field(
-        default=None,
-        metadata=meta("One or two {metric, direction} (null = the file's metric and direction)."),
+    objectives: list[Objective] | None = option(
+        None, "One or two {metric, direction} (null = the file's metric and direction)."
     )
-    pruner: Pruner = field(
-        default="median", metadata=meta("Stop unpromising trials between seeds (one objective).")
-    )
-    sampler_seed: int = field(
-        default=0, metadata=meta("Seed of the TPE sampler (worker k: seed + k).", **_SEED_RANGE)
-    )
+    pruner: Pruner = option("median", "Stop unpromising trials between seeds (one objective).")
+    sampler_seed: int = option(0, "Seed of the TPE sampler (worker k: seed + k).", **_SEED_RANGE)
 
     def __post_init__(self) -> None:
         if not self.params:
@@ -179,24 +167,17 @@ class AdaptiveSeedsFile:
     """``seeds:`` as a mapping: seeds in batches, each cell until its comparison is decided
     (docs/seeds.md).  Seeds are 0..max-1; every cell starts with ``min``."""
 
-    min: int = field(default=3, metadata=meta("Seeds every cell runs first.", ge=2, le=500))
-    max: int = field(
-        default=24, metadata=meta("Most seeds a cell may get.", ge=2, le=MAX_ADAPTIVE_SEEDS)
+    min: int = option(3, "Seeds every cell runs first.", ge=2, le=500)
+    max: int = option(24, "Most seeds a cell may get.", ge=2, le=MAX_ADAPTIVE_SEEDS)
+    batch: int = option(2, "Seeds added to an open cell per look.", ge=1)
+    decide: Literal["baseline", "ranking"] = option(
+        "baseline", "baseline: each cell vs the baseline; ranking: the top cell vs the next."
     )
-    batch: int = field(default=2, metadata=meta("Seeds added to an open cell per look.", ge=1))
-    decide: Literal["baseline", "ranking"] = field(
-        default="baseline",
-        metadata=meta("baseline: each cell vs the baseline; ranking: the top cell vs the next."),
+    confidence: float = option(
+        0.95, "Chance that no look's interval misses (all looks together).", ge=0.5, lt=1
     )
-    confidence: float = field(
-        default=0.95,
-        metadata=meta("Chance that no look's interval misses (all looks together).", ge=0.5, lt=1),
-    )
-    margin: float = field(
-        default=0.0,
-        metadata=meta(
-            "Differences within ±margin (metric units) count as equivalent (0 = never).", ge=0
-        ),
+    margin: float = option(
+        0.0, "Differences within ±margin (metric units) count as equivalent (0 = never).", ge=0
     )
 
     def __post_init__(self) -> None:
@@ -230,17 +211,14 @@ MAX_CELLS_PER_WORKER = 64
 class LimitsFile:
     """``limits:`` of an experiment file: how big a grid may be (raise them knowingly)."""
 
-    cells: int = field(
-        default=DEFAULT_MAX_CELLS,
-        metadata=meta("Most cells a grid may have (the product of its axes).", ge=1, le=10**7),
+    cells: int = option(
+        DEFAULT_MAX_CELLS, "Most cells a grid may have (the product of its axes).", ge=1, le=10**7
     )
-    trials: int = field(
-        default=DEFAULT_MAX_GRID_TRIALS,
-        metadata=meta(
-            "Most trials a grid may enqueue: cells x seeds (adaptive seeds: x max).",
-            ge=1,
-            le=10**8,
-        ),
+    trials: int = option(
+        DEFAULT_MAX_GRID_TRIALS,
+        "Most trials a grid may enqueue: cells x seeds (adaptive seeds: x max).",
+        ge=1,
+        le=10**8,
     )
 
 
@@ -248,47 +226,38 @@ class LimitsFile:
 class ExperimentFile:
     """An experiment file: a grid (or a search) over a base run config."""
 
-    name: str = field(default="", metadata=meta("Study and MLflow experiment name."))
-    description: str = field(default="", metadata=meta("Shown in the report."))
-    base: dict[str, Any] | str = field(
-        default_factory=dict,
-        metadata=meta("A run config (mapping) or the path of one, relative to this file."),
+    name: str = option("", "Study and MLflow experiment name.")
+    description: str = option("", "Shown in the report.")
+    base: dict[str, Any] | str = option(
+        help="A run config (mapping) or the path of one, relative to this file.", factory=dict
     )
-    grid: dict[str, Any] | None = field(
-        default=None,
-        metadata=meta(
-            "Axis (dotted run-config path) -> list of values; variant -> name -> {path: value}."
-        ),
+    grid: dict[str, Any] | None = option(
+        None, "Axis (dotted run-config path) -> list of values; variant -> name -> {path: value}."
     )
-    search: SearchFile | None = field(default=None, metadata=meta("A search space (not a grid)."))
-    seeds: SeedCount | list[Seed] | AdaptiveSeedsFile = field(
-        default=1,
-        metadata=meta(
-            "A count n (seeds 0..n-1), a list of seeds, or {min, max, batch, decide, "
-            "confidence, margin}: seeds until each comparison is decided."
-        ),
+    search: SearchFile | None = option(None, "A search space (not a grid).")
+    seeds: SeedCount | list[Seed] | AdaptiveSeedsFile = option(
+        1,
+        "A count n (seeds 0..n-1), a list of seeds, or {min, max, batch, decide, "
+        "confidence, margin}: seeds until each comparison is decided.",
     )
-    steps: int | None = field(
-        default=None,
-        metadata={**_RUN["steps"], "help": "Steps of every trial (null = the base's steps)."},
+    steps: int | None = option(
+        None, "Steps of every trial (null = the base's steps).", **bounds_of(_RUN["steps"])
     )
-    baseline: str | dict[str, Any] | None = field(
-        default=None, metadata=meta("The reference cell: its label or {axis: value}.")
+    baseline: str | dict[str, Any] | None = option(
+        None, "The reference cell: its label or {axis: value}."
     )
-    metric: str = field(default="final/reward", metadata=meta("Run-summary key for the ranking."))
-    direction: Direction = field(default="maximize", metadata=meta("maximize | minimize."))
-    limits: LimitsFile = field(
-        default_factory=LimitsFile,
-        metadata=meta("{cells, trials}: the most a grid may enumerate (default 10000, 20000)."),
+    metric: str = option("final/reward", "Run-summary key for the ranking.")
+    direction: Direction = option("maximize", "maximize | minimize.")
+    limits: LimitsFile = option(
+        help="{cells, trials}: the most a grid may enumerate (default 10000, 20000).",
+        factory=LimitsFile,
     )
-    cells_per_worker: int = field(
-        default=1,
-        metadata=meta(
-            "Most LoRA trials a worker trains at once on one base model (a grid; trials that "
-            "share the base fields, seed included; docs/scaling.md).",
-            ge=1,
-            le=MAX_CELLS_PER_WORKER,
-        ),
+    cells_per_worker: int = option(
+        1,
+        "Most LoRA trials a worker trains at once on one base model (a grid; trials that "
+        "share the base fields, seed included; docs/scaling.md).",
+        ge=1,
+        le=MAX_CELLS_PER_WORKER,
     )
 
     def __post_init__(self) -> None:

@@ -10,12 +10,12 @@ what a declaration cannot say (files that must exist, fields that must agree).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from harness.config.asynchrony import AsyncConfig
-from harness.core.configtools import is_device_name, meta
+from harness.core.configtools import is_device_name, option
 from harness.model.engine_support import SamplerDtype
 from harness.model.options import ModelOptions, TinyModelConfig
 from harness.peers.trl import trl_problems
@@ -23,9 +23,9 @@ from harness.ppo.config import PPOActorConfig
 from harness.ppo.corrections import Correction
 from harness.tasks import field_help as task_field_help
 
-# Field metadata: help text plus the declared range (see harness.core.configtools.meta); every numeric
-# field is range- and finiteness-checked from these declarations when a config is built.
-_h = meta
+# Every field is declared with ``option`` (help text plus the declared range, see
+# harness.core.configtools); every numeric field is range- and finiteness-checked from these
+# declarations when a config is built.
 BIG = 10_000_000  # upper bound of step-like counts: far beyond any CPU/GPU run, far below overflow
 
 
@@ -34,118 +34,87 @@ TrainerName = Literal["harness", "trl"]
 
 @dataclass
 class RolloutConfig:
-    prompts_per_step: int = field(
-        default=8, metadata=_h("Prompts sampled per training step.", ge=1, le=100_000)
+    prompts_per_step: int = option(8, "Prompts sampled per training step.", ge=1, le=100_000)
+    n_samples: int = option(4, "Completions per prompt (the group).", ge=1, le=10_000)
+    max_new_tokens: int = option(12, "Longest completion.", ge=1, le=100_000)
+    top_p: float = option(1.0, "Nucleus sampling threshold (1 = off).", gt=0, le=1)
+    staleness: int = option(
+        0, "Sample with the policy as it was k updates ago (emulates async RL).", ge=0, le=10_000
     )
-    n_samples: int = field(
-        default=4, metadata=_h("Completions per prompt (the group).", ge=1, le=10_000)
+    chat_template: str = option(
+        "none",
+        "none = prompts as is; auto = the tokenizer's chat template when it has one (one "
+        "user turn + generation prompt); or a path to a Jinja template file (~ expanded; "
+        "relative to the current directory).",
     )
-    max_new_tokens: int = field(default=12, metadata=_h("Longest completion.", ge=1, le=100_000))
-    top_p: float = field(
-        default=1.0, metadata=_h("Nucleus sampling threshold (1 = off).", gt=0, le=1)
+    zero_variance_filter: bool = option(
+        False,
+        "DAPO dynamic sampling: drop the groups whose rewards are all equal (no signal under "
+        "group normalization) from the update batch.",
     )
-    staleness: int = field(
-        default=0,
-        metadata=_h(
-            "Sample with the policy as it was k updates ago (emulates async RL).", ge=0, le=10_000
-        ),
+    max_resample_rounds: int = option(
+        0,
+        "With zero_variance_filter: extra sampling rounds of prompts_per_step prompts to "
+        "refill the batch to prompts_per_step groups (0 = train on the groups left).",
+        ge=0,
+        le=1000,
     )
-    chat_template: str = field(
-        default="none",
-        metadata=_h(
-            "none = prompts as is; auto = the tokenizer's chat template when it has one (one "
-            "user turn + generation prompt); or a path to a Jinja template file (~ expanded; "
-            "relative to the current directory)."
-        ),
-    )
-    zero_variance_filter: bool = field(
-        default=False,
-        metadata=_h(
-            "DAPO dynamic sampling: drop the groups whose rewards are all equal (no signal under "
-            "group normalization) from the update batch."
-        ),
-    )
-    max_resample_rounds: int = field(
-        default=0,
-        metadata=_h(
-            "With zero_variance_filter: extra sampling rounds of prompts_per_step prompts to "
-            "refill the batch to prompts_per_step groups (0 = train on the groups left).",
-            ge=0,
-            le=1000,
-        ),
-    )
-    max_prompt_tokens: int | None = field(
-        default=None,
-        metadata=_h(
-            "Keep only the last N tokens of longer prompts (null = never truncate; a prompt "
-            "+ max_new_tokens past the model's positions is then a config error).",
-            ge=1,
-            le=1_048_576,
-        ),
+    max_prompt_tokens: int | None = option(
+        None,
+        "Keep only the last N tokens of longer prompts (null = never truncate; a prompt "
+        "+ max_new_tokens past the model's positions is then a config error).",
+        ge=1,
+        le=1_048_576,
     )
 
     # Sources of training–inference mismatch (docs/mismatch.md): each is one grid axis.
-    sampler_dtype: SamplerDtype | None = field(
-        default=None,
-        metadata=_h(
-            "Precision of the sampler's forward only; the learner keeps model_options.dtype. The "
-            "local sampler runs under autocast to it (float32: autocast off; CPU and CUDA), the "
-            "vLLM engine (sampler_backend: vllm) holds its weights in it. null = the same as "
-            "model_options.dtype."
-        ),
+    sampler_dtype: SamplerDtype | None = option(
+        None,
+        "Precision of the sampler's forward only; the learner keeps model_options.dtype. The "
+        "local sampler runs under autocast to it (float32: autocast off; CPU and CUDA), the "
+        "vLLM engine (sampler_backend: vllm) holds its weights in it. null = the same as "
+        "model_options.dtype.",
     )
-    sampler_logit_noise: float = field(
-        default=0.0,
-        metadata=_h(
-            "σ of seeded Gaussian noise added to the sampler's logits, before sampling and "
-            "before recording behaviour log-probs (0 = off): a mismatch dose knob.",
-            ge=0,
-            le=100,
-        ),
+    sampler_logit_noise: float = option(
+        0.0,
+        "σ of seeded Gaussian noise added to the sampler's logits, before sampling and "
+        "before recording behaviour log-probs (0 = off): a mismatch dose knob.",
+        ge=0,
+        le=100,
     )
-    sampler_backend: Literal["auto", "fast", "hf", "vllm"] = field(
-        default="auto",
-        metadata=_h(
-            "Decode path of the sampler: auto = the functional Llama/Qwen2/Mistral decoder when "
-            "it applies, else the model's own forward; fast = insist on the former; hf = always "
-            "the latter; vllm = the vLLM inference engine (optional; weights synced once per "
-            "step; docs/engine.md). Also written as the rollout.sampler block."
-        ),
+    sampler_backend: Literal["auto", "fast", "hf", "vllm"] = option(
+        "auto",
+        "Decode path of the sampler: auto = the functional Llama/Qwen2/Mistral decoder when "
+        "it applies, else the model's own forward; fast = insist on the former; hf = always "
+        "the latter; vllm = the vLLM inference engine (optional; weights synced once per "
+        "step; docs/engine.md). Also written as the rollout.sampler block.",
     )
-    engine_kv_cache_gib: int = field(
-        default=1,
-        metadata=_h(
-            "sampler_backend vllm on CPU: GiB reserved for the engine's KV cache "
-            "(VLLM_CPU_KVCACHE_SPACE; whole GiB). Checked before the run against the machine's "
-            "available memory, and against one sequence of the model's full length (the engine "
-            "does not start without room for it).",
-            ge=1,
-            le=4096,
-        ),
+    engine_kv_cache_gib: int = option(
+        1,
+        "sampler_backend vllm on CPU: GiB reserved for the engine's KV cache "
+        "(VLLM_CPU_KVCACHE_SPACE; whole GiB). Checked before the run against the machine's "
+        "available memory, and against one sequence of the model's full length (the engine "
+        "does not start without room for it).",
+        ge=1,
+        le=4096,
     )
-    engine_gpu_memory_utilization: float = field(
-        default=0.3,
-        metadata=_h(
-            "sampler_backend vllm on CUDA: the share of the GPU's memory the engine may take "
-            "(weights + KV cache); the learner uses the rest.",
-            gt=0,
-            lt=1,
-        ),
+    engine_gpu_memory_utilization: float = option(
+        0.3,
+        "sampler_backend vllm on CUDA: the share of the GPU's memory the engine may take "
+        "(weights + KV cache); the learner uses the rest.",
+        gt=0,
+        lt=1,
     )
-    asynchronous: AsyncConfig = field(
-        default_factory=AsyncConfig,
-        metadata=_h(
-            "Asynchronous sampling (also written rollout.async): bounded staleness, in-flight "
-            "weight updates, partial rollouts, and the clock that interleaves sampler and "
-            "learner (docs/async.md)."
-        ),
+    asynchronous: AsyncConfig = option(
+        help="Asynchronous sampling (also written rollout.async): bounded staleness, in-flight "
+        "weight updates, partial rollouts, and the clock that interleaves sampler and "
+        "learner (docs/async.md).",
+        factory=AsyncConfig,
     )
-    measure_mismatch: bool = field(
-        default=True,
-        metadata=_h(
-            "Log mismatch/* each step: sampler log-probs against a learner-precision forward "
-            "(one extra no-grad forward when the actor does not recompute; two under staleness)."
-        ),
+    measure_mismatch: bool = option(
+        True,
+        "Log mismatch/* each step: sampler log-probs against a learner-precision forward "
+        "(one extra no-grad forward when the actor does not recompute; two under staleness).",
     )
 
     def __post_init__(self) -> None:
@@ -193,79 +162,58 @@ def _check_async(r: RolloutConfig) -> None:
 
 @dataclass
 class OptimConfig:
-    lr: float = field(default=3e-4, metadata=_h("AdamW learning rate of the policy.", gt=0))
-    weight_decay: float = field(default=0.0, metadata=_h("AdamW weight decay.", ge=0))
-    beta1: float = field(default=0.9, metadata=_h("AdamW β1.", ge=0, lt=1))
-    beta2: float = field(default=0.999, metadata=_h("AdamW β2.", ge=0, lt=1))
-    schedule: Literal["constant", "linear", "cosine"] = field(
-        default="constant", metadata=_h("Learning-rate schedule over the run.")
+    lr: float = option(3e-4, "AdamW learning rate of the policy.", gt=0)
+    weight_decay: float = option(0.0, "AdamW weight decay.", ge=0)
+    beta1: float = option(0.9, "AdamW β1.", ge=0, lt=1)
+    beta2: float = option(0.999, "AdamW β2.", ge=0, lt=1)
+    schedule: Literal["constant", "linear", "cosine"] = option(
+        "constant", "Learning-rate schedule over the run."
     )
-    warmup_steps: int = field(
-        default=0, metadata=_h("Linear warm-up, in optimizer steps.", ge=0, le=BIG)
-    )
-    grad_clip: float | None = field(
-        default=1.0, metadata=_h("Clip the gradient norm to this (null = no clipping).", gt=0)
+    warmup_steps: int = option(0, "Linear warm-up, in optimizer steps.", ge=0, le=BIG)
+    grad_clip: float | None = option(
+        1.0, "Clip the gradient norm to this (null = no clipping).", gt=0
     )
 
 
 @dataclass
 class CriticConfig:
-    enabled: bool = field(
-        default=False, metadata=_h("Train a value model for GAE (PPO); off = critic-free.")
-    )
-    lr: float = field(default=1e-3, metadata=_h("Critic learning rate.", gt=0))
-    value_clip: float | None = field(
-        default=0.5, metadata=_h("Value clipping ε_v around the old values (null = off).", gt=0)
+    enabled: bool = option(False, "Train a value model for GAE (PPO); off = critic-free.")
+    lr: float = option(1e-3, "Critic learning rate.", gt=0)
+    value_clip: float | None = option(
+        0.5, "Value clipping ε_v around the old values (null = off).", gt=0
     )
 
 
 @dataclass
 class WarmStartConfig:
-    steps: int = field(
-        default=0,
-        metadata=_h("Supervised steps on demonstrations before RL (0 = off).", ge=0, le=BIG),
-    )
-    lr: float = field(default=3e-3, metadata=_h("Warm-start learning rate.", gt=0))
-    batch_size: int = field(default=32, metadata=_h("Warm-start batch size.", ge=1, le=100_000))
+    steps: int = option(0, "Supervised steps on demonstrations before RL (0 = off).", ge=0, le=BIG)
+    lr: float = option(3e-3, "Warm-start learning rate.", gt=0)
+    batch_size: int = option(32, "Warm-start batch size.", ge=1, le=100_000)
 
 
 @dataclass
 class EvalConfig:
-    every: int = field(
-        default=25,
-        metadata=_h("Greedy evaluation every N steps (0 = only at the end).", ge=0, le=BIG),
+    every: int = option(25, "Greedy evaluation every N steps (0 = only at the end).", ge=0, le=BIG)
+    n_prompts: int = option(64, "Held-out prompts per evaluation.", ge=1, le=100_000)
+    threshold: float = option(
+        1.0,
+        "A held-out completion counts as solved (eval/accuracy, pass@k) when its reward is at "
+        "least this (1.0 = fully correct on every built-in task).",
     )
-    n_prompts: int = field(
-        default=64, metadata=_h("Held-out prompts per evaluation.", ge=1, le=100_000)
+    samples: int = option(
+        0,
+        "Completions sampled per held-out prompt at the rollout temperature, for "
+        "eval/pass_at_1, eval/pass_at_k and eval/mean_at_n (0 = greedy evaluation only).",
+        ge=0,
+        le=1024,
     )
-    threshold: float = field(
-        default=1.0,
-        metadata=_h(
-            "A held-out completion counts as solved (eval/accuracy, pass@k) when its reward is at "
-            "least this (1.0 = fully correct on every built-in task)."
-        ),
-    )
-    samples: int = field(
-        default=0,
-        metadata=_h(
-            "Completions sampled per held-out prompt at the rollout temperature, for "
-            "eval/pass_at_1, eval/pass_at_k and eval/mean_at_n (0 = greedy evaluation only).",
-            ge=0,
-            le=1024,
-        ),
-    )
-    k: int = field(
-        default=1,
-        metadata=_h("The k of eval/pass_at_k (at most eval.samples).", ge=1, le=1024),
-    )
-    sampler: Literal["local", "run"] = field(
-        default="local",
-        metadata=_h(
-            "What samples the evaluations during training: local = the local decoder (the same "
-            "answers whatever the rollout sampler); run = the run's rollout sampler (the vLLM "
-            "engine under rollout.sampler_backend: vllm, where a GPU run's time goes). The "
-            "evaluation before training is always local."
-        ),
+    k: int = option(1, "The k of eval/pass_at_k (at most eval.samples).", ge=1, le=1024)
+    sampler: Literal["local", "run"] = option(
+        "local",
+        "What samples the evaluations during training: local = the local decoder (the same "
+        "answers whatever the rollout sampler); run = the run's rollout sampler (the vLLM "
+        "engine under rollout.sampler_backend: vllm, where a GPU run's time goes). The "
+        "evaluation before training is always local.",
     )
 
     def __post_init__(self) -> None:
@@ -301,60 +249,42 @@ def check_segment_filters(c: Any) -> None:
 class RunConfig:
     """One PPO training run."""
 
-    seed: int = field(
-        default=0, metadata=_h("Seed of model init, prompts and sampling.", ge=0, le=2**32 - 1)
+    seed: int = option(0, "Seed of model init, prompts and sampling.", ge=0, le=2**32 - 1)
+    steps: int = option(200, "Training steps (rollout + update).", ge=1, le=BIG)
+    model: str = option(
+        "tiny",
+        "'tiny' or a local Hugging Face model directory (~ expanded; a relative path is "
+        "relative to the current directory, not to the YAML file).",
     )
-    steps: int = field(default=200, metadata=_h("Training steps (rollout + update).", ge=1, le=BIG))
-    model: str = field(
-        default="tiny",
-        metadata=_h(
-            "'tiny' or a local Hugging Face model directory (~ expanded; a relative path is "
-            "relative to the current directory, not to the YAML file)."
-        ),
+    tiny: TinyModelConfig = option(help="Tiny model shape.", factory=TinyModelConfig)
+    model_options: ModelOptions = option(
+        help="How the model is loaded and run: dtype, attn_implementation, trust_remote_code, "
+        "gradient_checkpointing, lora.",
+        factory=ModelOptions,
     )
-    tiny: TinyModelConfig = field(default_factory=TinyModelConfig, metadata=_h("Tiny model shape."))
-    model_options: ModelOptions = field(
-        default_factory=ModelOptions,
-        metadata=_h(
-            "How the model is loaded and run: dtype, attn_implementation, trust_remote_code, "
-            "gradient_checkpointing, lora."
-        ),
+    task: str = option("reverse", task_field_help())
+    task_options: dict[str, Any] = option(help="Task keyword options.", factory=dict)
+    rollout: RolloutConfig = option(help="Sampling.", factory=RolloutConfig)
+    ppo: PPOActorConfig = option(help="PPO actor.", factory=PPOActorConfig)
+    optim: OptimConfig = option(help="Policy optimizer.", factory=OptimConfig)
+    critic: CriticConfig = option(help="Value model.", factory=CriticConfig)
+    warm_start: WarmStartConfig = option(help="SFT warm-up.", factory=WarmStartConfig)
+    eval: EvalConfig = option(help="Held-out evaluation.", factory=EvalConfig)
+    device: str = option("cpu", "auto | cpu | cuda | cuda:N.")
+    bf16: bool = option(
+        False, "Shorthand for model_options.dtype=bfloat16 (autocast, CPU and CUDA)."
     )
-    task: str = field(
-        default="reverse",
-        metadata=_h(task_field_help()),  # from the task sources' declarations
+    threads: int = option(0, "torch CPU threads (0 = leave torch's default).", ge=0, le=1024)
+    trainer: TrainerName = option(
+        "harness",
+        "Who trains the cell: the harness's PPO loop or TRL's GRPOTrainer (options mapped "
+        "as in the table of docs/trl.md; what TRL cannot express is an error).",
     )
-    task_options: dict[str, Any] = field(default_factory=dict, metadata=_h("Task keyword options."))
-    rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata=_h("Sampling."))
-    ppo: PPOActorConfig = field(default_factory=PPOActorConfig, metadata=_h("PPO actor."))
-    optim: OptimConfig = field(default_factory=OptimConfig, metadata=_h("Policy optimizer."))
-    critic: CriticConfig = field(default_factory=CriticConfig, metadata=_h("Value model."))
-    warm_start: WarmStartConfig = field(
-        default_factory=WarmStartConfig, metadata=_h("SFT warm-up.")
-    )
-    eval: EvalConfig = field(default_factory=EvalConfig, metadata=_h("Held-out evaluation."))
-    device: str = field(default="cpu", metadata=_h("auto | cpu | cuda | cuda:N."))
-    bf16: bool = field(
-        default=False,
-        metadata=_h("Shorthand for model_options.dtype=bfloat16 (autocast, CPU and CUDA)."),
-    )
-    threads: int = field(
-        default=0, metadata=_h("torch CPU threads (0 = leave torch's default).", ge=0, le=1024)
-    )
-    trainer: TrainerName = field(
-        default="harness",
-        metadata=_h(
-            "Who trains the cell: the harness's PPO loop or TRL's GRPOTrainer (options mapped "
-            "as in the table of docs/trl.md; what TRL cannot express is an error)."
-        ),
-    )
-    diverge_after: int = field(
-        default=3,
-        metadata=_h(
-            "Consecutive steps whose every update was non-finite before a run counts as diverged.",
-            ge=1,
-            le=BIG,
-        ),
+    diverge_after: int = option(
+        3,
+        "Consecutive steps whose every update was non-finite before a run counts as diverged.",
+        ge=1,
+        le=BIG,
     )
 
     def __post_init__(self) -> None:

@@ -1,23 +1,29 @@
 """Typed dataclass trees from plain dicts (YAML), with strict validation and dotted overrides.
 
-Every config in the harness is a dataclass whose fields carry ``metadata=meta(help, ...)``: the
-help string and, for numbers, the allowed range.  This module turns a nested dict into such a
+Every config in the harness is a dataclass whose fields are declared with ``option``: the default,
+the help string and, for numbers, the allowed range.  This module turns a nested dict into such a
 tree, checking every key, type, range and finiteness once, from those declarations, and reports
 the first problem as a ``ConfigError`` whose message is one line naming the dotted path and what
 is allowed.  The CLI turns ``ConfigError`` into exit code 2.
 
-Declaring a field (the one scheme for every config field)::
+Declaring a field (the one spelling for every config field)::
 
-    steps: int = field(default=200, metadata=meta("Training steps.", ge=1, le=10_000_000))
-    lr: float = field(default=3e-4, metadata=meta("Learning rate.", gt=0))
-    clip: float = field(default=20.0, metadata=meta("Clip to ±clip.", gt=0, inf="no clipping"))
+    steps: int = option(200, "Training steps.", ge=1, le=10_000_000)
+    lr: float = option(3e-4, "Learning rate.", gt=0)
+    clip: float = option(20.0, "Clip to ±clip.", gt=0, inf="no clipping")
+    names: list[str] = option(help="Module names.", factory=lambda: ["all-linear"])
+    metric: str = option(help="Run-summary key (required: no default).")
 
 ``ge``/``gt``/``le``/``lt`` bound the value (inclusive / exclusive).  A float must be finite
 unless ``inf=`` says what infinity means for that field; NaN is never accepted.  Every int field
 declares both bounds (tests/config/test_bad_input.py walks the tree and checks that it does), so that a
-value such as 10**23 is refused up front instead of overflowing mid-run.  A plain
-``metadata={"help": ..., "ge": 0}`` dict works the same way.  Choices are a ``Literal[...]`` type;
-a tuple of the same names, where code needs one, is ``typing.get_args`` of it.
+value such as 10**23 is refused up front instead of overflowing mid-run.  ``factory`` gives a
+mutable default.  A field declared like another one passes that declaration on:
+``option(None, **BEHAVE_CAP)`` (the same help and range), ``option(None, "Other help.",
+**bounds_of(decl))`` (the same range).  tests/config/test_option_declarations.py checks that every
+config field is declared so.  Choices are a ``Literal[...]`` type; a tuple of the same names,
+where code needs one, is ``typing.get_args`` of it.  (The reader takes any mapping of the same
+keys as metadata, e.g. the empty one of a dataclass that declares nothing.)
 
 A class decorated ``@checked()`` (below ``@dataclass``) runs the same checks on every
 construction, from Python too, so its ``__post_init__`` holds only the rules that tie fields
@@ -62,6 +68,15 @@ class Meta(dict[str, Any]):
     def __hash__(self) -> int:  # type: ignore[override]
         return hash(tuple(sorted(self.items())))
 
+    def copy(self) -> Meta:
+        """A copy of the same kind: a dataclass field's metadata is a read-only view of what it
+        was declared with, and its ``copy()`` is how :func:`declared_with_option` sees that."""
+        return type(self)(self)
+
+
+class Declared(Meta):
+    """The metadata :func:`option` gives a field: a ``Meta`` that says it came from ``option``."""
+
 
 def meta(
     help: str,
@@ -99,10 +114,22 @@ def option(
 ) -> Any:
     """A dataclass field with its :func:`meta` (help and bounds), declared on one line:
     ``eps: float = option(0.2, "The clip range.", ge=0)``; ``factory`` for a mutable default."""
-    metadata = meta(help, **bounds)
+    metadata = Declared(meta(help, **bounds))
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def declared_with_option(f: dataclasses.Field[Any]) -> bool:
+    """Whether dataclass field ``f`` was declared with :func:`option` (the one spelling; a test
+    walks every config tree with it)."""
+    return isinstance(f.metadata.copy(), Declared)
+
+
+def bounds_of(md: Mapping[str, Any]) -> dict[str, Any]:
+    """The range of a declaration (its ``ge``/``gt``/``le``/``lt`` and ``inf``), for a field
+    that takes another field's range with its own help."""
+    return {k: md[k] for k in (*BOUND_KEYS, "inf") if k in md}
 
 
 def _num(x: float) -> str:

@@ -6,10 +6,10 @@ run configuration; ``harness.config.RunConfig`` nests it as ``ppo``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from harness.core.configtools import checked, meta
+from harness.core.configtools import checked, option
 from harness.ppo.advantages import KLKind
 from harness.ppo.corrections import (
     PRESETS,
@@ -33,14 +33,13 @@ from harness.ppo.objectives.registry import options_of
 from harness.ppo.objectives.vespo import FOLD_NEEDS, FOLDABLE
 from harness.ppo.proximal import ProxLogpMethod
 
-_h = meta
 _CLIP = {f.name: f for f in fields(ClipOptions)}
 
 
 def _clip_field(name: str) -> Any:
     """A PPO-clip option, with the default and declaration ``ClipOptions`` gives it."""
     f = _CLIP[name]
-    return field(default=f.default, metadata=f.metadata)
+    return option(f.default, **f.metadata)
 
 
 def _with_objective_blocks(cls: type) -> type:
@@ -55,9 +54,9 @@ def _with_objective_blocks(cls: type) -> type:
                 if o.options is None:
                     continue
                 cls.__annotations__[o.name] = o.options
-                block = field(
-                    default_factory=o.options,
-                    metadata=_h(f"Options of policy_loss {o.name!r} (left at defaults otherwise)."),
+                block = option(
+                    help=f"Options of policy_loss {o.name!r} (left at defaults otherwise).",
+                    factory=o.options,
                 )
                 setattr(cls, o.name, block)
     # Retired flat keys (ppo.cispo_ratio_max): configtools.from_dict names the new key.
@@ -74,139 +73,100 @@ class PPOActorConfig:
     eps_clip: float = _clip_field("eps_clip")
     eps_clip_higher: float | None = _clip_field("eps_clip_higher")
     c_clip: float | None = _clip_field("c_clip")
-    behave_imp_weight_mode: BehaveMode = field(
-        default="disabled",
-        metadata=_h(
-            "Behaviour importance weight π_prox/π_behave (AReaL v1.0.0.post1-v1.0.3 modes)."
-        ),
+    behave_imp_weight_mode: BehaveMode = option(
+        "disabled", "Behaviour importance weight π_prox/π_behave (AReaL v1.0.0.post1-v1.0.3 modes)."
     )
-    behave_imp_weight_cap: float | None = field(default=None, metadata=BEHAVE_CAP)
-    rejection_sampling: RejectionSampling | None = field(
-        default=None,
-        metadata=_h(
-            "AReaL v1.0.4+ behaviour weighting {level, action, metric, agg, upper, lower}."
-        ),
+    behave_imp_weight_cap: float | None = option(None, **BEHAVE_CAP)
+    rejection_sampling: RejectionSampling | None = option(
+        None, "AReaL v1.0.4+ behaviour weighting {level, action, metric, agg, upper, lower}."
     )
-    correction: Correction | str | None = field(
-        default=None,
-        metadata=_h(
-            "Training-inference mismatch correction: a block {weight, clip_min, clip_max, "
-            "zero_outside, log_clamp, batch_normalize, filters, sequential, denominator, bypass} "
-            "or a preset name (" + ", ".join(PRESETS) + "), or a block {preset: NAME, ...} "
-            "whose keys override the preset's (so does --set ppo.correction.KEY after a preset "
-            "name); without use_decoupled_loss it recomputes π_prox itself (TRL); "
-            "docs/corrections.md."
-        ),
+    correction: Correction | str | None = option(
+        None,
+        "Training-inference mismatch correction: a block {weight, clip_min, clip_max, "
+        "zero_outside, log_clamp, batch_normalize, filters, sequential, denominator, bypass} "
+        "or a preset name (" + ", ".join(PRESETS) + "), or a block {preset: NAME, ...} "
+        "whose keys override the preset's (so does --set ppo.correction.KEY after a preset "
+        "name); without use_decoupled_loss it recomputes π_prox itself (TRL); "
+        "docs/corrections.md.",
     )
-    use_decoupled_loss: bool = field(
-        default=False,
-        metadata=_h(
-            "Decoupled PPO: clip against π_prox recomputed before the update, not π_behave."
-        ),
+    use_decoupled_loss: bool = option(
+        False, "Decoupled PPO: clip against π_prox recomputed before the update, not π_behave."
     )
-    prox_logp_method: ProxLogpMethod = field(
-        default="recompute",
-        metadata=_h(
-            "How the decoupled loss gets π_prox (AReaL's actor.prox_logp_method): 'recompute' = "
-            "a no-grad forward at the weights the update starts from; 'loglinear' = no forward, "
-            "ℓp = ℓb + α·(sg(ℓθ) − ℓb) with α = (k−1)/k for a batch sampled k updates ago "
-            "(needs use_decoupled_loss and a rollout staleness of 2 or more); "
-            "docs/ppo-semantics.md."
-        ),
+    prox_logp_method: ProxLogpMethod = option(
+        "recompute",
+        "How the decoupled loss gets π_prox (AReaL's actor.prox_logp_method): 'recompute' = "
+        "a no-grad forward at the weights the update starts from; 'loglinear' = no forward, "
+        "ℓp = ℓb + α·(sg(ℓθ) − ℓb) with α = (k−1)/k for a batch sampled k updates ago "
+        "(needs use_decoupled_loss and a rollout staleness of 2 or more); "
+        "docs/ppo-semantics.md.",
     )
-    recompute_logprob: bool = field(
-        default=False, metadata=_h("Recompute the old log-probs with the training forward pass.")
+    recompute_logprob: bool = option(
+        False, "Recompute the old log-probs with the training forward pass."
     )
-    importance_sampling_level: ISLevel = field(
-        default="token", metadata=_h("'sequence' = GSPO (geometric-mean sequence ratio).")
+    importance_sampling_level: ISLevel = option(
+        "token", "'sequence' = GSPO (geometric-mean sequence ratio)."
     )
-    loss_agg_mode: LossAggMode = field(
-        default="token-mean",
-        metadata=_h(
-            "How per-token losses become one number (prompt-mean = SkyRL's: mean over each "
-            "prompt's tokens, then over the minibatch's prompts)."
-        ),
+    loss_agg_mode: LossAggMode = option(
+        "token-mean",
+        "How per-token losses become one number (prompt-mean = SkyRL's: mean over each "
+        "prompt's tokens, then over the minibatch's prompts).",
     )
-    top_entropy_quantile: float = field(
-        default=1.0,
-        metadata=_h(
-            "TRL's top_entropy_quantile ρ: the policy loss keeps only the tokens whose entropy "
-            "reaches the (1−ρ) quantile of the minibatch's valid tokens (0.2 = the 80/20 rule; "
-            "1 = off); denominators still count every valid token.",
-            ge=0,
-            le=1,
-        ),
+    top_entropy_quantile: float = option(
+        1.0,
+        "TRL's top_entropy_quantile ρ: the policy loss keeps only the tokens whose entropy "
+        "reaches the (1−ρ) quantile of the minibatch's valid tokens (0.2 = the 80/20 rule; "
+        "1 = off); denominators still count every valid token.",
+        ge=0,
+        le=1,
     )
-    truncated_completions: Literal["keep", "mask", "zero_reward"] = field(
-        default="keep",
-        metadata=_h(
-            "Completions without EOS: keep; mask = drop them from the loss (TRL "
-            "mask_truncated_completions; their reward still enters the group statistics); "
-            "zero_reward = set their normalized reward to 0, tokens stay in the loss (AReaL "
-            "mask_no_eos_with_zero)."
-        ),
+    truncated_completions: Literal["keep", "mask", "zero_reward"] = option(
+        "keep",
+        "Completions without EOS: keep; mask = drop them from the loss (TRL "
+        "mask_truncated_completions; their reward still enters the group statistics); "
+        "zero_reward = set their normalized reward to 0, tokens stay in the loss (AReaL "
+        "mask_no_eos_with_zero).",
     )
-    overlong_reward_penalty: bool = field(
-        default=False,
-        metadata=_h(
-            "DAPO soft overlong punishment (AReaL's): add min(−(|y|−(L_max−L_c))/L_c·f, 0) to "
-            "the reward before shaping (L_max = rollout.max_new_tokens)."
-        ),
+    overlong_reward_penalty: bool = option(
+        False,
+        "DAPO soft overlong punishment (AReaL's): add min(−(|y|−(L_max−L_c))/L_c·f, 0) to "
+        "the reward before shaping (L_max = rollout.max_new_tokens).",
     )
-    overlong_tokens: int | None = field(
-        default=None,
-        metadata=_h(
-            "L_c: the last tokens before max_new_tokens where the penalty ramps (needed with "
-            "overlong_reward_penalty).",
-            ge=1,
-            le=100_000,
-        ),
+    overlong_tokens: int | None = option(
+        None,
+        "L_c: the last tokens before max_new_tokens where the penalty ramps (needed with "
+        "overlong_reward_penalty).",
+        ge=1,
+        le=100_000,
     )
-    overlong_penalty_factor: float | None = field(
-        default=None,
-        metadata=_h(
-            "f: the penalty at max_new_tokens (needed with overlong_reward_penalty).", ge=0
-        ),
+    overlong_penalty_factor: float | None = option(
+        None, "f: the penalty at max_new_tokens (needed with overlong_reward_penalty).", ge=0
     )
-    policy_loss: str = field(
-        default="ppo",
-        metadata=_h(
-            "Policy objective (one of the registered objectives; its options are the block "
-            "ppo.<name>): " + ", ".join(OBJECTIVES) + "."
-        ),
+    policy_loss: str = option(
+        "ppo",
+        "Policy objective (one of the registered objectives; its options are the block "
+        "ppo.<name>): " + ", ".join(OBJECTIVES) + ".",
     )
-    ppo_n_minibatches: int = field(
-        default=4,
-        metadata=_h("Optimizer steps per PPO update (token-balanced split).", ge=1, le=10_000),
+    ppo_n_minibatches: int = option(
+        4, "Optimizer steps per PPO update (token-balanced split).", ge=1, le=10_000
     )
-    ppo_epochs: int = field(
-        default=1, metadata=_h("Passes over the batch per update.", ge=1, le=10_000)
+    ppo_epochs: int = option(1, "Passes over the batch per update.", ge=1, le=10_000)
+    adv_norm: NormConfig | None = option(
+        None, "Normalization of token advantages (masked); null = none."
     )
-    adv_norm: NormConfig | None = field(
-        default=None, metadata=_h("Normalization of token advantages (masked); null = none.")
+    reward_norm: NormConfig | None = option(
+        None, "Normalization of sequence rewards; groups = the samples of one prompt."
     )
-    reward_norm: NormConfig | None = field(
-        default=None,
-        metadata=_h("Normalization of sequence rewards; groups = the samples of one prompt."),
+    kl_ctl: float = option(
+        0.0, "KL-in-reward coefficient against a frozen reference copy (0 = no reference).", ge=0
     )
-    kl_ctl: float = field(
-        default=0.0,
-        metadata=_h(
-            "KL-in-reward coefficient against a frozen reference copy (0 = no reference).", ge=0
-        ),
-    )
-    kl_estimator: KLKind = field(default="k1", metadata=_h("KL estimator."))
-    discount: float = field(default=1.0, metadata=_h("GAE γ.", ge=0, le=1))
-    gae_lambda: float = field(default=1.0, metadata=_h("GAE λ.", ge=0, le=1))
-    reward_scaling: float = field(default=1.0, metadata=_h("R ← (R + bias)·scaling."))
-    reward_bias: float = field(default=0.0, metadata=_h("Added to R before scaling."))
-    reward_clip: float = field(
-        default=20.0, metadata=_h("R clipped to ±reward_clip.", gt=0, inf="no clipping")
-    )
-    entropy_coef: float = field(default=0.0, metadata=_h("Entropy bonus coefficient."))
-    temperature: float = field(
-        default=1.0, metadata=_h("Sampling temperature; training log-probs use the same.", gt=0)
-    )
+    kl_estimator: KLKind = option("k1", "KL estimator.")
+    discount: float = option(1.0, "GAE γ.", ge=0, le=1)
+    gae_lambda: float = option(1.0, "GAE λ.", ge=0, le=1)
+    reward_scaling: float = option(1.0, "R ← (R + bias)·scaling.")
+    reward_bias: float = option(0.0, "Added to R before scaling.")
+    reward_clip: float = option(20.0, "R clipped to ±reward_clip.", gt=0, inf="no clipping")
+    entropy_coef: float = option(0.0, "Entropy bonus coefficient.")
+    temperature: float = option(1.0, "Sampling temperature; training log-probs use the same.", gt=0)
 
     def __post_init__(self) -> None:
         check_behaviour_options(

@@ -61,12 +61,12 @@ y = (x − μ)/(μ + eps), and a scope whose mean is ≤ 0 gives 0 (:func:`divid
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
-from harness.core.configtools import checked
+from harness.core.configtools import checked, option
 
 Level = Literal["batch", "group"] | None
 
@@ -79,46 +79,33 @@ class NormConfig:
     Field names, order and defaults are AReaL's ``NormConfig``.
     """
 
-    mean_level: Level = field(
-        default="batch",
-        metadata={
-            "help": "Where the mean is taken: 'batch', 'group' (the n samples of a prompt) or None (no centering)."
-        },
+    mean_level: Level = option(
+        "batch",
+        "Where the mean is taken: 'batch', 'group' (the n samples of a prompt) or None (no centering).",
     )
-    mean_leave1out: bool = field(
-        default=False,
-        metadata={
-            "help": "Leave-one-out mean (RLOO): each entry is centred by the mean of the others in its scope."
-        },
+    mean_leave1out: bool = option(
+        False,
+        "Leave-one-out mean (RLOO): each entry is centred by the mean of the others in its scope.",
     )
-    std_level: Level = field(
-        default="batch",
-        metadata={"help": "Where the std is taken: 'batch', 'group' or None (no scaling)."},
+    std_level: Level = option(
+        "batch", "Where the std is taken: 'batch', 'group' or None (no scaling)."
     )
-    std_unbiased: bool = field(
-        default=True, metadata={"help": "Bessel-corrected (n-1) standard deviation."}
+    std_unbiased: bool = option(True, "Bessel-corrected (n-1) standard deviation.")
+    eps: float = option(1e-5, "Added to the std (not the variance).", ge=0)
+    group_size: int = option(
+        1,
+        "Rows per group when no explicit group sizes are passed (the training loop "
+        "passes the real per-prompt sizes); 1 = the batch's, any other value must agree "
+        "with them.",
+        ge=1,
+        le=10_000,
     )
-    eps: float = field(
-        default=1e-5, metadata={"help": "Added to the std (not the variance).", "ge": 0}
-    )
-    group_size: int = field(
-        default=1,
-        metadata={
-            "help": "Rows per group when no explicit group sizes are passed (the training loop "
-            "passes the real per-prompt sizes); 1 = the batch's, any other value must agree "
-            "with them.",
-            "ge": 1,
-            "le": 10_000,
-        },
-    )
-    divide_by: Literal["std", "mean"] = field(
-        default="std",
-        metadata={
-            "help": "What the centred value is divided by: 'std' (std_level's σ, AReaL) or "
-            "'mean' (MaxRL, prime-rl max_rl / SkyRL maxrl: (x − μ)/(μ + eps) with μ the "
-            "mean_level scope's mean; a scope with μ ≤ 0 gives 0; needs std_level null and "
-            "no leave-one-out). eps 0 is prime-rl's, 1e-6 SkyRL's."
-        },
+    divide_by: Literal["std", "mean"] = option(
+        "std",
+        "What the centred value is divided by: 'std' (std_level's σ, AReaL) or "
+        "'mean' (MaxRL, prime-rl max_rl / SkyRL maxrl: (x − μ)/(μ + eps) with μ the "
+        "mean_level scope's mean; a scope with μ ≤ 0 gives 0; needs std_level null and "
+        "no leave-one-out). eps 0 is prime-rl's, 1e-6 SkyRL's.",
     )
 
     def __post_init__(self) -> None:

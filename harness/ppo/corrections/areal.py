@@ -13,12 +13,12 @@ branch; legacy ``behave_imp_weight_mode`` from v1.0.0.post1–v1.0.3.  ``docs/pp
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, get_args
 
 import torch
 
-from harness.core.configtools import checked, meta
+from harness.core.configtools import checked, meta, option
 from harness.ppo.corrections.compute import apply_correction
 from harness.ppo.corrections.spec import Correction, Filter
 
@@ -40,29 +40,18 @@ class RejectionSampling:
     (``action='mask'``) or how its weight w = π_prox/π_behave is truncated (``action='clamp'``).
     """
 
-    level: Literal["token", "sequence"] = field(
-        default="token", metadata={"help": "Granularity of the decision: 'token' or 'sequence'."}
+    level: Literal["token", "sequence"] = option(
+        "token", "Granularity of the decision: 'token' or 'sequence'."
     )
-    action: Literal["mask", "clamp"] = field(
-        default="mask",
-        metadata={
-            "help": "'mask' drops out-of-bounds tokens/sequences; 'clamp' truncates the weight."
-        },
+    action: Literal["mask", "clamp"] = option(
+        "mask", "'mask' drops out-of-bounds tokens/sequences; 'clamp' truncates the weight."
     )
-    metric: Literal["ratio", "kl_k1", "kl_k2", "kl_k3", "binary_kl"] = field(
-        default="ratio",
-        metadata={"help": "Divergence between π_prox and π_behave that is bounded."},
+    metric: Literal["ratio", "kl_k1", "kl_k2", "kl_k3", "binary_kl"] = option(
+        "ratio", "Divergence between π_prox and π_behave that is bounded."
     )
-    agg: Literal["sum", "mean", "max"] = field(
-        default="mean", metadata={"help": "Sequence-level aggregation of the metric."}
-    )
-    upper: float = field(
-        default=5.0, metadata={"help": "Inclusive upper bound (metric <= upper passes)."}
-    )
-    lower: float | None = field(
-        default=None,
-        metadata={"help": "Inclusive lower bound; 'clamp' uses 0.0 when unset."},
-    )
+    agg: Literal["sum", "mean", "max"] = option("mean", "Sequence-level aggregation of the metric.")
+    upper: float = option(5.0, "Inclusive upper bound (metric <= upper passes).")
+    lower: float | None = option(None, "Inclusive lower bound; 'clamp' uses 0.0 when unset.")
 
     def __post_init__(self) -> None:
         # The choices are checked from the Literal types (``checked``); the rest ties fields.
