@@ -24,8 +24,8 @@ RANKS = {
     "model": 2,
     "ppo": 3,
     "sampling": 3,
-    "peers": 4,
-    "config": 5,
+    "config": 4,
+    "peers": 5,
     "run": 6,
     "report": 6,
     "sweep": 7,
@@ -183,6 +183,21 @@ def test_sweep_rooms_import_down() -> None:
     assert not upward, "sweep imports that do not point to a lower room:\n" + "\n".join(
         sorted(upward)
     )
+
+
+def test_the_config_layer_imports_no_peer_mapping() -> None:
+    """The peers read a ``RunConfig`` (a layer above it); what ``trainer: trl`` cannot express
+    reaches the config layer through its registry (``config.trainer_checks``), not an import."""
+    assert RANKS["config"] < RANKS["peers"]
+    found = sorted(
+        f"{m} -> {t}"
+        for m, ts in GRAPH.items()
+        if package(m) == "config"
+        for t in ts
+        if package(t) == "peers"
+    )
+    assert found == []
+    assert "harness.config.schema" in GRAPH["harness.peers.trl.problems"]
 
 
 def test_no_import_cycles() -> None:

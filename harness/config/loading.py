@@ -16,6 +16,7 @@ import yaml
 
 from harness.config.asynchrony import ASYNC_ALIAS, ASYNC_PATH
 from harness.config.schema import RunConfig
+from harness.config.trainer_checks import check_trainer
 from harness.core import limits
 from harness.core.configtools import ConfigError, from_dict, parse_override, set_path
 from harness.ppo.corrections import PRESETS
@@ -277,7 +278,8 @@ def expand_aliases(data: dict[str, Any]) -> dict[str, Any]:
 def build_run_config(
     data: dict[str, Any] | None = None, overrides: list[str] | dict[str, Any] | None = None
 ) -> RunConfig:
-    """defaults < data < overrides → validated RunConfig (raises ConfigError)."""
+    """defaults < data < overrides → validated RunConfig (raises ConfigError), checked against
+    the trainer it names (``harness.config.trainer_checks``)."""
     merged = expand_aliases(data or {})
     if isinstance(overrides, list):
         overrides = dict(parse_override(o) for o in overrides)
@@ -287,6 +289,7 @@ def build_run_config(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         cfg = from_dict(RunConfig, merged)
+        check_trainer(cfg)  # what the trainer it names cannot express (trainer_checks)
     for w in caught:
         if issubclass(w.category, UserWarning):
             raise ConfigError(str(w.message).splitlines()[0])

@@ -18,7 +18,6 @@ from harness.config.asynchrony import AsyncConfig
 from harness.core.configtools import is_device_name, option
 from harness.model.engine_support import SamplerDtype
 from harness.model.options import ModelOptions, TinyModelConfig
-from harness.peers.trl import trl_problems
 from harness.ppo.config import PPOActorConfig
 from harness.ppo.corrections import Correction
 from harness.tasks import field_help as task_field_help
@@ -307,14 +306,6 @@ class RunConfig:
                 "rollout.async: not with trainer: trl (TRL's GRPOTrainer samples synchronously; "
                 "use trainer: harness)"
             )
-        if self.trainer == "trl":
-            problems = trl_problems(self)
-            if problems:
-                # every refusal at once, so a user fixes them in one go, not one run at a time;
-                # the first field leads (a --set error names the flag of that field)
-                where, why = problems[0]
-                more = "".join(f"; also {w}: {y}" for w, y in problems[1:])
-                raise ValueError(f"{where}: not expressible with trainer: trl ({why}){more}")
         check_segment_filters(self.ppo.correction)
         if self.ppo.prox_logp_method == "loglinear" and max_lag(self) < 2:
             # α = (k−1)/k is 0 for a batch sampled k <= 1 updates ago: π_prox would be π_behave

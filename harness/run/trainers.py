@@ -7,15 +7,21 @@
 
 Both are the run scaffold (``harness/run/scaffold.py``) around their own steps, so both take the
 same hooks and keep the same contract (tests/run/test_trainer_contract.py).  ``RunConfig.trainer``
-picks one; ``train`` dispatches.  Sweeps, the tracker and the report never know which trainer ran
-a cell.
+picks one; ``train`` checks the config against it and dispatches.  Sweeps, the tracker and the
+report never know which trainer ran a cell.
+
+What a trainer cannot express is refused when a config is built: loading this module loads each
+trainer's check (``harness.peers.trl`` registers TRL's with ``harness.config.trainer_checks``), so
+the commands that read configs import it before they read one.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, Unpack, get_args
 
+import harness.peers.trl  # noqa: F401 - registers what trainer: trl cannot express
 from harness.config.schema import TrainerName
+from harness.config.trainer_checks import check_trainer
 
 if TYPE_CHECKING:
     from harness.config import RunConfig
@@ -41,5 +47,7 @@ def get_trainer(name: str) -> Trainer:
 
 
 def train(cfg: RunConfig, **hooks: Unpack[Hooks]) -> RunResult:
-    """Run ``cfg`` with the trainer it names."""
+    """Run ``cfg`` with the trainer it names (refused first, in one line, where that trainer cannot
+    express it: a config built before the checks were loaded is checked here)."""
+    check_trainer(cfg)
     return get_trainer(cfg.trainer)(cfg, **hooks)

@@ -7,6 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
+import harness.run.trainers  # noqa: F401 - each trainer's checks, loaded before a config is read
 from harness import tracking
 from harness.cli.options import fail
 from harness.config import load_run_config

@@ -11,17 +11,22 @@ that is:
 
 ``trl_problems(cfg)`` (:mod:`.problems`) lists every (field, reason) TRL cannot express;
 ``grpo_kwargs(cfg)`` (:mod:`.kwargs`) returns the algorithm's ``GRPOConfig`` keyword arguments
-(the trainer adds the runtime ones: output dir, device, logging).  The package never imports TRL
-(nor the config layer), so the config layer can validate with it.
+(the trainer adds the runtime ones: output dir, device, logging).  The package never imports TRL.
+Importing it registers ``trl_problems`` with the config layer
+(``harness.config.trainer_checks``), so every config naming ``trainer: trl`` built from then on
+is refused, in one line, where TRL cannot express it.
 Source read: ``trl/trainer/grpo_trainer.py`` (``_compute_loss``, ``_generate_and_score_completions``)
 and ``grpo_config.py`` at TRL 1.16.0.
 """
 
 from __future__ import annotations
 
+from harness.config.trainer_checks import register_trainer_check
 from harness.peers.trl.kwargs import grpo_kwargs
 from harness.peers.trl.mapping import TRL_MAPPING, TRL_VERSION, MapRow, markdown
 from harness.peers.trl.problems import TRL_STD_EPS, VLLM_ONLY, approximations, trl_problems
+
+register_trainer_check("trl", trl_problems)
 
 __all__ = [
     "TRL_MAPPING",

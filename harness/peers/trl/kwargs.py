@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness.config.schema import RunConfig
+from harness.config.trainer_checks import refusal
 from harness.peers.corrections import trl_settings
 from harness.peers.trl.problems import model_opt, policy_loss_of, trl_problems, uses_engine
+from harness.ppo.corrections import Correction
 from harness.ppo.objectives import lookup
 
 _LOSS_TYPE = {
@@ -17,14 +20,13 @@ _LOSS_TYPE = {
 _SCHEDULE = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
 
 
-def grpo_kwargs(cfg: Any, *, strict: bool = True) -> dict[str, Any]:
+def grpo_kwargs(cfg: RunConfig, *, strict: bool = True) -> dict[str, Any]:
     """The algorithm's ``GRPOConfig`` keyword arguments for ``cfg``.  ``strict``: raise
     ``ValueError`` naming the first inexpressible option; otherwise leave out what TRL cannot say
     (``harness export`` names it in a comment)."""
     problems = trl_problems(cfg)
     if problems and strict:
-        field, reason = problems[0]
-        raise ValueError(f"{field}: not expressible with trainer: trl ({reason})")
+        raise ValueError(refusal("trl", problems[:1]))
     p, r = cfg.ppo, cfg.rollout
     batch = r.prompts_per_step * r.n_samples
     pl = policy_loss_of(cfg)
@@ -50,7 +52,7 @@ def grpo_kwargs(cfg: Any, *, strict: bool = True) -> dict[str, Any]:
         kw["mask_truncated_completions"] = True
     if "ppo_n_minibatches" in bad:  # uneven split: one optimizer step per generation batch
         kw["steps_per_generation"], kw["per_device_train_batch_size"] = 1, batch
-    if getattr(p, "correction", None) is not None:
+    if isinstance(p.correction, Correction):  # a preset's name is resolved when it is built
         # The correction under TRL's names (the vLLM weights act only with TRL's engine: without
         # it they are refused above, and reach only an exported config).
         kw.update(trl_settings(p.correction)[0])
@@ -69,7 +71,7 @@ def grpo_kwargs(cfg: Any, *, strict: bool = True) -> dict[str, Any]:
     return kw
 
 
-def _plain_kwargs(cfg: Any, loss_type: str, batch: int) -> dict[str, Any]:
+def _plain_kwargs(cfg: RunConfig, loss_type: str, batch: int) -> dict[str, Any]:
     """The arguments every TRL run of ``cfg`` names, each one harness option read as is."""
     p, r, o = cfg.ppo, cfg.rollout, cfg.optim
     return {

@@ -6,25 +6,28 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from harness.config.schema import RunConfig
 from harness.peers.corrections import trl_settings
 from harness.peers.trl.mapping import shown
+from harness.ppo.config import PPOActorConfig
 from harness.ppo.objectives import OBJECTIVES, lookup
+from harness.ppo.objectives.registry import options_of
 
 # TRL's fixed group/batch std epsilon (``advantages / (std_rewards + 1e-4)``).
 TRL_STD_EPS = 1e-4
 
 
-def model_opt(cfg: Any, name: str, default: Any) -> Any:
+def model_opt(cfg: RunConfig, name: str, default: Any) -> Any:
     """``cfg.model_options.<name>``, or ``default`` where the config has none."""
     return getattr(getattr(cfg, "model_options", None), name, default)
 
 
-def policy_loss_of(cfg: Any) -> str:
+def policy_loss_of(cfg: RunConfig) -> str:
     """The name of ``cfg``'s objective (``ppo.policy_loss``)."""
     return str(getattr(cfg.ppo, "policy_loss", "ppo"))
 
 
-def _objective_problems(cfg: Any) -> list[tuple[str, str]]:
+def _objective_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """What TRL cannot say about the objective, from its declaration (at most one problem)."""
     p, pl = cfg.ppo, policy_loss_of(cfg)
     o = lookup(pl)
@@ -48,12 +51,12 @@ VLLM_ONLY = (
 )
 
 
-def uses_engine(cfg: Any) -> bool:
+def uses_engine(cfg: RunConfig) -> bool:
     """Whether ``cfg`` samples with TRL's colocated vLLM engine."""
     return getattr(cfg.rollout, "sampler_backend", "auto") == "vllm"
 
 
-def _correction_problems(p: Any, engine: bool) -> list[tuple[str, str]]:
+def _correction_problems(p: PPOActorConfig, engine: bool) -> list[tuple[str, str]]:
     """What TRL cannot say about ``ppo.correction`` (its IS weights only exist with vLLM)."""
     c = getattr(p, "correction", None)
     if c is None:
@@ -67,7 +70,7 @@ def _correction_problems(p: Any, engine: bool) -> list[tuple[str, str]]:
     return problems
 
 
-def _vespo_composition_problems(p: Any, kw: dict[str, Any]) -> list[tuple[str, str]]:
+def _vespo_composition_problems(p: PPOActorConfig, kw: dict[str, Any]) -> list[tuple[str, str]]:
     """TRL's VESPO folds its vLLM weight ρ into W and refuses sequence-level ρ."""
     out = []
     if not str(kw["vllm_importance_sampling_mode"]).startswith("token"):
@@ -77,7 +80,7 @@ def _vespo_composition_problems(p: Any, kw: dict[str, Any]) -> list[tuple[str, s
                 "TRL's VESPO takes only token_truncate / token_mask weights (folded into W)",
             )
         )
-    if p.vespo.behaviour_weight != "fold":
+    if options_of(p, "vespo").behaviour_weight != "fold":
         out.append(
             (
                 "ppo.vespo.behaviour_weight",
@@ -89,7 +92,7 @@ def _vespo_composition_problems(p: Any, kw: dict[str, Any]) -> list[tuple[str, s
     return out
 
 
-def _algorithm_problems(cfg: Any) -> list[tuple[str, str]]:
+def _algorithm_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """The critic, a lagged or proximal policy, behaviour weights and the correction."""
     p, r = cfg.ppo, cfg.rollout
     out: list[tuple[str, str]] = []
@@ -113,7 +116,7 @@ def _algorithm_problems(cfg: Any) -> list[tuple[str, str]]:
     return out
 
 
-def _normalization_problems(cfg: Any) -> list[tuple[str, str]]:
+def _normalization_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """Advantage and reward normalization TRL's scale_rewards cannot express."""
     p = cfg.ppo
     out: list[tuple[str, str]] = []
@@ -142,7 +145,7 @@ def _normalization_problems(cfg: Any) -> list[tuple[str, str]]:
     return out
 
 
-def _loss_problems(cfg: Any) -> list[tuple[str, str]]:
+def _loss_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """The KL, the return, the clip, the loss aggregation, truncation, filtering and the objective."""
     p, r = cfg.ppo, cfg.rollout
     out: list[tuple[str, str]] = []
@@ -180,7 +183,7 @@ def _loss_problems(cfg: Any) -> list[tuple[str, str]]:
     return out
 
 
-def _rollout_problems(cfg: Any) -> list[tuple[str, str]]:
+def _rollout_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """Prompts, the chat template, the sampler and the batch shape."""
     p, r = cfg.ppo, cfg.rollout
     engine = uses_engine(cfg)
@@ -234,7 +237,7 @@ def _rollout_problems(cfg: Any) -> list[tuple[str, str]]:
     return out
 
 
-def trl_problems(cfg: Any) -> list[tuple[str, str]]:
+def trl_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """Every option of ``cfg`` that TRL's GRPOTrainer cannot express, as (field, reason)."""
     return [
         *_algorithm_problems(cfg),
@@ -244,7 +247,7 @@ def trl_problems(cfg: Any) -> list[tuple[str, str]]:
     ]
 
 
-def approximations(cfg: Any) -> list[str]:
+def approximations(cfg: RunConfig) -> list[str]:
     """The documented differences a TRL run of ``cfg`` has from the harness's own loop."""
     p = cfg.ppo
     out = []

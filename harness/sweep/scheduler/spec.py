@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+import harness.run.trainers  # noqa: F401 - each trainer's checks, loaded before a cell is built
 from harness.config import RunConfig, apply_overrides, build_run_config
 from harness.config.experiment import ExperimentSpec
 from harness.config.experiment_schema import SearchParam, SearchSpec
