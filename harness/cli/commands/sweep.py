@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -21,6 +21,7 @@ from harness.core.configtools import ConfigError, check_name
 from harness.core.fsutil import fatal_event_error
 from harness.sweep.launching.launch import stop_grace_s
 from harness.sweep.launching.launch_checks import (
+    LaunchChoice,
     check_devices,
     devices_to_check,
     launch_choice,
@@ -35,6 +36,9 @@ from harness.sweep.stores.opening import (
     load_existing_study,
     open_stores,
 )
+
+if TYPE_CHECKING:
+    from harness.sweep.launching.launchers.ray_launcher import RayLauncher
 
 
 def run_experiment(
@@ -84,28 +88,49 @@ def run_experiment(
     check_devices(*devices_to_check(spec, device_list))
     stop_grace_s()  # a bad HARNESS_STOP_GRACE_S is refused before any store is opened
     choice = launch_choice(*launcher, storage, tracking_uri)
-    optuna_storage, tracker = open_stores(storage, tracking_uri, results_dir)
-    # The sweep's machinery (workers, finishing, the report) loads once the input is valid, so
-    # a bad file or flag answers in seconds, before transformers is imported.
-    from harness.sweep.launching.driver import SweepOptions, sweep  # noqa: PLC0415 - loads the training stack: only for valid input
+    placed = placed_ray_launcher(choice)
+    try:
+        optuna_storage, tracker = open_stores(storage, tracking_uri, results_dir)
+        # The sweep's machinery (workers, finishing, the report) loads once the input is valid,
+        # so a bad file or flag answers in seconds, before transformers is imported.
+        from harness.sweep.launching.driver import SweepOptions, sweep  # noqa: PLC0415 - loads the training stack: only for valid input
 
-    opts = SweepOptions(
-        storage=storage,
-        tracking_uri=tracking_uri,
-        results_dir=results_dir,
-        study_name=study_name,
-        workers=workers,
-        device_list=device_list,
-        command=command_line(),
-        choice=choice,
-        max_retries=max_retries,
-        fail_fast=fail_fast,
-        report=report,
-        cells_per_worker=k,
-    )
-    code = sweep(spec, opts, optuna_storage=optuna_storage, tracker=tracker, say=say)
+        opts = SweepOptions(
+            storage=storage,
+            tracking_uri=tracking_uri,
+            results_dir=results_dir,
+            study_name=study_name,
+            workers=workers,
+            device_list=device_list,
+            command=command_line(),
+            choice=choice,
+            max_retries=max_retries,
+            fail_fast=fail_fast,
+            report=report,
+            cells_per_worker=k,
+            launcher=placed,
+        )
+        code = sweep(spec, opts, optuna_storage=optuna_storage, tracker=tracker, say=say)
+    finally:
+        if placed is not None:  # the sweep closed it; a refusal before the workers did not
+            placed.close()
     if code:
         raise typer.Exit(code)
+
+
+def placed_ray_launcher(choice: LaunchChoice) -> RayLauncher | None:
+    """``--launcher ray``: the Ray launcher, joined to its cluster (or the Ray started here),
+    once it has checked that some node can hold one worker with ``--gpus-per-worker`` and
+    ``--cpus-per-worker`` (a ConfigError otherwise: Ray would keep the tasks pending for ever).
+    Before any store is opened, so a refusal writes nothing; the sweep then uses this launcher.
+    None for the local launcher."""
+    if choice.name != "ray":
+        return None
+    from harness.sweep.launching.launchers.ray_launcher import RayLauncher  # noqa: PLC0415 - loads Ray: only for --launcher ray
+
+    launcher = RayLauncher(choice.ray_address)
+    launcher.check_placement(choice.gpus, choice.cpus)
+    return launcher
 
 
 def file_cells_per_worker(spec: ExperimentSpec) -> int:

@@ -22,7 +22,7 @@ from harness.config.experiment import ExperimentSpec
 from harness.core.db import with_retries
 from harness.core.fsutil import fatal_event_error, fatal_store_error
 from harness.sweep.launching.coordinator import coordinator_lock
-from harness.sweep.launching.launch import Resources, make_launcher, run_workers
+from harness.sweep.launching.launch import Launcher, Resources, make_launcher, run_workers
 from harness.sweep.launching.launch_checks import LaunchChoice
 from harness.sweep.launching.worker import WorkerOptions
 from harness.sweep.present.finish import OUTCOME_TAG, finish_study
@@ -57,6 +57,9 @@ class SweepOptions:
     fail_fast: bool = False
     report: bool = True
     cells_per_worker: int = 1  # grid trials a worker trains at once on one base model
+    # A launcher the command already started (Ray, joined to check that a node can hold a
+    # worker before anything was written); None: made here from ``choice``.
+    launcher: Launcher | None = None
 
 
 def sweep(
@@ -151,7 +154,9 @@ def _run_and_finish(
             killed[int(e["trial"])] = f"worker killed: {e['reason']}"
 
     counts = run_workers(
-        make_launcher(choice.name, ray_address=choice.ray_address),
+        sweep_opts.launcher
+        if sweep_opts.launcher is not None
+        else make_launcher(choice.name, ray_address=choice.ray_address),
         sweep_opts.workers,
         opts,
         resources=Resources(

@@ -1,5 +1,6 @@
 """What ``--launcher ray`` checks before any store is opened: that Ray is installed, that
-workers on other nodes can reach the stores, and that the cluster's address answers.
+workers on other nodes can reach the stores, that the cluster's address answers, and (once the
+launcher has joined the cluster, :func:`check_placement`) that a node can hold one worker.
 
 Apart from the launcher (``ray_launcher.py``), which runs the worker loop and so loads Optuna:
 ``launch_checks`` imports these, and ``harness run`` imports ``launch_checks``."""
@@ -82,3 +83,48 @@ def probe_address(address: str, timeout: float = PROBE_TIMEOUT_S) -> None:
         f"--ray-address: cannot connect to {address} ({reason}); is the Ray head running "
         "(ray start --head --port PORT)?"
     )
+
+
+def check_placement(nodes: list[dict[str, Any]], gpus: float, cpus: float) -> None:
+    """Refuse ``--gpus-per-worker`` / ``--cpus-per-worker`` that no node of the cluster can
+    give one worker: Ray keeps an infeasible task pending for ever, so the sweep would wait
+    without a word.  ``nodes`` is ``ray.nodes()`` (dead nodes are skipped); a private Ray
+    counts what it detected on this machine.  The cluster is judged as it is at launch: an
+    autoscaler that would add larger nodes on demand is not asked."""
+    alive = [n.get("Resources") or {} for n in nodes if n.get("Alive", True)]
+    have = [(float(r.get("GPU", 0.0)), float(r.get("CPU", 0.0))) for r in alive]
+    for flag, asked, col, unit in (
+        ("--gpus-per-worker", gpus, 0, "GPU"),
+        ("--cpus-per-worker", cpus, 1, "CPU"),
+    ):
+        if asked <= 0:
+            continue
+        per_node = [h[col] for h in have]
+        most = max(per_node, default=0.0)
+        if most >= asked:
+            continue
+        summary = f"nodes: {len(have)}, {unit}s: {_num(sum(per_node))}"
+        if most <= 0:
+            raise ConfigError(
+                f"{flag}: {_num(asked)} asked per worker, but no node of the Ray cluster has "
+                f"a {unit} ({summary})"
+            )
+        raise ConfigError(
+            f"{flag}: {_num(asked)} asked per worker, but no node of the Ray cluster has that "
+            f"many (at most {_num(most)} on one node; {summary})"
+        )
+    if gpus > 0 and cpus > 0 and not any(g >= gpus and c >= cpus for g, c in have):
+        raise ConfigError(
+            f"--cpus-per-worker: {_num(cpus)} asked per worker with --gpus-per-worker "
+            f"{_num(gpus)}, but no node of the Ray cluster has both (GPUs/CPUs of its "
+            f"{len(have)} nodes: {_shown(have)})"
+        )
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+def _shown(have: list[tuple[float, float]], most: int = 8) -> str:
+    shown = ", ".join(f"{_num(g)}/{_num(c)}" for g, c in have[:most])
+    return shown + (f", ... ({len(have) - most} more)" if len(have) > most else "")

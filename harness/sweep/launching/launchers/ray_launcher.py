@@ -22,7 +22,11 @@ from unittest import mock
 from harness.core.configtools import ConfigError
 from harness.core.perf import tune_malloc
 from harness.sweep.launching.launchers.base import worker_options
-from harness.sweep.launching.launchers.ray_checks import import_ray, split_address
+from harness.sweep.launching.launchers.ray_checks import (
+    check_placement,
+    import_ray,
+    split_address,
+)
 from harness.sweep.launching.worker import Event, WorkerOptions, worker_loop
 
 # How often a Ray worker asks the channel whether to stop (a cheap actor call).
@@ -205,6 +209,17 @@ class RayLauncher:
                     "this machine; pass --ray-address of a cluster you started"
                 )
 
+    def check_placement(self, gpus: float, cpus: float) -> None:
+        """Join the cluster (or start the Ray here) and refuse, as a ConfigError, a worker that
+        no node can hold (``ray_checks.check_placement``): its task would wait for ever.  The
+        coordinator calls this before it writes anything; a refusal leaves no Ray running."""
+        self.connect()
+        try:
+            check_placement(self.ray.nodes(), gpus, cpus)
+        except ConfigError:
+            self.close()
+            raise
+
     def start(self, n_workers: int, opts: Any, resources: Any) -> None:
         ray = self.ray
         self.connect()
@@ -272,6 +287,8 @@ class RayLauncher:
             self.ray.cancel(ref, force=True)
 
     def close(self) -> None:
+        if self._closed:  # closed already (a refusal, then the caller's own close)
+            return
         ray = self.ray
         try:
             if self.refs:
