@@ -47,7 +47,7 @@ from harness.sampling.base import (
     Sampler,
     SamplingParams,
     assemble_batch,
-    encode_prompts,
+    repeated_prompts,
 )
 from harness.sampling.registry import register
 from harness.sampling.vllm_host import (
@@ -293,19 +293,16 @@ class EngineSampler(Sampler):
         eos_token_ids = kw.get("eos_token_ids")
         if not eos_token_ids:
             eos_token_ids = eos_ids(self.model, tokenizer)
-        enc = encode_prompts(
-            tokenizer, prompts, kw.get("max_prompt_tokens"), kw.get("chat_template")
+        prompt_ids, prompt_mask = repeated_prompts(
+            tokenizer,
+            prompts,
+            params.n_samples,
+            params.max_new_tokens,
+            max_prompt_tokens=kw.get("max_prompt_tokens"),
+            max_positions=kw.get("max_positions"),
+            chat_template=kw.get("chat_template"),
         )
         device = self.device
-        prompt_ids = enc["input_ids"].repeat_interleave(params.n_samples, dim=0)
-        prompt_mask = enc["attention_mask"].repeat_interleave(params.n_samples, dim=0)
-        longest = int(prompt_mask.sum(-1).max())
-        limit = kw.get("max_positions")
-        if limit is not None and longest + params.max_new_tokens > limit:
-            raise ValueError(
-                f"rollout: a prompt of {longest} tokens + max_new_tokens {params.max_new_tokens} exceeds "
-                f"the model's {limit} positions (set rollout.max_prompt_tokens)"
-            )
         rows = [
             [int(t) for t, m in zip(ids, mask, strict=True) if m]
             for ids, mask in zip(prompt_ids.tolist(), prompt_mask.tolist(), strict=True)
