@@ -73,56 +73,46 @@ def sweep(
     """Run the experiment ``exp`` (a grid or a search) to its end; ``say`` prints a line for the
     user.  0 when it finished, 1 when a grid is unfinished or no trial completed, 130 when
     interrupted (resumable)."""
+    # The lock is held to the end: one coordinator per study (a second sweep of it is refused).
     with coordinator_lock(opts.results_dir, opts.study_name or exp.name):
-        return _sweep(exp, opts, optuna_storage=optuna_storage, tracker=tracker, say=say)
-
-
-def _sweep(
-    exp: ExperimentSpec,
-    opts: SweepOptions,
-    *,
-    optuna_storage: BaseStorage,
-    tracker: Tracker,
-    say: Callable[[str], None],
-) -> int:
-    """``sweep`` under the study's coordinator lock."""
-    workers = f"{opts.workers} worker(s)"
-    if opts.cells_per_worker > 1:
-        workers += f" x up to {opts.cells_per_worker} packed trials each"
-    study, study_spec = open_study(
-        exp,
-        storage=optuna_storage,
-        tracker=tracker,
-        study_name=opts.study_name,
-        tracking_uri=opts.tracking_uri,
-        max_retries=opts.max_retries,
-        command=opts.command,
-    )
-    try:
-        with _parent_closed_on_abort(tracker, study_spec):
-            enqueued, done = enqueue_missing(study, study_spec)
-            if exp.search is None and exp.adaptive is not None:
-                a = exp.adaptive
-                say(
-                    f"study {study.study_name!r}: {len(exp.cells)} cells x {a['min']}..{a['max']} "
-                    f"seeds (adaptive, decide: {a['decide']}), {done} already done, {enqueued} "
-                    f"enqueued (held until a look releases them); {workers}"
-                )
-            elif exp.search is None:
-                say(
-                    f"study {study.study_name!r}: {exp.n_trials} trials ({len(exp.cells)} cells x "
-                    f"{len(exp.seeds)} seeds), {done} already done, {enqueued} enqueued; "
-                    f"{workers}"
-                )
-            else:
-                say(
-                    f"study {study.study_name!r}: up to {exp.search.n_trials} trials x "
-                    f"{len(exp.seeds)} seeds, {workers}"
-                )
-            return _run_and_finish(study, study_spec, tracker, opts, done=done, say=say)
-    except _Interrupted:
-        say(INTERRUPTED_HINT)
-        return 130
+        workers = f"{opts.workers} worker(s)"
+        if opts.cells_per_worker > 1:
+            workers += f" x up to {opts.cells_per_worker} packed trials each"
+        study, study_spec = open_study(
+            exp,
+            storage=optuna_storage,
+            tracker=tracker,
+            study_name=opts.study_name,
+            tracking_uri=opts.tracking_uri,
+            max_retries=opts.max_retries,
+            command=opts.command,
+        )
+        try:
+            with _parent_closed_on_abort(tracker, study_spec):
+                enqueued, done = enqueue_missing(study, study_spec)
+                if exp.search is None and exp.adaptive is not None:
+                    a = exp.adaptive
+                    say(
+                        f"study {study.study_name!r}: {len(exp.cells)} cells x "
+                        f"{a['min']}..{a['max']} seeds (adaptive, decide: {a['decide']}), "
+                        f"{done} already done, {enqueued} enqueued (held until a look releases "
+                        f"them); {workers}"
+                    )
+                elif exp.search is None:
+                    say(
+                        f"study {study.study_name!r}: {exp.n_trials} trials "
+                        f"({len(exp.cells)} cells x {len(exp.seeds)} seeds), {done} already "
+                        f"done, {enqueued} enqueued; {workers}"
+                    )
+                else:
+                    say(
+                        f"study {study.study_name!r}: up to {exp.search.n_trials} trials x "
+                        f"{len(exp.seeds)} seeds, {workers}"
+                    )
+                return _run_and_finish(study, study_spec, tracker, opts, done=done, say=say)
+        except _Interrupted:
+            say(INTERRUPTED_HINT)
+            return 130
 
 
 def _run_and_finish(
