@@ -80,6 +80,7 @@ from harness.run.scaffold import (
 )
 from harness.run.tracked import interrupt_reason
 from harness.sampling import Sampler
+from harness.sampling.vllm import ENGINE_LORA_RANKS
 from harness.sampling.vllm_adapters import AdapterEngine, AdapterSampler
 
 _logger = logging.getLogger(__name__)
@@ -161,6 +162,15 @@ def check_packable(cfgs: Sequence[RunConfig]) -> None:
             raise ValueError(
                 "rollout.async: not packable yet (the asynchronous sampler keeps its own copy "
                 "of the policy per run); run asynchronous cells unpacked"
+            )
+        if (
+            cfg.rollout.sampler_backend == "vllm"
+            and cfg.model_options.lora.r > ENGINE_LORA_RANKS[-1]
+        ):
+            raise ValueError(
+                f"model_options.lora.r: a pack's engine serves adapters of rank <= "
+                f"{ENGINE_LORA_RANKS[-1]}, not {cfg.model_options.lora.r}; run these cells "
+                "unpacked (the engine then serves each run's adapter merged)"
             )
         differs = incompatible_field(cfgs[0], cfg)
         if differs is not None:

@@ -156,6 +156,9 @@ def test_what_cannot_share_a_base_is_refused_in_one_line():
         r"^seed: run 1": {"seed": 1},
         r"^rollout\.async: not packable yet": {"rollout.async.max_staleness": 1},
     }
+    big = {"model_options.lora.r": 1024, "rollout.sampler_backend": "vllm"}
+    with pytest.raises(ValueError, match=r"^model_options\.lora\.r: a pack's engine serves"):
+        run_packed([cfg(**big), cfg(**big)], [{}, {}])
     for pattern, over in cases.items():
         with pytest.raises(ValueError, match=pattern) as err:
             run_packed([cfg(), cfg(**over)], [{}, {}])
