@@ -13,7 +13,9 @@ How it runs (docs/engine.md):
 * one engine per run process, started at the first weight load and kept across steps,
   in-process (its process setup: :mod:`harness.sampling.vllm_host`; its start, sync and
   shutdown: :class:`EngineHost`, which the step-level sampler of asynchronous runs,
-  :mod:`harness.sampling.vllm_steps`, shares); :meth:`EngineSampler.close` ends it with the run;
+  :mod:`harness.sampling.vllm_steps`, shares); :meth:`EngineSampler.close` ends it with the run.
+  A pack of LoRA runs (``harness/run/packing.py``) instead shares one engine that serves each
+  run's adapter itself (:mod:`harness.sampling.vllm_adapters`);
 * the model (config and weights) is written once to a run-local directory and the engine
   starts on it; before every rollout the sampling policy's weights (under LoRA: merged into the
   base weights) are copied in with vLLM's in-place ``reload_weights`` when their version
