@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from harness.core.configtools import option
+from harness.core.fields import option
 
 WeightUpdates = Literal["between_batches", "in_flight"]
 InFlightKV = Literal["keep", "recompute"]

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from harness.config.loading import resolve_alias
 from harness.config.schema import RunConfig
-from harness.core.configtools import bounds_of, check_name, meta, option
+from harness.core.configtools import check_name
+from harness.core.fields import bounds_of, meta, option
 from harness.metrics.stability import OBJECTIVE_KEYS
 
 if TYPE_CHECKING:

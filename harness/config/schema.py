@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from harness.config.asynchrony import AsyncConfig
-from harness.core.configtools import is_device_name, option
+from harness.core.configtools import is_device_name
+from harness.core.fields import option
 from harness.model.engine_support import SamplerDtype
 from harness.model.options import ModelOptions, TinyModelConfig
 from harness.ppo.config import PPOActorConfig
@@ -23,7 +24,7 @@ from harness.ppo.corrections import Correction
 from harness.tasks import field_help as task_field_help
 
 # Every field is declared with ``option`` (help text plus the declared range, see
-# harness.core.configtools); every numeric field is range- and finiteness-checked from these
+# harness.core.fields); every numeric field is range- and finiteness-checked from these
 # declarations when a config is built.
 BIG = 10_000_000  # upper bound of step-like counts: far beyond any CPU/GPU run, far below overflow
 

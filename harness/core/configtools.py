@@ -1,29 +1,10 @@
 """Typed dataclass trees from plain dicts (YAML), with strict validation and dotted overrides.
 
-Every config in the harness is a dataclass whose fields are declared with ``option``: the default,
-the help string and, for numbers, the allowed range.  This module turns a nested dict into such a
-tree, checking every key, type, range and finiteness once, from those declarations, and reports
-the first problem as a ``ConfigError`` whose message is one line naming the dotted path and what
-is allowed.  The CLI turns ``ConfigError`` into exit code 2.
-
-Declaring a field (the one spelling for every config field)::
-
-    steps: int = option(200, "Training steps.", ge=1, le=10_000_000)
-    lr: float = option(3e-4, "Learning rate.", gt=0)
-    clip: float = option(20.0, "Clip to ±clip.", gt=0, inf="no clipping")
-    names: list[str] = option(help="Module names.", factory=lambda: ["all-linear"])
-    metric: str = option(help="Run-summary key (required: no default).")
-
-``ge``/``gt``/``le``/``lt`` bound the value (inclusive / exclusive).  A float must be finite
-unless ``inf=`` says what infinity means for that field; NaN is never accepted.  Every int field
-declares both bounds (tests/config/test_bad_input.py walks the tree and checks that it does), so that a
-value such as 10**23 is refused up front instead of overflowing mid-run.  ``factory`` gives a
-mutable default.  A field declared like another one passes that declaration on:
-``option(None, **BEHAVE_CAP)`` (the same help and range), ``option(None, "Other help.",
-**bounds_of(decl))`` (the same range).  tests/config/test_option_declarations.py checks that every
-config field is declared so.  Choices are a ``Literal[...]`` type; a tuple of the same names,
-where code needs one, is ``typing.get_args`` of it.  (The reader takes any mapping of the same
-keys as metadata, e.g. the empty one of a dataclass that declares nothing.)
+A config is a dataclass tree whose fields are declared with ``option`` (``harness.core.fields``:
+the default, the help and, for numbers, the allowed range).  This module turns a nested dict into
+such a tree, checking every key, type, range and finiteness once, from those declarations, and
+reports the first problem as a ``ConfigError`` whose message is one line naming the dotted path
+and what is allowed.  The CLI turns ``ConfigError`` into exit code 2.
 
 A class decorated ``@checked()`` (below ``@dataclass``) runs the same checks on every
 construction, from Python too, so its ``__post_init__`` holds only the rules that tie fields
@@ -35,14 +16,22 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import operator
 import re
 import types
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
+
+from harness.core.fields import (
+    BOUND_OPS,
+    META_KEYS,
+    declarations,
+    describe_range,
+    strip_optional,
+    type_name,
+)
 
 T = TypeVar("T")
 
@@ -56,117 +45,18 @@ class BadValue(ConfigError):
     a bad key): a union arm that fits by kind reports this, rather than "must be X or Y"."""
 
 
-BOUND_KEYS = ("ge", "gt", "le", "lt")
-_OPS = {"ge": operator.ge, "gt": operator.gt, "le": operator.le, "lt": operator.lt}
-_META_KEYS = {"help", "inf", "from_key", *BOUND_KEYS}
-
-
-class Meta(dict[str, Any]):
-    """Field metadata; hashable, so that it can also annotate a type (``Annotated[int, meta(...)]``
-    declares the range of a list's items)."""
-
-    def __hash__(self) -> int:  # type: ignore[override]
-        return hash(tuple(sorted(self.items())))
-
-    def copy(self) -> Meta:
-        """A copy of the same kind: a dataclass field's metadata is a read-only view of what it
-        was declared with, and its ``copy()`` is how :func:`declared_with_option` sees that."""
-        return type(self)(self)
-
-
-class Declared(Meta):
-    """The metadata :func:`option` gives a field: a ``Meta`` that says it came from ``option``."""
-
-
-def meta(
-    help: str,
-    *,
-    ge: float | None = None,
-    gt: float | None = None,
-    le: float | None = None,
-    lt: float | None = None,
-    inf: str | None = None,
-    from_key: bool = False,
-) -> Meta:
-    """Field metadata: the help string shown by ``harness fields`` and the allowed range.
-
-    ``inf`` (floats only) allows an infinite value and says what it means, e.g. ``"no clipping"``.
-    ``from_key``: in a ``dict[str, ThisClass]`` the mapping's key fills this field (it is not a
-    key the file may give).
-    """
-    if ge is not None and gt is not None or le is not None and lt is not None:
-        raise TypeError("give at most one lower (ge/gt) and one upper (le/lt) bound")
-    out = Meta(help=help)
-    for key, value in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt), ("inf", inf)):
-        if value is not None:
-            out[key] = value
-    if from_key:
-        out["from_key"] = True
-    return out
-
-
-def option(
-    default: Any = dataclasses.MISSING,
-    help: str = "",
-    *,
-    factory: Callable[[], Any] | None = None,
-    **bounds: Any,
-) -> Any:
-    """A dataclass field with its :func:`meta` (help and bounds), declared on one line:
-    ``eps: float = option(0.2, "The clip range.", ge=0)``; ``factory`` for a mutable default."""
-    metadata = Declared(meta(help, **bounds))
-    if factory is not None:
-        return dataclasses.field(default_factory=factory, metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
-
-
-def declared_with_option(f: dataclasses.Field[Any]) -> bool:
-    """Whether dataclass field ``f`` was declared with :func:`option` (the one spelling; a test
-    walks every config tree with it)."""
-    return isinstance(f.metadata.copy(), Declared)
-
-
-def bounds_of(md: Mapping[str, Any]) -> dict[str, Any]:
-    """The range of a declaration (its ``ge``/``gt``/``le``/``lt`` and ``inf``), for a field
-    that takes another field's range with its own help."""
-    return {k: md[k] for k in (*BOUND_KEYS, "inf") if k in md}
-
-
-def _num(x: float) -> str:
-    return f"{x:g}" if isinstance(x, float) else f"{x:_}"
-
-
-def describe_range(md: Any, is_int: bool) -> str:
-    """'an integer in [1, 10_000_000]', 'a finite number > 0', 'a number in (0, 1]' ..."""
-    lo = next(((k, md[k]) for k in ("ge", "gt") if md.get(k) is not None), None)
-    hi = next(((k, md[k]) for k in ("le", "lt") if md.get(k) is not None), None)
-    what = "an integer" if is_int else ("a number" if md.get("inf") else "a finite number")
-    if lo and hi:
-        left = "[" if lo[0] == "ge" else "("
-        right = "]" if hi[0] == "le" else ")"
-        text = f"{what} in {left}{_num(lo[1])}, {_num(hi[1])}{right}"
-    elif lo:
-        text = f"{what} {'>=' if lo[0] == 'ge' else '>'} {_num(lo[1])}"
-    elif hi:
-        text = f"{what} {'<=' if hi[0] == 'le' else '<'} {_num(hi[1])}"
-    else:
-        text = what
-    if md.get("inf"):
-        text += f" (.inf = {md['inf']})"
-    return text
-
-
 def check_declared(value: Any, md: Any, path: str) -> None:
     """Check a converted number against its field's declared range and finiteness."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return
-    unknown = set(md) - _META_KEYS
+    unknown = set(md) - META_KEYS
     if unknown:  # a typo in a declaration must not silently disable a bound
         raise TypeError(f"{path}: unknown metadata key(s) {sorted(unknown)}")
     is_int = isinstance(value, int)
     # NaN compares False with everything, so it must be refused before the bounds are tried.
     finite_ok = not math.isnan(value) and (math.isfinite(value) or bool(md.get("inf")))
-    if not finite_ok or not all(_OPS[k](value, md[k]) for k in BOUND_KEYS if md.get(k) is not None):
+    within = all(op(value, md[k]) for k, op in BOUND_OPS.items() if md.get(k) is not None)
+    if not finite_ok or not within:
         raise BadValue(f"{path}: must be {describe_range(md, is_int)}; got {value!r}")
 
 
@@ -190,31 +80,6 @@ def check_name(value: Any, where: str) -> str:
         f"{where}: must be 1-{NAME_MAX} letters, digits, '-', '_' or '.', starting with a letter "
         f"or digit; got {shown}{length}"
     )
-
-
-_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
-
-
-def _type_name(tp: Any) -> str:
-    origin = get_origin(tp)
-    if origin is Annotated:
-        return _type_name(get_args(tp)[0])
-    if tp in _NAMES:
-        return _NAMES[tp]
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in get_args(tp))
-    if origin in (Union, types.UnionType):
-        args = [a for a in get_args(tp) if not (a is int and float in get_args(tp))]
-        return " or ".join(_type_name(a) for a in args)  # int | float: "a number"
-    if tp is type(None):
-        return "null"
-    if dataclasses.is_dataclass(tp):
-        return "a mapping"
-    if origin is dict:
-        return "a mapping"
-    if origin in (list, tuple):
-        return "a list"
-    return getattr(tp, "__name__", str(tp))
 
 
 _NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
@@ -257,13 +122,13 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
             isinstance(value, bool) and True not in allowed and False not in allowed
         ):
             return value
-        raise ConfigError(f"{path}: must be {_type_name(tp)}; got {value!r}")
+        raise ConfigError(f"{path}: must be {type_name(tp)}; got {value!r}")
     if origin in (Union, types.UnionType):
         args = get_args(tp)
         if value is None:
             if type(None) in args:
                 return None
-            raise ConfigError(f"{path}: must be {_type_name(tp)}; got null")
+            raise ConfigError(f"{path}: must be {type_name(tp)}; got null")
         errors = []
         for arg in args:
             if arg is type(None):
@@ -275,7 +140,7 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         inner = [e for e in errors if isinstance(e, BadValue) or not str(e).startswith(f"{path}: ")]
         if inner:  # the value fits an arm by type: its own problem (and path) says what is wrong
             raise inner[0]
-        raise ConfigError(f"{path}: must be {_type_name(tp)}; got {value!r}")
+        raise ConfigError(f"{path}: must be {type_name(tp)}; got {value!r}")
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):  # type: ignore[arg-type]
             return value
@@ -340,30 +205,12 @@ def check_value(value: Any, tp: Any, md: Any, path: str) -> Any:
     return converted
 
 
-_DECLARATIONS: dict[type, tuple[tuple[str, Any, Any], ...]] = {}
-
-
-def _declarations(cls: type) -> tuple[tuple[str, Any, Any], ...]:
-    """(name, type, metadata) of every init field of ``cls``, resolved once per class (type
-    hints are slow to resolve; a construction then costs one dict lookup and the checks)."""
-    found = _DECLARATIONS.get(cls)
-    if found is None:
-        hints = typing.get_type_hints(cls, include_extras=True)
-        found = tuple(
-            (f.name, hints[f.name], f.metadata)
-            for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-            if f.init
-        )
-        _DECLARATIONS[cls] = found
-    return found
-
-
 def check_fields(obj: Any, prefix: str = "") -> None:
     """Check every field of the dataclass instance ``obj`` against its declaration (type, Literal
     choices, range, finiteness: what ``from_dict`` checks for a file) and raise a one-line
     ``ValueError`` naming ``<prefix><field>``.  A ``ValueError`` rather than a ``ConfigError``:
     built inside ``from_dict``, the message is then prefixed with the parent's path."""
-    for name, tp, md in _declarations(type(obj)):
+    for name, tp, md in declarations(type(obj)):
         try:
             check_value(getattr(obj, name), tp, md, f"{prefix}{name}")
         except ConfigError as err:
@@ -420,7 +267,7 @@ def from_dict(cls: type[T], data: dict[str, Any], path: str = "", key: str | Non
         if required and name not in kwargs:
             where = f"{path}.{name}" if path else name
             tp = hints[name]
-            what = describe_range(f.metadata, tp is int) if tp in (int, float) else _type_name(tp)
+            what = describe_range(f.metadata, tp is int) if tp in (int, float) else type_name(tp)
             raise ConfigError(f"{where}: missing (must be {what})")
     try:
         return cls(**kwargs)
@@ -515,7 +362,7 @@ def is_config_path(cls: type, dotted: str) -> bool:
     """Whether "a.b.c" names a field (or a field inside an optional sub-config) of ``cls``."""
     tp: Any = cls
     for part in dotted.split("."):
-        tp = _block_type(_strip_optional(tp))
+        tp = _block_type(strip_optional(tp))
         if not dataclasses.is_dataclass(tp):
             return get_origin(tp) is dict  # free-form mapping (e.g. task options)
         hints = typing.get_type_hints(tp)
@@ -538,49 +385,6 @@ def _block_type(tp: Any) -> Any:
         if len(blocks) == 1:
             return blocks[0]
     return tp
-
-
-def _strip_optional(tp: Any) -> Any:
-    if get_origin(tp) in (Union, types.UnionType):
-        args = [a for a in get_args(tp) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return tp
-
-
-def _leaves(cls: type, prefix: str = "") -> Iterator[tuple[str, type, dataclasses.Field[Any], Any]]:
-    """(dotted path, the dataclass declaring it, field, type) for every leaf field of a config
-    tree; an optional sub-config counts as the sub-config (what you get once you set it)."""
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        tp = _strip_optional(hints[f.name])
-        if dataclasses.is_dataclass(tp):
-            yield from _leaves(tp, f"{prefix}{f.name}.")  # type: ignore[arg-type]
-        else:
-            yield f"{prefix}{f.name}", cls, f, tp
-
-
-def field_defaults(cls: type) -> dict[str, Any]:
-    """Flattened dotted path → default; fields of an optional sub-config that defaults to None
-    show the sub-config's own defaults (what you get once you set it)."""
-    instances: dict[type, Any] = {}
-    out: dict[str, Any] = {}
-    for path, owner, f, _ in _leaves(cls):
-        if owner not in instances:
-            instances[owner] = owner()
-        out[path] = getattr(instances[owner], f.name)
-    return out
-
-
-def declared_fields(cls: type) -> dict[str, tuple[Any, Any]]:
-    """Flattened dotted path → (type, metadata) for every leaf field of a config tree (what the
-    generic checks read; tests walk it to make sure every number declares its range)."""
-    return {path: (tp, f.metadata) for path, _, f, tp in _leaves(cls)}
-
-
-def field_help(cls: type) -> dict[str, str]:
-    """Flattened dotted path → help string for every field of a config tree."""
-    return {path: f.metadata.get("help", "") for path, _, f, _ in _leaves(cls)}
 
 
 def level_str(v: object) -> str:

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from harness.core.configtools import checked, option
+from harness.core.configtools import checked
+from harness.core.fields import option
 from harness.ppo.advantages import KLKind
 from harness.ppo.corrections import (
     PRESETS,

@@ -66,7 +66,8 @@ from typing import Literal
 
 import torch
 
-from harness.core.configtools import checked, option
+from harness.core.configtools import checked
+from harness.core.fields import option
 
 Level = Literal["batch", "group"] | None
 

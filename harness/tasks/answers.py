@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from harness.core.configtools import option
+from harness.core.fields import option
 from harness.tasks.registry import TaskOptions
 
 AnswerFormat = Literal["raw", "tag", "last_line"]

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from harness.core import limits
-from harness.core.configtools import option
+from harness.core.fields import option
 from harness.tasks.answers import (
     AnswerOptions,
     AnswerSpec,

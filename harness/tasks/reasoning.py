@@ -37,7 +37,8 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any, get_args, get_origin
 
 from harness.core import limits
-from harness.core.configtools import ConfigError, check_value, meta
+from harness.core.configtools import ConfigError, check_value
+from harness.core.fields import meta
 from harness.tasks.answers import TASKS_EXTRA, AnswerSpec
 from harness.tasks.base import Example, draw_keys
 

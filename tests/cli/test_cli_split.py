@@ -41,6 +41,7 @@ def test_importing_the_cli_loads_no_heavy_library() -> None:
         "harness.cli.ui",
         "harness.core",
         "harness.core.configtools",
+        "harness.core.fields",
         "harness.core.db",
         "harness.core.exiting",
         "harness.core.fsutil",

@@ -336,10 +336,11 @@ def test_bad_run_overrides(sets, expect, tmp_path, runner):
     assert_clean_failure(runner.invoke(app, args), expect, results)
 
 
-# --- every numeric field is checked from its declaration (harness.core.configtools.meta) -----------
+# --- every numeric field is checked from its declaration (harness.core.fields.meta) ----------------
 
 from harness.config import RunConfig  # noqa: E402
-from harness.core.configtools import check_declared, declared_fields, field_defaults  # noqa: E402
+from harness.core.configtools import check_declared  # noqa: E402
+from harness.core.fields import declared_fields, field_defaults  # noqa: E402
 
 NUMERIC = {
     path: (tp, md) for path, (tp, md) in declared_fields(RunConfig).items() if tp in (int, float)

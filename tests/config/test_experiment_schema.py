@@ -12,7 +12,8 @@ import yaml
 
 from harness.config.experiment import load_experiment
 from harness.config.experiment_schema import ExperimentFile, SearchFile, SearchParam
-from harness.core.configtools import BadValue, ConfigError, field_help, from_dict, meta
+from harness.core.configtools import BadValue, ConfigError, from_dict
+from harness.core.fields import field_help, meta
 from harness.model.options import LoraOptions, TinyModelConfig
 from harness.sweep.scheduler import spec as sweep_spec
 

@@ -1,4 +1,4 @@
-"""Every config field is declared one way, with ``option(...)`` (harness.core.configtools): the
+"""Every config field is declared one way, with ``option(...)`` (harness.core.fields): the
 run config, the experiment file, every registered objective's options block, the correction
 blocks and every task source's options.  A field spelt ``field(metadata=meta(...))`` or with a
 raw ``metadata={"help": ...}`` dict is named here, so a second spelling cannot creep back."""
@@ -12,7 +12,7 @@ from typing import Annotated, Any, Union
 
 from harness.config import RunConfig
 from harness.config.experiment_schema import ExperimentFile
-from harness.core.configtools import declared_with_option, meta, option
+from harness.core.fields import declared_with_option, meta, option
 from harness.ppo.corrections import Correction, Filter
 from harness.ppo.objectives import OBJECTIVES, ClipOptions
 from harness.tasks.registry import SOURCES

@@ -344,7 +344,7 @@ def test_math_verify_on_math_answers_is_accepted():
 import typing  # noqa: E402
 
 from harness.config import RunConfig  # noqa: E402
-from harness.core.configtools import declared_fields, field_defaults  # noqa: E402
+from harness.core.fields import declared_fields, field_defaults  # noqa: E402
 
 # Settings that only act together with others: the walk changes them in that context.
 CONTEXT = {

@@ -143,7 +143,7 @@ def test_yaml_blocks_load(where, body, tmp_path):
         assert spec.cells, where
     elif not set(data) <= {"seeds", "limits"}:  # experiment-file blocks shown on their own
         from harness.config import RunConfig
-        from harness.core.configtools import field_help
+        from harness.core.fields import field_help
 
         tops = {path.split(".")[0] for path in field_help(RunConfig)}
         assert set(data) <= tops, f"{where}: {set(data) - tops} are not run-config fields"

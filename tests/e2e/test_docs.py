@@ -23,7 +23,7 @@ def test_fields_command_lists_every_config_field_with_help():
 
     from harness.cli import app
     from harness.config import RunConfig
-    from harness.core.configtools import field_help
+    from harness.core.fields import field_help
 
     helps = field_help(RunConfig)
     assert all(helps.values()), [k for k, v in helps.items() if not v]  # a help string per field

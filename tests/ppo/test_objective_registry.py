@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.config import build_run_config
-from harness.core.configtools import ConfigError, field_defaults, from_dict, meta
+from harness.core.configtools import ConfigError, from_dict
+from harness.core.fields import field_defaults, meta
 from harness.metrics import markdown
 from harness.peers.trl import trl_problems
 from harness.ppo import PPOActorConfig

@@ -11,7 +11,8 @@ import pytest
 
 from harness.cli.commands.fields import field_rows
 from harness.config import RunConfig
-from harness.core.configtools import ConfigError, field_help, option
+from harness.core.configtools import ConfigError
+from harness.core.fields import field_help, option
 from harness.tasks import get_task
 from harness.tasks import registry as R
 from harness.tasks.base import Example

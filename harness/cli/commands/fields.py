@@ -12,7 +12,7 @@ from rich.table import Table
 
 from harness.config import RunConfig
 from harness.config.loading import SAMPLER_BLOCK, SAMPLER_KEYS
-from harness.core.configtools import field_defaults, field_help
+from harness.core.fields import field_defaults, field_help
 from harness.tasks import option_table
 
 

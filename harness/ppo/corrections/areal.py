@@ -18,7 +18,8 @@ from typing import Literal, get_args
 
 import torch
 
-from harness.core.configtools import checked, meta, option
+from harness.core.configtools import checked
+from harness.core.fields import meta, option
 from harness.ppo.corrections.compute import apply_correction
 from harness.ppo.corrections.spec import Correction, Filter
 

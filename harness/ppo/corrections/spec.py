@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from harness.core.configtools import checked, option
+from harness.core.configtools import checked
+from harness.core.fields import option
 
 Weight = Literal["none", "token", "sequence_product", "sequence_geometric"]
 WEIGHTS: tuple[str, ...] = get_args(Weight)

@@ -12,7 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from harness.core.configtools import ConfigError, check_value, checked, option
+from harness.core.configtools import ConfigError, check_value, checked
+from harness.core.fields import option
 from harness.ppo.corrections import (
     Correction,
     RejectionSampling,

@@ -28,8 +28,8 @@ from typing import Any
 import torch
 
 from harness.core.configtools import check_fields
-from harness.core.configtools import meta as meta  # re-exported: R.meta for objective modules
-from harness.core.configtools import option as option  # re-exported: R.option likewise
+from harness.core.fields import meta as meta  # re-exported: R.meta for objective modules
+from harness.core.fields import option as option  # re-exported: R.option likewise
 from harness.metrics import declare_objective_stats, forget_objective_stats
 from harness.ppo.objectives.frame import Context, PolicyInputs, Stats, Terms, objective_loss
 from harness.ppo.objectives.loss_options import LOSS_AGG_MODES, ClipOptions, LossOptions

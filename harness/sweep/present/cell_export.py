@@ -9,7 +9,8 @@ import copy
 
 from harness.config import RunConfig
 from harness.config.loading import build_run_config
-from harness.core.configtools import ConfigError, field_defaults, flatten, set_path, to_dict
+from harness.core.configtools import ConfigError, flatten, set_path, to_dict
+from harness.core.fields import field_defaults
 from harness.peers.export import EXPORTERS, TARGETS, comment, one_line
 
 # Not carried by any export (the module docstring: the algorithm, its budget and how the model

@@ -24,7 +24,8 @@ import harness.run.trainers  # noqa: F401 - each trainer's checks, loaded before
 from harness.config import RunConfig, apply_overrides, build_run_config
 from harness.config.experiment import ExperimentSpec
 from harness.config.experiment_schema import SearchParam, SearchSpec
-from harness.core.configtools import ConfigError, check_value, meta, to_dict
+from harness.core.configtools import ConfigError, check_value, to_dict
+from harness.core.fields import meta
 from harness.core.redact import redact_url
 from harness.report.allocation import AdaptivePlan
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from harness.core.configtools import option
+from harness.core.fields import option
 from harness.tasks.builtin import AddTask, MixedScaleTask, ReverseTask, SortTask
 from harness.tasks.registry import Builder, TaskOptions, TaskSource, register
 

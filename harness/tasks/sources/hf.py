@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.core.configtools import option
+from harness.core.fields import option
 from harness.tasks.base import Task
 from harness.tasks.pairs import PairOptions
 from harness.tasks.registry import TaskOptions, TaskSource, register

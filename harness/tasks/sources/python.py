@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.core import limits
-from harness.core.configtools import option
+from harness.core.fields import option
 from harness.tasks.base import Example, import_module
 from harness.tasks.pairs import DataLimitOptions, HeldOutOptions, PairTask
 from harness.tasks.records import file_digest, pairs_from_records, read_jsonl

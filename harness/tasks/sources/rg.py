@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.core.configtools import option
+from harness.core.fields import option
 from harness.tasks.answers import AnswerFormat, AnswerOptions
 from harness.tasks.reasoning import reasoning_task
 from harness.tasks.registry import TaskSource, register
