@@ -98,6 +98,7 @@ def test_checkpoints_are_never_unpickled():
     assert "safetensors" in (ROOT / "harness" / "run" / "warmstart.py").read_text()
 
 
+@pytest.mark.slow  # 30+ s: a whole sweep or several processes
 def test_nothing_in_results_is_world_writable_even_under_umask_000(tmp_path):
     """A smoke sweep under umask 000 (common in containers) into a results dir that is a symlink
     to a shared sticky directory: nothing it creates is group/world-writable, and the shared

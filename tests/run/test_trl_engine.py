@@ -97,6 +97,7 @@ def test_the_cli_refuses_a_harness_decoder_under_trl_in_one_line(tmp_path):
     assert not results.exists()
 
 
+@pytest.mark.slow  # 30+ s: a whole sweep or several processes
 @needs_engine
 def test_importing_trl_through_the_trainer_does_not_warn_about_the_vllm_version():
     """TRL warns at import that the installed vLLM is newer than it was tested with; the trainer

@@ -156,6 +156,7 @@ def _gather(queue, procs, bound: float = 900) -> list:
     return results
 
 
+@pytest.mark.slow  # 30+ s: a whole sweep or several processes
 def test_concurrent_processes_train_once_and_share(tmp_path):
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(N_RACERS), ctx.Queue()

@@ -69,6 +69,7 @@ def test_harness_run_says_in_one_line_that_the_results_directory_was_removed(tmp
     assert len([ln for ln in err.splitlines() if ln.strip()]) <= 3, err  # progress, the line
 
 
+@pytest.mark.slow  # 30+ s: a whole sweep or several processes
 def test_harness_ablate_stops_with_one_line_when_the_results_directory_is_removed(tmp_path):
     module, results = _removes(tmp_path)
     exp = tmp_path / "exp.yaml"
