@@ -10,6 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
+
 
 def kill_group_at_marker(
     cmd: list[str], env: dict[str, str], marker: Path, what: str, cwd: Path | None = None
@@ -32,3 +34,32 @@ def kill_group_at_marker(
         os.killpg(proc.pid, signal.SIGKILL)  # the whole group, the hooked process included
         proc.wait()
     return marker.read_text()
+
+
+def gone(pid: int) -> bool:
+    """True when ``pid`` no longer runs (gone, or a zombie waiting to be reaped)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def kill_worker_at_marker(
+    cmd: list[str], env: dict[str, str], marker: Path, what: str, cwd: Path | None = None
+) -> int:
+    """:func:`kill_group_at_marker`, then wait (60 s at most: it was killed already) until the
+    hooked process that wrote the marker is gone; return its pid."""
+    worker = int(kill_group_at_marker(cmd, env, marker, what, cwd))
+    end = time.monotonic() + 60
+    while not gone(worker):
+        assert time.monotonic() < end, f"worker {worker} still alive 60 s after SIGKILL"
+        time.sleep(0.05)
+    return worker
+
+
+def rerun_to_the_end(cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> None:
+    """Run ``cmd`` again (600 s at most), as a user would after the cut: it must exit 0 without a
+    traceback."""
+    r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]

@@ -19,25 +19,22 @@ from harness.config import build_run_config
 from harness.run.loop import run
 from harness.run.packing import BASE_FIELDS, incompatible_field, pack_key, run_packed
 from harness.run.tracked import signals_interrupt
+from tests.support.packing import (
+    HISTORY_CELLS,
+    HISTORY_COMMON,
+    LORA_DROPOUT,
+    lora_base,
+    run_pack_with_a_broken_tracker,
+)
 from tests.support.tiny import TINY
 
 pytest.importorskip("peft")
 
-LORA = {"r": 4, "alpha": 8, "dropout": 0.1, "target_modules": ["q_proj", "v_proj"]}
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def cfg(**over):
-    base = {
-        "steps": 3,
-        "task": "reverse",
-        "tiny": TINY,
-        "model_options": {"lora": LORA},
-        "rollout": {"prompts_per_step": 2, "n_samples": 2, "max_new_tokens": 5},
-        "ppo": {"ppo_n_minibatches": 2, "entropy_coef": 0.05},  # a gradient at zero reward
-        "eval": {"every": 2, "n_prompts": 4},
-        "threads": 1,
-    }
+    base = {"steps": 3, **lora_base(lora=LORA_DROPOUT, eval_every=2)}
     return build_run_config(base, over)
 
 
@@ -55,16 +52,7 @@ def assert_same_history(packed, alone, rel=1e-5):
 
 
 def test_each_trial_of_a_pack_has_its_unpacked_history(tmp_path):
-    common = {
-        "ppo.kl_ctl": 0.1,
-        "rollout.staleness": 1,
-        "warm_start.steps": 3,
-        "warm_start.batch_size": 4,
-    }
-    cells = [
-        cfg(**common, **{"ppo.eps_clip": 0.1, "optim.lr": 1e-2}),
-        cfg(**common, **{"ppo.eps_clip": 0.3, "optim.lr": 3e-2}),
-    ]
+    cells = [cfg(**HISTORY_COMMON, **cell) for cell in HISTORY_CELLS]
     seen: list[list[int]] = [[], []]
 
     def hooks(i):
@@ -96,14 +84,7 @@ def test_a_diverging_trial_ends_alone_and_the_other_stays_itself(tmp_path):
 
 
 def test_a_failing_trial_ends_alone_with_its_reason(tmp_path):
-    def broken_tracker(step, metrics):
-        if step == 1:
-            raise RuntimeError("tracking store unreachable")
-
-    packed = run_packed(
-        [cfg(), cfg(**{"optim.lr": 1e-2})],
-        [{"results_dir": tmp_path, "on_metrics": broken_tracker}, {"results_dir": tmp_path}],
-    )
+    packed = run_pack_with_a_broken_tracker(cfg, tmp_path)
     assert packed[0].status == "failed"
     assert packed[0].reason == "RuntimeError: tracking store unreachable"
     assert len(packed[0].history["objective/reward"]) == 2  # step 1 was recorded, then it raised

@@ -28,6 +28,14 @@ from harness.run.tracked import signals_interrupt
 from harness.sampling import SamplingParams
 from harness.sampling.vllm import EngineHost
 from harness.sampling.vllm_adapters import AdapterEngine, AdapterSampler
+from tests.support.packing import (
+    HISTORY_CELLS,
+    HISTORY_COMMON,
+    LORA_DROPOUT,
+    TINY_ENGINE,
+    lora_base,
+    run_pack_with_a_broken_tracker,
+)
 from tests.support.sampling import draw
 
 pytest.importorskip("peft")
@@ -40,9 +48,6 @@ pytestmark = [
 ]
 
 CPU = torch.device("cpu")
-# Heads of 32 for the engine (its CPU attention takes no smaller head size).
-TINY_ENGINE = {"hidden_size": 64, "num_layers": 1, "num_heads": 2, "intermediate_size": 128}
-LORA = {"r": 4, "alpha": 8, "dropout": 0.1, "target_modules": ["q_proj", "v_proj"]}
 PROMPTS = ["rev 1234=", "rev 98=", "rev 55501=", "rev 7="]
 # Metrics computed from the sampled tokens and rewards alone: the pack samples the same tokens
 # as the unpacked runs, so these are equal (to 1e-9 relative: float sums in the same order).
@@ -50,21 +55,7 @@ TOKEN_METRICS = ("objective/reward", "objective/reward_std", "rollout/response_l
 
 
 def cfg(**over: Any):
-    base = {
-        "steps": 3,
-        "task": "reverse",
-        "tiny": TINY_ENGINE,
-        "model_options": {"lora": LORA},
-        "rollout": {
-            "prompts_per_step": 2,
-            "n_samples": 2,
-            "max_new_tokens": 5,
-            "sampler_backend": "vllm",
-        },
-        "ppo": {"ppo_n_minibatches": 2, "entropy_coef": 0.05},  # a gradient at zero reward
-        "eval": {"every": 2, "n_prompts": 4},
-        "threads": 1,
-    }
+    base = {"steps": 3, **lora_base(engine=True, lora=LORA_DROPOUT, eval_every=2)}
     return build_run_config(base, over)
 
 
@@ -127,16 +118,7 @@ def test_each_trial_of_an_engine_pack_has_its_unpacked_engine_runs_history(tmp_p
     sampled tokens alone to 1e-9. The pack started one engine (the unpacked runs one each), held at most one adapter
     per trial, and closed it once."""
     spy = Spy(monkeypatch)
-    common = {
-        "ppo.kl_ctl": 0.1,
-        "rollout.staleness": 1,
-        "warm_start.steps": 3,
-        "warm_start.batch_size": 4,
-    }
-    cells = [
-        cfg(**common, **{"ppo.eps_clip": 0.1, "optim.lr": 1e-2}),
-        cfg(**common, **{"ppo.eps_clip": 0.3, "optim.lr": 3e-2}),
-    ]
+    cells = [cfg(**HISTORY_COMMON, **cell) for cell in HISTORY_CELLS]
     packed = run_packed(cells, [{"results_dir": tmp_path}] * 2)
     assert spy.starts == 1 and spy.closes == 1
     assert spy.engines[0].llm is None and spy.engines[0].starts == 1
@@ -175,14 +157,7 @@ def test_each_trial_of_an_engine_pack_has_its_unpacked_engine_runs_history(tmp_p
 def test_a_failing_trial_ends_alone_and_a_sigterm_closes_the_engine_once(tmp_path, monkeypatch):
     spy = Spy(monkeypatch)
 
-    def broken_tracker(step, metrics):
-        if step == 1:
-            raise RuntimeError("tracking store unreachable")
-
-    packed = run_packed(
-        [cfg(), cfg(**{"optim.lr": 1e-2})],
-        [{"results_dir": tmp_path, "on_metrics": broken_tracker}, {"results_dir": tmp_path}],
-    )
+    packed = run_pack_with_a_broken_tracker(cfg, tmp_path)
     assert (packed[0].status, packed[0].reason) == (
         "failed",
         "RuntimeError: tracking store unreachable",

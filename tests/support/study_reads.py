@@ -20,4 +20,5 @@ def mlflow_runs(results: Path, experiment: str):
     """(client, runs) of ``experiment`` in the default MLflow store under ``results``."""
     client = MlflowClient(f"sqlite:///{results / 'mlflow.db'}")
     exp = client.get_experiment_by_name(experiment)
+    assert exp is not None, f"no MLflow experiment {experiment!r} under {results}"
     return client, client.search_runs([exp.experiment_id], max_results=1000)

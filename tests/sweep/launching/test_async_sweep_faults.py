@@ -4,86 +4,28 @@ learner (on the threads clock in its own thread); running the same command again
 (cell, seed) exactly once, the trial completed before the cut is not run again, and the killed
 trial's run ends KILLED (the metrics its tracker still buffered died with it).
 
-The state is made, not waited out: a ``sitecustomize`` (first on the sweep's PYTHONPATH) makes the
-worker hang right after its second run recorded its first step, after writing its pid to a
-marker; the test kills the sweep's process group once the marker names the worker."""
+The state is made, not waited out: tests/hooks/sitecustomize.py (first on the sweep's PYTHONPATH)
+makes the worker hang right after its second run recorded its first step, after writing its pid
+to a marker; the test kills the sweep's process group once the marker names the worker."""
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import optuna
-import psutil
 import pytest
 import yaml
 
-from tests.hooks.kill_at import kill_group_at_marker
+from tests.hooks.kill_at import kill_worker_at_marker, rerun_to_the_end
 from tests.support.study_reads import mlflow_runs, trials
 
 ROOT = Path(__file__).resolve().parents[3]
 SMOKE = ROOT / "experiments" / "smoke.yaml"
+HOOKS = ROOT / "tests" / "hooks"
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-HANG_AFTER_FIRST_STEP = '''
-"""Hang the process once its second run recorded its first step, after writing its pid to the
-marker HARNESS_TEST_HANG_MID_RUN names. Patched when harness.run.scaffold is first imported, so
-a process that never trains (the coordinator's helpers) does not import torch for it."""
-import importlib.abc
-import importlib.util
-import os
-import sys
-import time
-
-MARKER = os.environ.get("HARNESS_TEST_HANG_MID_RUN")
-
-
-def _patch(scaffold):
-    record = scaffold.Run.record
-    runs = []
-
-    def hanging_record(self, step, metrics, **kw):
-        record(self, step, metrics, **kw)  # handed to the tracker: the step is recorded
-        if step != 0:
-            return
-        runs.append(id(self))
-        if len(runs) < 2:
-            return
-        try:
-            fd = os.open(MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            return  # a rerun: the marker is from the killed sweep
-        os.write(fd, str(os.getpid()).encode())
-        os.close(fd)
-        while True:  # until SIGKILL
-            time.sleep(3600)
-
-    scaffold.Run.record = hanging_record
-
-
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != "harness.run.scaffold":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        execute = spec.loader.exec_module
-
-        def exec_module(module):
-            execute(module)
-            _patch(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-if MARKER:
-    sys.meta_path.insert(0, _PatchOnImport())
-'''
 
 
 def _experiment(tmp_path: Path, name: str, clock: str) -> Path:
@@ -100,13 +42,6 @@ def _experiment(tmp_path: Path, name: str, clock: str) -> Path:
     return path
 
 
-def _gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 @pytest.mark.slow  # two sweeps in subprocesses: about 40 s on an idle 2-core machine
 @pytest.mark.parametrize("clock", ["virtual", "threads"])
 def test_an_async_sweep_killed_mid_run_reruns_every_cell_seed_exactly_once(
@@ -114,34 +49,25 @@ def test_an_async_sweep_killed_mid_run_reruns_every_cell_seed_exactly_once(
 ) -> None:
     name = f"async-{clock}"
     exp = _experiment(tmp_path, name, clock)
-    hooks = tmp_path / "hooks"
-    hooks.mkdir()
-    (hooks / "sitecustomize.py").write_text(HANG_AFTER_FIRST_STEP)
     marker = tmp_path / "mid-run"
     results = tmp_path / "results"
     cmd = [sys.executable, "-m", "harness", "ablate", str(exp), "--workers", "1"]
     cmd += ["--results-dir", str(results), "--no-report"]
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(hooks), str(ROOT)]),
-        "HARNESS_TEST_HANG_MID_RUN": str(marker),
+        "PYTHONPATH": os.pathsep.join([str(HOOKS), str(ROOT)]),
+        "HARNESS_TEST_HOLD_SECOND_RUN": str(marker),
         "HARNESS_HEARTBEAT_S": "1",  # the killed trial goes stale within seconds
     }
 
-    worker = int(kill_group_at_marker(cmd, env, marker, "the second run's first step", ROOT))
-    end = time.monotonic() + 60  # killed already: a bounded reap at most
-    while not _gone(worker):
-        assert time.monotonic() < end, f"worker {worker} still alive 60 s after SIGKILL"
-        time.sleep(0.05)
+    kill_worker_at_marker(cmd, env, marker, "the second run's first step", ROOT)
     before = trials(results, name)
     done_before = {t.number: (t.user_attrs["cell"], t.user_attrs["seed"]) for t in before
                    if t.state.name == "COMPLETE"}  # fmt: skip
     assert len(done_before) == 1, [(t.number, t.state.name, t.user_attrs) for t in before]
     assert [t.state.name for t in before if t.number not in done_before] == ["RUNNING"]
 
-    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert "Traceback" not in again.stderr, again.stderr[-3000:]
+    rerun_to_the_end(cmd, env, ROOT)
 
     after = trials(results, name)
     complete = [(t.user_attrs["cell"], t.user_attrs["seed"]) for t in after

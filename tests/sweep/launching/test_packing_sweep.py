@@ -7,8 +7,8 @@ entry.
   the unpacked sweep's metric history (1e-5 relative), and the report is written.
 * SIGTERM interrupts every trial of a pack (each recorded interrupted, its run KILLED), and the
   sweep resumes unpacked; kill -9 of a packed worker has each of its trials retried exactly once
-  by the rerun.  The states are made, not waited out: a ``sitecustomize`` (first on the sweep's
-  PYTHONPATH) holds the worker once the pack's second run recorded its first step.
+  by the rerun.  The states are made, not waited out: tests/hooks/sitecustomize.py (first on
+  the sweep's PYTHONPATH) holds the worker once the pack's second run recorded its first step.
 * What cannot pack: a non-LoRA grid is one line (exit 2, nothing written); cells that differ in a
   base field pack apart, and the dry run says which share a worker, the memory of a pack and the
   wall time at that K; a search, or workers x K past the bound, is one line.
@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 import optuna
-import psutil
 import pytest
 import yaml
 from optuna.trial import TrialState
@@ -46,52 +45,26 @@ from harness.sweep.scheduler.study import enqueue_missing, open_study
 from harness.sweep.scheduler.trials import next_trial
 from harness.sweep.stores.storage import make_storage
 from harness.tracking import MemoryTracker
-from tests.hooks.kill_at import kill_group_at_marker
-from tests.support.study_reads import mlflow_runs, trials
+from tests.hooks.kill_at import kill_worker_at_marker, rerun_to_the_end
+from tests.support.packing import (
+    CELLS,
+    assert_one_pack_per_seed,
+    child_runs,
+    lora_base,
+    lora_grid,
+)
+from tests.support.study_reads import trials
 
 pytest.importorskip("peft")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 ROOT = Path(__file__).resolve().parents[3]
-LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
-BASE = {
-    "task": "reverse",
-    "tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
-    "model_options": {"lora": LORA},
-    "rollout": {"prompts_per_step": 2, "n_samples": 2, "max_new_tokens": 5},
-    "ppo": {"ppo_n_minibatches": 2, "entropy_coef": 0.05},  # a gradient at zero reward
-    "eval": {"every": 0, "n_prompts": 4},
-    "threads": 1,
-}
-CELLS = ["lr=0.01", "lr=0.03"]
-
-
-def _exp(tmp_path: Path, name: str, **over) -> Path:
-    """A LoRA grid on the tiny model: two learning rates (the cells differ in every update) x
-    ``seeds``, a few steps."""
-    doc = {
-        "name": name,
-        "base": BASE,
-        "grid": {"optim.lr": [0.01, 0.03]},
-        "seeds": 1,
-        "steps": 3,
-        "baseline": {"optim.lr": 0.01},
-        "metric": "final/reward",
-        **over,
-    }
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
-
-
-def _children(results: Path, name: str):
-    client, runs = mlflow_runs(results, name)
-    return client, [r for r in runs if r.data.tags.get("harness.role") == "child"]
+HOOKS = ROOT / "tests" / "hooks"
 
 
 def _histories(results: Path, name: str) -> dict[tuple[str, str], dict[str, list[float]]]:
     """(cell, seed) -> every metric's history of its child run, but the clock's (perf/*, wall)."""
-    client, runs = _children(results, name)
+    client, runs = child_runs(results, name)
     out = {}
     for r in runs:
         key = (r.data.tags["ablation.cell"], r.data.tags["seed"])
@@ -110,26 +83,15 @@ def _histories(results: Path, name: str) -> dict[tuple[str, str], dict[str, list
 
 @pytest.mark.slow  # two sweeps of 4 LoRA runs: about 3 min on a loaded 2-core machine
 def test_a_packed_grid_gives_each_cell_seed_its_unpacked_history_exactly_once(tmp_path):
-    exp = _exp(tmp_path, "packed", seeds=2)
+    exp = lora_grid(tmp_path, "packed", seeds=2)
     packed, alone = tmp_path / "packed", tmp_path / "alone"
     for results, extra in ((packed, ["--workers", "2", "--cells-per-worker", "2"]),
                            (alone, ["--workers", "1", "--no-report"])):  # fmt: skip
         r = CliRunner().invoke(app, ["ablate", str(exp), "--results-dir", str(results), *extra])
         assert r.exit_code == 0, r.output
 
-    ts = trials(packed, "packed")
-    assert sorted((trial_key(t), t.state.name) for t in ts) == [
-        ((c, s), "COMPLETE") for c in CELLS for s in (0, 1)
-    ]  # each (cell, seed) exactly once, nothing failed or retried
-    _, runs = _children(packed, "packed")
-    assert sorted(r.info.status for r in runs) == ["FINISHED"] * 4
     # The runs of one seed trained together, one pack per seed (the seed is a base field).
-    number = {trial_key(t): t.number for t in ts}
-    for r in runs:
-        seed = int(r.data.tags["seed"])
-        assert (
-            r.data.tags["harness.pack"] == f"{number[(CELLS[0], seed)]},{number[(CELLS[1], seed)]}"
-        )
+    assert_one_pack_per_seed(packed, "packed")
 
     got, want = _histories(packed, "packed"), _histories(alone, "packed")
     assert got.keys() == want.keys() and len(got) == 4
@@ -153,88 +115,25 @@ def test_a_packed_grid_gives_each_cell_seed_its_unpacked_history_exactly_once(tm
 
 # -- faults ------------------------------------------------------------------------------------
 
-HOLD_AT_SECOND_RUN = '''
-"""Hold the process once its second run recorded its first step (in a pack of two: both trials
-running, each with a step recorded), after writing its pid to the marker
-HARNESS_TEST_PACK_MARKER names; until the file HARNESS_TEST_PACK_RELEASE names exists, or for
-ever without one.  Patched when harness.run.scaffold is first imported."""
-import importlib.abc
-import importlib.util
-import os
-import sys
-import time
-
-MARKER = os.environ.get("HARNESS_TEST_PACK_MARKER")
-RELEASE = os.environ.get("HARNESS_TEST_PACK_RELEASE")
-
-
-def _patch(scaffold):
-    record = scaffold.Run.record
-    runs = []
-
-    def holding_record(self, step, metrics, **kw):
-        record(self, step, metrics, **kw)  # handed to the tracker: the step is recorded
-        if step != 0:
-            return
-        runs.append(id(self))
-        if len(runs) != 2:
-            return
-        try:
-            fd = os.open(MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            return  # a rerun: the marker is from the first sweep
-        os.write(fd, str(os.getpid()).encode())
-        os.close(fd)
-        while not (RELEASE and os.path.exists(RELEASE)):
-            time.sleep(0.05)
-
-    scaffold.Run.record = holding_record
-
-
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != "harness.run.scaffold":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        execute = spec.loader.exec_module
-
-        def exec_module(module):
-            execute(module)
-            _patch(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-if MARKER:
-    sys.meta_path.insert(0, _PatchOnImport())
-'''
-
 
 def _hooked(tmp_path: Path, name: str) -> tuple[list[str], dict[str, str], Path, Path]:
     """The packed sweep's command (one worker, 2 per worker, 2 cells x 1 seed), its environment
     with the hold installed, the results directory and the marker."""
-    hooks = tmp_path / "hooks"
-    hooks.mkdir()
-    (hooks / "sitecustomize.py").write_text(HOLD_AT_SECOND_RUN)
     results, marker = tmp_path / "results", tmp_path / "held"
-    cmd = [sys.executable, "-m", "harness", "ablate", str(_exp(tmp_path, name)), "--workers", "1"]
+    exp = lora_grid(tmp_path, name)
+    cmd = [sys.executable, "-m", "harness", "ablate", str(exp), "--workers", "1"]
     cmd += ["--cells-per-worker", "2", "--results-dir", str(results), "--no-report"]
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(hooks), str(ROOT)]),
-        "HARNESS_TEST_PACK_MARKER": str(marker),
+        "PYTHONPATH": os.pathsep.join([str(HOOKS), str(ROOT)]),
+        "HARNESS_TEST_HOLD_SECOND_RUN": str(marker),
         "HARNESS_HEARTBEAT_S": "1",  # a killed worker's trials go stale within seconds
     }
     return cmd, env, results, marker
 
 
-def _rerun(cmd: list[str], results: Path) -> None:
-    env = {**os.environ, "HARNESS_HEARTBEAT_S": "1"}  # no hold: the sweep runs to its end
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+def _rerun(cmd: list[str]) -> None:
+    rerun_to_the_end(cmd, {**os.environ, "HARNESS_HEARTBEAT_S": "1"}, ROOT)  # no hold: to its end
 
 
 def _complete_once(results: Path, name: str) -> list:
@@ -245,18 +144,11 @@ def _complete_once(results: Path, name: str) -> list:
     return after
 
 
-def _gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 @pytest.mark.slow  # two sweeps in subprocesses: about 1-2 min on a loaded 2-core machine
 def test_sigterm_interrupts_every_trial_of_a_pack_and_the_sweep_resumes_unpacked(tmp_path):
     cmd, env, results, marker = _hooked(tmp_path, "pack-term")
     release = tmp_path / "release"
-    env["HARNESS_TEST_PACK_RELEASE"] = str(release)
+    env["HARNESS_TEST_HOLD_RELEASE"] = str(release)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     out: list[str] = []
@@ -288,7 +180,7 @@ def test_sigterm_interrupts_every_trial_of_a_pack_and_the_sweep_resumes_unpacked
     assert sorted((trial_key(t), t.state.name, t.user_attrs.get("outcome")) for t in ts) == [
         ((c, 0), "FAIL", "interrupted") for c in CELLS
     ]
-    _, runs = _children(results, "pack-term")
+    _, runs = child_runs(results, "pack-term")
     assert (
         sorted((r.info.status, r.data.tags.get("run.status")) for r in runs)
         == [("KILLED", "interrupted")] * 2
@@ -296,10 +188,10 @@ def test_sigterm_interrupts_every_trial_of_a_pack_and_the_sweep_resumes_unpacked
 
     cmd.remove("--cells-per-worker")
     cmd.remove("2")
-    _rerun(cmd, results)  # resumed unpacked
+    _rerun(cmd)  # resumed unpacked
     after = _complete_once(results, "pack-term")
     assert len(after) == 4  # the two interrupted, then each (cell, seed) once
-    _, runs = _children(results, "pack-term")
+    _, runs = child_runs(results, "pack-term")
     assert sorted(r.info.status for r in runs) == ["FINISHED", "FINISHED", "KILLED", "KILLED"]
     assert all("harness.pack" not in r.data.tags for r in runs if r.info.status == "FINISHED")
 
@@ -307,24 +199,20 @@ def test_sigterm_interrupts_every_trial_of_a_pack_and_the_sweep_resumes_unpacked
 @pytest.mark.slow  # two sweeps in subprocesses: about 1-2 min on a loaded 2-core machine
 def test_a_packed_worker_killed_mid_run_has_each_trial_retried_exactly_once(tmp_path):
     cmd, env, results, marker = _hooked(tmp_path, "pack-kill")
-    worker = int(kill_group_at_marker(cmd, env, marker, "the pack's second run", ROOT))
-    end = time.monotonic() + 60  # killed already: a bounded reap at most
-    while not _gone(worker):
-        assert time.monotonic() < end, f"worker {worker} still alive 60 s after SIGKILL"
-        time.sleep(0.05)
+    kill_worker_at_marker(cmd, env, marker, "the pack's second run", ROOT)
     before = trials(results, "pack-kill")
     assert sorted((trial_key(t), t.state.name) for t in before) == [
         ((c, 0), "RUNNING") for c in CELLS
     ]
 
-    _rerun(cmd, results)
+    _rerun(cmd)
     after = _complete_once(results, "pack-kill")
     for cell in CELLS:  # the dead attempt (failed by its stale heartbeat), then one retry
         attempts = sorted(t.state.name for t in after if trial_key(t) == (cell, 0))
         assert attempts == ["COMPLETE", "FAIL"], (cell, attempts)
     dead = {t.number for t in before}
     assert all(t.user_attrs.get("outcome") is None for t in after if t.number in dead)
-    _, runs = _children(results, "pack-kill")
+    _, runs = child_runs(results, "pack-kill")
     statuses = sorted((r.info.status, r.data.tags.get("run.status")) for r in runs)
     assert statuses == [("FINISHED", "completed")] * 2 + [("KILLED", "killed")] * 2
 
@@ -364,7 +252,7 @@ def test_a_search_or_too_many_trials_at_once_is_one_line(tmp_path):
     search = {"n_trials": 2, "params": {"optim.lr": {"type": "float", "low": 1e-3, "high": 1e-2}}}
     path = tmp_path / "s.yaml"
     path.write_text(
-        yaml.safe_dump({"name": "s", "base": BASE, "search": search, "steps": 2, "seeds": 1})
+        yaml.safe_dump({"name": "s", "base": lora_base(), "search": search, "steps": 2, "seeds": 1})
     )
     code, err, _ = _invoke(["search", str(path), "--cells-per-worker", "2"], results)
     assert code == 2 and err.startswith("error: --cells-per-worker: packing applies to grids"), err
@@ -372,7 +260,7 @@ def test_a_search_or_too_many_trials_at_once_is_one_line(tmp_path):
     path.write_text(yaml.safe_dump({**doc, "cells_per_worker": 2}))
     code, err, _ = _invoke(["search", str(path)], results)
     assert code == 2 and "cells_per_worker: packing applies to grids" in err, err
-    exp = _exp(tmp_path, "many")
+    exp = lora_grid(tmp_path, "many")
     code, err, _ = _invoke(
         ["ablate", str(exp), "--workers", "200", "--cells-per-worker", "2", "--dry-run"], results
     )
@@ -405,7 +293,7 @@ def test_the_dry_run_says_which_cells_share_a_worker_and_what_it_costs(tmp_path,
         )
 
     monkeypatch.setattr(estimating, "measured_wall_time", measured)
-    exp = _exp(tmp_path, "mixed", grid=MIXED, baseline=None, seeds=2)
+    exp = lora_grid(tmp_path, "mixed", grid=MIXED, baseline=None, seeds=2)
     results = tmp_path / "results"
     code, err, out = _invoke(["ablate", str(exp), "--cells-per-worker", "2", "--dry-run"], results)
     assert code == 0, out + err
@@ -438,7 +326,7 @@ def test_the_dry_run_says_which_cells_share_a_worker_and_what_it_costs(tmp_path,
 
 def test_the_wall_time_of_packs_pays_one_setup_per_pack(tmp_path, monkeypatch):
     monkeypatch.setenv("HARNESS_HEARTBEAT_S", "4")
-    spec = load_experiment(_exp(tmp_path, "wall", seeds=3))
+    spec = load_experiment(lora_grid(tmp_path, "wall", seeds=3))
 
     def probe(cfg, label):
         return RunCosts(step_s=0.5, setup_s=4.0, eval_s=1.0)
@@ -453,7 +341,7 @@ def test_the_wall_time_of_packs_pays_one_setup_per_pack(tmp_path, monkeypatch):
 
 
 def test_the_memory_of_a_pack_counts_one_base_and_each_trials_adapters(tmp_path):
-    spec = load_experiment(_exp(tmp_path, "mem"))
+    spec = load_experiment(lora_grid(tmp_path, "mem"))
     from harness.sweep.scheduler.spec import StudySpec
 
     cfg = StudySpec.from_experiment(spec).cell_config(CELLS[0], 0)
@@ -484,7 +372,9 @@ def _study(tmp_path: Path, exp_path: Path):
 
 
 def test_a_worker_claims_only_waiting_trials_that_share_the_base(tmp_path):
-    exp, study, spec = _study(tmp_path, _exp(tmp_path, "claim", grid=MIXED, baseline=None, seeds=2))
+    exp, study, spec = _study(
+        tmp_path, lora_grid(tmp_path, "claim", grid=MIXED, baseline=None, seeds=2)
+    )
     keys = PackKeys(spec, device=None, threads=1)
     plan = plan_packs(exp, 4)
     assert plan.packs == [
@@ -513,7 +403,7 @@ def test_a_worker_claims_only_waiting_trials_that_share_the_base(tmp_path):
 
 def test_adaptive_seeds_pack_released_seeds_only(tmp_path):
     seeds = {"min": 2, "max": 4, "batch": 2, "decide": "ranking"}
-    exp, study, spec = _study(tmp_path, _exp(tmp_path, "adaptive", seeds=seeds, baseline=None))
+    exp, study, spec = _study(tmp_path, lora_grid(tmp_path, "adaptive", seeds=seeds, baseline=None))
     keys = PackKeys(spec, device=None, threads=1)
     claimed = []
     while (first := next_trial(study, spec)[0]) is not None:
@@ -549,7 +439,7 @@ def _worker_study(tmp_path: Path, monkeypatch, tracker: MemoryTracker, max_retri
     from harness.sweep.launching.worker import WorkerOptions
 
     monkeypatch.setattr("harness.sweep.launching.worker.make_tracker", lambda *a, **k: tracker)
-    exp = load_experiment(_exp(tmp_path, "inproc"))
+    exp = load_experiment(lora_grid(tmp_path, "inproc"))
     results = tmp_path / "results"
     study, spec = open_study(
         exp, storage=make_storage(None, results), tracker=tracker, study_name=None,

@@ -19,44 +19,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from optuna.trial import TrialState
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from harness.cli import app
 from harness.core.configtools import ConfigError
 from harness.sweep.launching.launchers.ray_checks import check_placement
-from harness.sweep.scheduler.spec import trial_key
-from tests.support.study_reads import mlflow_runs, trials
-
-LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
-BASE = {
-    "task": "reverse",
-    "tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
-    "model_options": {"lora": LORA},
-    "rollout": {"prompts_per_step": 2, "n_samples": 2, "max_new_tokens": 5},
-    "ppo": {"ppo_n_minibatches": 2, "entropy_coef": 0.05},
-    "eval": {"every": 0, "n_prompts": 4},
-    "threads": 1,
-}
-CELLS = ["lr=0.01", "lr=0.03"]
+from tests.support.packing import CELLS, assert_one_pack_per_seed, lora_grid
 
 
-def _exp(tmp_path: Path, name: str, **over: Any) -> Path:
-    """A LoRA grid on the tiny model whose two cells can pack: two learning rates x ``seeds``."""
-    doc = {
-        "name": name,
-        "base": BASE,
-        "grid": {"optim.lr": [0.01, 0.03]},
-        "seeds": 1,
-        "steps": 3,
-        "baseline": {"optim.lr": 0.01},
-        "metric": "final/reward",
-        **over,
-    }
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+def _ablate_on_ray(exp: Path, results: Path, *flags: str) -> Result:
+    """``harness ablate EXP --launcher ray FLAGS --results-dir RESULTS``, in this process."""
+    argv = ["ablate", str(exp), "--launcher", "ray", *flags, "--results-dir", str(results)]
+    return CliRunner().invoke(app, argv)
 
 
 def _error_lines(output: str) -> list[str]:
@@ -96,42 +70,16 @@ def test_a_packed_grid_runs_on_ray_each_cell_seed_once_one_pack_per_seed(
     results = tmp_path / "results"
     # One worker: the packs are then fixed (seed 0's two trials, then seed 1's); two workers
     # could each claim one trial of a seed before either claimed its packmate.
-    r = CliRunner().invoke(
-        app,
-        [
-            "ablate",
-            str(_exp(tmp_path, "raypack", seeds=2)),
-            "--launcher",
-            "ray",
-            "--ray-address",
-            ray_head,
-            "--shared-fs",  # the head is this machine: the journal and MLflow files are shared
-            "--workers",
-            "1",
-            "--cells-per-worker",
-            "2",
-            "--results-dir",
-            str(results),
-            "--no-report",
-        ],
-    )
+    flags = ["--ray-address", ray_head, "--workers", "1", "--cells-per-worker", "2", "--no-report"]
+    # --shared-fs: the head is this machine, the journal and MLflow files are shared.
+    r = _ablate_on_ray(lora_grid(tmp_path, "raypack", seeds=2), results, *flags, "--shared-fs")
     assert r.exit_code == 0, r.output
     assert started == [(1, 2, 1.0, 0.0)]  # the Ray launcher ran the workers, K travelled
     starts = [e for e in seen if e["event"] == "start"]
     assert len(starts) == 4 and all(e["pid"] != os.getpid() for e in starts), starts
 
-    ts = trials(results, "raypack")
-    assert sorted((trial_key(t), t.state) for t in ts) == [
-        ((c, s), TrialState.COMPLETE) for c in CELLS for s in (0, 1)
-    ]  # each (cell, seed) exactly once, nothing failed or retried
-    number = {trial_key(t): t.number for t in ts}
-    _, runs = mlflow_runs(results, "raypack")
-    children = [r for r in runs if r.data.tags.get("harness.role") == "child"]
-    assert sorted(r.info.status for r in children) == ["FINISHED"] * 4
-    for run in children:  # each seed's two runs trained in one pack
-        seed = int(run.data.tags["seed"])
-        want = f"{number[(CELLS[0], seed)]},{number[(CELLS[1], seed)]}"
-        assert run.data.tags["harness.pack"] == want, run.data.tags
+    # Each (cell, seed) exactly once, and each seed's two runs trained in one pack.
+    number, _, _ = assert_one_pack_per_seed(results, "raypack")
     # Both trials of a pack started before either finished: they trained together.
     order = [(e["event"], e["trial"]) for e in seen if e["event"] in ("start", "done")]
     for seed in (0, 1):
@@ -155,19 +103,7 @@ def test_gpus_per_worker_on_a_ray_without_gpus_is_one_line_and_writes_nothing(
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # no per-user token file shared with others
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     results = tmp_path / "results"
-    r = CliRunner().invoke(
-        app,
-        [
-            "ablate",
-            str(_exp(tmp_path, "raygpu")),
-            "--launcher",
-            "ray",
-            "--gpus-per-worker",
-            "1",
-            "--results-dir",
-            str(results),
-        ],
-    )
+    r = _ablate_on_ray(lora_grid(tmp_path, "raygpu"), results, "--gpus-per-worker", "1")
     assert r.exit_code == 2, r.output
     assert _error_lines(r.output) == [
         "error: --gpus-per-worker: 1 asked per worker, but no node of the Ray cluster has a GPU "
@@ -198,20 +134,8 @@ def test_a_worker_the_private_head_cannot_hold_is_one_line_and_writes_nothing(
     tmp_path: Path, ray_head: str, flags: list[str], want: str
 ) -> None:
     results = tmp_path / "results"
-    r = CliRunner().invoke(
-        app,
-        [
-            "ablate",
-            str(_exp(tmp_path, "rayfit")),
-            "--launcher",
-            "ray",
-            "--ray-address",
-            ray_head,
-            "--shared-fs",
-            *flags,
-            "--results-dir",
-            str(results),
-        ],
+    r = _ablate_on_ray(
+        lora_grid(tmp_path, "rayfit"), results, "--ray-address", ray_head, "--shared-fs", *flags
     )
     assert r.exit_code == 2, r.output
     assert _error_lines(r.output) == [f"error: {want}"], r.output
@@ -279,7 +203,7 @@ def test_placement_is_judged_per_node_on_live_nodes() -> None:
 def test_limits_refuse_a_packed_ray_sweep_as_a_local_one_before_ray_starts(
     tmp_path: Path, over: dict[str, Any], workers: str, want: str
 ) -> None:
-    exp = _exp(tmp_path, "raylimits", **over)
+    exp = lora_grid(tmp_path, "raylimits", **over)
     outputs = {}
     for launcher in (["--launcher", "local"], ["--launcher", "ray", "--shared-fs"]):
         results = tmp_path / f"results-{launcher[1]}"
