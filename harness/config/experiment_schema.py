@@ -152,13 +152,6 @@ class SearchFile:
         )
 
 
-# Why a search does not pack: its worker trains one sampled point, seed after seed, pruning
-# between seeds, so there are no K runs to step side by side without reshaping the search.
-SEARCH_NOT_PACKED = (
-    "cells_per_worker: packing applies to grids (harness ablate); a search trains one sampled "
-    "point per worker, seed after seed, so run it with cells_per_worker 1"
-)
-
 MAX_ADAPTIVE_SEEDS = 500
 MAX_LOOKS = 64
 
@@ -255,8 +248,9 @@ class ExperimentFile:
     )
     cells_per_worker: int = option(
         1,
-        "Most LoRA trials a worker trains at once on one base model (a grid; trials that "
-        "share the base fields, seed included; docs/scaling.md).",
+        "Most LoRA trials a worker trains at once on one base model (a grid's trials that "
+        "share the base fields, seed included; a search's sampled points, seed by seed; "
+        "docs/scaling.md).",
         ge=1,
         le=MAX_CELLS_PER_WORKER,
     )
@@ -270,8 +264,6 @@ class ExperimentFile:
             raise ValueError("grid: must be a non-empty mapping of axis -> list of values")
         if self.baseline is not None and self.search is not None:
             raise ValueError("baseline: only applies to grids")
-        if self.cells_per_worker > 1 and self.search is not None:
-            raise ValueError(SEARCH_NOT_PACKED)
         if isinstance(self.seeds, AdaptiveSeedsFile):
             # A search races each point against the incumbent: decide does not apply there.
             if self.search is None and self.seeds.decide == "baseline" and self.baseline is None:

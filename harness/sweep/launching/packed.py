@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -44,15 +45,16 @@ from harness.sweep.scheduler.trials import end_orphaned_runs, ended_attempts
 from harness.sweep.stores.optuna_adapter import frozen_trial, heartbeat
 
 if TYPE_CHECKING:
-    from harness.run.scaffold import Hooks
+    from harness.run.scaffold import Hooks, RunResult
 
 
 PACK_TAG = "harness.pack"  # the Optuna trial numbers of the pack a run trained in, "3,4"
 
 
 @dataclass
-class _Member:
-    """One trial of the pack: its claim, (cell, seed), attributes and, once started, its run."""
+class Member:
+    """One trial of the pack: its claim, (cell or a search point's label, seed), attributes and,
+    once started, its run."""
 
     t: ClaimedTrial
     attrs: dict[str, Any]
@@ -72,7 +74,7 @@ def run_grid_pack(
     ``pack`` gets every claimed trial as it is claimed (``first`` included), so that the worker
     can record them all as interrupted if the pack stops on a full disk."""
     pack.append(first)
-    members: list[_Member] = []
+    members: list[Member] = []
     with ExitStack() as beats:
         beats.enter_context(heartbeat(first.study, first.trial, on_error=first.beat_failed))
         attrs = with_retries(lambda: frozen_trial(first.study, first.trial)).user_attrs
@@ -83,7 +85,7 @@ def run_grid_pack(
             beats.enter_context(heartbeat(mate.study, mate.trial, on_error=mate.beat_failed))
         if len(pack) > 1:
             members = [_prepare(t) for t in pack]
-            _train(members, pack)
+            train_pack(members, pack, config=_cell_config, record=_record, fail=_fail)
     if not members:  # no packmate (or a trial that cannot pack): the unpacked path
         return [run_grid_trial(first)]
     if any(t.fatal is not None for t in pack):
@@ -91,7 +93,7 @@ def run_grid_pack(
     return [m.outcome or "interrupted" for m in members]
 
 
-def _prepare(t: ClaimedTrial) -> _Member:
+def _prepare(t: ClaimedTrial) -> Member:
     """A claimed trial's (cell, seed), its dashboard params, and the runs its earlier attempts
     left RUNNING closed (as ``run_grid_trial`` does)."""
     attrs = dict(with_retries(lambda: frozen_trial(t.study, t.trial)).user_attrs)
@@ -99,22 +101,42 @@ def _prepare(t: ClaimedTrial) -> _Member:
     label_trial(t.study, t.trial, t.spec, cell, seed)
     earlier = ended_attempts(t.study, t.trial, lambda o: trial_key(o) == (cell, seed))
     end_orphaned_runs(t.tracker, t.spec, t.study.study_name, earlier)
-    return _Member(t, attrs, cell, seed)
+    return Member(t, attrs, cell, seed)
 
 
-def _train(members: list[_Member], pack: list[ClaimedTrial]) -> None:
-    """Start each member's tracked run, train the started ones as one pack, record each."""
+def _cell_config(m: Member) -> Any:
+    t = m.t
+    return t.spec.cell_config(m.cell, m.seed, device=t.opts.device, threads=t.opts.threads)
+
+
+def _fail(m: Member, err: BaseException) -> str:
+    """A grid trial that raised: an error, retried within ``--max-retries``."""
+    return retry_errored(m.t, m.t.fail_with_error(err, m.cell, m.seed), m.attrs)
+
+
+def train_pack(
+    members: list[Member],
+    pack: list[ClaimedTrial],
+    *,
+    config: Callable[[Member], Any],
+    record: Callable[[Member, RunResult], str | None],
+    fail: Callable[[Member, BaseException], str],
+) -> None:
+    """Start each member's tracked run (its config from ``config``), train the started ones
+    as one pack, and record each (``record``, with its closed run's result; its outcome, or
+    None for a search point that goes on to its next seed); a member that raises, or a pack
+    that fails as a whole, ends with ``fail``.  Sets each member's ``outcome``."""
     from harness.run.packing import run_packed  # noqa: PLC0415 - loads the training stack: only in a running worker
     from harness.run.tracked import close_failed_run, finish_tracked_run, start_tracked_run  # noqa: PLC0415 - loads torch: only in a running worker
 
-    live: list[_Member] = []
+    live: list[Member] = []
     # Which Optuna trials trained together, on each run (the runs are otherwise an unpacked
     # trial's): the report and MLflow can tell a pack's runs apart from lone ones.
     together = ",".join(str(m.t.trial.number) for m in members)
     for m in members:
         t = m.t
         try:
-            m.cfg = t.spec.cell_config(m.cell, m.seed, device=t.opts.device, threads=t.opts.threads)
+            m.cfg = config(m)
             t.event("start", cell=m.cell, seed=m.seed, steps=m.cfg.steps, pid=os.getpid(),
                     packed=len(members))  # fmt: skip
             identity = t.identity(m.cell, m.seed)
@@ -123,7 +145,7 @@ def _train(members: list[_Member], pack: list[ClaimedTrial]) -> None:
         except Exception as err:  # this trial cannot start (as run_grid_trial records it)
             if fatal_store_error(err) is not None:
                 raise  # not this trial's fault: the worker stops and interrupts the pack
-            m.outcome = retry_errored(t, t.fail_with_error(err, m.cell, m.seed), m.attrs)
+            m.outcome = fail(m, err)
         else:
             live.append(m)
     if not live:
@@ -140,9 +162,7 @@ def _train(members: list[_Member], pack: list[ClaimedTrial]) -> None:
                 close_failed_run(m.t.tracker, m.rid, err)
             if isinstance(err, Exception) and fatal_store_error(err) is None:
                 for m in live:
-                    m.outcome = retry_errored(
-                        m.t, m.t.fail_with_error(err, m.cell, m.seed), m.attrs
-                    )
+                    m.outcome = fail(m, err)
                 return
             raise
         finally:
@@ -159,12 +179,10 @@ def _train(members: list[_Member], pack: list[ClaimedTrial]) -> None:
         except BaseException as err:  # the summaries could not be written (a full disk)
             close_failed_run(m.t.tracker, m.rid, err)
             raise
-        # Its own turns and its share of what the pack set up once: a study's total wall
-        # counts the pack's once, not once per trial.
-        m.outcome = _record(m, result, result.wall_time)
+        m.outcome = record(m, result)
 
 
-def _hooks(m: _Member, pack: list[ClaimedTrial]) -> Hooks:
+def _hooks(m: Member, pack: list[ClaimedTrial]) -> Hooks:
     """The trial's hooks for ``run_packed``: its steps logged to its own run and sent as its
     events; a stop asked of the worker, or a full disk met by any trial, stops the pack."""
     t, rid = m.t, m.rid
@@ -186,11 +204,14 @@ def _hooks(m: _Member, pack: list[ClaimedTrial]) -> Hooks:
     return {"on_metrics": on_metrics, "should_stop": should_stop, "results_dir": t.opts.results_dir}
 
 
-def _record(m: _Member, result: Any, wall_s: float) -> str:
+def _record(m: Member, result: RunResult) -> str:
     """Tell Optuna how the member's run ended: as an unpacked trial's, or, for a run that failed
     alone (its error caught by the pack), as an ``error`` with the run's reason."""
     t, rid = m.t, m.rid
     assert rid is not None
+    # Its own turns and its share of what the pack set up once: a study's total wall counts
+    # the pack's once, not once per trial.
+    wall_s = result.wall_time
     if result.status != "failed":
         return record_grid_result(t, m.cell, m.seed, result, rid, wall_s)
     attrs = {"outcome": "error", "reason": result.reason, "run_id": rid, "wall_time": wall_s}

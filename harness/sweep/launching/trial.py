@@ -1,9 +1,9 @@
 """One trial a sweep worker claimed: how it trains, reports and ends, for grids and searches.
 
 ``ClaimedTrial`` holds a claimed Optuna trial with the worker's tracker and event channel;
-``run_grid_trial`` trains one (cell, seed), ``run_search_trial`` samples a point and trains every
-seed at it.  Each returns the trial's outcome (the list is in
-:mod:`harness.sweep.launching.worker`, which loops over trials).
+``run_grid_trial`` trains one (cell, seed) and returns the trial's outcome (the list is in
+:mod:`harness.sweep.launching.worker`, which loops over trials).  A search point, which samples
+a point and trains every seed at it, is :mod:`harness.sweep.launching.search_trial`.
 """
 
 from __future__ import annotations
@@ -22,12 +22,9 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
-from harness.core.configtools import ConfigError
 from harness.core.db import with_retries
 from harness.core.fsutil import fatal_store_error
 from harness.core.provenance import machine_text
-from harness.report.allocation import race
-from harness.sweep.scheduler.adaptive import incumbent
 from harness.sweep.scheduler.labels import label_trial, summary_attrs
 from harness.sweep.scheduler.spec import StudySpec
 from harness.sweep.scheduler.study import trial_key
@@ -36,7 +33,6 @@ from harness.sweep.scheduler.trials import (
     end_orphaned_runs,
     ended_attempts,
     failure_reason,
-    nanmean,
 )
 from harness.sweep.stores.optuna_adapter import frozen_trial, heartbeat
 from harness.tracking import Tracker
@@ -257,146 +253,12 @@ def record_grid_result(
     return outcome
 
 
-def run_search_trial(t: ClaimedTrial) -> str:
-    """Sample a point, train every seed at it (pruning between seeds), tell the mean objectives."""
-    assert t.spec.search is not None
-    plan = t.spec.search
-    label = f"trial {t.trial.number}"
-    with heartbeat(t.study, t.trial, on_error=t.beat_failed):
-        retried = RetryHeartbeatStaleTrialCallback.retried_trial_number(
-            with_retries(lambda: frozen_trial(t.study, t.trial))
-        )
-        if retried is not None:  # a dead worker's point, run again: end its runs KILLED
-            earlier = ended_attempts(t.study, t.trial, lambda o: o.number == retried)
-            end_orphaned_runs(t.tracker, t.spec, t.study.study_name, earlier)
-        point = plan.suggest(t.trial)
-        values: list[list[float]] = [[] for _ in plan.objectives]
-        diverged = 0
-        t0 = time.time()
-        seed: int | None = None
-        try:
-            for i, seed in enumerate(t.spec.seeds):
-                try:
-                    cfg = t.spec.run_config(
-                        point, seed, device=t.opts.device, threads=t.opts.threads
-                    )
-                except ConfigError as err:  # a sampled point the config rejects (c_clip <= 1)
-                    attrs = {"outcome": "pruned", "reason": f"invalid point: {err}"}
-                    return _end_point(t, label, seed, "PRUNED", attrs, reason=str(err))
-                result, _ = t.train(cfg, label, seed)
-                if result.status == "interrupted":
-                    attrs = {"outcome": "interrupted", "reason": result.reason}
-                    return _end_point(t, label, seed, "FAIL", attrs)
-                diverged += result.status == "diverged"
-                for j, (metric, _) in enumerate(plan.objectives):
-                    values[j].append(result.summary.get(metric, math.nan))
-                stopped = _prune_between_seeds(t, label, i, seed, values)
-                if stopped is not None:
-                    return stopped
-        except Exception as err:
-            if fatal_store_error(err) is not None:
-                raise  # not this point's fault: the worker stops (worker_loop)
-            return t.fail_with_error(err, label, seed)
-    return _tell_point(t, label, point, values, diverged, t0)
-
-
-def _end_point(
-    t: ClaimedTrial,
-    label: str,
-    seed: int | None,
-    state: str,
-    attrs: dict[str, Any],
-    **event: Any,
-) -> str:
-    """End a search point before its last seed: its attributes (``outcome`` first), the state
-    told, and its ``done`` event; returns the outcome."""
-    for k, v in attrs.items():
-        t.trial.set_user_attr(k, v)
-    t.tell(state=state)
-    t.event("done", cell=label, seed=seed, outcome=attrs["outcome"], **event)
-    return str(attrs["outcome"])
-
-
-def _prune_between_seeds(
-    t: ClaimedTrial, label: str, i: int, seed: int, values: list[list[float]]
-) -> str | None:
-    """After seed number ``i`` of a single-objective search: the point raced out against the
-    incumbent or pruned on its running mean ("pruned"), or None to train the next seed."""
-    if len(values) != 1:
-        return None
-    raced = race_out(t, values[0])
-    if raced is not None:
-        attrs = {
-            "outcome": "pruned",
-            "reason": raced,
-            "seeds_run": i + 1,
-            "seed_values": [[_finite(v) for v in values[0]]],
-        }
-        return _end_point(t, label, seed, "PRUNED", attrs, reason=raced)
-    mean0 = nanmean(values[0])
-    t.trial.report(mean0, step=i)
-    if t.trial.should_prune():
-        attrs = {"outcome": "pruned", "seeds_run": i + 1}
-        return _end_point(t, label, seed, "PRUNED", attrs, values=[mean0])
-    return None
-
-
-def _tell_point(
-    t: ClaimedTrial,
-    label: str,
-    point: dict[str, Any],
-    values: list[list[float]],
-    diverged: int,
-    t0: float,
-) -> str:
-    """Every seed trained: tell the point's mean objectives (FAIL when one has no finite
-    value); returns the outcome, "interrupted" when a retry copy superseded the point."""
-    assert t.spec.search is not None
-    out = [nanmean(v) for v in values]
-    t.trial.set_user_attr("diverged_seeds", diverged)
-    t.trial.set_user_attr("seeds_run", len(t.spec.seeds))
-    # Each seed's value of each objective (None = not finite): the spread the report and
-    # `export --best` show next to the mean.
-    t.trial.set_user_attr(
-        "seed_values", [[v if math.isfinite(v) else None for v in vs] for vs in values]
+def end_retried_runs(t: ClaimedTrial) -> None:
+    """A search point that is a dead worker's point run again: end that attempt's runs KILLED
+    (those still RUNNING)."""
+    retried = RetryHeartbeatStaleTrialCallback.retried_trial_number(
+        with_retries(lambda: frozen_trial(t.study, t.trial))
     )
-    t.trial.set_user_attr("wall_time", time.time() - t0)
-    if all(math.isfinite(v) for v in out):
-        t.trial.set_user_attr("outcome", "completed")
-        ok = t.tell(*out)
-        outcome = "completed"
-    else:
-        t.trial.set_user_attr("outcome", "diverged")
-        objectives = t.spec.search.objectives
-        bad = [m for (m, _), v in zip(objectives, out, strict=True) if not math.isfinite(v)]
-        t.trial.set_user_attr(
-            "reason", f"{', '.join(bad)}: no finite value in any seed (nothing to optimize)"
-        )
-        ok = t.tell(state="FAIL")
-        outcome = "diverged"
-    if not ok:
-        t.event("done", cell=label, seed=None, outcome="interrupted", reason="superseded")
-        return "interrupted"
-    t.event("done", cell=label, seed=None, outcome=outcome, values=out, point=point)
-    return outcome
-
-
-def _finite(v: float) -> float | None:
-    return v if math.isfinite(v) else None
-
-
-def race_out(t: ClaimedTrial, values: list[float]) -> str | None:
-    """A search with ``seeds: {min, max, ...}``: at a planned look, the point's seeds against
-    the incumbent's same seeds; the reason to stop it (decided worse or equivalent), or None."""
-    adaptive = t.spec.adaptive_plan()
-    if adaptive is None or len(values) >= adaptive.plan.max:
-        return None
-    best = with_retries(lambda: incumbent(t.study, t.spec))
-    if best is None:
-        return None
-    number, theirs = best
-    maximize = t.spec.direction == "maximize"
-    decision = race(values, theirs, adaptive.plan, maximize=maximize)
-    if decision is None or decision.verdict not in ("worse", "equivalent"):
-        return None
-    return f"raced out against trial {number}: {decision.line()}"
+    if retried is not None:
+        earlier = ended_attempts(t.study, t.trial, lambda o: o.number == retried)
+        end_orphaned_runs(t.tracker, t.spec, t.study.study_name, earlier)

@@ -31,11 +31,13 @@ after trial.
 
 How one claimed trial trains, reports and ends is :mod:`harness.sweep.launching.trial`.
 
-Packing (``cells_per_worker`` K > 1, grids only).  The worker claims its trial as above, then
-up to K - 1 more WAITING trials whose configs share the first's base fields (seed included), and
+Packing (``cells_per_worker`` K > 1).  A grid's worker claims its trial as above, then up to
+K - 1 more WAITING trials whose configs share the first's base fields (seed included), and
 trains them on one base model, each keeping its own Optuna trial, heartbeat, MLflow run and
 outcome (:mod:`harness.sweep.launching.packed`).  An adaptive grid's packmates are released
-seeds only.
+seeds only.  A search's worker asks for up to K points (within ``n_trials``) and trains seed i
+of every point still live as one pack, pruning between seeds as an unpacked point does
+(:mod:`harness.sweep.launching.packed_search`).
 """
 
 from __future__ import annotations
@@ -52,7 +54,9 @@ import optuna
 from harness.core.db import with_retries
 from harness.core.fsutil import StoreRemovedError, fatal_store_error
 from harness.sweep.launching.packed import run_grid_pack
-from harness.sweep.launching.trial import ClaimedTrial, run_grid_trial, run_search_trial
+from harness.sweep.launching.packed_search import run_search_pack
+from harness.sweep.launching.search_trial import run_search_trial
+from harness.sweep.launching.trial import ClaimedTrial, run_grid_trial
 from harness.sweep.scheduler.packs import PackKeys
 from harness.sweep.scheduler.spec import load_study_spec
 from harness.sweep.scheduler.trials import (
@@ -140,8 +144,10 @@ def _work(
     )
     tracker = make_tracker(opts.tracking_uri or spec.tracking_uri, opts.results_dir)
     run = run_search_trial if spec.kind == "search" else run_grid_trial
-    packing = spec.kind == "grid" and opts.cells_per_worker > 1
-    keys = PackKeys(spec, device=opts.device, threads=opts.threads) if packing else None
+    packing = opts.cells_per_worker > 1
+    keys = None
+    if packing and spec.kind == "grid":
+        keys = PackKeys(spec, device=opts.device, threads=opts.threads)
     fatal: OSError | None = None
 
     def on_cancelled(n: int) -> None:  # held seeds this worker's allocation cancelled
@@ -163,10 +169,12 @@ def _work(
                     time.sleep(0.5)
                 continue
             t = ClaimedTrial(study, trial, spec, tracker, opts, emit, should_stop)
-            pack: list[ClaimedTrial] = []  # a pack's trials, as run_grid_pack claims them
+            pack: list[ClaimedTrial] = []  # a pack's trials, as they are claimed
             try:
                 if keys is not None:
                     outcomes = run_grid_pack(t, opts.cells_per_worker, keys, pack)
+                elif packing and spec.kind == "search":
+                    outcomes = run_search_pack(t, opts.cells_per_worker, pack)
                 else:
                     outcomes = [run(t)]
             except Exception as err:
@@ -183,7 +191,8 @@ def _work(
                         break  # a search point has no retry budget: stop, do not spin on a bug
             if fatal is not None:
                 for x in pack or [t]:
-                    if x is t or not x.reported:  # a packmate already told keeps its outcome
+                    # a packmate already told (a search point already ended) keeps its outcome
+                    if (x is t and not pack) or not x.reported:
                         x.interrupt(str(fatal), *_label(x))
     except BaseException:
         _flush_quietly(tracker)  # the error on its way out says more than a failed flush

@@ -156,9 +156,10 @@ def plan_packs(exp: ExperimentSpec, k: int) -> PackPlan:
 
 def check_packing(exp: ExperimentSpec, k: int, workers: int) -> PackPlan | None:
     """``--cells-per-worker k`` against the experiment ``exp`` and ``--workers``: raises
-    ConfigError (one line) when k is out of range, when ``exp`` is a search, when workers x k
-    exceeds :data:`MAX_CONCURRENT_TRIALS`, or when no cell of the grid can pack (the first
-    cell's reason); returns the plan when k > 1, else None."""
+    ConfigError (one line) when k is out of range, when workers x k exceeds
+    :data:`MAX_CONCURRENT_TRIALS`, when no cell of the grid can pack (the first cell's reason),
+    or when a search's points cannot share a base (:func:`check_search_packing`); returns a
+    grid's plan when k > 1, else None (a search's points pack as the workers sample them)."""
     from harness.config.experiment_schema import MAX_CELLS_PER_WORKER  # noqa: PLC0415 - config only
 
     if not 1 <= k <= MAX_CELLS_PER_WORKER:
@@ -167,21 +168,63 @@ def check_packing(exp: ExperimentSpec, k: int, workers: int) -> PackPlan | None:
         )
     if k == 1:
         return None
-    if exp.search is not None:
-        raise ConfigError(
-            "--cells-per-worker: packing applies to grids (harness ablate); a search trains one "
-            "sampled point per worker, seed after seed"
-        )
     if workers * k > MAX_CONCURRENT_TRIALS:
         raise ConfigError(
             f"--cells-per-worker: {workers} workers x {k} cells per worker = {workers * k} "
             f"trials at once; at most {MAX_CONCURRENT_TRIALS}"
         )
+    if exp.search is not None:
+        check_search_packing(exp, k)
+        return None
     plan = plan_packs(exp, k)
     if not plan.packs:
         first = next(iter(plan.alone.values()))
         raise ConfigError(f"--cells-per-worker {k}: no cell of the grid can pack: {first}")
     return plan
+
+
+def base_field_of(path: str) -> str | None:
+    """The base field (:data:`harness.run.packing.BASE_FIELDS`) that the run-config path
+    ``path`` (a search parameter, aliases and ``rollout.sampler`` keys included) sets or lies
+    under, or None when packed runs may differ in it."""
+    from harness.config.loading import SAMPLER_BLOCK, SAMPLER_KEYS, is_sampler_path, resolve_alias  # noqa: PLC0415 - config only
+    from harness.run.packing import BASE_FIELDS  # noqa: PLC0415 - loads the training stack: only when packing
+
+    full = resolve_alias(path)
+    if is_sampler_path(full):  # the block stands for flat rollout fields (its backend: a base one)
+        full = SAMPLER_KEYS.get(full[len(SAMPLER_BLOCK) + 1 :], "rollout.sampler_backend")
+    for f in BASE_FIELDS:
+        if full == f or full.startswith(f + ".") or f.startswith(full + "."):
+            return f
+    return None
+
+
+def check_search_packing(exp: ExperimentSpec, k: int) -> None:
+    """A search packs its sampled points seed by seed, so every point's runs of one seed must
+    share a base: raises ConfigError (one line naming the parameter) when a sampled parameter
+    is a base field, or when the search's runs cannot pack (no LoRA, ...: checked at every end
+    of each range and every choice, as the file's validation builds them)."""
+    assert exp.search is not None
+    for param in exp.search.params:
+        field_ = base_field_of(param.path)
+        if field_ is not None:
+            raise ConfigError(
+                f"--cells-per-worker {k}: search.params.{param.path} is a base field "
+                f"({field_}): the points a worker packs share one base model, so they cannot "
+                "differ in it; search it with --cells-per-worker 1"
+            )
+    spec = StudySpec.from_experiment(exp)
+    points: list[tuple[str, dict[str, Any]]] = [("", {})]
+    for param in exp.search.params:
+        ends = param.choices if param.type == "categorical" else (param.low, param.high)
+        points += [(param.path, {param.path: v}) for v in ends or ()]
+    for name, point in points:
+        why = why_unpackable(spec.run_config(point, exp.seeds[0]))
+        if why is not None:
+            where = f" (search.params.{name})" if name else ""
+            raise ConfigError(
+                f"--cells-per-worker {k}: the search's runs cannot pack{where}: {why}"
+            )
 
 
 def pack_memory(cfg: RunConfig) -> tuple[int, int]:

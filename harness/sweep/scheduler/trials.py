@@ -122,24 +122,32 @@ def next_trial(
     if spec.kind == "grid":
         trial = with_retries(lambda: claim_waiting_trial(study))
     else:
-        assert spec.search is not None
-        trials = with_retries(lambda: study.get_trials(deepcopy=False))
-        states = [t.state for t in trials]
-        # A diverged trial used up its place in the budget too: otherwise a search whose
-        # every point diverges would sample new points forever.  (An errored one does not: the
-        # worker stops at it, and a resume after the fix runs its place again.)
-        finished = sum(
-            t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-            or (t.state == TrialState.FAIL and t.user_attrs.get("outcome") in SPENT_OUTCOMES)
-            for t in trials
-        )
-        busy = sum(s in (TrialState.RUNNING, TrialState.WAITING) for s in states)
-        trial = None
-        if finished + busy < spec.search.n_trials or TrialState.WAITING in states:
-            with warnings.catch_warnings():  # "heartbeat is supposed to be used with optimize"
-                warnings.simplefilter("ignore", UserWarning)  # we beat ourselves (heartbeat())
-                trial = study.ask()  # takes a WAITING retry first, else samples a new point
+        trial = ask_search_trial(study, spec)
     if trial is not None:
         return trial, 0
     running = with_retries(lambda: study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
     return None, len(running)
+
+
+def ask_search_trial(study: optuna.Study, spec: StudySpec) -> optuna.Trial | None:
+    """A search's next point: a WAITING retry first, else a new point from the sampler while
+    the finished and running points are fewer than ``n_trials``; None when the budget is met.
+    The point asked is RUNNING at once, so asking again counts it (a packing worker asks up
+    to K in a row and never exceeds the budget)."""
+    assert spec.search is not None
+    trials = with_retries(lambda: study.get_trials(deepcopy=False))
+    states = [t.state for t in trials]
+    # A diverged trial used up its place in the budget too: otherwise a search whose
+    # every point diverges would sample new points forever.  (An errored one does not: the
+    # worker stops at it, and a resume after the fix runs its place again.)
+    finished = sum(
+        t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        or (t.state == TrialState.FAIL and t.user_attrs.get("outcome") in SPENT_OUTCOMES)
+        for t in trials
+    )
+    busy = sum(s in (TrialState.RUNNING, TrialState.WAITING) for s in states)
+    if finished + busy >= spec.search.n_trials and TrialState.WAITING not in states:
+        return None
+    with warnings.catch_warnings():  # "heartbeat is supposed to be used with optimize"
+        warnings.simplefilter("ignore", UserWarning)  # we beat ourselves (heartbeat())
+        return study.ask()  # takes a WAITING retry first, else samples a new point

@@ -11,7 +11,7 @@ entry.
   the sweep's PYTHONPATH) holds the worker once the pack's second run recorded its first step.
 * What cannot pack: a non-LoRA grid is one line (exit 2, nothing written); cells that differ in a
   base field pack apart, and the dry run says which share a worker, the memory of a pack and the
-  wall time at that K; a search, or workers x K past the bound, is one line.
+  wall time at that K; workers x K past the bound is one line (a search's too).
 * The claim: only compatible WAITING trials, and under adaptive seeds only released ones.
 * In a worker in this process: a trial that raises ends alone as an error (its run FAILED) and
   is retried; a full disk met by one trial interrupts every trial of the pack.
@@ -247,19 +247,18 @@ def test_a_non_lora_grid_is_one_line_and_nothing_is_written(tmp_path):
     assert not results.exists()
 
 
-def test_a_search_or_too_many_trials_at_once_is_one_line(tmp_path):
+def test_too_many_trials_at_once_is_one_line(tmp_path):
+    # A search packs (tests/sweep/launching/test_packing_search.py) within the same bound.
     results = tmp_path / "results"
     search = {"n_trials": 2, "params": {"optim.lr": {"type": "float", "low": 1e-3, "high": 1e-2}}}
     path = tmp_path / "s.yaml"
     path.write_text(
         yaml.safe_dump({"name": "s", "base": lora_base(), "search": search, "steps": 2, "seeds": 1})
     )
-    code, err, _ = _invoke(["search", str(path), "--cells-per-worker", "2"], results)
-    assert code == 2 and err.startswith("error: --cells-per-worker: packing applies to grids"), err
-    doc = yaml.safe_load(path.read_text())
-    path.write_text(yaml.safe_dump({**doc, "cells_per_worker": 2}))
-    code, err, _ = _invoke(["search", str(path)], results)
-    assert code == 2 and "cells_per_worker: packing applies to grids" in err, err
+    code, err, _ = _invoke(
+        ["search", str(path), "--workers", "200", "--cells-per-worker", "2"], results
+    )
+    assert code == 2 and "200 workers x 2 cells per worker = 400 trials at once" in err, err
     exp = lora_grid(tmp_path, "many")
     code, err, _ = _invoke(
         ["ablate", str(exp), "--workers", "200", "--cells-per-worker", "2", "--dry-run"], results
