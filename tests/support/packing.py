@@ -4,10 +4,12 @@ trial, and what a packed sweep left in its stores."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from harness.run.packing import run_packed
@@ -112,3 +114,20 @@ def run_pack_with_a_broken_tracker(cfg: Callable[..., Any], results_dir: Path) -
         [cfg(), cfg(**{"optim.lr": 1e-2})],
         [{"results_dir": results_dir, "on_metrics": broken_tracker}, {"results_dir": results_dir}],
     )
+
+
+def assert_same_histories(
+    got: dict[Any, dict[str, list[float]]], want: dict[Any, dict[str, list[float]]]
+) -> None:
+    """Each run's metric histories in ``got`` equal ``want``'s to 1e-5 relative (NaN for NaN):
+    a packed run against its unpacked twin on the tiny model at fp32."""
+    for key, metrics in want.items():
+        assert got[key].keys() == metrics.keys(), key
+        for m, xs in metrics.items():
+            ys = got[key][m]
+            assert len(ys) == len(xs), (key, m)
+            for x, y in zip(xs, ys, strict=True):
+                if math.isnan(x):
+                    assert math.isnan(y), (key, m)
+                else:
+                    assert y == pytest.approx(x, rel=1e-5, abs=1e-12), (key, m)

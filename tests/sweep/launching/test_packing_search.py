@@ -11,7 +11,6 @@ the pruner after each seed as an unpacked point is (harness/sweep/launching/pack
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from harness.sweep.scheduler.study import open_study
 from harness.sweep.stores.storage import make_storage
 from harness.tracking import MemoryTracker
 from tests.support.experiments import search_file
-from tests.support.packing import child_runs, lora_base
+from tests.support.packing import assert_same_histories, child_runs, lora_base
 from tests.support.study_reads import trials
 
 pytest.importorskip("peft")
@@ -132,16 +131,7 @@ def test_a_packed_point_has_its_unpacked_seed_history(tmp_path):
     assert not any("harness.pack" in r.tags for r in alone.runs.values())
     got, want = _histories(packed), _histories(alone)
     assert sorted(got) == sorted(want) == [(n, s) for n in ("0", "1") for s in ("0", "1")]
-    for key, metrics in want.items():
-        assert got[key].keys() == metrics.keys(), key
-        for m, xs in metrics.items():
-            ys = got[key][m]
-            assert len(ys) == len(xs), (key, m)
-            for x, y in zip(xs, ys, strict=True):
-                if math.isnan(x):
-                    assert math.isnan(y), (key, m)
-                else:
-                    assert y == pytest.approx(x, rel=1e-5, abs=1e-12), (key, m)
+    assert_same_histories(got, want)
     # The two points are two runs (a mix-up of adapters would make them equal).
     entropy = [want[(n, "0")]["policy/entropy"][-1] for n in ("0", "1")]
     assert entropy[0] != pytest.approx(entropy[1], rel=1e-6)

@@ -49,6 +49,7 @@ from tests.hooks.kill_at import kill_worker_at_marker, rerun_to_the_end
 from tests.support.packing import (
     CELLS,
     assert_one_pack_per_seed,
+    assert_same_histories,
     child_runs,
     lora_base,
     lora_grid,
@@ -95,16 +96,7 @@ def test_a_packed_grid_gives_each_cell_seed_its_unpacked_history_exactly_once(tm
 
     got, want = _histories(packed, "packed"), _histories(alone, "packed")
     assert got.keys() == want.keys() and len(got) == 4
-    for key, metrics in want.items():
-        assert got[key].keys() == metrics.keys(), key
-        for m, xs in metrics.items():
-            ys = got[key][m]
-            assert len(ys) == len(xs), (key, m)
-            for x, y in zip(xs, ys, strict=True):
-                if math.isnan(x):
-                    assert math.isnan(y), (key, m)
-                else:
-                    assert y == pytest.approx(x, rel=1e-5, abs=1e-12), (key, m)
+    assert_same_histories(got, want)
     # The two cells are two runs (a mix-up of adapters would make them equal).
     entropy = [want[(c, "0")]["policy/entropy"][-1] for c in CELLS]
     assert entropy[0] != pytest.approx(entropy[1], rel=1e-6)
