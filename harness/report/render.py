@@ -20,18 +20,13 @@ from harness.report.studydata import CellRow, StudyData
 
 
 def _notes(r: CellRow) -> str:
-    out = []
-    if r.is_baseline:
-        out.append("baseline")
-    if r.inert_clip:
-        out.append("inert clip")
-    if r.n_failed:
-        out.append(f"{r.n_failed} failed")
-    if r.n_unfinished:
-        out.append(f"{r.n_unfinished} unfinished")
-    if r.n_missing_metric:
-        out.append(f"{r.n_missing_metric} without metric")
-    return ", ".join(out)
+    marks = [what for on, what in ((r.is_baseline, "baseline"), (r.inert_clip, "inert clip")) if on]
+    counts = (
+        (r.n_failed, "failed"),
+        (r.n_unfinished, "unfinished"),
+        (r.n_missing_metric, "without metric"),
+    )
+    return ", ".join(marks + [f"{n} {what}" for n, what in counts if n])
 
 
 RANKING_HEADER = (

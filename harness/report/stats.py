@@ -30,7 +30,6 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from harness.report.bootstrap import (
-    _NAN_INTERVAL,
     Interval,
     _check,
     _resample,
@@ -51,6 +50,7 @@ from harness.report.estimators import (
     median,
     probability_of_improvement,
 )
+from harness.report.studydata import CellSummary
 
 __all__ = [
     "CellSummary",
@@ -135,43 +135,8 @@ def seeds_to_separate(a: Interval, b: Interval, n_seeds: int) -> float:
 
 
 # --------------------------------------------------------------------------------------------
-# Per-cell summary
+# Per-cell summary (the record, :class:`CellSummary`, is plain data in ``studydata``)
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CellSummary:
-    """What the report shows for one cell: intervals always next to seeds, collapses, divergences.
-
-    ``n_seeds`` counts every run given; ``n_used`` the finite scores the statistics were computed
-    on (non-finite scores are dropped).  ``p_improve`` is None without a baseline.
-    ``collapse_rate`` is the fraction of runs flagged collapsed among runs whose flag is defined
-    (NaN when no flags were given); ``n_diverged`` counts diverged runs (see
-    :func:`summarize_cell`).
-    """
-
-    n_seeds: int
-    n_used: int
-    iqm: Interval
-    mean: Interval
-    median: float
-    p_improve: Interval | None
-    collapse_rate: float
-    n_diverged: int
-
-    def as_dict(self, prefix: str = "") -> dict[str, float]:
-        """Flat float dict (MLflow-loggable): ``iqm``, ``iqm_low``, ``iqm_high``, ... ."""
-        out: dict[str, float] = {
-            "n_seeds": float(self.n_seeds),
-            "n_used": float(self.n_used),
-            "median": self.median,
-            "collapse_rate": self.collapse_rate,
-            "n_diverged": float(self.n_diverged),
-        }
-        for name, iv in (("iqm", self.iqm), ("mean", self.mean), ("p_improve", self.p_improve)):
-            iv = iv or _NAN_INTERVAL
-            out |= {name: iv.point, f"{name}_low": iv.low, f"{name}_high": iv.high}
-        return {prefix + k: v for k, v in out.items()}
 
 
 def _pool(values: ArrayLike | Mapping[str, ArrayLike]) -> np.ndarray:

@@ -8,6 +8,7 @@ fixtures.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -68,8 +69,44 @@ class StudyData:
 
 
 @dataclass(frozen=True)
-class CellRow:
-    """One cell of the ranking: interval estimates always next to seeds and failures.
+class CellSummary:
+    """What the report shows for one cell: intervals always next to seeds, collapses, divergences.
+
+    ``n_seeds`` counts every run given; ``n_used`` the finite scores the statistics were computed
+    on (non-finite scores are dropped).  ``p_improve`` is None without a baseline.
+    ``collapse_rate`` is the fraction of runs flagged collapsed among runs whose flag is defined
+    (NaN when no flags were given); ``n_diverged`` counts diverged runs (see
+    :func:`harness.report.stats.summarize_cell`, which computes it).
+    """
+
+    n_seeds: int
+    n_used: int
+    iqm: Interval
+    mean: Interval
+    median: float
+    p_improve: Interval | None
+    collapse_rate: float
+    n_diverged: int
+
+    def as_dict(self, prefix: str = "") -> dict[str, float]:
+        """Flat float dict (MLflow-loggable): ``iqm``, ``iqm_low``, ``iqm_high``, ... ."""
+        out: dict[str, float] = {
+            "n_seeds": float(self.n_seeds),
+            "n_used": float(self.n_used),
+            "median": self.median,
+            "collapse_rate": self.collapse_rate,
+            "n_diverged": float(self.n_diverged),
+        }
+        for name, iv in (("iqm", self.iqm), ("mean", self.mean), ("p_improve", self.p_improve)):
+            point, low, high = (math.nan,) * 3 if iv is None else (iv.point, iv.low, iv.high)
+            out |= {name: point, f"{name}_low": low, f"{name}_high": high}
+        return {prefix + k: v for k, v in out.items()}
+
+
+@dataclass(frozen=True)
+class CellRow(CellSummary):
+    """One cell of the ranking: its :class:`CellSummary` (over the cell's runs) next to its
+    failures and diagnostics.
 
     ``scores`` holds, per run of the cell (``data.runs_of(label)`` order), the value the
     statistics used: the run's ``data.metric``, the imputed worst value for a diverged run (under
@@ -81,17 +118,9 @@ class CellRow:
     label: str
     overrides: dict[str, Any]
     is_baseline: bool
-    n_seeds: int
     n_completed: int
-    n_diverged: int
     n_failed: int
     n_unfinished: int
-    n_used: int
-    iqm: Interval
-    mean: Interval
-    median: float
-    p_improve: Interval | None
-    collapse_rate: float
     n_collapsed: int
     final_kl: float
     clipfrac_low: float
