@@ -190,25 +190,36 @@ class RenderTimeout(Exception):
 
 
 @contextlib.contextmanager
-def time_bound(seconds: float, error: type[BaseException] = RenderTimeout) -> Iterator[None]:
-    """Raise ``error`` (:class:`RenderTimeout` by default) in this block after ``seconds`` (wall
-    clock).
+def time_bound(
+    seconds: float, error: type[BaseException] = RenderTimeout, *, cpu: bool = False
+) -> Iterator[None]:
+    """Raise ``error`` (:class:`RenderTimeout` by default) in this block after ``seconds`` of wall
+    clock (``SIGALRM`` from ``ITIMER_REAL``) or, with ``cpu``, of this process's CPU time
+    (``SIGPROF`` from ``ITIMER_PROF``: every thread's time counts).
 
     Why a signal timer: a Jinja template is Python code (``{% for i in range(100000) %}`` nested
     is 10^10 iterations), and SIGALRM interrupts it between bytecodes; a thread could not be
     stopped. Only the main thread can take signals: elsewhere the block runs unbounded. An
-    enclosing timer (e.g. a test runner's) is restored, less the time spent here.  Code that
-    catches ``Exception`` around its own loops (some task generators do) would swallow an
-    ``Exception``: bound such code with a ``BaseException`` subclass."""
+    enclosing wall-clock timer (e.g. a test runner's) is restored, less the time spent here; an
+    armed CPU timer is a profiler's, which samples rather than bounds: the block then runs
+    unbounded and leaves it alone.  Code that catches ``Exception`` around its own loops (some
+    task generators, math-verify) would swallow an ``Exception``: bound such code with a
+    ``BaseException`` subclass."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(
         signal, "setitimer"
     ):
         yield
         return
+    timer, sig = (
+        (signal.ITIMER_PROF, signal.SIGPROF) if cpu else (signal.ITIMER_REAL, signal.SIGALRM)
+    )
+    outer, _ = signal.getitimer(timer)
+    if cpu and outer > 0:
+        yield
+        return
 
     # An enclosing bound that ends first still ends this block, with its own error: the inner
     # bound must not stretch the outer one (a slow first item inside a 0.5 s probe bound).
-    outer, _ = signal.getitimer(signal.ITIMER_REAL)
     outer_first = 0 < outer < seconds
     armed = outer if outer_first else seconds
     fired_outer: list[bool] = []
@@ -219,12 +230,12 @@ def time_bound(seconds: float, error: type[BaseException] = RenderTimeout) -> It
             previous(signum, frame)  # the enclosing bound's handler raises its error
         raise error
 
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, armed)
+    previous = signal.signal(sig, expire)
+    signal.setitimer(timer, armed)
     try:
         yield
     finally:
-        left, _ = signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        left, _ = signal.setitimer(timer, 0)
+        signal.signal(sig, previous)
         if outer and not fired_outer:
-            signal.setitimer(signal.ITIMER_REAL, max(outer - (armed - left), 1e-3))
+            signal.setitimer(timer, max(outer - (armed - left), 1e-3))

@@ -23,17 +23,16 @@ Answer formats (``answer_format``):
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import re
-import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from harness.core.fields import option
+from harness.core.limits import time_bound
 from harness.tasks.registry import TaskOptions
 
 AnswerFormat = Literal["raw", "tag", "last_line"]
@@ -148,32 +147,6 @@ class _OverBudget(BaseException):
     ``Exception`` around their own steps, and would swallow it)."""
 
 
-@contextlib.contextmanager
-def _cpu_bound(seconds: float) -> Iterator[None]:
-    """Raise :class:`_OverBudget` once this process has spent ``seconds`` of CPU time in the
-    block (``ITIMER_PROF``: every thread's time counts, which in the main thread's scoring is
-    that thread's). Only in the main thread, where Python runs signal handlers; unbounded
-    where a profiler's timer is armed already."""
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or not hasattr(signal, "setitimer")
-        or signal.getitimer(signal.ITIMER_PROF)[0] > 0
-    ):
-        yield
-        return
-
-    def over(signum: int, frame: Any) -> None:
-        raise _OverBudget
-
-    previous = signal.signal(signal.SIGPROF, over)
-    signal.setitimer(signal.ITIMER_PROF, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_PROF, 0)
-        signal.signal(signal.SIGPROF, previous)
-
-
 @functools.lru_cache(maxsize=65_536)
 def _parsed_gold(answer: str, timeout: int | None) -> Any:
     # The reference answer is parsed once per distinct answer, not once per completion.
@@ -193,13 +166,13 @@ def math_verify_match(answer: str, got: str, *, answer_only: bool = True) -> flo
     main = threading.current_thread() is threading.main_thread()
     backstop = _MATH_VERIFY_WALL_S if main else None
     try:
-        with _cpu_bound(MATH_VERIFY_CPU_S):
+        with time_bound(MATH_VERIFY_CPU_S, _OverBudget, cpu=True):
             gold = _parsed_gold(answer, backstop)
-        with _cpu_bound(MATH_VERIFY_CPU_S):
+        with time_bound(MATH_VERIFY_CPU_S, _OverBudget, cpu=True):
             pred = _parse_math(got, backstop, as_math=answer_only)
         if not gold or not pred:
             return 0.0
-        with _cpu_bound(MATH_VERIFY_CPU_S):
+        with time_bound(MATH_VERIFY_CPU_S, _OverBudget, cpu=True):
             ok = mv.verify(gold, pred, timeout_seconds=backstop)
     except _OverBudget:
         return 0.0

@@ -545,6 +545,39 @@ def test_an_outer_time_bound_that_ends_first_ends_an_inner_block_with_its_own_er
     assert signal.getitimer(signal.ITIMER_REAL)[0] == 0
 
 
+def test_a_cpu_time_bound_stops_a_loop_and_leaves_a_profilers_timer_alone():
+    from harness.core.limits import time_bound
+
+    class Spent(BaseException):
+        pass
+
+    end = time.process_time() + 60
+    with pytest.raises(Spent), time_bound(0.2, Spent, cpu=True):
+        while time.process_time() < end:
+            pass
+    assert time.process_time() < end
+    assert signal.getitimer(signal.ITIMER_PROF) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGPROF) == signal.SIG_DFL
+
+    samples: list[int] = []
+
+    def sample(*_: object) -> None:
+        samples.append(1)
+
+    old = signal.signal(signal.SIGPROF, sample)
+    signal.setitimer(signal.ITIMER_PROF, 0.01, 0.01)  # a sampling profiler's timer
+    try:
+        end = time.process_time() + 0.5
+        with time_bound(0.1, Spent, cpu=True):  # runs unbounded beside it
+            while time.process_time() < end:
+                pass
+        assert samples and signal.getsignal(signal.SIGPROF) is sample
+        assert signal.getitimer(signal.ITIMER_PROF)[1] == pytest.approx(0.01)
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, old)
+
+
 QUOTED = ['it\'s "x"', 'it_s "x"', 'it\'s "x"%', "a\\'b\"", "a%'b\"_", "plain", "it's"]
 
 
