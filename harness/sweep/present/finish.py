@@ -68,15 +68,9 @@ def finish_study(
     end_parent: bool = True,
 ) -> Finished:
     """Print the ranking and the failures, write the report, tag and end the parent run."""
+    report_dir = results_dir / study.study_name if write_report else None
     if spec.kind == "search":
-        return finish_search(
-            study,
-            tracker,
-            spec,
-            results_dir=results_dir,
-            write_report=write_report,
-            end_parent=end_parent,
-        )
+        return _finish_search(study, tracker, spec, report_dir, end_parent=end_parent)
 
     tracker.flush()
     states = None
@@ -97,9 +91,8 @@ def finish_study(
         if parent:
             _label_in_mlflow(tracker, spec, parent, rows, data)
     _say_failures(failed, expected, completed, "run")
-    if write_report and (finished or failed):
-        out_dir = results_dir / study.study_name
-        files = build_report(data, out_dir)
+    if report_dir is not None and (finished or failed):
+        files = build_report(data, report_dir)
         console.print(f"report: {files.markdown} and {files.html}")
         if parent:
             # Only the HTML: MLflow shows markdown as plain text, so the report's images would
@@ -153,17 +146,16 @@ def _fmt_point(point: dict[str, Any]) -> str:
     )
 
 
-def finish_search(
+def _finish_search(
     study: optuna.Study,
     tracker: Tracker,
     spec: StudySpec,
+    report_dir: Path | None,
     *,
-    results_dir: Path,
-    write_report: bool = True,
-    end_parent: bool = True,
+    end_parent: bool,
 ) -> Finished:
     """Print the best point (or the Pareto front) and the failures, log the best point on the
-    parent run, write report.md."""
+    parent run, write report.md into ``report_dir`` (None: no report)."""
     console = wide_console()
     tracker.flush()
     trials = study.get_trials(deepcopy=False)
@@ -202,8 +194,8 @@ def finish_search(
     else:
         console.print("no completed trial yet")
     _say_failures(failed, spec.expected_trials, len(complete), "trial")
-    if write_report and (complete or failed):
-        path = write_search_report(study, spec, best, results_dir / study.study_name)
+    if report_dir is not None and (complete or failed):
+        path = write_search_report(study, spec, best, report_dir)
         console.print(f"report: {path}")
         if parent:
             tracker.log_artifact(parent, path, "report")
