@@ -39,8 +39,15 @@ from transformers import (
 from harness.core.configtools import is_device_name
 from harness.model.options import LoraOptions, ModelOptions, TinyModelConfig
 
-PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
-SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
+# The tiny tokenizer's special tokens in id order (0..3), each under the keyword
+# PreTrainedTokenizerFast takes it by.
+SPECIAL_TOKEN_ROLES = {
+    "pad_token": "<pad>",
+    "bos_token": "<bos>",
+    "eos_token": "<eos>",
+    "unk_token": "<unk>",
+}
+SPECIAL_TOKENS = tuple(SPECIAL_TOKEN_ROLES.values())
 # Printable ASCII (space .. '~') plus newline: digits, letters and every symbol a task prompt or a
 # JSONL answer is likely to use. Fixed order => fixed ids on every machine.
 CHARS = tuple(chr(c) for c in range(32, 127)) + ("\n",)
@@ -63,15 +70,12 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         vocab[ch] = len(vocab)
     # BPE with no merges and no pre-tokenizer splits text into single characters; Fuse() joins
     # them back without the spaces the default decoder would insert.
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=SPECIAL_TOKEN_ROLES["unk_token"]))
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens(list(SPECIAL_TOKENS))
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        pad_token=PAD,
-        bos_token=BOS,
-        eos_token=EOS,
-        unk_token=UNK,
+        **SPECIAL_TOKEN_ROLES,
         padding_side="left",
         model_max_length=512,
         clean_up_tokenization_spaces=False,
