@@ -1,10 +1,13 @@
 """What the packing tests share: the LoRA run a pack trains, a grid of two cells that pack, the
 two cells whose packed histories are compared with their unpacked runs, a pack with a failing
-trial, and what a packed sweep left in its stores."""
+trial, what a packed sweep left in its stores, and a packed sweep's command held mid-pack for a
+fault (tests/hooks/sitecustomize.py) and its rerun."""
 
 from __future__ import annotations
 
 import math
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,8 +17,12 @@ import yaml
 
 from harness.run.packing import run_packed
 from harness.sweep.scheduler.spec import trial_key
+from tests.hooks.kill_at import rerun_to_the_end
 from tests.support.study_reads import mlflow_runs, trials
 from tests.support.tiny import TINY
+
+ROOT = Path(__file__).resolve().parents[2]
+HOOKS = ROOT / "tests" / "hooks"
 
 LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
 # Dropout draws from the global RNG, so each trial's RNG streams are load-bearing in a pack.
@@ -131,3 +138,27 @@ def assert_same_histories(
                     assert math.isnan(y), (key, m)
                 else:
                     assert y == pytest.approx(x, rel=1e-5, abs=1e-12), (key, m)
+
+
+def hooked(
+    tmp_path: Path, command: str, exp: Path, *extra: str
+) -> tuple[list[str], dict[str, str], Path, Path]:
+    """``harness COMMAND EXP`` packed (one worker, 2 per worker) as a subprocess's command,
+    ``extra`` appended; its environment with the hold installed (the worker holds once the
+    pack's second run recorded its first step, its pid in the marker); the results directory;
+    the marker."""
+    results, marker = tmp_path / "results", tmp_path / "held"
+    cmd = [sys.executable, "-m", "harness", command, str(exp), "--workers", "1"]
+    cmd += ["--cells-per-worker", "2", "--results-dir", str(results), *extra]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(HOOKS), str(ROOT)]),
+        "HARNESS_TEST_HOLD_SECOND_RUN": str(marker),
+        "HARNESS_HEARTBEAT_S": "1",  # a killed worker's trials go stale within seconds
+    }
+    return cmd, env, results, marker
+
+
+def rerun(cmd: list[str]) -> None:
+    """Run a :func:`hooked` command again without the hold, to its end."""
+    rerun_to_the_end(cmd, {**os.environ, "HARNESS_HEARTBEAT_S": "1"}, ROOT)

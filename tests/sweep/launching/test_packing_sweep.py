@@ -21,11 +21,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
-import subprocess
-import sys
-import threading
-import time
 from pathlib import Path
 
 import optuna
@@ -45,14 +40,16 @@ from harness.sweep.scheduler.study import enqueue_missing, open_study
 from harness.sweep.scheduler.trials import next_trial
 from harness.sweep.stores.storage import make_storage
 from harness.tracking import MemoryTracker
-from tests.hooks.kill_at import kill_worker_at_marker, rerun_to_the_end
+from tests.hooks.kill_at import kill_worker_at_marker, term_at_marker
 from tests.support.packing import (
     CELLS,
     assert_one_pack_per_seed,
     assert_same_histories,
     child_runs,
+    hooked,
     lora_base,
     lora_grid,
+    rerun,
 )
 from tests.support.study_reads import trials
 
@@ -60,7 +57,6 @@ pytest.importorskip("peft")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 ROOT = Path(__file__).resolve().parents[3]
-HOOKS = ROOT / "tests" / "hooks"
 
 
 def _histories(results: Path, name: str) -> dict[tuple[str, str], dict[str, list[float]]]:
@@ -109,23 +105,8 @@ def test_a_packed_grid_gives_each_cell_seed_its_unpacked_history_exactly_once(tm
 
 
 def _hooked(tmp_path: Path, name: str) -> tuple[list[str], dict[str, str], Path, Path]:
-    """The packed sweep's command (one worker, 2 per worker, 2 cells x 1 seed), its environment
-    with the hold installed, the results directory and the marker."""
-    results, marker = tmp_path / "results", tmp_path / "held"
-    exp = lora_grid(tmp_path, name)
-    cmd = [sys.executable, "-m", "harness", "ablate", str(exp), "--workers", "1"]
-    cmd += ["--cells-per-worker", "2", "--results-dir", str(results), "--no-report"]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(HOOKS), str(ROOT)]),
-        "HARNESS_TEST_HOLD_SECOND_RUN": str(marker),
-        "HARNESS_HEARTBEAT_S": "1",  # a killed worker's trials go stale within seconds
-    }
-    return cmd, env, results, marker
-
-
-def _rerun(cmd: list[str]) -> None:
-    rerun_to_the_end(cmd, {**os.environ, "HARNESS_HEARTBEAT_S": "1"}, ROOT)  # no hold: to its end
+    """The packed sweep held mid-pack (:func:`hooked`) of a 2-cell x 1-seed grid."""
+    return hooked(tmp_path, "ablate", lora_grid(tmp_path, name), "--no-report")
 
 
 def _complete_once(results: Path, name: str) -> list:
@@ -139,35 +120,12 @@ def _complete_once(results: Path, name: str) -> list:
 @pytest.mark.slow  # two sweeps in subprocesses: about 1-2 min on a loaded 2-core machine
 def test_sigterm_interrupts_every_trial_of_a_pack_and_the_sweep_resumes_unpacked(tmp_path):
     cmd, env, results, marker = _hooked(tmp_path, "pack-term")
-    release = tmp_path / "release"
-    env["HARNESS_TEST_HOLD_RELEASE"] = str(release)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    out: list[str] = []
-    reader = threading.Thread(
-        target=lambda: out.extend(ln.decode(errors="replace") for ln in proc.stdout), daemon=True
-    )
-    reader.start()
-    try:
-        deadline = time.monotonic() + 600
-        while not (marker.exists() and marker.read_text()):
-            assert proc.poll() is None, "".join(out)[-3000:]
-            assert time.monotonic() < deadline, "waited 600 s for the pack's second run"
-            time.sleep(0.05)
-        held = trials(results, "pack-term")
-        assert sorted(t.state.name for t in held) == ["RUNNING", "RUNNING"]  # one pack of two
-        proc.send_signal(signal.SIGTERM)  # the coordinator, as `kill` or a scheduler sends it
-        while not any("stopping the workers" in ln for ln in out):  # the stop was asked
-            assert proc.poll() is None, "".join(out)[-3000:]
-            assert time.monotonic() < deadline, "the coordinator never said it was stopping"
-            time.sleep(0.05)
-        release.write_text("")
-        assert proc.wait(timeout=600) == 130, "".join(out)[-3000:]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    reader.join(timeout=60)
+
+    def held() -> None:  # one pack of two
+        assert sorted(t.state.name for t in trials(results, "pack-term")) == ["RUNNING"] * 2
+
+    code, out = term_at_marker(cmd, env, marker, "the pack's second run", while_held=held, cwd=ROOT)
+    assert code == 130, out[-3000:]
     ts = trials(results, "pack-term")
     assert sorted((trial_key(t), t.state.name, t.user_attrs.get("outcome")) for t in ts) == [
         ((c, 0), "FAIL", "interrupted") for c in CELLS
@@ -180,7 +138,7 @@ def test_sigterm_interrupts_every_trial_of_a_pack_and_the_sweep_resumes_unpacked
 
     cmd.remove("--cells-per-worker")
     cmd.remove("2")
-    _rerun(cmd)  # resumed unpacked
+    rerun(cmd)  # resumed unpacked
     after = _complete_once(results, "pack-term")
     assert len(after) == 4  # the two interrupted, then each (cell, seed) once
     _, runs = child_runs(results, "pack-term")
@@ -197,7 +155,7 @@ def test_a_packed_worker_killed_mid_run_has_each_trial_retried_exactly_once(tmp_
         ((c, 0), "RUNNING") for c in CELLS
     ]
 
-    _rerun(cmd)
+    rerun(cmd)
     after = _complete_once(results, "pack-kill")
     for cell in CELLS:  # the dead attempt (failed by its stale heartbeat), then one retry
         attempts = sorted(t.state.name for t in after if trial_key(t) == (cell, 0))
