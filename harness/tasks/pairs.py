@@ -19,6 +19,7 @@ import json
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from harness.core import limits
 from harness.core.fields import option
@@ -31,7 +32,8 @@ from harness.tasks.answers import (
     math_verify_match,
 )
 from harness.tasks.base import Example, stable_hash
-from harness.tasks.registry import TaskOptions
+from harness.tasks.records import file_digest
+from harness.tasks.registry import Builder, TaskOptions, TaskSource, nonempty_argument
 
 
 @dataclass(frozen=True)
@@ -211,6 +213,35 @@ def file_task(
     return task
 
 
+class PairReader(Protocol):
+    """How a file source reads its pairs: the examples of ``path`` within ``bounds``."""
+
+    def __call__(self, spec: str, path: str, /, *, bounds: limits.DataBounds) -> list[Example]: ...
+
+
+def pair_file_task(spec: str, path: str, o: PairOptions, read: PairReader) -> PairTask:
+    """The task of the file of pairs ``path`` (``jsonl:``, ``csv:``), its rows read by ``read``
+    within ``o``'s bounds and fingerprinted by the file's bytes (:func:`file_task`)."""
+    scoring = answer_options(spec, o)  # before the file is read: a bad option is refused first
+    return file_task(spec, o, read(spec, path, bounds=o.bounds()), scoring, file_digest(path))
+
+
+def pair_file_source(
+    form: str, summary: str, build: Builder, *, rank: int, field_help: str
+) -> TaskSource:
+    """The source of a file of pairs named by its path (``jsonl:PATH``, ``csv:PATH``): an empty
+    path is refused before any option is read, and the options are :class:`PairOptions`."""
+    return TaskSource(
+        form=form,
+        summary=summary,
+        build=build,
+        options=PairOptions,
+        rank=rank,
+        argument=nonempty_argument(form),
+        field_help=field_help,
+    )
+
+
 #: Distinct reference answers the self-check scores (math-verify takes ~0.1 s an answer).
 GOLD_CHECK = 64
 
@@ -260,9 +291,12 @@ __all__ = [
     "DataLimitOptions",
     "HeldOutOptions",
     "PairOptions",
+    "PairReader",
     "PairTask",
     "Scoring",
     "answer_options",
     "check_reference_answers",
     "file_task",
+    "pair_file_source",
+    "pair_file_task",
 ]

@@ -23,9 +23,9 @@ from typing import BinaryIO
 
 from harness.core import limits
 from harness.tasks.base import Example
-from harness.tasks.pairs import PairOptions, PairTask, answer_options, file_task
-from harness.tasks.records import file_digest, open_task_file, pairs_from_records, utf8_lines
-from harness.tasks.registry import TaskSource, nonempty_argument, register
+from harness.tasks.pairs import PairOptions, PairTask, pair_file_source, pair_file_task
+from harness.tasks.records import open_task_file, pairs_from_records, utf8_lines
+from harness.tasks.registry import register
 
 COLUMNS = ("prompt", "answer")
 
@@ -112,18 +112,15 @@ def read_csv(
 
 def csv_task(spec: str, path: str, o: PairOptions) -> PairTask:
     """``csv:PATH`` (see the module docstring)."""
-    scoring = answer_options(spec, o)
-    return file_task(spec, o, read_csv(spec, path, o.bounds()), scoring, file_digest(path))
+    return pair_file_task(spec, path, o, read_csv)
 
 
 register(
-    TaskSource(
-        form="csv:PATH",
-        summary="a CSV file with the header row `prompt,answer`; scored as `jsonl:`",
-        build=csv_task,
-        options=PairOptions,
+    pair_file_source(
+        "csv:PATH",
+        "a CSV file with the header row `prompt,answer`; scored as `jsonl:`",
+        csv_task,
         rank=15,
-        argument=nonempty_argument("csv:PATH"),
         field_help="CSV header prompt,answer",
     )
 )

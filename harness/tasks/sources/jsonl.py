@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from harness.tasks.pairs import PairOptions, PairTask, answer_options, file_task
-from harness.tasks.records import file_digest, read_jsonl
-from harness.tasks.registry import TaskSource, nonempty_argument, register
+from harness.tasks.pairs import PairOptions, PairTask, pair_file_source, pair_file_task
+from harness.tasks.records import read_jsonl
+from harness.tasks.registry import register
 
 
 def jsonl_task(spec: str, path: str, o: PairOptions) -> PairTask:
@@ -12,19 +12,15 @@ def jsonl_task(spec: str, path: str, o: PairOptions) -> PairTask:
     numbers, of the whole completion; ``reward``/``answer_format``/``format_weight``/``think``
     as in :mod:`harness.tasks.answers`; ``max_*`` bound the data
     (:class:`harness.tasks.pairs.DataLimitOptions`)."""
-    scoring = answer_options(spec, o)
-    examples = read_jsonl(spec, path, bounds=o.bounds())
-    return file_task(spec, o, examples, scoring, file_digest(path))
+    return pair_file_task(spec, path, o, read_jsonl)
 
 
 register(
-    TaskSource(
-        form="jsonl:PATH",
-        summary='`{"prompt", "answer"}` lines; exact or numeric (1e-6) match',
-        build=jsonl_task,
-        options=PairOptions,
+    pair_file_source(
+        "jsonl:PATH",
+        '`{"prompt", "answer"}` lines; exact or numeric (1e-6) match',
+        jsonl_task,
         rank=10,
-        argument=nonempty_argument("jsonl:PATH"),
         field_help="JSONL lines {prompt, answer}",
     )
 )
