@@ -8,18 +8,15 @@ import torch
 
 from harness.ppo.objectives import frame as F
 from harness.ppo.objectives import registry as R
-from harness.ppo.objectives.covariance import cov_stats, covariance, n_selected
+from harness.ppo.objectives.covariance import cov_stats, covariance, n_selected, ratio_option
 from harness.ppo.objectives.ppo import ppo_clip_terms
 
 
 @dataclass(frozen=True)
 class ClipCovOptions(R.Options):
-    ratio: float = R.option(
-        2e-4,
+    ratio: float = ratio_option(
         "Clip-Cov: share of valid tokens whose gradient is detached (paper/verl 2e-4; "
-        "0 = plain PPO-clip).",
-        ge=0,
-        le=1,
+        "0 = plain PPO-clip)."
     )
     cov_lb: float = R.option(1.0, "Clip-Cov: candidates have covariance > this (verl default 1).")
     cov_ub: float = R.option(5.0, "Clip-Cov: candidates have covariance < this (verl default 5).")

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
+from harness.core.fields import option
 from harness.ppo.objectives.frame import PolicyInputs, Stats
+
+
+def ratio_option(help: str) -> Any:
+    """The ``ratio`` option both declare: the share of valid tokens selected by covariance, in
+    [0, 1], 2e-4 as in the paper and verl (0 switches the selection off here)."""
+    return option(2e-4, help, ge=0, le=1)
 
 
 def covariance(p: PolicyInputs) -> torch.Tensor:

@@ -9,17 +9,14 @@ import torch
 
 from harness.ppo.objectives import frame as F
 from harness.ppo.objectives import registry as R
-from harness.ppo.objectives.covariance import cov_stats, covariance, n_selected
+from harness.ppo.objectives.covariance import cov_stats, covariance, n_selected, ratio_option
 
 
 @dataclass(frozen=True)
 class KLCovOptions(R.Options):
-    ratio: float = R.option(
-        2e-4,
+    ratio: float = ratio_option(
         "KL-Cov: share of valid tokens, largest covariance first, given the KL penalty "
-        "(paper/verl 2e-4; 0 = unclipped policy gradient).",
-        ge=0,
-        le=1,
+        "(paper/verl 2e-4; 0 = unclipped policy gradient)."
     )
     coef: float = R.option(
         1.0, "KL-Cov: coefficient of the |log-ratio| penalty (verl ppo_kl_coef, 1).", ge=0
