@@ -50,7 +50,7 @@ from harness.model.build import (  # noqa: E402
 )
 from harness.sampling import SamplingParams  # noqa: E402
 from harness.sampling.local import LocalSampler  # noqa: E402
-from harness.sampling.vllm import EngineSampler  # noqa: E402
+from harness.sampling.vllm import EngineSampler, EngineSpec  # noqa: E402
 from harness.sampling.vllm_host import reload_weights  # noqa: E402
 from harness.tasks import get_task  # noqa: E402
 
@@ -102,7 +102,7 @@ def bench_shape(name: str, device: torch.device, repeats: int) -> dict[str, Any]
         "fast": LocalSampler(device, None, decoder="fast", sample_kw=kw),
         "hf": LocalSampler(device, None, decoder="hf", sample_kw=kw),
     }
-    engine = EngineSampler(device, dtype="float32", sample_kw=kw)
+    engine = EngineSampler(device, EngineSpec(dtype="float32"), sample_kw=kw)
     t0 = time.perf_counter()
     engine.load(model, 0)  # starts it
     start = time.perf_counter() - t0

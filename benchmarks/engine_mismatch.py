@@ -46,7 +46,7 @@ from harness.model.build import (  # noqa: E402
 from harness.model.logprobs import forward_logprobs  # noqa: E402
 from harness.sampling import SamplingParams  # noqa: E402
 from harness.sampling.local import LocalSampler  # noqa: E402
-from harness.sampling.vllm import EngineSampler  # noqa: E402
+from harness.sampling.vllm import EngineSampler, EngineSpec  # noqa: E402
 from harness.sampling.vllm_host import EngineError  # noqa: E402
 from harness.tasks import get_task  # noqa: E402
 
@@ -112,7 +112,9 @@ def measure(name: str, model: Any, tok: Any, args: Any) -> list[tuple[str, ...]]
                 args,
             ),
         )
-        engine = EngineSampler(torch.device("cpu"), dtype=dtype, seed=args.seed, sample_kw=kw)
+        engine = EngineSampler(
+            torch.device("cpu"), EngineSpec(dtype=dtype, seed=args.seed), sample_kw=kw
+        )
         t0 = time.perf_counter()
         try:
             eng: dict[str, float] | str = stats(model, draw(engine, model, tok, prompts, args))

@@ -12,6 +12,7 @@ the policy's weights and returns the batch with its own log-probs in ``logprobs`
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -23,7 +24,8 @@ from harness.sampling import Sampler, SamplingParams, make_backend
 from harness.sampling.decoders import _fast_path_ok
 from harness.sampling.local import LocalSampler
 from harness.sampling.local_steps import LocalStepSampler
-from harness.sampling.vllm import EngineHost
+from harness.sampling.stepping import StepSetup
+from harness.sampling.vllm import EngineHost, EngineSpec
 from harness.sampling.vllm_adapters import AdapterEngine
 from harness.sampling.vllm_steps import EngineStepSampler
 
@@ -49,15 +51,17 @@ def sampler_autocast(name: str | None, learner: torch.dtype | None) -> torch.dty
     return _DTYPES[check_value(name, SamplerDtype, {}, "rollout.sampler_dtype")]
 
 
-def local_sampler(
-    cfg: RunConfig,
-    device: torch.device,
-    learner: torch.dtype | None,
-    sample_kw: dict[str, Any],
-) -> LocalSampler:
-    """The run's local sampler as ``cfg.rollout`` configures it (``learner``: the learner's
+def make_sampler(
+    cfg: RunConfig, device: torch.device, learner: torch.dtype | None, sample_kw: dict[str, Any]
+) -> Sampler:
+    """The run's sampler, not started (a context manager: leaving it closes the sampler): the
+    inference engine for ``rollout.sampler_backend: vllm`` (started at its first weight load),
+    else the local one as ``cfg.rollout`` configures it (``learner``: the learner's
     autocast)."""
     r = cfg.rollout
+    if r.sampler_backend == "vllm":
+        spec = engine_spec(cfg, sample_kw)
+        return make_backend("vllm", device=device, spec=spec, sample_kw=sample_kw)
     return LocalSampler(
         device=device,
         dtype=sampler_autocast(r.sampler_dtype, learner),
@@ -68,27 +72,18 @@ def local_sampler(
     )
 
 
-def make_sampler(
-    cfg: RunConfig,
-    device: torch.device,
-    learner: torch.dtype | None,
-    sample_kw: dict[str, Any],
-) -> Sampler:
-    """The run's sampler, not started (a context manager: leaving it closes the sampler): the
-    inference engine for ``rollout.sampler_backend: vllm`` (started at its first weight load),
-    else the local one."""
+def engine_spec(cfg: RunConfig, sample_kw: dict[str, Any]) -> EngineSpec:
+    """How the run's engine starts, from ``cfg.rollout`` (its weight dtype: ``sampler_dtype``,
+    else the learner's) and the prompts' ``max_positions``; every engine of a run (batch,
+    step-level, a pack's) starts so."""
     r = cfg.rollout
-    if r.sampler_backend == "vllm":
-        return make_backend(
-            "vllm",
-            device=device,
-            dtype=engine_dtype(r.sampler_dtype, cfg.model_options.dtype),
-            kv_cache_gib=r.engine_kv_cache_gib,
-            gpu_memory_utilization=r.engine_gpu_memory_utilization,
-            seed=cfg.seed,
-            sample_kw=sample_kw,
-        )
-    return local_sampler(cfg, device, learner, sample_kw)
+    return EngineSpec(
+        dtype=engine_dtype(r.sampler_dtype, cfg.model_options.dtype),
+        kv_cache_gib=r.engine_kv_cache_gib,
+        gpu_memory_utilization=r.engine_gpu_memory_utilization,
+        seed=cfg.seed,
+        max_positions=sample_kw.get("max_positions"),
+    )
 
 
 def pack_engine(
@@ -104,21 +99,11 @@ def pack_engine(
     started: set up as :func:`make_sampler`'s (the settings are the pack's shared base fields),
     serving up to ``n_adapters`` adapters of the configured rank; each run samples through an
     :class:`~harness.sampling.vllm_adapters.AdapterSampler` over it."""
-    r = cfg.rollout
     lora = cfg.model_options.lora
     if lora is None:
         raise ValueError("model_options.lora: the pack's engine serves LoRA adapters")
-    host = EngineHost(
-        device,
-        dtype=engine_dtype(r.sampler_dtype, cfg.model_options.dtype),
-        kv_cache_gib=r.engine_kv_cache_gib,
-        gpu_memory_utilization=r.engine_gpu_memory_utilization,
-        seed=cfg.seed,
-        max_positions=sample_kw.get("max_positions"),
-        max_loras=n_adapters,
-        max_lora_rank=lora.r,
-    )
-    return AdapterEngine(host, on_start=on_start, on_join=on_join)
+    spec = replace(engine_spec(cfg, sample_kw), max_loras=n_adapters, max_lora_rank=lora.r)
+    return AdapterEngine(EngineHost(device, spec), on_start=on_start, on_join=on_join)
 
 
 def rollout_params(cfg: RunConfig) -> SamplingParams:
@@ -132,29 +117,34 @@ def rollout_params(cfg: RunConfig) -> SamplingParams:
     )
 
 
+def step_setup(run: Any) -> StepSetup:
+    """What an asynchronous run's step-level sampler samples from: its own copy of the policy,
+    the run's sampling settings, and a sampling generator seeded as the batch samplers' (so a
+    synchronous schedule samples the same tokens)."""
+    cfg = run.cfg
+    generator = torch.Generator(device=run.device).manual_seed(cfg.seed)
+    return StepSetup(
+        frozen_copy(run.model), run.tokenizer, rollout_params(cfg), generator, run.sample_kw
+    )
+
+
 def local_step_sampler(run: Any, learner: torch.dtype | None) -> LocalStepSampler:
-    """The step-level local sampler of an asynchronous run (``rollout.async``): its own copy of
-    the policy, the run's sampling settings and seeds (the same generator and noise streams as
-    :func:`local_sampler`'s, so a synchronous schedule samples the same tokens)."""
+    """The step-level local sampler of an asynchronous run (``rollout.async``): the local
+    sampler's options and noise stream (:func:`make_sampler`'s) over :func:`step_setup`."""
     cfg = run.cfg
     r = cfg.rollout
-    params = rollout_params(cfg)
     noise = None
     if r.sampler_logit_noise > 0:
         noise = torch.Generator(device=run.device).manual_seed(
             (cfg.seed + NOISE_SEED_OFFSET) % 2**63
         )
     return LocalStepSampler(
-        frozen_copy(run.model),
-        run.tokenizer,
-        params,
-        torch.Generator(device=run.device).manual_seed(cfg.seed),
+        step_setup(run),
         device=run.device,
         dtype=sampler_autocast(r.sampler_dtype, learner),
         decoder=r.sampler_backend,
         logit_noise=r.sampler_logit_noise,
         noise_generator=noise,
-        sample_kw=run.sample_kw,
     )
 
 
@@ -165,42 +155,25 @@ def engine_step_sampler(
     on_sync: Callable[[float], None] | None = None,
 ) -> EngineStepSampler:
     """The step-level engine sampler of an asynchronous run under ``rollout.sampler_backend:
-    vllm``: its own copy of the policy (merged into the engine under LoRA), an engine set up as
-    :func:`make_sampler`'s (started at the first load), the run's sampling settings, and row
-    seeds from the same generator as the batch engine sampler's; ``on_sync`` is told the
-    seconds of each weight copy. ``learner`` is unused: the engine's precision is its weight
-    dtype (``rollout.sampler_dtype``, else the learner's)."""
+    vllm``: :func:`step_setup` (its copy of the policy merged into the engine under LoRA; row
+    seeds from the same generator as the batch engine sampler's) on an engine set up as
+    :func:`make_sampler`'s (started at the first load); ``on_sync`` is told the seconds of
+    each weight copy. ``learner`` is unused: the engine's precision is its weight dtype
+    (``rollout.sampler_dtype``, else the learner's)."""
     del learner
-    cfg = run.cfg
-    r = cfg.rollout
-    params = rollout_params(cfg)
-    host = EngineHost(
-        run.device,
-        dtype=engine_dtype(r.sampler_dtype, cfg.model_options.dtype),
-        kv_cache_gib=r.engine_kv_cache_gib,
-        gpu_memory_utilization=r.engine_gpu_memory_utilization,
-        seed=cfg.seed,
-        max_positions=run.sample_kw.get("max_positions"),
-    )
-    return EngineStepSampler(
-        frozen_copy(run.model),
-        run.tokenizer,
-        params,
-        torch.Generator(device=run.device).manual_seed(cfg.seed),
-        host=host,
-        sample_kw=run.sample_kw,
-        on_sync=on_sync,
-    )
+    host = EngineHost(run.device, engine_spec(run.cfg, run.sample_kw))
+    return EngineStepSampler(step_setup(run), host=host, on_sync=on_sync)
 
 
 __all__ = [
     "NOISE_SEED_OFFSET",
+    "engine_spec",
     "engine_step_sampler",
-    "local_sampler",
     "local_step_sampler",
     "make_sampler",
     "pack_engine",
     "sampler_autocast",
+    "step_setup",
 ]
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field, fields
-from typing import Any, Self
+from typing import Any, NamedTuple, Self
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -181,6 +181,16 @@ class SamplingParams:
     greedy: bool = False
 
 
+class GenerateCall(NamedTuple):
+    """One :meth:`Sampler.generate` call's arguments, as a backend's :meth:`Sampler._generate`
+    receives them (one value, so the backends do not each restate the public signature)."""
+
+    tokenizer: PreTrainedTokenizerBase
+    prompts: list[str]
+    params: SamplingParams
+    generator: torch.Generator
+
+
 class Closing:
     """A context manager whose exit is :meth:`close` (idempotent; nothing by default): the
     lifecycle of both sampler contracts (:class:`Sampler` and the step-level one)."""
@@ -242,17 +252,12 @@ class Sampler(Closing, abc.ABC):
         behaviour log-probs and the loaded version on every generated token."""
         if self.model is None or self.version is None:
             raise RuntimeError("sampler: generate before load")
-        rb = self._generate(tokenizer, prompts, params, generator)
+        rb = self._generate(GenerateCall(tokenizer, prompts, params, generator))
         return with_versions(rb, self.version)
 
     @abc.abstractmethod
-    def _generate(
-        self,
-        tokenizer: PreTrainedTokenizerBase,
-        prompts: list[str],
-        params: SamplingParams,
-        generator: torch.Generator,
-    ) -> RolloutBatch: ...
+    def _generate(self, call: GenerateCall) -> RolloutBatch:
+        """The backend's batch for ``call`` (versions are set by :meth:`generate`)."""
 
     # ---- lifecycle
     def stats(self) -> dict[str, float]:
@@ -272,6 +277,7 @@ class Sampler(Closing, abc.ABC):
 
 __all__ = [
     "Closing",
+    "GenerateCall",
     "NonFiniteLogits",
     "RolloutBatch",
     "Sampler",

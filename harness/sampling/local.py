@@ -31,6 +31,7 @@ tensors are ordinary tensors that the training pass can use under autograd.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -39,10 +40,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from harness.model.build import eos_ids, precision
 from harness.model.logprobs import position_ids
 from harness.sampling.base import (
+    GenerateCall,
     NonFiniteLogits,
     RolloutBatch,
     Sampler,
-    SamplingParams,
     assemble_batch,
     repeated_prompts,
 )
@@ -339,27 +340,18 @@ class LocalSampler(Sampler):
     def _sync(self, weights: Any) -> float:
         return 0.0
 
-    def _generate(
-        self,
-        tokenizer: PreTrainedTokenizerBase,
-        prompts: list[str],
-        params: SamplingParams,
-        generator: torch.Generator,
-    ) -> RolloutBatch:
+    def _generate(self, call: GenerateCall) -> RolloutBatch:
         with precision(self.device, self.dtype):
             return sample(
                 self.model,
-                tokenizer,
-                prompts,
-                n_samples=params.n_samples,
-                max_new_tokens=params.max_new_tokens,
-                generator=generator,
-                temperature=params.temperature,
-                top_p=params.top_p,
-                greedy=params.greedy,
+                call.tokenizer,
+                call.prompts,
+                generator=call.generator,
                 backend=self.decoder,
                 logit_noise=self.logit_noise,
                 noise_generator=self.noise_generator,
+                # sample()'s keywords are named after the SamplingParams fields.
+                **asdict(call.params),
                 **self.sample_kw,
             )
 

@@ -20,14 +20,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from harness.model.build import precision
 from harness.model.logprobs import position_ids
-from harness.sampling.base import RolloutBatch, SamplingParams, assemble_batch
+from harness.sampling.base import RolloutBatch, assemble_batch
 from harness.sampling.decoders import _fast_path_ok, _HFDecoder, _LlamaDecoder
-from harness.sampling.local import draw_token, prepare_prompts
-from harness.sampling.stepping import Finished, StepSampler
+from harness.sampling.local import draw_token
+from harness.sampling.stepping import Finished, PolicyStepSampler, StepSetup
 
 
 class _Cohort:
@@ -63,36 +62,28 @@ class _Cohort:
         return not self.open
 
 
-class LocalStepSampler(StepSampler):
-    """Step-level sampling of ``model`` (the stepper's own copy of the policy; module docstring)
-    with the local sampler's options: autocast ``dtype``, ``decoder``, ``logit_noise`` from
-    ``noise_generator``, ``sample_kw`` (EOS ids, truncation, positions, template)."""
+class LocalStepSampler(PolicyStepSampler):
+    """Step-level sampling of ``setup.model`` (the stepper's own copy of the policy; module
+    docstring) with the local sampler's options: autocast ``dtype``, ``decoder``,
+    ``logit_noise`` from ``noise_generator``."""
 
     def __init__(
         self,
-        model: Any,
-        tokenizer: PreTrainedTokenizerBase,
-        params: SamplingParams,
-        generator: torch.Generator,
+        setup: StepSetup,
         *,
         device: torch.device,
         dtype: torch.dtype | None = None,
         decoder: str = "auto",
         logit_noise: float = 0.0,
         noise_generator: torch.Generator | None = None,
-        sample_kw: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__()
-        self.model, self.tokenizer, self.params = model, tokenizer, params
-        self.generator, self.device, self.dtype = generator, device, dtype
-        self.fast = decoder != "hf" and _fast_path_ok(model)
+        super().__init__(setup)
+        self.device, self.dtype = device, dtype
+        self.fast = decoder != "hf" and _fast_path_ok(self.model)
         if decoder == "fast" and not self.fast:
-            raise ValueError(f"sampler: no fast decoder for {type(model).__name__}")
+            raise ValueError(f"sampler: no fast decoder for {type(self.model).__name__}")
         self.logit_noise, self.noise_generator = logit_noise, noise_generator
-        self.sample_kw = dict(sample_kw or {})
         self.cohorts: list[_Cohort] = []
-        self.eos: torch.Tensor | None = None
-        self.pad_id = 0
 
     @property
     def running(self) -> int:
@@ -118,9 +109,7 @@ class LocalStepSampler(StepSampler):
         if not prompts:
             return
         p = self.params
-        ids, mask, eos, pad_id = prepare_prompts(
-            self.model, self.tokenizer, prompts, p.n_samples, p.max_new_tokens, **self.sample_kw
-        )
+        ids, mask, eos, pad_id = self.encode(prompts)
         self.eos, self.pad_id = eos, pad_id
         self.cohorts.append(
             _Cohort(gids, ids, mask, p.n_samples, p.max_new_tokens, pad_id, self.version)

@@ -15,11 +15,15 @@ The local backend is :mod:`harness.sampling.local_steps`.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
-from harness.sampling.base import Closing, RolloutBatch
+from harness.sampling.base import Closing, RolloutBatch, SamplingParams
+from harness.sampling.local import prepare_prompts
 
 
 @dataclass
@@ -62,4 +66,41 @@ class StepSampler(Closing, abc.ABC):
         """Groups submitted and not yet finished."""
 
 
-__all__ = ["Finished", "StepSampler"]
+@dataclass(frozen=True)
+class StepSetup:
+    """What a :class:`PolicyStepSampler` samples from: ``model``, its own copy of the policy
+    (the weights :meth:`StepSampler.load` copies in), the ``tokenizer``, the ``params`` every
+    group is sampled with, the run's sampling ``generator``, and ``sample_kw`` (EOS ids,
+    truncation, positions, chat template)."""
+
+    model: Any
+    tokenizer: PreTrainedTokenizerBase
+    params: SamplingParams
+    generator: torch.Generator
+    sample_kw: Mapping[str, Any] = field(default_factory=dict)
+
+
+class PolicyStepSampler(StepSampler):
+    """A step sampler over its own copy of the policy, set up by a :class:`StepSetup`: what the
+    local (:mod:`harness.sampling.local_steps`) and the engine
+    (:mod:`harness.sampling.vllm_steps`) step samplers share."""
+
+    def __init__(self, setup: StepSetup) -> None:
+        super().__init__()
+        self.model, self.tokenizer, self.params = setup.model, setup.tokenizer, setup.params
+        self.generator = setup.generator
+        self.sample_kw = dict(setup.sample_kw)
+        self.eos: torch.Tensor | None = None  # the EOS ids, once a group was submitted
+        self.pad_id = 0
+
+    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """``prompts`` as a submission starts them: the left-padded ids and mask, each prompt
+        repeated ``n_samples`` times, the EOS ids and the pad id
+        (:func:`harness.sampling.local.prepare_prompts`)."""
+        p = self.params
+        return prepare_prompts(
+            self.model, self.tokenizer, prompts, p.n_samples, p.max_new_tokens, **self.sample_kw
+        )
+
+
+__all__ = ["Finished", "PolicyStepSampler", "StepSampler", "StepSetup"]

@@ -35,7 +35,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -45,9 +46,9 @@ from harness.core.scratch import owned_temp_dir
 from harness.model.build import eos_ids
 from harness.model.engine_support import INSTALL_HINT, engine_env, engine_installed
 from harness.sampling.base import (
+    GenerateCall,
     RolloutBatch,
     Sampler,
-    SamplingParams,
     assemble_batch,
     repeated_prompts,
 )
@@ -76,33 +77,32 @@ def _preflight() -> str | None:
     return None if engine_installed() else f"vllm is not installed ({INSTALL_HINT})"
 
 
+@dataclass(frozen=True)
+class EngineSpec:
+    """How an engine is started: its weight ``dtype``, memory (``kv_cache_gib`` on CPU,
+    ``gpu_memory_utilization`` on CUDA), ``seed`` and model length ``max_positions`` (None:
+    2048). Serving LoRA adapters (``max_loras`` > 0), the engine holds the base weights and
+    applies up to ``max_loras`` adapters of rank <= ``max_lora_rank`` itself
+    (:mod:`harness.sampling.vllm_adapters`)."""
+
+    dtype: str = "float32"
+    kv_cache_gib: int = 1
+    gpu_memory_utilization: float = 0.3
+    seed: int = 0
+    max_positions: int | None = None
+    max_loras: int = 0
+    max_lora_rank: int = 0
+
+
 class EngineHost:
-    """One in-process engine over a policy: started on the policy's weights
-    (:meth:`start`), synced in place (:meth:`sync`), ended (:meth:`close`, idempotent). What the
-    batch sampler (:class:`EngineSampler`) and the step-level one
+    """One in-process engine over a policy, started as ``spec`` says: started on the policy's
+    weights (:meth:`start`), synced in place (:meth:`sync`), ended (:meth:`close`, idempotent).
+    What the batch sampler (:class:`EngineSampler`) and the step-level one
     (:class:`harness.sampling.vllm_steps.EngineStepSampler`) share."""
 
-    def __init__(
-        self,
-        device: torch.device,
-        dtype: str = "float32",
-        kv_cache_gib: int = 1,
-        gpu_memory_utilization: float = 0.3,
-        seed: int = 0,
-        max_positions: int | None = None,
-        max_loras: int = 0,
-        max_lora_rank: int = 0,
-    ) -> None:
+    def __init__(self, device: torch.device, spec: EngineSpec = EngineSpec()) -> None:
         self.device = device
-        self.dtype = dtype
-        self.kv_cache_gib = kv_cache_gib
-        self.gpu_memory_utilization = gpu_memory_utilization
-        self.seed = seed
-        self.max_positions = max_positions
-        # Serving LoRA adapters (max_loras > 0): the engine holds the base weights and applies
-        # up to max_loras adapters of rank <= max_lora_rank itself (sampling/vllm_adapters.py).
-        self.max_loras = max_loras
-        self.max_lora_rank = max_lora_rank
+        self.spec = spec
         self.llm: Any = None
         self.workdir: str | None = None
 
@@ -114,33 +114,34 @@ class EngineHost:
         # The policy as a checkpoint the engine loads (merged under LoRA). Starting on dummy
         # weights and syncing afterwards was measured to leave the engine's log-probs ~0.9 off
         # the learner's on the tiny Llama; loading real weights first, then syncing, matches.
-        write_checkpoint(model, self.workdir, merged=not self.max_loras)
+        spec = self.spec
+        write_checkpoint(model, self.workdir, merged=not spec.max_loras)
         kwargs: dict[str, Any] = {
             "model": self.workdir,
             "skip_tokenizer_init": True,
-            "dtype": self.dtype,
+            "dtype": spec.dtype,
             "enforce_eager": True,
-            "max_model_len": int(self.max_positions or 2048),
-            "seed": self.seed,
+            "max_model_len": int(spec.max_positions or 2048),
+            "seed": spec.seed,
             "logprobs_mode": "processed_logprobs",
             "enable_prefix_caching": False,
             "use_tqdm_on_load": False,  # a progress bar per run start on the sweep's console
         }
         if self.device.type == "cuda":
-            kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
-        if self.max_loras:
+            kwargs["gpu_memory_utilization"] = spec.gpu_memory_utilization
+        if spec.max_loras:
             kwargs |= {
                 "enable_lora": True,
-                "max_loras": self.max_loras,
-                "max_cpu_loras": self.max_loras,
-                "max_lora_rank": engine_lora_rank(self.max_lora_rank),
+                "max_loras": spec.max_loras,
+                "max_cpu_loras": spec.max_loras,
+                "max_lora_rank": engine_lora_rank(spec.max_lora_rank),
             }
         try:
             # Quiet, and the process left as the run and later runs in it expect
             # (harness/sampling/vllm_host.py: the model classes, torch.set_num_threads).
             with (
                 ENGINE_LOCK,
-                engine_env(engine_process_env(self.device, self.kv_cache_gib)),
+                engine_env(engine_process_env(self.device, spec.kv_cache_gib)),
                 engine_start(),
             ):
                 from vllm import LLM
@@ -187,30 +188,24 @@ class EngineHost:
     preflight=_preflight,
 )
 class EngineSampler(Sampler):
-    """The engine as a :class:`~harness.sampling.base.Sampler` (module docstring)."""
+    """The engine as a :class:`~harness.sampling.base.Sampler` (module docstring), started as
+    ``spec`` says; its model length, unless ``spec`` names one, is ``sample_kw``'s
+    ``max_positions`` (the prompts' limit)."""
 
     copies_weights = True
 
     def __init__(
         self,
         device: torch.device,
-        dtype: str = "float32",
-        kv_cache_gib: int = 1,
-        gpu_memory_utilization: float = 0.3,
-        seed: int = 0,
+        spec: EngineSpec = EngineSpec(),
         sample_kw: dict[str, Any] | None = None,  # EOS ids, truncation, positions, template
     ) -> None:
         super().__init__()
         self.device = device
         self.sample_kw = dict(sample_kw or {})
-        self.host = EngineHost(
-            device,
-            dtype,
-            kv_cache_gib,
-            gpu_memory_utilization,
-            seed,
-            max_positions=self.sample_kw.get("max_positions"),
-        )
+        if spec.max_positions is None:
+            spec = replace(spec, max_positions=self.sample_kw.get("max_positions"))
+        self.host = EngineHost(device, spec)
 
     @property
     def _llm(self) -> Any:
@@ -281,13 +276,8 @@ class EngineSampler(Sampler):
             rows.append((toks, lps))
         return rows
 
-    def _generate(
-        self,
-        tokenizer: PreTrainedTokenizerBase,
-        prompts: list[str],
-        params: SamplingParams,
-        generator: torch.Generator,
-    ) -> RolloutBatch:
+    def _generate(self, call: GenerateCall) -> RolloutBatch:
+        tokenizer, prompts, params, generator = call
         refused = _refuse({"top_p": params.top_p})
         if refused:  # RolloutConfig refuses it; a direct caller gets the same answer
             raise ValueError(refused)
@@ -322,23 +312,38 @@ class EngineSampler(Sampler):
             eos_token_ids=list(eos_token_ids),
         )
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_token_ids[0]
-        width = max(1, max(len(t) for t, _ in results))
-        tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        logps = torch.zeros(len(rows), width, dtype=torch.float32)
-        for i, (toks, lps) in enumerate(results):
-            tokens[i, : len(toks)] = torch.tensor(toks, dtype=torch.long)
-            logps[i, : len(lps)] = torch.tensor(lps, dtype=torch.float32)
         eos = torch.tensor(eos_token_ids, dtype=torch.long)
-        rb = assemble_batch(
-            tokenizer,
-            prompt_ids,
-            prompt_mask,
-            tokens,
-            logps,
-            eos,
-            group_sizes=[params.n_samples] * len(prompts),
-        )
+        groups = [params.n_samples] * len(prompts)
+        rb = engine_batch(tokenizer, prompt_ids, prompt_mask, results, eos, pad_id, groups)
         return rb.to(device) if device.type != "cpu" else rb
+
+
+def padded(rows: Sequence[Sequence[float]], fill: float, dtype: torch.dtype) -> torch.Tensor:
+    """Per-row lists as one ``[N, W]`` tensor, ``fill`` after each row's end (``W``: the
+    longest row, at least 1)."""
+    out = torch.full((len(rows), max(1, max(len(r) for r in rows))), fill, dtype=dtype)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=dtype)
+    return out
+
+
+def engine_batch(
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    rows: Sequence[tuple[list[int], list[float]]],
+    eos: torch.Tensor,
+    pad_id: int,
+    group_sizes: list[int],
+) -> RolloutBatch:
+    """The engine's sampled ``rows`` (each row's token ids and their log-probs, on the CPU)
+    behind their left-padded prompts, in token layout: how the batch sampler lays out a call
+    and the step sampler a group."""
+    tokens = padded([t for t, _ in rows], pad_id, torch.long)
+    logps = padded([lp for _, lp in rows], 0.0, torch.float32)
+    return assemble_batch(
+        tokenizer, prompt_ids, prompt_mask, tokens, logps, eos, group_sizes=group_sizes
+    )
 
 
 def request_params(
@@ -400,6 +405,9 @@ __all__ = [
     "EngineError",
     "EngineHost",
     "EngineSampler",
+    "EngineSpec",
+    "engine_batch",
     "engine_lora_rank",
+    "padded",
     "request_params",
 ]

@@ -53,7 +53,7 @@ class AdapterEngine:
         on_start: Callable[[], None] | None = None,
         on_join: Callable[[], None] | None = None,
     ) -> None:
-        if host.max_loras < 1:
+        if host.spec.max_loras < 1:
             raise ValueError("AdapterEngine: the host must serve adapters (max_loras >= 1)")
         self.host = host
         self.on_start, self.on_join = on_start, on_join

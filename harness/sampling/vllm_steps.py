@@ -30,12 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import PreTrainedTokenizerBase
 
-from harness.sampling.base import RolloutBatch, SamplingParams, assemble_batch
-from harness.sampling.local import prepare_prompts
-from harness.sampling.stepping import Finished, StepSampler
-from harness.sampling.vllm import EngineHost, request_params
+from harness.sampling.base import RolloutBatch
+from harness.sampling.stepping import Finished, PolicyStepSampler, StepSetup
+from harness.sampling.vllm import EngineHost, engine_batch, padded, request_params
 from harness.sampling.vllm_host import ENGINE_LOCK, EngineError
 
 # Seeds are drawn below vLLM's bound (a signed 32-bit value).
@@ -80,35 +78,27 @@ class _Group:
         return all(r.done for r in self.rows)
 
 
-class EngineStepSampler(StepSampler):
-    """Step-level sampling with the vLLM engine (module docstring). ``model`` is the sampler's
-    own copy of the policy (the weights :meth:`load` copies in, merged for the engine under
-    LoRA); ``host`` the engine, not started; ``generator`` the run's sampling generator (the
-    rows' seeds); ``sample_kw`` the EOS ids, truncation, positions and chat template;
+class EngineStepSampler(PolicyStepSampler):
+    """Step-level sampling with the vLLM engine (module docstring). ``setup.model`` is the
+    sampler's own copy of the policy (the weights :meth:`load` copies in, merged for the engine
+    under LoRA), ``setup.generator`` draws the rows' seeds; ``host`` is the engine, not started;
     ``on_sync`` is told the seconds of each weight copy."""
 
     def __init__(
         self,
-        model: Any,
-        tokenizer: PreTrainedTokenizerBase,
-        params: SamplingParams,
-        generator: torch.Generator,
+        setup: StepSetup,
         *,
         host: EngineHost,
-        sample_kw: dict[str, Any] | None = None,
         on_sync: Callable[[float], None] | None = None,
     ) -> None:
-        super().__init__()
-        if params.top_p < 1.0:  # RolloutConfig refuses it; a direct caller gets the same answer
+        # RolloutConfig refuses it; a direct caller gets the same answer.
+        if setup.params.top_p < 1.0:
             raise ValueError("rollout.top_p: must be 1 with sampler_backend vllm")
-        self.model, self.tokenizer, self.params = model, tokenizer, params
-        self.generator, self.host = generator, host
-        self.sample_kw = dict(sample_kw or {})
+        super().__init__(setup)
+        self.host = host
         self.on_sync = on_sync
         self.groups: list[_Group] = []  # submitted, not handed back, in submission order
         self.requests: dict[str, _Row] = {}  # running request id -> its row
-        self.eos: torch.Tensor | None = None
-        self.pad_id = 0
         self.sync_seconds = 0.0
         self.resubmitted = 0  # requests aborted and resubmitted by recompute loads
         self._count = 0  # request ids issued (unique for the engine's life)
@@ -158,9 +148,7 @@ class EngineStepSampler(StepSampler):
         if self.host.llm is None:
             raise RuntimeError("engine step sampler: submit before the first load")
         p = self.params
-        ids, mask, eos, pad_id = prepare_prompts(
-            self.model, self.tokenizer, prompts, p.n_samples, p.max_new_tokens, **self.sample_kw
-        )
+        ids, mask, eos, pad_id = self.encode(prompts)
         ids, mask = ids.cpu(), mask.cpu()
         self.eos, self.pad_id = eos.cpu(), pad_id
         # Per-row seeds from the run's sampling generator, as the batch engine sampler draws them.
@@ -231,19 +219,11 @@ class EngineStepSampler(StepSampler):
     def _assemble(self, g: _Group) -> RolloutBatch:
         """The group's rows in token layout, as the local step sampler assembles a group."""
         assert self.eos is not None
-        width = max(1, max(len(r.tokens) for r in g.rows))
-        n = len(g.rows)
-        tokens = torch.full((n, width), self.pad_id, dtype=torch.long)
-        logps = torch.zeros(n, width, dtype=torch.float32)
-        gen_versions = torch.full((n, width), -1, dtype=torch.long)
-        for i, r in enumerate(g.rows):
-            k = len(r.tokens)
-            tokens[i, :k] = torch.tensor(r.tokens, dtype=torch.long)
-            logps[i, :k] = torch.tensor(r.logps, dtype=torch.float32)
-            gen_versions[i, :k] = torch.tensor(r.versions, dtype=torch.long)
-        rb = assemble_batch(
-            self.tokenizer, g.prompt_ids, g.prompt_mask, tokens, logps, self.eos, group_sizes=[n]
+        rows = [(r.tokens, r.logps) for r in g.rows]
+        rb = engine_batch(
+            self.tokenizer, g.prompt_ids, g.prompt_mask, rows, self.eos, self.pad_id, [len(rows)]
         )
+        gen_versions = padded([r.versions for r in g.rows], -1, torch.long)
         p_width = g.prompt_ids.shape[1]
         versions = torch.full_like(rb.input_ids, -1)
         versions[:, p_width:] = torch.where(rb.loss_mask[:, p_width:].bool(), gen_versions, -1)

@@ -21,6 +21,7 @@ from harness.run.loop import run
 from harness.sampling.base import SamplingParams
 from harness.sampling.local import sample
 from harness.sampling.local_steps import LocalStepSampler
+from harness.sampling.stepping import StepSetup
 from tests.support.tiny import TINY
 
 
@@ -123,9 +124,8 @@ def test_one_cohort_samples_what_the_synchronous_sampler_samples():
         max_new_tokens=6,
         generator=torch.Generator().manual_seed(3),
     )
-    s = LocalStepSampler(
-        model, tok, params, torch.Generator().manual_seed(3), device=torch.device("cpu")
-    )
+    setup = StepSetup(model, tok, params, torch.Generator().manual_seed(3))
+    s = LocalStepSampler(setup, device=torch.device("cpu"))
     s.load({}, 0, recompute=False)
     s.submit(prompts, [0, 1, 2])
     done = []
@@ -150,14 +150,8 @@ def test_recompute_records_the_new_weights_log_probs_and_keep_does_not(decoder):
     results = {}
     for mode in ("keep", "recompute"):
         m = copy.deepcopy(model)
-        s = LocalStepSampler(
-            m,
-            tok,
-            params,
-            torch.Generator().manual_seed(1),
-            device=torch.device("cpu"),
-            decoder=decoder,
-        )
+        setup = StepSetup(m, tok, params, torch.Generator().manual_seed(1))
+        s = LocalStepSampler(setup, device=torch.device("cpu"), decoder=decoder)
         s.load({}, 0, recompute=False)
         s.submit(prompts, [0, 1])
         done = []

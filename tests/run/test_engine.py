@@ -21,7 +21,7 @@ from harness.config import build_run_config
 from harness.model.build import TinyModelConfig, build_model, build_tokenizer
 from harness.model.engine_support import engine_dtype, engine_installed
 from harness.model.logprobs import forward_logprobs
-from harness.sampling.vllm import EngineSampler
+from harness.sampling.vllm import EngineSampler, EngineSpec
 from harness.sampling.vllm_host import engine_weights
 from tests.support.cli import invoke_run
 from tests.support.sampling import draw
@@ -146,7 +146,7 @@ def _engine_sampler(device: torch.device, model, tok) -> EngineSampler:
     from harness.model.build import eos_ids, max_positions
 
     sample_kw = {"eos_token_ids": eos_ids(model, tok), "max_positions": max_positions(model.config)}
-    return EngineSampler(device, dtype="float32", sample_kw=sample_kw)
+    return EngineSampler(device, EngineSpec(dtype="float32"), sample_kw=sample_kw)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from harness.metrics.mismatch import mismatch_stats
 from harness.model.build import TinyModelConfig, build_model, build_tokenizer
 from harness.run.loop import run
 from harness.run.mismatch import MismatchProbe
-from harness.run.sampler import LocalSampler, local_sampler, sampler_autocast
+from harness.run.sampler import LocalSampler, make_sampler, sampler_autocast
 from tests.support.cli import invoke_run
 from tests.support.sampling import draw
 from tests.support.tiny import TINY
@@ -118,14 +118,15 @@ def test_local_sampler_from_the_config_seeds_its_noise_from_the_run_seed():
             },
         }
     )
-    s = local_sampler(cfg, CPU, None, {"eos_token_ids": [2]})
+    s = make_sampler(cfg, CPU, None, {"eos_token_ids": [2]})
+    assert isinstance(s, LocalSampler)
     assert s.dtype is torch.float16 and s.decoder == "hf" and s.logit_noise == 0.1
     assert s.noise_generator is not None and s.sample_kw == {"eos_token_ids": [2]}
-    again = local_sampler(cfg, CPU, None, {})
+    again = make_sampler(cfg, CPU, None, {})
     assert torch.equal(
         torch.randn(4, generator=s.noise_generator), torch.randn(4, generator=again.noise_generator)
     )
-    assert local_sampler(RunConfig(), CPU, torch.bfloat16, {}).dtype is torch.bfloat16
+    assert make_sampler(RunConfig(), CPU, torch.bfloat16, {}).dtype is torch.bfloat16
 
 
 def test_the_backends_sample_the_same_tokens(tiny):

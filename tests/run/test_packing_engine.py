@@ -26,7 +26,7 @@ from harness.run.loop import run
 from harness.run.packing import run_packed
 from harness.run.tracked import signals_interrupt
 from harness.sampling import SamplingParams
-from harness.sampling.vllm import EngineHost
+from harness.sampling.vllm import EngineHost, EngineSpec
 from harness.sampling.vllm_adapters import AdapterEngine, AdapterSampler
 from tests.support.packing import (
     HISTORY_CELLS,
@@ -201,9 +201,8 @@ def lora_model():
 
 @pytest.fixture(scope="module")
 def engine(lora_model) -> Iterator[AdapterEngine]:
-    host = EngineHost(
-        CPU, max_positions=lora_model[3]["max_positions"], max_loras=2, max_lora_rank=4
-    )
+    spec = EngineSpec(max_positions=lora_model[3]["max_positions"], max_loras=2, max_lora_rank=4)
+    host = EngineHost(CPU, spec)
     e = AdapterEngine(host)
     yield e
     e.close()

@@ -31,14 +31,14 @@ from harness.model.logprobs import forward_logprobs
 from harness.run.tracked import tracked_run
 from harness.sampling import BACKENDS, Sampler, SamplingParams, encode_prompts
 from harness.sampling.local import LocalSampler
-from harness.sampling.vllm import EngineSampler
+from harness.sampling.vllm import EngineSampler, EngineSpec
 from harness.tracking import MemoryTracker
 
 CPU = torch.device("cpu")
 PROMPTS = ["rev 1=", "rev 123456789=", "12+3="]  # different lengths: real left padding
 MAKE: dict[str, Callable[[dict[str, Any]], Sampler]] = {
     "local": lambda kw: LocalSampler(CPU, sample_kw=kw),
-    "vllm": lambda kw: EngineSampler(CPU, dtype="float32", sample_kw=kw),
+    "vllm": lambda kw: EngineSampler(CPU, EngineSpec(dtype="float32"), sample_kw=kw),
 }
 AVAILABLE = {"local": True, "vllm": engine_installed()}
 

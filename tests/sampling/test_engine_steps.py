@@ -29,7 +29,8 @@ from harness.model.logprobs import forward_logprobs
 from harness.run.dynamic_sampling import concat_rollouts
 from harness.run.policies import frozen_copy
 from harness.sampling import SamplingParams
-from harness.sampling.vllm import EngineHost, EngineSampler
+from harness.sampling.stepping import StepSetup
+from harness.sampling.vllm import EngineHost, EngineSampler, EngineSpec
 from harness.sampling.vllm_steps import EngineStepSampler, resubmit_seed
 from tests.support.sampling import draw
 
@@ -72,7 +73,7 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def host(tiny) -> Iterator[EngineHost]:
-    h = EngineHost(CPU, dtype="float32", max_positions=tiny[2]["max_positions"])
+    h = EngineHost(CPU, EngineSpec(dtype="float32", max_positions=tiny[2]["max_positions"]))
     yield h
     h.close()
 
@@ -81,7 +82,7 @@ def _stepper(host: EngineHost, tiny, seed: int = 0) -> EngineStepSampler:
     model, tok, kw = tiny
     params = SamplingParams(n_samples=N, max_new_tokens=NEW, temperature=1.0)
     gen = torch.Generator().manual_seed(seed)
-    return EngineStepSampler(frozen_copy(model), tok, params, gen, host=host, sample_kw=kw)
+    return EngineStepSampler(StepSetup(frozen_copy(model), tok, params, gen, kw), host=host)
 
 
 def _drain(s: EngineStepSampler, *, limit: int = 10 * NEW):
@@ -191,9 +192,8 @@ def test_under_lora_the_engine_samples_the_merged_adapters_it_was_loaded(host, t
     model, tok, kw = tiny
     lora = get_peft_model(copy.deepcopy(model), LoraConfig(r=4, lora_alpha=8))
     params = SamplingParams(n_samples=N, max_new_tokens=NEW, temperature=1.0)
-    s = EngineStepSampler(
-        frozen_copy(lora), tok, params, torch.Generator().manual_seed(0), host=host, sample_kw=kw
-    )
+    gen = torch.Generator().manual_seed(0)
+    s = EngineStepSampler(StepSetup(frozen_copy(lora), tok, params, gen, kw), host=host)
     with torch.no_grad():  # B starts at 0 (the copy's adapters do nothing): make them act
         for n, p in lora.named_parameters():
             if "lora_B" in n:
