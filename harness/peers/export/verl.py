@@ -5,6 +5,7 @@ plain module names (Hydra would interpolate ``${...}`` inside quotes: the syntax
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from harness.core.configtools import to_dict
@@ -23,6 +24,20 @@ if TYPE_CHECKING:
 VERL_VERSION = "0.9.1"
 
 _VERL_KL = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}
+
+
+@dataclass
+class _Section:
+    """A part of the export: its overrides ``(key, value)`` and its comments, each in the order
+    they are written."""
+
+    kv: list[tuple[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def __iadd__(self, other: _Section) -> _Section:
+        self.kv += other.kv
+        self.notes += other.notes
+        return self
 
 
 def _verl_estimator(cfg: RunConfig) -> tuple[str | None, list[str], list[str]]:
@@ -71,7 +86,7 @@ def _verl_estimator(cfg: RunConfig) -> tuple[str | None, list[str], list[str]]:
     return None, [], [f"# ppo.reward_norm / adv_norm: no verl adv_estimator matches {to_dict(n)}"]
 
 
-def _verl_policy_loss(p: Any, A: str) -> tuple[list[tuple[str, Any]], list[str]]:
+def _verl_policy_loss(p: Any, A: str) -> _Section:
     """verl's ``policy_loss.loss_mode`` and the objective's options, from its declaration."""
     o = lookup(p.policy_loss)
     peer = o.verl
@@ -79,71 +94,70 @@ def _verl_policy_loss(p: Any, A: str) -> tuple[list[tuple[str, Any]], list[str]]
     if o.name == "reinforce" and c is not None and c.bypass:
         # verl's bypass_mode loss replaces loss_mode; REINFORCE there is chosen by
         # algorithm.rollout_correction.loss_type (written with the correction).
-        return [], []
+        return _Section()
     if peer is None:
-        return [], [f"# ppo.policy_loss={o.name}: verl has no loss_mode for it"]
+        return _Section(notes=[f"# ppo.policy_loss={o.name}: verl has no loss_mode for it"])
     options = getattr(p, o.name, None)
     mode = peer.name_for(p.importance_sampling_level, options)
-    kv: list[tuple[str, Any]] = [(f"{A}.policy_loss.loss_mode", mode)]
+    out = _Section([(f"{A}.policy_loss.loss_mode", mode)])
     if o.name == "dppo":
-        dppo_kv, dppo_notes = _verl_dppo(p, A)
-        return kv + dppo_kv, dppo_notes
+        out += _verl_dppo(p, A)
+        return out
     if peer.options is None:
         why = (
             peer.note
             or "verl's names for them are not pinned here; check verl's policy_loss config"
         )
-        notes = [f"# ppo.{o.name} hyper-parameters: not exported ({why})"]
-        return (kv, notes) if o.options is not None else (kv, [])
-    kv += [
+        if o.options is not None:
+            out.notes.append(f"# ppo.{o.name} hyper-parameters: not exported ({why})")
+        return out
+    out.kv += [
         (f"{A}.policy_loss.{theirs}", getattr(options, ours))
         for ours, theirs in peer.options.items()
     ]
-    return kv, []
+    return out
 
 
-def _verl_dppo(p: Any, A: str) -> tuple[list[tuple[str, Any]], list[str]]:
+def _verl_dppo(p: Any, A: str) -> _Section:
     """verl's dppo_tv / dppo_kl read δ from actor.clip_ratio_low/high and truncate r at
     actor.clip_ratio_c: those keys carry DPPO's own values (they replace the PPO-clip ones)."""
     o = p.dppo
     lo, hi = o.deltas()
-    kv: list[tuple[str, Any]] = [(f"{A}.clip_ratio_low", lo), (f"{A}.clip_ratio_high", hi)]
-    notes = []
+    out = _Section([(f"{A}.clip_ratio_low", lo), (f"{A}.clip_ratio_high", hi)])
     if o.surrogate == "truncated_is":
-        kv.append((f"{A}.clip_ratio_c", o.cap()))
+        out.kv.append((f"{A}.clip_ratio_c", o.cap()))
     else:
-        kv.append((f"{A}.clip_ratio_c", 1e9))
-        notes.append(
+        out.kv.append((f"{A}.clip_ratio_c", 1e9))
+        out.notes.append(
             "# ppo.dppo.surrogate=ratio: verl's dppo loss is −A·sg(min(r, clip_ratio_c))·log π; "
             "with clip_ratio_c=1e9 its gradient equals this cell's −A·r, its loss value does "
             "not (set ppo.dppo.surrogate truncated_is for verl's surrogate)"
         )
     if o.kl_tau:
-        notes.append(
+        out.notes.append(
             f"# ppo.dppo.kl_tau={o.kl_tau}: verl's dppo loss has no drift term "
             "kl_tau·(ℓθ − ℓμ)² (prime-rl's default loss); not exported"
         )
     if o.anchor == "behaviour" and p.use_decoupled_loss:
-        notes.append(
+        out.notes.append(
             "# ppo.dppo.anchor=behaviour: verl anchors DPPO at old_log_prob (π_prox under the "
             "decoupled loss); set ppo.dppo.anchor proximal for verl's"
         )
-    return kv, notes
+    return out
 
 
-def _verl_stability(cfg: RunConfig) -> tuple[list[tuple[str, Any]], list[str]]:
+def _verl_stability(cfg: RunConfig) -> _Section:
     """The stability options in verl's DAPO recipe (``recipe.dapo.main_dapo``: its reward
     manager and ``algorithm.filter_groups``); what verl has no key for is a comment."""
     p, r = cfg.ppo, cfg.rollout
-    kv: list[tuple[str, Any]] = []
-    notes: list[str] = []
+    out = _Section()
     if p.top_entropy_quantile < 1.0:
-        notes.append(
+        out.notes.append(
             f"# ppo.top_entropy_quantile={p.top_entropy_quantile}: verl's actor has no "
             "top-entropy token mask"
         )
     if p.truncated_completions != "keep":
-        notes.append(
+        out.notes.append(
             f"# ppo.truncated_completions={p.truncated_completions}: verl's actor has no option "
             "for completions without EOS"
         )
@@ -151,7 +165,7 @@ def _verl_stability(cfg: RunConfig) -> tuple[list[tuple[str, Any]], list[str]]:
         # verl's DAPO reward manager: the same formula (reward_kwargs; newer verl spells the
         # prefix reward.reward_kwargs and reward.reward_manager.name).
         R = "+reward_model.reward_kwargs"
-        kv += [
+        out.kv += [
             ("reward_model.reward_manager", "dapo"),
             (f"{R}.overlong_buffer_cfg.enable", True),
             (f"{R}.overlong_buffer_cfg.len", p.overlong_tokens),
@@ -160,76 +174,72 @@ def _verl_stability(cfg: RunConfig) -> tuple[list[tuple[str, Any]], list[str]]:
             (f"{R}.max_resp_len", r.max_new_tokens),
         ]
     if r.zero_variance_filter:
-        kv += [
+        out.kv += [
             ("algorithm.filter_groups.enable", True),
             ("algorithm.filter_groups.metric", "seq_reward"),
             ("algorithm.filter_groups.max_num_gen_batches", 1 + r.max_resample_rounds),
         ]
-        notes.append(
+        out.notes.append(
             "# rollout.zero_variance_filter: verl's filter_groups raises when "
             "max_num_gen_batches run out (the harness trains on the groups left) and refills "
             "in data.gen_batch_size prompts"
         )
-    return kv, notes
+    return out
 
 
-def _verl_loss(cfg: RunConfig) -> tuple[list[tuple[str, Any]], list[str]]:
+def _verl_loss(cfg: RunConfig) -> _Section:
     """The advantage estimator, the clip ratios, the objective's own keys, the loss aggregation and
     the stability options."""
     p = cfg.ppo
     A = "actor_rollout_ref.actor"
-    kv: list[tuple[str, Any]] = []
-    notes: list[str] = []
     est, extra, est_notes = _verl_estimator(cfg)
-    notes += est_notes
+    out = _Section(notes=est_notes)
     if est is not None:
-        kv.append(("algorithm.adv_estimator", est))
-    kv += [tuple(e.split("=", 1)) for e in extra]  # type: ignore[misc]
+        out.kv.append(("algorithm.adv_estimator", est))
+    out.kv += [tuple(e.split("=", 1)) for e in extra]  # type: ignore[misc]
     hi = p.eps_clip if p.eps_clip_higher is None else p.eps_clip_higher
-    kv += [(f"{A}.clip_ratio_low", p.eps_clip), (f"{A}.clip_ratio_high", hi)]
+    out.kv += [(f"{A}.clip_ratio_low", p.eps_clip), (f"{A}.clip_ratio_high", hi)]
     if p.c_clip is not None:
-        kv.append((f"{A}.clip_ratio_c", p.c_clip))
+        out.kv.append((f"{A}.clip_ratio_c", p.c_clip))
     else:  # verl's vanilla loss always applies the dual clip; a huge c switches it off
-        kv.append((f"{A}.clip_ratio_c", 1e9))
+        out.kv.append((f"{A}.clip_ratio_c", 1e9))
         if p.policy_loss != "dppo":  # DPPO writes its own clip_ratio_c (its truncation cap)
-            notes.append("# ppo.c_clip null: verl always dual-clips; clip_ratio_c=1e9 disables it")
-    kv_loss, loss_notes = _verl_policy_loss(p, A)
+            out.notes.append(
+                "# ppo.c_clip null: verl always dual-clips; clip_ratio_c=1e9 disables it"
+            )
+    loss = _verl_policy_loss(p, A)
     # An objective may give actor keys their own meaning (DPPO's δ in clip_ratio_*): its value
     # replaces the PPO-clip one in place, so every key is written once.
-    own = dict(kv_loss)
-    kv = [(k, own.pop(k)) if k in own else (k, v) for k, v in kv]
-    kv += list(own.items())
-    notes += loss_notes
+    own = dict(loss.kv)
+    out.kv = [(k, own.pop(k)) if k in own else (k, v) for k, v in out.kv]
+    out += _Section(list(own.items()), loss.notes)
     if p.loss_agg_mode == "prompt-mean":
-        notes.append("# ppo.loss_agg_mode=prompt-mean: verl has no prompt-level loss_agg_mode")
+        out.notes.append("# ppo.loss_agg_mode=prompt-mean: verl has no prompt-level loss_agg_mode")
     else:
-        kv.append((f"{A}.loss_agg_mode", p.loss_agg_mode))
-        if (f"{A}.policy_loss.loss_mode", "gspo") in kv_loss:
-            notes.append(
+        out.kv.append((f"{A}.loss_agg_mode", p.loss_agg_mode))
+        if (f"{A}.policy_loss.loss_mode", "gspo") in loss.kv:
+            out.notes.append(
                 f"# loss_mode gspo: verl {VERL_VERSION} aggregates it by loss_agg_mode="
                 f"{p.loss_agg_mode} (written below); verl <= 0.9.0 forces seq-mean-token-mean "
                 "whatever loss_agg_mode says"
             )
-    stab_kv, stab_notes = _verl_stability(cfg)
-    kv += stab_kv
-    notes += stab_notes
-    return kv, notes
+    out += _verl_stability(cfg)
+    return out
 
 
-def _verl_optim(cfg: RunConfig) -> tuple[list[tuple[str, Any]], list[str]]:
+def _verl_optim(cfg: RunConfig) -> _Section:
     """Mini-batches, epochs, entropy and the optimizer with its schedule."""
     p, r, o = cfg.ppo, cfg.rollout, cfg.optim
     A = "actor_rollout_ref.actor"
-    kv: list[tuple[str, Any]] = []
-    notes: list[str] = []
+    out = _Section()
     if r.prompts_per_step % p.ppo_n_minibatches:
-        notes.append(
+        out.notes.append(
             f"# ppo.ppo_n_minibatches={p.ppo_n_minibatches}: verl's mini-batches count prompts "
             f"and {r.prompts_per_step} prompts do not divide evenly"
         )
     else:
-        kv.append((f"{A}.ppo_mini_batch_size", r.prompts_per_step // p.ppo_n_minibatches))
-    kv += [
+        out.kv.append((f"{A}.ppo_mini_batch_size", r.prompts_per_step // p.ppo_n_minibatches))
+    out.kv += [
         (f"{A}.ppo_epochs", p.ppo_epochs),
         (f"{A}.entropy_coeff", p.entropy_coef),
         (f"{A}.optim.lr", o.lr),
@@ -238,132 +248,128 @@ def _verl_optim(cfg: RunConfig) -> tuple[list[tuple[str, Any]], list[str]]:
         (f"{A}.grad_clip", o.grad_clip if o.grad_clip is not None else 1e9),
     ]
     if o.warmup_steps:
-        kv.append((f"{A}.optim.lr_warmup_steps", o.warmup_steps))
+        out.kv.append((f"{A}.optim.lr_warmup_steps", o.warmup_steps))
     # verl's FSDP optimizer config allows warmup_style constant or cosine (asserted there).
     if o.schedule == "constant":
-        kv.append((f"{A}.optim.warmup_style", "constant"))
+        out.kv.append((f"{A}.optim.warmup_style", "constant"))
     elif o.schedule == "cosine":  # the harness decays over half a cycle to 0, as verl's cosine
-        kv += [
+        out.kv += [
             (f"{A}.optim.warmup_style", "cosine"),
             (f"{A}.optim.min_lr_ratio", 0.0),
             (f"{A}.optim.num_cycles", 0.5),
         ]
     else:
-        notes.append(
+        out.notes.append(
             f"# optim.schedule={o.schedule}: verl's FSDP optimizer has warmup_style constant or "
             "cosine only (no linear decay); not mapped"
         )
-    return kv, notes
+    return out
 
 
-def _verl_model(cfg: RunConfig) -> tuple[list[tuple[str, Any]], list[str]]:
+def _verl_model(cfg: RunConfig) -> _Section:
     """Gradient checkpointing, LoRA and the sampler's and learner's precision."""
     r, m = cfg.rollout, cfg.model_options
-    kv: list[tuple[str, Any]] = []
-    notes: list[str] = []
-    kv.append(("actor_rollout_ref.model.enable_gradient_checkpointing", m.gradient_checkpointing))
+    out = _Section(
+        [("actor_rollout_ref.model.enable_gradient_checkpointing", m.gradient_checkpointing)]
+    )
     if m.lora is not None:
-        kv += [
+        out.kv += [
             ("actor_rollout_ref.model.lora_rank", m.lora.r),
             ("actor_rollout_ref.model.lora_alpha", m.lora.alpha),
             ("actor_rollout_ref.model.target_modules", lora_targets(cfg)),
         ]
         if m.lora.dropout:
-            notes.append(
+            out.notes.append(
                 f"# model_options.lora.dropout={m.lora.dropout}: verl's LoRA has no dropout "
                 "option (its adapters run without dropout)"
             )
     # The sampler's precision (rollout.sampler_dtype, else the learner's) is verl's rollout
     # engine dtype; the learner's is its FSDP actor's, below.
-    kv.append(("actor_rollout_ref.rollout.dtype", r.sampler_dtype or m.dtype))
-    notes += sampler_notes(cfg, "verl", "actor_rollout_ref.rollout.dtype")
-    notes += warm_start_note(cfg, "verl")
+    out.kv.append(("actor_rollout_ref.rollout.dtype", r.sampler_dtype or m.dtype))
+    out.notes += sampler_notes(cfg, "verl", "actor_rollout_ref.rollout.dtype")
+    out.notes += warm_start_note(cfg, "verl")
     if m.dtype == "bfloat16":
-        notes.append(
+        out.notes.append(
             "# model_options.dtype=bfloat16: verl's FSDP actor already computes in bf16 over "
             "float32 master weights (its default mixed precision)"
         )
     else:
-        notes.append(
+        out.notes.append(
             "# model_options.dtype=float32: verl's FSDP actor computes in bf16 by default; for "
             "float32 set its fsdp_config mixed_precision param_dtype to fp32 (where that key "
             "lives differs between verl versions)"
         )
-    return kv, notes
+    return out
 
 
-def _verl_data(cfg: RunConfig) -> tuple[list[tuple[str, Any]], list[str]]:
+def _verl_data(cfg: RunConfig) -> _Section:
     """Batch, lengths, sampling, the return's discount and the KL penalty, and the critic."""
     p, r = cfg.ppo, cfg.rollout
-    kv: list[tuple[str, Any]] = []
-    notes: list[str] = []
-    kv += [
-        ("data.train_batch_size", r.prompts_per_step),
-        ("data.max_response_length", r.max_new_tokens),
-        ("actor_rollout_ref.rollout.n", r.n_samples),
-        ("actor_rollout_ref.rollout.temperature", p.temperature),
-        ("actor_rollout_ref.rollout.top_p", r.top_p),
-        ("algorithm.gamma", p.discount),
-        ("algorithm.lam", p.gae_lambda),
-    ]
+    out = _Section(
+        [
+            ("data.train_batch_size", r.prompts_per_step),
+            ("data.max_response_length", r.max_new_tokens),
+            ("actor_rollout_ref.rollout.n", r.n_samples),
+            ("actor_rollout_ref.rollout.temperature", p.temperature),
+            ("actor_rollout_ref.rollout.top_p", r.top_p),
+            ("algorithm.gamma", p.discount),
+            ("algorithm.lam", p.gae_lambda),
+        ]
+    )
     if p.kl_ctl > 0:
-        kv += [
+        out.kv += [
             ("algorithm.use_kl_in_reward", True),
             ("algorithm.kl_penalty", _VERL_KL[p.kl_estimator]),
             ("algorithm.kl_ctrl.type", "fixed"),
             ("algorithm.kl_ctrl.kl_coef", p.kl_ctl),
         ]
     if cfg.critic.enabled:
-        kv.append(("critic.optim.lr", cfg.critic.lr))
+        out.kv.append(("critic.optim.lr", cfg.critic.lr))
         if cfg.critic.value_clip is not None:
-            kv.append(("critic.cliprange_value", cfg.critic.value_clip))
+            out.kv.append(("critic.cliprange_value", cfg.critic.value_clip))
     if r.staleness:
-        notes.append(
+        out.notes.append(
             f"# rollout.staleness={r.staleness}: verl's main trainer is synchronous (no lagged "
             "policy); its recipe/one_step_off_policy trains exactly one step behind (staleness 1)"
         )
-    async_kv, async_notes = verl_async(cfg)
-    return kv + async_kv, notes + async_notes
+    out += _Section(*verl_async(cfg))
+    return out
 
 
-def _verl_correction(cfg: RunConfig) -> tuple[list[tuple[str, Any]], list[str]]:
+def _verl_correction(cfg: RunConfig) -> _Section:
     """The mismatch correction (verl's ``algorithm.rollout_correction``) and what verl lacks."""
     p = cfg.ppo
-    kv: list[tuple[str, Any]] = []
-    notes: list[str] = []
+    out = _Section()
     if p.correction is not None:
         ckv, problems = verl_settings(resolve(p.correction), p.policy_loss)
-        kv += [
+        out.kv += [
             (k, Quoted(v) if isinstance(v, str) and not VERL_NAME.fullmatch(v) else v)
             for k, v in ckv
         ]
-        notes += [f"# {f}: not expressible in verl ({why})" for f, why in problems]
+        out.notes += [f"# {f}: not expressible in verl ({why})" for f, why in problems]
     elif p.use_decoupled_loss or p.behave_imp_weight_mode != "disabled" or p.rejection_sampling:
-        notes.append(
+        out.notes.append(
             "# ppo.use_decoupled_loss / behaviour weights: verl's algorithm.rollout_correction "
             "weighs rollout-vs-old policy mismatch, not a lagged sampler; not mapped"
         )
     if p.prox_logp_method != "recompute":
-        notes.append(
+        out.notes.append(
             f"# ppo.prox_logp_method={p.prox_logp_method}: verl has no such option (it "
             "recomputes old_log_prob with a forward pass, or skips it in bypass mode)"
         )
     if (p.reward_scaling, p.reward_bias) != (1.0, 0.0):
-        notes.append("# ppo.reward_scaling / reward_bias: verl has no reward shaping option")
-    return kv, notes
+        out.notes.append("# ppo.reward_scaling / reward_bias: verl has no reward shaping option")
+    return out
 
 
 def export_verl(cfg: RunConfig) -> str:
-    kv: list[tuple[str, Any]] = []
-    notes: list[str] = []
+    head = f"# verl {VERL_VERSION} overrides (keys and loss semantics of that release)"
+    out = _Section(notes=[head])
     for section in (_verl_loss, _verl_optim, _verl_model, _verl_data, _verl_correction):
-        more_kv, more_notes = section(cfg)
-        kv += more_kv
-        notes += more_notes
+        out += section(cfg)
     where = {"actor_rollout_ref.model.target_modules": "model_options.lora.target_modules"}
-    out = [override(k, _typed(v), where.get(k, k)) for k, v in kv]
-    notes.insert(0, f"# verl {VERL_VERSION} overrides (keys and loss semantics of that release)")
-    return "\n".join([comment(n.removeprefix("# ")) for n in notes] + out) + "\n"
+    lines = [override(k, _typed(v), where.get(k, k)) for k, v in out.kv]
+    return "\n".join([comment(n.removeprefix("# ")) for n in out.notes] + lines) + "\n"
 
 
 def _typed(v: Any) -> Any:
