@@ -61,6 +61,18 @@ SharedFs = Annotated[
 ]
 
 
+def _dry_run(prints: str) -> Any:
+    return typer.Option(
+        "--dry-run",
+        help=f"Validate the file and print {prints}, writing nothing. Validation imports "
+        "python: task modules, so it runs their code.",
+    )
+
+
+GridDryRun = Annotated[bool, _dry_run("the grid")]
+SearchDryRun = Annotated[bool, _dry_run("the search space, the budget and the estimated wall time")]
+
+
 def _with_sweep_options(command: Any) -> Any:
     """Give ``command`` (which takes ``**shared``) the options `ablate` and `search` share: the
     stores and the launcher.  Typer reads a command's signature and type hints, so the shared
@@ -119,14 +131,7 @@ def ablate_cmd(
     workers: Workers = 1,
     devices: Devices = None,
     cells_per_worker: CellsPerWorker = None,
-    dry_run: Annotated[
-        bool,
-        typer.Option(
-            "--dry-run",
-            help="Validate the file and print the grid, writing nothing. Validation imports "
-            "python: task modules, so it runs their code.",
-        ),
-    ] = False,
+    dry_run: GridDryRun = False,
     fail_fast: Annotated[
         bool,
         typer.Option("--fail-fast", help="Stop the sweep at the first failed (errored) trial."),
@@ -166,6 +171,7 @@ def search_cmd(
     workers: Workers = 1,
     devices: Devices = None,
     cells_per_worker: CellsPerWorker = None,
+    dry_run: SearchDryRun = False,
     **shared: Any,
 ) -> None:
     """TPE (or two-objective) search; seeds inside each trial; median/Wilcoxon pruning; resumable."""
@@ -177,6 +183,7 @@ def search_cmd(
         workers=workers,
         devices=devices,
         cells_per_worker=cells_per_worker,
+        dry_run=dry_run,
         **_shared_call(shared),
     )
 

@@ -28,7 +28,7 @@ from harness.sweep.launching.launch_checks import (
     workers_and_devices,
 )
 from harness.sweep.launching.worker import WorkerOptions, worker_loop
-from harness.sweep.present.display import print_grid, print_status
+from harness.sweep.present.display import print_grid, print_search, print_status
 from harness.sweep.scheduler.packs import check_packing, plan_lines
 from harness.sweep.stores.opening import (
     check_store_urls,
@@ -77,13 +77,19 @@ def run_experiment(
     k = cells_per_worker if cells_per_worker is not None else file_cells_per_worker(spec)
     plan = check_packing(spec, k, workers) if k != 1 else None
     if dry_run:
-        print_grid(spec)
-        if plan is not None:
-            for line in plan_lines(spec, plan):
-                print(line)
         if grid:
-            packs = plan.groups if plan is not None else None
-            print(wall_time_line(spec, workers, time.perf_counter() - started, packs=packs))
+            print_grid(spec)
+            for line in plan_lines(spec, plan) if plan is not None else []:
+                print(line)
+        else:
+            print_search(spec)
+            if k > 1:
+                print(
+                    f"packing: up to {k} points per worker: each seed of the points a worker "
+                    "asks for together trains as one pack on one base model"
+                )
+        packs = plan.groups if plan is not None else None
+        print(wall_time_line(spec, workers, time.perf_counter() - started, packs=packs, k=k))
         return
     check_devices(*devices_to_check(spec, device_list))
     stop_grace_s()  # a bad HARNESS_STOP_GRACE_S is refused before any store is opened
@@ -142,21 +148,29 @@ def wall_time_line(
     spec: ExperimentSpec,
     workers: int,
     command_s: float = 0.0,
+    *,
     packs: list[list[str]] | None = None,
+    k: int = 1,
 ) -> str:
-    """The dry run's wall-time estimate (harness.sweep.scheduler.estimate), or why there is none: a probe
-    that cannot run here (a CUDA cell on a CPU machine, ...) is said, not hidden.  ``command_s``:
-    what the command spent before the estimate began, as the sweep's command spends it too;
-    ``packs``: the cells a worker trains together (``--cells-per-worker``)."""
+    """The dry run's wall-time estimate (a grid's: harness.sweep.scheduler.estimate, a search's:
+    harness.sweep.scheduler.search_estimate), or why there is none: a probe that cannot run here
+    (a CUDA cell on a CPU machine, ...) is said, not hidden.  ``command_s``: what the command
+    spent before the estimate began, as the sweep's command spends it too; ``packs``: the cells
+    a worker trains together, ``k``: the points (``--cells-per-worker``)."""
     # The sweep's measuring loads its machinery (workers, the report): only for a valid file.
     # The sweep's command loads the same at this point (its driver): part of its start.
     loading = time.perf_counter()
     from harness.sweep.launching.estimating import measured_wall_time  # noqa: PLC0415 - loads the training stack: only for valid input
+    from harness.sweep.launching.search_estimating import measured_search_wall_time  # noqa: PLC0415 - likewise
     from harness.sweep.scheduler.estimate import estimate_text  # noqa: PLC0415 - loads torch: only for valid input
+    from harness.sweep.scheduler.search_estimate import search_estimate_text  # noqa: PLC0415 - likewise
 
     command_s += time.perf_counter() - loading
 
     try:
+        if spec.search is not None:
+            est = measured_search_wall_time(spec, workers, command_s=command_s, k=k)
+            return search_estimate_text(spec, est, workers)
         est = measured_wall_time(spec, workers, command_s=command_s, packs=packs)
     except Exception as err:  # the probe is a real run: any failure is a reason, not a crash
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]

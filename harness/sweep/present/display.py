@@ -42,13 +42,7 @@ def print_grid(spec: ExperimentSpec) -> None:
         table.add_row(str(i), c.label, over, "yes" if c.label == spec.baseline else "")
     console.print(table)
     if spec.adaptive is not None and spec.search is not None:
-        a = spec.adaptive
-        print(
-            f"racing: each trial runs {a['min']}..{a['max']} seeds; after {a['min']} and every "
-            f"{a['batch']} more it is compared with the incumbent (paired by seed, confidence "
-            f"{a['confidence']:g} over all looks, margin ±{a['margin']:g}) and stops when "
-            "decided worse or equivalent"
-        )
+        print(_racing_line(spec.adaptive))
     elif spec.adaptive is not None:
         a = spec.adaptive
         looks = [*range(a["min"], a["max"], a["batch"]), a["max"]]
@@ -69,6 +63,70 @@ def print_grid(spec: ExperimentSpec) -> None:
     )
     for line in inert_clip_lines(spec):
         print(line)
+
+
+def print_search(spec: ExperimentSpec) -> None:
+    """`harness search --dry-run`: the space TPE samples (one row per field), the budget in
+    points, runs and steps, the objectives and how trials stop early."""
+    search = spec.search
+    assert search is not None
+    console = wide_console()
+    if spec.adaptive is not None:
+        a = spec.adaptive
+        seeds, most = f"{a['min']}..{a['max']} seeds (racing)", a["max"]
+    else:
+        seeds, most = f"{len(spec.seeds)} seeds", len(spec.seeds)
+    runs = search.n_trials * most
+    table = Table(
+        title=f"{spec.name}: {search.n_trials} points x {seeds} = at most {runs} runs",
+    )
+    for column in ("field", "type", "values", "scale"):
+        table.add_column(column)
+    for p in search.params:
+        table.add_row(p.path, p.type, *_param_values(p))
+    console.print(table)
+    goals = ", ".join(f"{m} ({d})" for m, d in search.objectives)
+    print(
+        f"TPE sampler (multivariate), seed {search.sampler_seed} (worker k: seed + k); "
+        f"{'objective' if len(search.objectives) == 1 else 'objectives'} {goals}; "
+        f"pruner {_pruner_text(search.pruner)}"
+    )
+    if spec.adaptive is not None:
+        print(_racing_line(spec.adaptive))
+    console.print(
+        f"seeds {_seeds_text(spec.seeds)}; {spec.steps} steps per run; step budget at most "
+        f"{runs * spec.steps} steps; spec hash {spec.grid_hash()}"
+    )
+
+
+def _racing_line(a: dict[str, Any]) -> str:
+    return (
+        f"racing: each trial runs {a['min']}..{a['max']} seeds; after {a['min']} and every "
+        f"{a['batch']} more it is compared with the incumbent (paired by seed, confidence "
+        f"{a['confidence']:g} over all looks, margin ±{a['margin']:g}) and stops when "
+        "decided worse or equivalent"
+    )
+
+
+def _param_values(p: Any) -> tuple[str, str]:
+    """(the values, the scale) of a search parameter, as the file states them."""
+    if p.type == "categorical":
+        return ", ".join("null" if c is None else str(c) for c in p.choices), "choices"
+    values = f"[{p.low:g}, {p.high:g}]" + (f" step {p.step:g}" if p.step is not None else "")
+    return values, "log" if p.log else "linear"
+
+
+def _pruner_text(name: str) -> str:
+    if name == "median":
+        return (
+            "median (once 4 points have finished, a point worse than their median after a "
+            "seed stops there)"
+        )
+    if name == "wilcoxon":
+        return (
+            "wilcoxon (a point a paired test over seeds finds worse than the best, p < 0.1, stops)"
+        )
+    return "none (every point runs every seed)"
 
 
 # The settings a configuration with an identically-1 ratio ignores.

@@ -294,6 +294,18 @@ def idle_wait_s(spec: ExperimentSpec, workers: int, run_s: float) -> float:
     return max(h / 2, h - run_s / 2)
 
 
+def run_seconds(cfg: RunConfig, c: RunCosts) -> float:
+    """One run of ``cfg`` (its steps and evaluations) from its shape's measured costs ``c``:
+    the module docstring's ``run_s``."""
+    return (
+        c.setup_s
+        + cfg.steps * (c.step_s + c.log_s)
+        + evals_per_run(cfg) * c.eval_s
+        + c.tracker_s
+        + c.trial_s
+    )
+
+
 def estimate_wall_time(
     spec: ExperimentSpec,
     workers: int,
@@ -321,13 +333,7 @@ def estimate_wall_time(
             got = probe(cfg, cell.label) if probe is not None else probe_run(cfg)
             measured[key] = got if isinstance(got, RunCosts) else RunCosts(step_s=float(got))
         c = costs[cell.label] = measured[key]
-        run_s[cell.label] = (
-            c.setup_s
-            + spec.steps * (c.step_s + c.log_s)
-            + evals_per_run(cfg) * c.eval_s
-            + c.tracker_s
-            + c.trial_s
-        )
+        run_s[cell.label] = run_seconds(cfg, c)
         warm_keys[_picked(cfg, WARM_KEYS)] = cfg.warm_start.steps * c.sft_step_s
     if spec.adaptive is not None:
         low_seeds, high_seeds = spec.adaptive["min"], spec.adaptive["max"]
@@ -386,13 +392,27 @@ def _secs(s: float) -> str:
 
 
 def estimate_text(est: WallTimeEstimate, workers: int) -> str:
-    """The dry run's estimate: a headline line, then what it adds up (the runs' parts, what the
-    sweep spends once) and how it was measured."""
+    """The grid dry run's estimate (:func:`wall_time_text`)."""
+    return wall_time_text(
+        est,
+        workers,
+        low="every cell decided at its first look",
+        high="every cell at max seeds",
+        runs=str(est.runs),
+        measured=f"measured on this machine by {est.probes} probe run(s)",
+    )
+
+
+def wall_time_text(
+    est: WallTimeEstimate, workers: int, *, low: str, high: str, runs: str, measured: str
+) -> str:
+    """A dry run's estimate: a headline line (the range, with what makes its ``low`` and its
+    ``high`` end), then what it adds up (the ``runs``' parts, what the sweep spends once) and
+    how it was ``measured``."""
     span = (
         duration_text(est.high_s)
         if est.low_s == est.high_s
-        else f"{duration_text(est.low_s)} (every cell decided at its first look) to "
-        f"{duration_text(est.high_s)} (every cell at max seeds)"
+        else f"{duration_text(est.low_s)} ({low}) to {duration_text(est.high_s)} ({high})"
     )
     steps = sorted(set(est.step_s.values()))
     per_step = (
@@ -421,11 +441,11 @@ def estimate_text(est: WallTimeEstimate, workers: int) -> str:
     ]
     lines = [
         f"estimated wall time with {workers} worker(s): {span}",
-        f"  {est.runs} runs: {duration_text(est.runs_s)} with {workers} worker(s)"
+        f"  {runs} runs: {duration_text(est.runs_s)} with {workers} worker(s)"
         + (f", up to {est.packed} packed in each" if est.packed > 1 else "")
         + f" (per run: {', '.join(parts)})",
     ]
     if any(v for v, _ in once):
         lines.append("  once: " + ", ".join(f"{_secs(v)} {what}" for v, what in once if v))
-    lines.append(f"  measured on this machine by {est.probes} probe run(s)")
+    lines.append(f"  {measured}")
     return "\n".join(lines)
