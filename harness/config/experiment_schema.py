@@ -265,6 +265,13 @@ class ExperimentFile:
         if self.baseline is not None and self.search is not None:
             raise ValueError("baseline: only applies to grids")
         if isinstance(self.seeds, AdaptiveSeedsFile):
+            # Racing compares one objective's values, seed by seed: it cannot act on two.
+            if self.search is not None and len(self.search.objectives or ()) > 1:
+                raise ValueError(
+                    "seeds: a racing plan {min, max, ...} compares one objective; a "
+                    "two-objective search runs every point at every seed (give seeds a count "
+                    "or a list)"
+                )
             # A search races each point against the incumbent: decide does not apply there.
             if self.search is None and self.seeds.decide == "baseline" and self.baseline is None:
                 raise ValueError(

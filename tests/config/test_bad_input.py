@@ -647,6 +647,32 @@ FRESH_EXPERIMENTS = {
         ),
         "search.objectives: names 'final/reward' twice",
     ),
+    "search-two-objectives-pruned": (
+        exp(
+            grid=None,
+            search={
+                "n_trials": 2,
+                "params": {"optim.lr": {"type": "float", "low": 0.1, "high": 1}},
+                "objectives": [{"metric": "final/reward"}, {"metric": "stability/max_drawdown", "direction": "minimize"}],
+                "pruner": "wilcoxon",
+            },
+        ),
+        "search.pruner: 'wilcoxon' cannot act on a two-objective search (Optuna prunes "
+        "single-objective studies only); remove it or set none",
+    ),
+    "search-two-objectives-raced": (
+        exp(
+            grid=None,
+            seeds={"min": 2, "max": 6},
+            search={
+                "n_trials": 2,
+                "params": {"optim.lr": {"type": "float", "low": 0.1, "high": 1}},
+                "objectives": [{"metric": "final/reward"}, {"metric": "stability/max_drawdown", "direction": "minimize"}],
+            },
+        ),
+        "seeds: a racing plan {min, max, ...} compares one objective; a two-objective search "
+        "runs every point at every seed (give seeds a count or a list)",
+    ),
     "yaml-alias-bomb": (None, "expands to more than 100000 values"),
     "grid-scalar-axis": (exp(grid={"ppo.eps_clip": 0.2}), "must be a non-empty list of values"),
     "seeds-float": (exp(seeds=[0, 0.5]), "seeds[1]: must be an integer; got 0.5"),
