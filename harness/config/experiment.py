@@ -213,9 +213,7 @@ def _load_experiment(path: str | Path) -> ExperimentSpec:
     if doc.search is not None:
         search = doc.search.resolve(doc.metric, doc.direction)
         pruner = (raw.get("search") or {}).get("pruner")
-        if len(search.objectives) > 1 and pruner not in (None, "none"):
-            # The default (median) is dropped quietly for two objectives; a pruner asked for
-            # by name would not act, so it is refused instead.
+        if len(search.objectives) > 1 and pruner not in (None, "none"):  # it could not act
             raise ConfigError(
                 f"{file}: search.pruner: {pruner!r} cannot act on a two-objective search "
                 "(Optuna prunes single-objective studies only); remove it or set none"

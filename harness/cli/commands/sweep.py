@@ -29,7 +29,7 @@ from harness.sweep.launching.launch_checks import (
 )
 from harness.sweep.launching.worker import WorkerOptions, worker_loop
 from harness.sweep.present.display import print_grid, print_search, print_status
-from harness.sweep.scheduler.packs import check_packing, plan_lines
+from harness.sweep.scheduler.packs import PackPlan, check_packing, plan_lines
 from harness.sweep.stores.opening import (
     check_store_urls,
     existing_storage,
@@ -77,19 +77,7 @@ def run_experiment(
     k = cells_per_worker if cells_per_worker is not None else file_cells_per_worker(spec)
     plan = check_packing(spec, k, workers) if k != 1 else None
     if dry_run:
-        if grid:
-            print_grid(spec)
-            for line in plan_lines(spec, plan) if plan is not None else []:
-                print(line)
-        else:
-            print_search(spec)
-            if k > 1:
-                print(
-                    f"packing: up to {k} points per worker: each seed of the points a worker "
-                    "asks for together trains as one pack on one base model"
-                )
-        packs = plan.groups if plan is not None else None
-        print(wall_time_line(spec, workers, time.perf_counter() - started, packs=packs, k=k))
+        print_dry_run(spec, workers, plan, k, started)
         return
     check_devices(*devices_to_check(spec, device_list))
     stop_grace_s()  # a bad HARNESS_STOP_GRACE_S is refused before any store is opened
@@ -122,6 +110,26 @@ def run_experiment(
             placed.close()
     if code:
         raise typer.Exit(code)
+
+
+def print_dry_run(
+    spec: ExperimentSpec, workers: int, plan: PackPlan | None, k: int, started: float
+) -> None:
+    """The dry run: the grid and its packs, or the search space and how its points pack, then
+    the wall-time estimate (``started``: the command's start on the perf counter)."""
+    if spec.search is None:
+        print_grid(spec)
+        for line in plan_lines(spec, plan) if plan is not None else []:
+            print(line)
+    else:
+        print_search(spec)
+        if k > 1:
+            print(
+                f"packing: up to {k} points per worker: each seed of the points a worker asks "
+                "for together trains as one pack on one base model"
+            )
+    packs = plan.groups if plan is not None else None
+    print(wall_time_line(spec, workers, time.perf_counter() - started, packs=packs, k=k))
 
 
 def placed_ray_launcher(choice: LaunchChoice) -> RayLauncher | None:
