@@ -78,6 +78,7 @@ def test_two_objective_search_reports_the_pareto_front(tmp_path):
             {"metric": "final/reward", "direction": "maximize"},
             {"metric": "stability/max_drawdown", "direction": "minimize"},
         ],
+        pruner="none",  # Optuna prunes single-objective studies only: a named pruner is refused
     )
     r = CliRunner().invoke(app, ["search", str(exp), "--results-dir", str(tmp_path / "r")])
     assert r.exit_code == 0, r.output
