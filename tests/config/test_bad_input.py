@@ -607,6 +607,16 @@ def test_fresh_corpus_command_lines(args, expect, tmp_path, runner):
     assert_nothing_written(tmp_path, before)
 
 
+# A search over one range with two objectives, for what cannot act on two.
+TWO_OBJECTIVES = {
+    "n_trials": 2,
+    "params": {"optim.lr": {"type": "float", "low": 0.1, "high": 1}},
+    "objectives": [
+        {"metric": "final/reward"},
+        {"metric": "stability/max_drawdown", "direction": "minimize"},
+    ],
+}
+
 FRESH_EXPERIMENTS = {
     "seed-axis": (exp(grid={"seed": [0, 1]}), "grid: 'seed' cannot vary per cell"),
     "steps-axis": (exp(grid={"steps": [1, 2]}), "grid: 'steps' cannot vary per cell"),
@@ -650,12 +660,7 @@ FRESH_EXPERIMENTS = {
     "search-two-objectives-pruned": (
         exp(
             grid=None,
-            search={
-                "n_trials": 2,
-                "params": {"optim.lr": {"type": "float", "low": 0.1, "high": 1}},
-                "objectives": [{"metric": "final/reward"}, {"metric": "stability/max_drawdown", "direction": "minimize"}],
-                "pruner": "wilcoxon",
-            },
+            search={**TWO_OBJECTIVES, "pruner": "wilcoxon"},
         ),
         "search.pruner: 'wilcoxon' cannot act on a two-objective search (Optuna prunes "
         "single-objective studies only); remove it or set none",
@@ -664,11 +669,7 @@ FRESH_EXPERIMENTS = {
         exp(
             grid=None,
             seeds={"min": 2, "max": 6},
-            search={
-                "n_trials": 2,
-                "params": {"optim.lr": {"type": "float", "low": 0.1, "high": 1}},
-                "objectives": [{"metric": "final/reward"}, {"metric": "stability/max_drawdown", "direction": "minimize"}],
-            },
+            search=TWO_OBJECTIVES,
         ),
         "seeds: a racing plan {min, max, ...} compares one objective; a two-objective search "
         "runs every point at every seed (give seeds a count or a list)",
