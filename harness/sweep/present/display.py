@@ -16,6 +16,7 @@ from harness.core.configtools import ConfigError, flatten, to_dict
 from harness.core.failures import count_reasons, reason_lines
 from harness.sweep.scheduler.spec import has_study_spec, load_study_spec
 from harness.sweep.scheduler.study import study_counts
+from harness.sweep.scheduler.trials import MEDIAN_STARTUP_POINTS, WILCOXON_P
 
 
 def wide_console() -> Console:
@@ -119,12 +120,13 @@ def _param_values(p: Any) -> tuple[str, str]:
 def _pruner_text(name: str) -> str:
     if name == "median":
         return (
-            "median (once 4 points have finished, a point worse than their median after a "
-            "seed stops there)"
+            f"median (once {MEDIAN_STARTUP_POINTS} points have finished, a point worse than "
+            "their median after a seed stops there)"
         )
     if name == "wilcoxon":
         return (
-            "wilcoxon (a point a paired test over seeds finds worse than the best, p < 0.1, stops)"
+            "wilcoxon (a point a paired test over seeds finds worse than the best, "
+            f"p < {WILCOXON_P:g}, stops)"
         )
     return "none (every point runs every seed)"
 

@@ -120,6 +120,10 @@ class SweepCosts:
     worker_s: float = 0.0  # a worker's start (spawn, the training stack's import) and exit
     report_s: float = 0.0  # the ranking and the report, with the parent run closed
 
+    @property
+    def total_s(self) -> float:
+        return self.command_s + self.stores_s + self.worker_s + self.report_s
+
 
 @dataclass(frozen=True)
 class WallTimeEstimate:
@@ -350,7 +354,7 @@ def estimate_wall_time(
     once = sweep() if callable(sweep) else sweep
     mean_run = sum(pack_s) / len(pack_s) if pack_s else 0.0
     idle_s = idle_wait_s(spec, workers, mean_run)
-    fixed = once.command_s + once.stores_s + once.worker_s + idle_s + once.report_s
+    fixed = once.total_s + idle_s
 
     def runs(seeds: int) -> float:
         return max(per_seed * seeds / workers, longest)

@@ -39,12 +39,7 @@ from harness.sweep.scheduler.estimate import (
     run_seconds,
     wall_time_text,
 )
-
-# Points the median pruner lets finish before it prunes (harness.sweep.scheduler.trials).
-MEDIAN_STARTUP_POINTS = 4
-# Seeds a point runs before the Wilcoxon pruner's first test (optuna's n_startup_steps).
-WILCOXON_STARTUP_SEEDS = 2
-
+from harness.sweep.scheduler.trials import MEDIAN_STARTUP_POINTS, WILCOXON_STARTUP_SEEDS
 
 # What a point's runs cost depends on: their shape, and their warm start's length.
 PROBED_KEYS = (*COST_KEYS, "warm_start")
@@ -67,8 +62,9 @@ def probe_points(spec: ExperimentSpec) -> dict[str, dict[str, Any]]:
     assert spec.search is not None
     low = {p.path: _ends(p)[0] for p in spec.search.params}
     points = {"search low ends": low}
+    probed = cost_fields(spec)
     for p in spec.search.params:
-        if not _under(p.path, PROBED_KEYS):
+        if p.path not in probed:
             continue
         for value in _ends(p)[1:]:
             points[f"{p.path}={value}"] = {**low, p.path: value}
@@ -125,9 +121,8 @@ def estimate_search_wall_time(
         total += (n if searched_warm else 1) * math.ceil(seeds) * warm[label]
         return max(total / workers, run[label] + warm[label])
 
-    once = sweep
     idle_s = idle_wait_s(spec, workers, run[dear])
-    fixed = once.command_s + once.stores_s + once.worker_s + idle_s + once.report_s
+    fixed = sweep.total_s + idle_s
     costs = {label: c for label, (_, c) in probed.items()}
     cfgs = [cfg for cfg, _ in probed.values()]
     return WallTimeEstimate(
@@ -143,7 +138,7 @@ def estimate_search_wall_time(
         runs=n * high_seeds,
         runs_s=runs_s(dear, high_seeds),
         idle_s=idle_s,
-        sweep=once,
+        sweep=sweep,
         packed=k,
     )
 

@@ -86,11 +86,20 @@ def search_sampler(spec: StudySpec, worker_id: int) -> Any:
     return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
 
 
+# How the search's pruners start: the median pruner prunes nothing until this many points have
+# finished; the Wilcoxon pruner tests a point first after this many seeds, at this threshold.
+MEDIAN_STARTUP_POINTS = 4
+WILCOXON_STARTUP_SEEDS = 2
+WILCOXON_P = 0.1
+
+
 def search_pruner(name: str) -> Any:
     if name == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=0)
+        return optuna.pruners.MedianPruner(n_startup_trials=MEDIAN_STARTUP_POINTS, n_warmup_steps=0)
     if name == "wilcoxon":
-        return optuna.pruners.WilcoxonPruner(p_threshold=0.1)
+        return optuna.pruners.WilcoxonPruner(
+            p_threshold=WILCOXON_P, n_startup_steps=WILCOXON_STARTUP_SEEDS
+        )
     return optuna.pruners.NopPruner()
 
 
