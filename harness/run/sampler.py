@@ -36,6 +36,12 @@ if TYPE_CHECKING:
 # sampling generator's stream (seeded with the run seed itself).
 NOISE_SEED_OFFSET = 0x6E015E
 
+
+def noise_seed(cfg: RunConfig) -> int:
+    """The seed of the run's logit-noise stream (the batch and the step-level local sampler's)."""
+    return (cfg.seed + NOISE_SEED_OFFSET) % 2**63
+
+
 _DTYPES: dict[str, torch.dtype | None] = {
     "float32": None,  # autocast off
     "bfloat16": torch.bfloat16,
@@ -67,7 +73,7 @@ def make_sampler(
         dtype=sampler_autocast(r.sampler_dtype, learner),
         decoder=r.sampler_backend,
         logit_noise=r.sampler_logit_noise,
-        noise_seed=(cfg.seed + NOISE_SEED_OFFSET) % 2**63,
+        noise_seed=noise_seed(cfg),
         sample_kw=sample_kw,
     )
 
@@ -135,9 +141,7 @@ def local_step_sampler(run: Any, learner: torch.dtype | None) -> LocalStepSample
     r = cfg.rollout
     noise = None
     if r.sampler_logit_noise > 0:
-        noise = torch.Generator(device=run.device).manual_seed(
-            (cfg.seed + NOISE_SEED_OFFSET) % 2**63
-        )
+        noise = torch.Generator(device=run.device).manual_seed(noise_seed(cfg))
     return LocalStepSampler(
         step_setup(run),
         device=run.device,
