@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from functools import partial
-
-from harness.ppo.corrections.registry import Preset, level_preset, preset
+from harness.ppo.corrections.registry import Preset, level_presets, preset
 from harness.ppo.corrections.spec import Correction
 
 
@@ -14,14 +12,17 @@ def _peers(level: str, prefix: str) -> dict[str, str]:
     return {"TRL": f"`vllm_importance_sampling_mode={level}_mask`, `clip_max=3.0`{default}"}
 
 
-_mis = partial(level_preset, "mis", peers=_peers, clip_max=3.0, zero_outside=True)
-
-_mis("token", "token-level masked IS (TRL token_mask)", "ρ_t = w_t if w_t ≤ 3 else 0", rank=2)
-_mis(
-    "sequence",
-    "sequence-level masked IS (TRL's default mode sequence_mask)",
-    "ρ_i = ∏_t w_t if ∏_t w_t ≤ 3 else 0",
-    rank=3,
+level_presets(
+    "mis",
+    token=("token-level masked IS (TRL token_mask)", "ρ_t = w_t if w_t ≤ 3 else 0"),
+    sequence=(
+        "sequence-level masked IS (TRL's default mode sequence_mask)",
+        "ρ_i = ∏_t w_t if ∏_t w_t ≤ 3 else 0",
+    ),
+    rank=2,
+    peers=_peers,
+    clip_max=3.0,
+    zero_outside=True,
 )
 
 preset(

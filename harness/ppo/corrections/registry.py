@@ -50,30 +50,36 @@ LEVELS: dict[str, tuple[str, Weight]] = {
 }
 
 
-def level_preset(
+def level_presets(
     family: str,
-    level: str,
-    summary: str,
-    formula: str,
-    rank: int,
     *,
+    token: tuple[str, str],
+    sequence: tuple[str, str],
+    rank: int,
     peers: Callable[[str, str], Mapping[str, str]],
     **correction: Any,
-) -> Preset:
-    """Register ``<prefix>_<family>``: the family's ``correction`` with the weight of ``level``
-    (``LEVELS``), its peer settings ``peers(level, prefix)``; a family declared at both levels
-    binds ``family``, ``peers`` and ``correction`` once."""
-    prefix, weight = LEVELS[level]
-    return preset(
-        Preset(
-            f"{prefix}_{family}",
-            summary,
-            formula,
-            Correction(weight=weight, **correction),
-            peers=peers(level, prefix),
-            rank=rank,
+) -> list[Preset]:
+    """Register ``token_<family>`` and ``seq_<family>``: the family's ``correction`` with each
+    level's weight (``LEVELS``), its ``(summary, formula)`` and its peer settings
+    ``peers(level, prefix)``; ranked ``rank`` and ``rank + 1``, token level first."""
+    out = []
+    for offset, (level, (summary, formula)) in enumerate(
+        (("token", token), ("sequence", sequence))
+    ):
+        prefix, weight = LEVELS[level]
+        out.append(
+            preset(
+                Preset(
+                    f"{prefix}_{family}",
+                    summary,
+                    formula,
+                    Correction(weight=weight, **correction),
+                    peers=peers(level, prefix),
+                    rank=rank + offset,
+                )
+            )
         )
-    )
+    return out
 
 
 def row_filter(metric: str, **bounds: Any) -> Filter:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from functools import partial
-
-from harness.ppo.corrections.registry import level_preset
+from harness.ppo.corrections.registry import level_presets
 
 
 def _peers(level: str, prefix: str) -> dict[str, str]:
@@ -19,12 +17,15 @@ def _peers(level: str, prefix: str) -> dict[str, str]:
     }
 
 
-_tis = partial(level_preset, "tis", peers=_peers, clip_max=2.0, log_clamp=20.0)
-
-_tis("token", "token-level truncated IS", "ρ_t = min(exp(clamp(ℓp − ℓb, ±20)), 2)", rank=0)
-_tis(
-    "sequence",
-    "sequence-level truncated IS (product of the row's ratios)",
-    "ρ_i = min(exp(clamp(Σ_t M(ℓp − ℓb), ±20)), 2), broadcast to the row",
-    rank=1,
+level_presets(
+    "tis",
+    token=("token-level truncated IS", "ρ_t = min(exp(clamp(ℓp − ℓb, ±20)), 2)"),
+    sequence=(
+        "sequence-level truncated IS (product of the row's ratios)",
+        "ρ_i = min(exp(clamp(Σ_t M(ℓp − ℓb), ±20)), 2), broadcast to the row",
+    ),
+    rank=0,
+    peers=_peers,
+    clip_max=2.0,
+    log_clamp=20.0,
 )
