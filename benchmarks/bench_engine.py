@@ -49,7 +49,7 @@ from harness.model.build import (  # noqa: E402
     max_positions,
 )
 from harness.sampling import SamplingParams  # noqa: E402
-from harness.sampling.local import LocalSampler  # noqa: E402
+from harness.sampling.local import LocalSampler, LocalSpec  # noqa: E402
 from harness.sampling.vllm import EngineSampler, EngineSpec  # noqa: E402
 from harness.sampling.vllm_host import reload_weights  # noqa: E402
 from harness.tasks import get_task  # noqa: E402
@@ -99,8 +99,8 @@ def bench_shape(name: str, device: torch.device, repeats: int) -> dict[str, Any]
     kw = {"eos_token_ids": eos_ids(model, tok), "max_positions": max_positions(model.config)}
     prompts = [e.prompt for e in get_task("reverse").sample(random.Random(0), s["prompts"])]
     samplers: dict[str, Any] = {
-        "fast": LocalSampler(device, None, decoder="fast", sample_kw=kw),
-        "hf": LocalSampler(device, None, decoder="hf", sample_kw=kw),
+        "fast": LocalSampler(device, LocalSpec(decoder="fast"), kw),
+        "hf": LocalSampler(device, LocalSpec(decoder="hf"), kw),
     }
     engine = EngineSampler(device, EngineSpec(dtype="float32"), sample_kw=kw)
     t0 = time.perf_counter()

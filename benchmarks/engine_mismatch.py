@@ -45,7 +45,7 @@ from harness.model.build import (  # noqa: E402
 )
 from harness.model.logprobs import forward_logprobs  # noqa: E402
 from harness.sampling import SamplingParams  # noqa: E402
-from harness.sampling.local import LocalSampler  # noqa: E402
+from harness.sampling.local import LocalSampler, LocalSpec  # noqa: E402
 from harness.sampling.vllm import EngineSampler, EngineSpec  # noqa: E402
 from harness.sampling.vllm_host import EngineError  # noqa: E402
 from harness.tasks import get_task  # noqa: E402
@@ -105,7 +105,7 @@ def measure(name: str, model: Any, tok: Any, args: Any) -> list[tuple[str, ...]]
         emu = stats(
             model,
             draw(
-                LocalSampler(torch.device("cpu"), TORCH[dtype], decoder="fast", sample_kw=kw),
+                LocalSampler(torch.device("cpu"), LocalSpec(TORCH[dtype], "fast"), kw),
                 model,
                 tok,
                 prompts,

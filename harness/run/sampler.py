@@ -22,7 +22,7 @@ from harness.model.engine_support import SamplerDtype, engine_dtype
 from harness.run.policies import frozen_copy
 from harness.sampling import Sampler, SamplingParams, make_backend
 from harness.sampling.decoders import _fast_path_ok
-from harness.sampling.local import LocalSampler
+from harness.sampling.local import LocalSampler, LocalSpec
 from harness.sampling.local_steps import LocalStepSampler
 from harness.sampling.stepping import StepSetup
 from harness.sampling.vllm import EngineHost, EngineSpec
@@ -68,13 +68,19 @@ def make_sampler(
     if r.sampler_backend == "vllm":
         spec = engine_spec(cfg, sample_kw)
         return make_backend("vllm", device=device, spec=spec, sample_kw=sample_kw)
-    return LocalSampler(
-        device=device,
+    return LocalSampler(device, local_spec(cfg, learner), sample_kw)
+
+
+def local_spec(cfg: RunConfig, learner: torch.dtype | None) -> LocalSpec:
+    """How the run samples locally, from ``cfg.rollout`` (``learner``: the learner's autocast,
+    the sampler's unless ``sampler_dtype`` names one); the batch and step-level local samplers
+    sample so."""
+    r = cfg.rollout
+    return LocalSpec(
         dtype=sampler_autocast(r.sampler_dtype, learner),
         decoder=r.sampler_backend,
         logit_noise=r.sampler_logit_noise,
         noise_seed=noise_seed(cfg),
-        sample_kw=sample_kw,
     )
 
 
@@ -137,19 +143,7 @@ def step_setup(run: Any) -> StepSetup:
 def local_step_sampler(run: Any, learner: torch.dtype | None) -> LocalStepSampler:
     """The step-level local sampler of an asynchronous run (``rollout.async``): the local
     sampler's options and noise stream (:func:`make_sampler`'s) over :func:`step_setup`."""
-    cfg = run.cfg
-    r = cfg.rollout
-    noise = None
-    if r.sampler_logit_noise > 0:
-        noise = torch.Generator(device=run.device).manual_seed(noise_seed(cfg))
-    return LocalStepSampler(
-        step_setup(run),
-        device=run.device,
-        dtype=sampler_autocast(r.sampler_dtype, learner),
-        decoder=r.sampler_backend,
-        logit_noise=r.sampler_logit_noise,
-        noise_generator=noise,
-    )
+    return LocalStepSampler(step_setup(run), device=run.device, spec=local_spec(run.cfg, learner))
 
 
 def engine_step_sampler(
@@ -173,6 +167,7 @@ __all__ = [
     "NOISE_SEED_OFFSET",
     "engine_spec",
     "engine_step_sampler",
+    "local_spec",
     "local_step_sampler",
     "make_sampler",
     "pack_engine",

@@ -31,7 +31,7 @@ tensors are ordinary tensors that the training pass can use under autograd.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -301,6 +301,25 @@ def prepare_prompts(
 DECODERS = ("auto", "fast", "hf")
 
 
+@dataclass(frozen=True)
+class LocalSpec:
+    """How the local sampler samples: under ``torch.autocast(dtype)`` (None = float32, autocast
+    off), stepped by ``decoder`` (``DECODERS``), with ``logit_noise`` σ of Gaussian noise on the
+    logits drawn from a stream seeded with ``noise_seed``. What the batch sampler and the
+    step-level one (:class:`~harness.sampling.local_steps.LocalStepSampler`) share."""
+
+    dtype: torch.dtype | None = None
+    decoder: str = "auto"
+    logit_noise: float = 0.0
+    noise_seed: int | None = None
+
+    def noise_stream(self, device: torch.device) -> torch.Generator | None:
+        """A fresh noise stream on ``device`` (None when the noise is off or has no seed)."""
+        if self.logit_noise > 0 and self.noise_seed is not None:
+            return torch.Generator(device=device).manual_seed(self.noise_seed)
+        return None
+
+
 @register(
     "local",
     options={
@@ -312,43 +331,33 @@ DECODERS = ("auto", "fast", "hf")
     },
 )
 class LocalSampler(Sampler):
-    """The in-process sampler: :func:`sample` of the loaded policy module under
-    ``torch.autocast(dtype)`` (None = float32), stepped by ``decoder``, with ``logit_noise`` σ
-    from its own seeded stream (``noise_seed``, or ``noise_generator`` given directly).
-    Loading weights copies nothing: the module itself is sampled."""
+    """The in-process sampler: :func:`sample` of the loaded policy module as ``spec`` says
+    (:class:`LocalSpec`). Loading weights copies nothing: the module itself is sampled."""
 
     def __init__(
         self,
         device: torch.device,
-        dtype: torch.dtype | None = None,
-        decoder: str = "auto",
-        logit_noise: float = 0.0,
-        noise_seed: int | None = None,
-        noise_generator: torch.Generator | None = None,
+        spec: LocalSpec = LocalSpec(),
         sample_kw: dict[str, Any] | None = None,  # EOS ids, truncation, positions, template
     ) -> None:
         super().__init__()
         self.device = device
-        self.dtype = dtype
-        self.decoder = decoder
-        self.logit_noise = logit_noise
-        if noise_generator is None and logit_noise > 0 and noise_seed is not None:
-            noise_generator = torch.Generator(device=device).manual_seed(noise_seed)
-        self.noise_generator = noise_generator
+        self.spec = spec
+        self.noise_generator = spec.noise_stream(device)
         self.sample_kw = dict(sample_kw or {})
 
     def _sync(self, weights: Any) -> float:
         return 0.0
 
     def _generate(self, call: GenerateCall) -> RolloutBatch:
-        with precision(self.device, self.dtype):
+        with precision(self.device, self.spec.dtype):
             return sample(
                 self.model,
                 call.tokenizer,
                 call.prompts,
                 generator=call.generator,
-                backend=self.decoder,
-                logit_noise=self.logit_noise,
+                backend=self.spec.decoder,
+                logit_noise=self.spec.logit_noise,
                 noise_generator=self.noise_generator,
                 # sample()'s keywords are named after the SamplingParams fields.
                 **asdict(call.params),
@@ -356,4 +365,4 @@ class LocalSampler(Sampler):
             )
 
 
-__all__ = ["DECODERS", "LocalSampler", "draw_token", "prepare_prompts", "sample"]
+__all__ = ["DECODERS", "LocalSampler", "LocalSpec", "draw_token", "prepare_prompts", "sample"]

@@ -25,7 +25,7 @@ from harness.model.build import precision
 from harness.model.logprobs import position_ids
 from harness.sampling.base import RolloutBatch, assemble_batch
 from harness.sampling.decoders import _fast_path_ok, _HFDecoder, _LlamaDecoder
-from harness.sampling.local import draw_token
+from harness.sampling.local import LocalSpec, draw_token
 from harness.sampling.stepping import Finished, PolicyStepSampler, StepSetup
 
 
@@ -64,25 +64,18 @@ class _Cohort:
 
 class LocalStepSampler(PolicyStepSampler):
     """Step-level sampling of ``setup.model`` (the stepper's own copy of the policy; module
-    docstring) with the local sampler's options: autocast ``dtype``, ``decoder``,
-    ``logit_noise`` from ``noise_generator``."""
+    docstring) as the local sampler's ``spec`` says (autocast dtype, decoder, logit noise from
+    its own seeded stream)."""
 
     def __init__(
-        self,
-        setup: StepSetup,
-        *,
-        device: torch.device,
-        dtype: torch.dtype | None = None,
-        decoder: str = "auto",
-        logit_noise: float = 0.0,
-        noise_generator: torch.Generator | None = None,
+        self, setup: StepSetup, *, device: torch.device, spec: LocalSpec = LocalSpec()
     ) -> None:
         super().__init__(setup)
-        self.device, self.dtype = device, dtype
-        self.fast = decoder != "hf" and _fast_path_ok(self.model)
-        if decoder == "fast" and not self.fast:
+        self.device, self.dtype = device, spec.dtype
+        self.fast = spec.decoder != "hf" and _fast_path_ok(self.model)
+        if spec.decoder == "fast" and not self.fast:
             raise ValueError(f"sampler: no fast decoder for {type(self.model).__name__}")
-        self.logit_noise, self.noise_generator = logit_noise, noise_generator
+        self.logit_noise, self.noise_generator = spec.logit_noise, spec.noise_stream(device)
         self.cohorts: list[_Cohort] = []
 
     @property

@@ -19,7 +19,7 @@ from harness.model.options import TinyModelConfig
 from harness.run.dynamic_sampling import concat_rollouts
 from harness.run.loop import run
 from harness.sampling.base import SamplingParams
-from harness.sampling.local import sample
+from harness.sampling.local import LocalSpec, sample
 from harness.sampling.local_steps import LocalStepSampler
 from harness.sampling.stepping import StepSetup
 from tests.support.tiny import TINY
@@ -151,7 +151,7 @@ def test_recompute_records_the_new_weights_log_probs_and_keep_does_not(decoder):
     for mode in ("keep", "recompute"):
         m = copy.deepcopy(model)
         setup = StepSetup(m, tok, params, torch.Generator().manual_seed(1))
-        s = LocalStepSampler(setup, device=torch.device("cpu"), decoder=decoder)
+        s = LocalStepSampler(setup, device=torch.device("cpu"), spec=LocalSpec(decoder=decoder))
         s.load({}, 0, recompute=False)
         s.submit(prompts, [0, 1])
         done = []

@@ -16,6 +16,7 @@ from harness.model.build import TinyModelConfig, build_model, build_tokenizer
 from harness.run.loop import run
 from harness.run.mismatch import MismatchProbe
 from harness.run.sampler import LocalSampler, make_sampler, sampler_autocast
+from harness.sampling.local import LocalSpec
 from tests.support.cli import invoke_run
 from tests.support.sampling import draw
 from tests.support.tiny import TINY
@@ -82,7 +83,7 @@ def test_sampler_dtype_maps_to_an_autocast_dtype():
 def test_precision_orders_the_mismatch_float32_then_float16_then_bfloat16(tiny):
     model, tok = tiny
     kl = {
-        d: _kl_k3(model, tok, LocalSampler(CPU, dtype=sampler_autocast(d, None)))
+        d: _kl_k3(model, tok, LocalSampler(CPU, LocalSpec(dtype=sampler_autocast(d, None))))
         for d in ("float32", "float16", "bfloat16")
     }
     assert kl["float32"] <= 1e-6 and kl["float32"] < 1e-11  # float32 rounding only
@@ -94,13 +95,13 @@ def test_logit_noise_is_a_dose_response_knob_and_reproducible(tiny):
     model, tok = tiny
     kls = []
     for sigma in (0.0, 0.05, 0.2, 0.5):
-        gen = torch.Generator().manual_seed(7) if sigma else None
-        kls.append(_kl_k3(model, tok, LocalSampler(CPU, logit_noise=sigma, noise_generator=gen)))
+        spec = LocalSpec(logit_noise=sigma, noise_seed=7)
+        kls.append(_kl_k3(model, tok, LocalSampler(CPU, spec)))
     assert kls[0] < 1e-11
     assert kls == sorted(kls) and kls[1] > 1e-5 and kls[3] > 10 * kls[1], kls
 
     def noisy():
-        s = LocalSampler(CPU, logit_noise=0.3, noise_generator=torch.Generator().manual_seed(7))
+        s = LocalSampler(CPU, LocalSpec(logit_noise=0.3, noise_seed=7))
         return _pairs(s, model, tok, seed=1)
 
     a, b = noisy(), noisy()
@@ -120,20 +121,20 @@ def test_local_sampler_from_the_config_seeds_its_noise_from_the_run_seed():
     )
     s = make_sampler(cfg, CPU, None, {"eos_token_ids": [2]})
     assert isinstance(s, LocalSampler)
-    assert s.dtype is torch.float16 and s.decoder == "hf" and s.logit_noise == 0.1
+    assert s.spec.dtype is torch.float16 and s.spec.decoder == "hf" and s.spec.logit_noise == 0.1
     assert s.noise_generator is not None and s.sample_kw == {"eos_token_ids": [2]}
     again = make_sampler(cfg, CPU, None, {})
     assert torch.equal(
         torch.randn(4, generator=s.noise_generator), torch.randn(4, generator=again.noise_generator)
     )
-    assert make_sampler(RunConfig(), CPU, torch.bfloat16, {}).dtype is torch.bfloat16
+    assert make_sampler(RunConfig(), CPU, torch.bfloat16, {}).spec.dtype is torch.bfloat16
 
 
 def test_the_backends_sample_the_same_tokens(tiny):
     model, tok = tiny
     out = {}
     for backend in ("fast", "hf"):
-        rb = _pairs(LocalSampler(CPU, decoder=backend), model, tok)
+        rb = _pairs(LocalSampler(CPU, LocalSpec(decoder=backend)), model, tok)
         out[backend] = rb
     assert torch.equal(out["fast"].input_ids, out["hf"].input_ids)
     assert (out["fast"].logprobs - out["hf"].logprobs).abs().max() < 1e-4
@@ -158,7 +159,7 @@ def test_a_random_init_real_architecture_shows_the_same_ordering(arch):
         d: _kl_k3(
             model,
             tok,
-            LocalSampler(CPU, dtype=sampler_autocast(d, None), sample_kw={"eos_token_ids": [2]}),
+            LocalSampler(CPU, LocalSpec(dtype=sampler_autocast(d, None)), {"eos_token_ids": [2]}),
         )
         for d in ("float32", "float16", "bfloat16")
     }
@@ -210,7 +211,7 @@ def test_float32_run_has_no_mismatch_and_measure_off_logs_none(tmp_path):
 
 def _bf16_rollout(model, tok):
     """A bfloat16-sampled rollout of PROMPTS and the actor batch built from it (seeded)."""
-    rb = _pairs(LocalSampler(CPU, dtype=torch.bfloat16), model, tok)
+    rb = _pairs(LocalSampler(CPU, LocalSpec(dtype=torch.bfloat16)), model, tok)
     batch = {
         "input_ids": rb.input_ids,
         "attention_mask": rb.attention_mask,
