@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field, fields
-from typing import Any, NamedTuple, Self
+from typing import Any, ClassVar, NamedTuple, Self
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -208,19 +208,36 @@ class Closing:
 
 class Sampler(Closing, abc.ABC):
     """A rollout backend (module docstring). Used as a context manager; :meth:`close` is
-    idempotent. Subclasses implement :meth:`_sync` (copy the weights in) and :meth:`_generate`.
+    idempotent. Every backend is built as ``cls(device, spec, sample_kw)``: ``spec`` its settings
+    (a ``spec_type``), ``sample_kw`` the prompt settings. Subclasses declare ``spec_type`` and
+    implement :meth:`_sync` (copy the weights in) and :meth:`_generate` (and :meth:`_setup`).
 
     ``copies_weights``: whether loading weights costs a copy (an engine holding its own copy);
     the loop reports ``perf/weight_sync_s`` only for such a backend."""
 
     copies_weights: bool = False
+    # The backend's settings: a frozen dataclass whose defaults stand when no ``spec`` is given.
+    spec_type: ClassVar[type[Any]]
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        spec: Any = None,
+        sample_kw: dict[str, Any] | None = None,  # EOS ids, truncation, positions, template
+    ) -> None:
+        self.device = device
+        self.spec = spec if spec is not None else self.spec_type()
+        self.sample_kw = dict(sample_kw or {})
         self.model: Any = None  # the weights loaded (the policy module)
         self.version: int | None = None
         self.syncs = 0
         self.sync_seconds = 0.0
         self.closed = False
+        self._setup()
+
+    def _setup(self) -> None:
+        """What the backend builds from ``spec`` when constructed (nothing by default)."""
+        return None
 
     # ---- weights
     def load(self, weights: Any, version: int) -> None:

@@ -334,17 +334,11 @@ class LocalSampler(Sampler):
     """The in-process sampler: :func:`sample` of the loaded policy module as ``spec`` says
     (:class:`LocalSpec`). Loading weights copies nothing: the module itself is sampled."""
 
-    def __init__(
-        self,
-        device: torch.device,
-        spec: LocalSpec = LocalSpec(),
-        sample_kw: dict[str, Any] | None = None,  # EOS ids, truncation, positions, template
-    ) -> None:
-        super().__init__()
-        self.device = device
-        self.spec = spec
-        self.noise_generator = spec.noise_stream(device)
-        self.sample_kw = dict(sample_kw or {})
+    spec_type = LocalSpec
+    spec: LocalSpec
+
+    def _setup(self) -> None:
+        self.noise_generator = self.spec.noise_stream(self.device)
 
     def _sync(self, weights: Any) -> float:
         return 0.0

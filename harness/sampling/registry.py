@@ -17,9 +17,9 @@ from harness.sampling.base import Sampler
 
 @dataclass(frozen=True)
 class Backend:
-    """A registered backend: ``options`` (name → help) are the settings its constructor takes
-    besides the device and the prompt settings (as keywords, or as the fields of one settings
-    value: the engine's :class:`~harness.sampling.vllm.EngineSpec`); ``refuse(settings)`` names
+    """A registered backend: ``options`` (name → help) are the fields of its settings value
+    (``cls.spec_type``: :class:`~harness.sampling.local.LocalSpec`,
+    :class:`~harness.sampling.vllm.EngineSpec`) a run sets from its config; ``refuse(settings)`` names
     the first rollout setting it cannot honour (None: none); ``preflight()`` says why it cannot
     run on this machine (None: it can)."""
 

@@ -194,18 +194,13 @@ class EngineSampler(Sampler):
 
     copies_weights = True
 
-    def __init__(
-        self,
-        device: torch.device,
-        spec: EngineSpec = EngineSpec(),
-        sample_kw: dict[str, Any] | None = None,  # EOS ids, truncation, positions, template
-    ) -> None:
-        super().__init__()
-        self.device = device
-        self.sample_kw = dict(sample_kw or {})
-        if spec.max_positions is None:
-            spec = replace(spec, max_positions=self.sample_kw.get("max_positions"))
-        self.host = EngineHost(device, spec)
+    spec_type = EngineSpec
+    spec: EngineSpec
+
+    def _setup(self) -> None:
+        if self.spec.max_positions is None:
+            self.spec = replace(self.spec, max_positions=self.sample_kw.get("max_positions"))
+        self.host = EngineHost(self.device, self.spec)
 
     @property
     def _llm(self) -> Any:

@@ -127,7 +127,7 @@ class AdapterSampler(EngineSampler):
         device: torch.device,
         sample_kw: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(device, sample_kw=sample_kw)
+        super().__init__(device, engine.host.spec, sample_kw)
         self.host = engine.host  # the pack's; this view never starts a host of its own
         self.engine = engine
         self.name = name

@@ -11,6 +11,7 @@ process's numbers, and a backend's failure ending a run as FAILED with its reaso
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,9 @@ def test_every_registered_backend_has_an_entry_in_this_suite() -> None:
     assert set(BACKENDS) == set(MAKE) == set(AVAILABLE)
     for b in BACKENDS.values():
         assert issubclass(b.cls, Sampler) and b.options
+        # Each declared option is a field of the backend's settings value, defaults and all.
+        assert set(b.options) <= {f.name for f in dataclasses.fields(b.cls.spec_type)}, b.name
+        assert b.cls(CPU).spec == b.cls.spec_type()
 
 
 @pytest.fixture(scope="module")
