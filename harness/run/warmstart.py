@@ -19,6 +19,7 @@ import hashlib
 import importlib.metadata
 import json
 import logging
+import math
 import os
 import random
 import time
@@ -81,6 +82,11 @@ def _encode_batch(
     return ids.to(device), attn.to(device), target.to(device)
 
 
+class WarmStartDiverged(RuntimeError):
+    """The supervised warm start left non-finite weights or loss: nothing is cached, and the run
+    fails with this reason (a PPO divergence at step 0 would blame the cell for its start)."""
+
+
 def warm_start(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -98,6 +104,7 @@ def warm_start(
     under the same forward pass and position-id convention that PPO uses. Training examples come
     from ``task.sample`` with ``random.Random(seed)``, so held-out prompts are never seen.
     The model's train/eval mode is left as it was (the built-in models have no dropout).
+    :class:`WarmStartDiverged` when a step's loss, or the trained weights, are not finite.
     """
     if steps < 1 or batch_size < 1:
         raise ValueError("warm_start: steps and batch_size must be >= 1")
@@ -116,12 +123,23 @@ def warm_start(
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
+        if not math.isfinite(losses[-1]):
+            _diverged(f"its loss was {losses[-1]} at step {len(losses)} of {steps}", lr)
+    if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+        _diverged(f"its weights are not finite after {steps} steps", lr)
     return {
         "loss_first": losses[0],
         "loss_last": losses[-1],
         "steps": float(steps),
         "seconds": time.perf_counter() - t0,
     }
+
+
+def _diverged(what: str, lr: float) -> None:
+    raise WarmStartDiverged(
+        f"warm_start: the supervised warm start diverged ({what}); lower warm_start.lr "
+        f"(now {lr:g}). Nothing was cached."
+    )
 
 
 def cache_key(parts: dict[str, Any]) -> str:
@@ -249,4 +267,11 @@ def _publish(model: PreTrainedModel, root: Path, key: str, record: dict[str, Any
         raise
 
 
-__all__ = ["cache_key", "cached_warm_start", "harness_version", "warm_start", "weights_digest"]
+__all__ = [
+    "WarmStartDiverged",
+    "cache_key",
+    "cached_warm_start",
+    "harness_version",
+    "warm_start",
+    "weights_digest",
+]

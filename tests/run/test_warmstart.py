@@ -11,7 +11,13 @@ import pytest
 import torch
 
 from harness.model.build import build_model, build_tokenizer
-from harness.run.warmstart import _encode_batch, cached_warm_start, warm_start, weights_digest
+from harness.run.warmstart import (
+    WarmStartDiverged,
+    _encode_batch,
+    cached_warm_start,
+    warm_start,
+    weights_digest,
+)
 from harness.sampling.local import sample
 from harness.tasks import get_task
 
@@ -115,6 +121,41 @@ def test_cache_reuses_weights_and_key_covers_settings(tmp_path):
     assert len({info1["key"], *(o["key"] for o in others)}) == 1 + len(others)
     assert all(o["trained"] for o in others)
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_diverged_warm_start_is_an_error_and_caches_nothing(tmp_path):
+    """lr 1e30 sends the loss to NaN within a few steps: the error names the step and the
+    setting to lower, and no weights are published for a later run to start from."""
+    with pytest.raises(WarmStartDiverged) as err:
+        _cached(tmp_path, lr=1e30)
+    assert str(err.value).startswith("warm_start: the supervised warm start diverged (its loss")
+    assert "of 4); lower warm_start.lr (now 1e+30). Nothing was cached." in str(err.value)
+    assert not list(tmp_path.glob("*.safetensors")) and not list(tmp_path.glob("*.json"))
+    assert not list(tmp_path.glob(".*.tmp"))
+    _, info = _cached(tmp_path)  # a sane lr trains and publishes as usual
+    assert info["trained"] and Path(info["path"]).exists()
+
+
+def test_weights_left_non_finite_by_the_last_step_are_an_error(monkeypatch):
+    """Every loss is computed before its step, so NaN written by the last step shows only in the
+    weights."""
+    real_step = torch.optim.AdamW.step
+    calls = {"n": 0}
+
+    def step(self, *args, **kw):
+        out = real_step(self, *args, **kw)
+        calls["n"] += 1
+        if calls["n"] == 3:
+            with torch.no_grad():
+                self.param_groups[0]["params"][0].fill_(float("nan"))
+        return out
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    tok = build_tokenizer()
+    with pytest.raises(WarmStartDiverged, match=r"its weights are not finite after 3 steps"):
+        warm_start(
+            build_model(tok, seed=0), tok, get_task("add"), steps=3, batch_size=2, lr=1e-3, seed=0
+        )
 
 
 N_RACERS = 2  # each spawned process imports torch + transformers (~3 s of CPU)
