@@ -22,7 +22,7 @@ from harness.model.engine_support import SamplerDtype, engine_dtype
 from harness.run.policies import frozen_copy
 from harness.sampling import Sampler, SamplingParams, make_backend
 from harness.sampling.decoders import _fast_path_ok
-from harness.sampling.local import LocalSampler, LocalSpec
+from harness.sampling.local import LocalSpec
 from harness.sampling.local_steps import LocalStepSampler
 from harness.sampling.stepping import StepSetup
 from harness.sampling.vllm import EngineHost, EngineSpec
@@ -64,11 +64,11 @@ def make_sampler(
     inference engine for ``rollout.sampler_backend: vllm`` (started at its first weight load),
     else the local one as ``cfg.rollout`` configures it (``learner``: the learner's
     autocast)."""
-    r = cfg.rollout
-    if r.sampler_backend == "vllm":
-        spec = engine_spec(cfg, sample_kw)
-        return make_backend("vllm", device=device, spec=spec, sample_kw=sample_kw)
-    return LocalSampler(device, local_spec(cfg, learner), sample_kw)
+    if cfg.rollout.sampler_backend == "vllm":
+        return make_backend(
+            "vllm", device=device, spec=engine_spec(cfg, sample_kw), sample_kw=sample_kw
+        )
+    return make_backend("local", device=device, spec=local_spec(cfg, learner), sample_kw=sample_kw)
 
 
 def local_spec(cfg: RunConfig, learner: torch.dtype | None) -> LocalSpec:

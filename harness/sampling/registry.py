@@ -19,8 +19,8 @@ from harness.sampling.base import Sampler
 class Backend:
     """A registered backend: ``options`` (name → help) are the fields of its settings value
     (``cls.spec_type``: :class:`~harness.sampling.local.LocalSpec`,
-    :class:`~harness.sampling.vllm.EngineSpec`) a run sets from its config; ``refuse(settings)`` names
-    the first rollout setting it cannot honour (None: none); ``preflight()`` says why it cannot
+    :class:`~harness.sampling.vllm.EngineSpec`) a run sets from its config;
+    ``refuse(settings)`` names the first rollout setting it cannot honour (None: none); ``preflight()`` says why it cannot
     run on this machine (None: it can)."""
 
     name: str

@@ -15,8 +15,8 @@ from harness.metrics.mismatch import mismatch_stats
 from harness.model.build import TinyModelConfig, build_model, build_tokenizer
 from harness.run.loop import run
 from harness.run.mismatch import MismatchProbe
-from harness.run.sampler import LocalSampler, make_sampler, sampler_autocast
-from harness.sampling.local import LocalSpec
+from harness.run.sampler import make_sampler, sampler_autocast
+from harness.sampling.local import LocalSampler, LocalSpec
 from tests.support.cli import invoke_run
 from tests.support.sampling import draw
 from tests.support.tiny import TINY
