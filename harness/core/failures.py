@@ -7,7 +7,8 @@ ten seeds failing the same way are one line with a count, not ten lines or none.
 Reasons are grouped after removing what differs between otherwise identical failures: the
 prompt and completion a ``python:`` reward function was called with
 (``f(prompt='8=', completion='j@') raised ZeroDivisionError`` is one failure whatever the prompt).
-Pure functions only: callers read the reasons from wherever they live.
+Pure functions only: callers read the reasons from wherever they live. And the one failure the
+sweep must tell apart from a bug without loading torch, :class:`WarmStartDiverged`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,13 @@ from collections.abc import Iterable
 _QUOTED = r"""(?:'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")"""
 _CALL_ARGS = re.compile(rf"\(prompt={_QUOTED}, completion={_QUOTED}\)")
 MAX_REASON_CHARS = 300  # one console line per reason; the full text stays in Optuna/MLflow
+
+
+class WarmStartDiverged(RuntimeError):
+    """The supervised warm start left non-finite weights or loss (``harness.run.warmstart``):
+    nothing is cached and the run fails with this reason, since a PPO divergence at step 0 would
+    blame the cell for its start. A search that varies the warm start's settings rejects the
+    point instead of stopping at it as at a bug."""
 
 
 def reason_key(reason: str) -> str:

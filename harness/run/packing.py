@@ -58,6 +58,7 @@ import torch
 from harness.config import RunConfig
 from harness.config.schema import clip_is_inert
 from harness.core.configtools import flatten, to_dict
+from harness.core.failures import WarmStartDiverged
 from harness.model.lora import (
     DEFAULT_ADAPTER,
     add_adapter,
@@ -309,7 +310,9 @@ def _open_trials(trials: list[_Trial], base: Base) -> None:
         try:
             t.run = open_run(t.cfg, t.hooks, base)
         except Exception as err:  # this trial cannot start; the others can
-            _logger.warning("packed run %d failed to start", t.index, exc_info=True)
+            # A diverged warm start is said in full by its reason: no traceback for it.
+            known = isinstance(err, WarmStartDiverged)
+            _logger.warning("packed run %d failed to start", t.index, exc_info=not known)
             t.result = _bare_result(t.cfg, "failed", failure_reason(err), 0.0)
         else:
             t.warm = trainable_state(model)

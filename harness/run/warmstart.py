@@ -30,6 +30,7 @@ import safetensors.torch as st
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from harness.core.failures import WarmStartDiverged
 from harness.core.locks import holder_record, wait_flock
 from harness.model.build import model_fingerprint
 from harness.model.logprobs import forward_logprobs
@@ -80,11 +81,6 @@ def _encode_batch(
         attn[i, start:] = 1
         target[i, start + len(p) :] = 1.0
     return ids.to(device), attn.to(device), target.to(device)
-
-
-class WarmStartDiverged(RuntimeError):
-    """The supervised warm start left non-finite weights or loss: nothing is cached, and the run
-    fails with this reason (a PPO divergence at step 0 would blame the cell for its start)."""
 
 
 def warm_start(

@@ -14,6 +14,7 @@ from typing import Any
 
 from harness.core.configtools import ConfigError
 from harness.core.db import with_retries
+from harness.core.failures import WarmStartDiverged
 from harness.core.fsutil import fatal_store_error
 from harness.report.allocation import race
 from harness.sweep.launching.trial import ClaimedTrial, end_retried_runs
@@ -65,13 +66,37 @@ class SearchPoint:
         return self._prune_between_seeds(i, seed)
 
     def fail(self, err: BaseException, seed: int | None) -> str:
-        """The point raised (its run, or building it): it ends as an ``error``."""
+        """The point raised (its run, or building it): it ends as an ``error``, or PRUNED when
+        :meth:`rejected` says the point's own settings caused it."""
+        if isinstance(err, WarmStartDiverged):
+            rejected = self.rejected(seed, f"{type(err).__name__}: {err}")
+            if rejected is not None:
+                return rejected
         self.outcome = self.t.fail_with_error(err, self.label, seed)
         return self.outcome
 
+    def rejected(self, seed: int | None, reason: str, rid: str | None = None) -> str | None:
+        """A warm start that diverged at a point whose warm-start settings the search varies:
+        the point cannot train, so it ends PRUNED with the reason, as a point the config
+        rejects; an error would stop the search, and a resume would run the same point again.
+        None when the search varies no ``warm_start.`` field (every point shares the failure)
+        or ``reason`` is another failure."""
+        if not reason.startswith(f"{WarmStartDiverged.__name__}: "):
+            return None
+        if not any(p.path.startswith("warm_start.") for p in self.plan.params):
+            return None
+        attrs = {"outcome": "pruned", "reason": f"the point cannot train: {reason}"}
+        if rid is not None:
+            attrs["run_id"] = rid
+        return self._end(seed, "PRUNED", attrs, reason=reason)
+
     def failed_run(self, seed: int, reason: str, rid: str) -> str:
         """Its run ``rid`` failed inside a pack (the pack caught the error, the others went
-        on): the point ends as an ``error`` with the run's reason, as a grid pack's trial."""
+        on): the point ends as an ``error`` with the run's reason, as a grid pack's trial (or
+        PRUNED, :meth:`rejected`)."""
+        rejected = self.rejected(seed, reason, rid)
+        if rejected is not None:
+            return rejected
         t = self.t
         if not t.set_attrs({"outcome": "error", "reason": reason, "run_id": rid}):
             self.outcome = t.superseded(rid, self.label, seed)

@@ -96,6 +96,13 @@ class SweepProgress:
                 self.console.print(
                     f"{where}: error: {e.get('reason', '')}", markup=False, highlight=False
                 )
+            elif e["outcome"] == "pruned" and e.get("reason") and "values" not in e:
+                # a search point ended without a value: raced out, or one that cannot train
+                self.console.print(
+                    f"trial {e.get('trial', '?')}: pruned: {e['reason']}",
+                    markup=False,
+                    highlight=False,
+                )
             if "values" in e:  # a search point: its mean objectives and parameters
                 values = ", ".join(f"{v:.4g}" for v in e["values"])
                 point = " ".join(
