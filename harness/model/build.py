@@ -375,6 +375,12 @@ def model_fingerprint(spec: str, tiny: TinyModelConfig | None = None) -> dict[st
     return {"spec": str(root), "files": files}
 
 
+def params_finite(model: torch.nn.Module) -> bool:
+    """All parameters finite, checked with one fused norm over every tensor (not one per tensor)."""
+    norms = torch._foreach_norm([p.detach() for p in model.parameters()])
+    return bool(torch.isfinite(torch.stack(norms)).all())
+
+
 __all__ = [
     "CHARS",
     "LoraOptions",
@@ -385,6 +391,7 @@ __all__ = [
     "eos_ids",
     "POSITION_KEYS",
     "max_positions",
+    "params_finite",
     "precision",
     "SPECIAL_TOKENS",
     "TinyModelConfig",

@@ -16,12 +16,12 @@ from typing import Any
 import torch
 
 from harness.config import RunConfig
-from harness.model.build import precision
+from harness.model.build import params_finite, precision
 from harness.model.critic import ValueModel, explained_variance, value_loss
 from harness.ppo.actor import PPOActor, minibatch_indices
 from harness.run.dynamic_sampling import Round
 from harness.run.policies import Policies
-from harness.run.scaffold import Diverged, is_numeric_overflow, params_finite
+from harness.run.scaffold import Diverged, is_numeric_overflow
 
 
 @dataclass

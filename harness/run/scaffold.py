@@ -38,7 +38,12 @@ from harness.core.provenance import machine_tags
 from harness.metrics import check_names
 from harness.metrics.passk import mean_pass_at_k
 from harness.metrics.stability import RUN_SMOOTH, START_WINDOW, summarize_run
-from harness.model.build import eos_ids, load_model_and_tokenizer, max_positions, resolve_device
+from harness.model.build import (
+    eos_ids,
+    load_model_and_tokenizer,
+    max_positions,
+    resolve_device,
+)
 from harness.model.lora import prepare_for_training
 from harness.model.prompting import resolve_chat_template
 from harness.run.warmstart import cached_warm_start
@@ -66,12 +71,6 @@ def is_numeric_overflow(err: BaseException) -> bool:
         return False
     lines = str(err).splitlines()
     return bool(lines and _NONFINITE_WORDS.search(lines[0]))
-
-
-def params_finite(model: torch.nn.Module) -> bool:
-    """All parameters finite, checked with one fused norm over every tensor (not one per tensor)."""
-    norms = torch._foreach_norm([p.detach() for p in model.parameters()])
-    return bool(torch.isfinite(torch.stack(norms)).all())
 
 
 @dataclass

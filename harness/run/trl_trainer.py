@@ -34,6 +34,7 @@ from transformers.utils import logging as hf_logging
 
 from harness.config import RunConfig
 from harness.metrics.trl import TRL_METRICS
+from harness.model.build import params_finite
 from harness.model.engine_support import engine_env, quiet_engine_logs
 from harness.peers.trl import approximations, grpo_kwargs
 from harness.ppo.advantages import shape_rewards
@@ -45,7 +46,6 @@ from harness.run.scaffold import (
     RunResult,
     execute,
     is_numeric_overflow,
-    params_finite,
 )
 from harness.run.trl_engine import ColocatedEngine, colocated_engine, shutdown
 

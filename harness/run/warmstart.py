@@ -24,7 +24,7 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import safetensors.torch as st
 import torch
@@ -32,7 +32,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from harness.core.failures import WarmStartDiverged
 from harness.core.locks import holder_record, wait_flock
-from harness.model.build import model_fingerprint
+from harness.model.build import model_fingerprint, params_finite
 from harness.model.logprobs import forward_logprobs
 from harness.model.prompting import apply_chat_template
 from harness.tasks import Task
@@ -121,7 +121,7 @@ def warm_start(
         losses.append(float(loss.detach()))
         if not math.isfinite(losses[-1]):
             _diverged(f"its loss was {losses[-1]} at step {len(losses)} of {steps}", lr)
-    if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+    if not params_finite(model):
         _diverged(f"its weights are not finite after {steps} steps", lr)
     return {
         "loss_first": losses[0],
@@ -131,7 +131,7 @@ def warm_start(
     }
 
 
-def _diverged(what: str, lr: float) -> None:
+def _diverged(what: str, lr: float) -> NoReturn:
     raise WarmStartDiverged(
         f"warm_start: the supervised warm start diverged ({what}); lower warm_start.lr "
         f"(now {lr:g}). Nothing was cached."

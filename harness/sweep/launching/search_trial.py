@@ -19,7 +19,7 @@ from harness.core.fsutil import fatal_store_error
 from harness.report.allocation import race
 from harness.sweep.launching.trial import ClaimedTrial, end_retried_runs
 from harness.sweep.scheduler.adaptive import incumbent
-from harness.sweep.scheduler.trials import nanmean
+from harness.sweep.scheduler.trials import failure_reason, nanmean
 from harness.sweep.stores.optuna_adapter import heartbeat
 
 
@@ -68,10 +68,9 @@ class SearchPoint:
     def fail(self, err: BaseException, seed: int | None) -> str:
         """The point raised (its run, or building it): it ends as an ``error``, or PRUNED when
         :meth:`rejected` says the point's own settings caused it."""
-        if isinstance(err, WarmStartDiverged):
-            rejected = self.rejected(seed, f"{type(err).__name__}: {err}")
-            if rejected is not None:
-                return rejected
+        rejected = self.rejected(seed, failure_reason(err))
+        if rejected is not None:
+            return rejected
         self.outcome = self.t.fail_with_error(err, self.label, seed)
         return self.outcome
 
