@@ -71,11 +71,11 @@ class LocalStepSampler(PolicyStepSampler):
         self, setup: StepSetup, *, device: torch.device, spec: LocalSpec = LocalSpec()
     ) -> None:
         super().__init__(setup)
-        self.device, self.dtype = device, spec.dtype
+        self.device, self.spec = device, spec
         self.fast = spec.decoder != "hf" and _fast_path_ok(self.model)
         if spec.decoder == "fast" and not self.fast:
             raise ValueError(f"sampler: no fast decoder for {type(self.model).__name__}")
-        self.logit_noise, self.noise_generator = spec.logit_noise, spec.noise_stream(device)
+        self.noise_generator = spec.noise_stream(device)
         self.cohorts: list[_Cohort] = []
 
     @property
@@ -89,7 +89,7 @@ class LocalStepSampler(PolicyStepSampler):
                 own[name].copy_(value)
         self.version = version
         self.loads += 1
-        with torch.inference_mode(), precision(self.device, self.dtype):
+        with torch.inference_mode(), precision(self.device, self.spec.dtype):
             for c in self.cohorts:
                 if c.decoder is None:
                     continue  # not prefilled yet: its prefill sees the new weights
@@ -111,7 +111,7 @@ class LocalStepSampler(PolicyStepSampler):
     def step(self) -> list[Finished]:
         if not self.cohorts:
             return []
-        with torch.inference_mode(), precision(self.device, self.dtype):
+        with torch.inference_mode(), precision(self.device, self.spec.dtype):
             for c in self.cohorts:
                 self._advance(c)
         self.decode_steps += 1
@@ -157,7 +157,7 @@ class LocalStepSampler(PolicyStepSampler):
             inv_t=1.0 / p.temperature,
             top_p=p.top_p,
             greedy=p.greedy,
-            logit_noise=self.logit_noise,
+            logit_noise=self.spec.logit_noise,
             noise_generator=self.noise_generator,
         )
         c.logits = None
